@@ -1,0 +1,72 @@
+"""ChunkChannel: the hand-off of audio chunks from a synthesis thread to an asyncio consumer.
+
+The producer (a worker thread, or the GPU scheduler's thread) calls `put`, `finish` or `fail`; these
+are thread-safe and never block. The consumer iterates with `async for chunk in channel` on the loop
+that created the channel and may `cancel()` at any time; the producer sees `cancelled` and stops.
+Chunks are float32 mono numpy arrays at the engine's sample rate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator
+
+import numpy as np
+
+_END = object()
+
+
+class ChunkChannel(AsyncIterator[np.ndarray]):
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self._loop = loop or asyncio.get_running_loop()
+        self._queue: asyncio.Queue[object] = asyncio.Queue()
+        self._cancel = threading.Event()
+        self._closed = False
+        self.opened_at = time.monotonic()
+        self.first_chunk_at: float | None = None
+
+    # -- producer side (any thread) -------------------------------------------------------------
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def put(self, chunk: np.ndarray) -> None:
+        if self._cancel.is_set():
+            return
+        self._post(np.ascontiguousarray(chunk, dtype=np.float32).reshape(-1))
+
+    def finish(self) -> None:
+        self._post(_END)
+
+    def fail(self, error: BaseException) -> None:
+        self._post(error)
+
+    def _post(self, item: object) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        except RuntimeError:  # loop closed: the consumer is gone, nothing to deliver to
+            self._cancel.set()
+
+    # -- consumer side (the event loop) ----------------------------------------------------------
+    def cancel(self) -> None:
+        self._cancel.set()
+        self._closed = True
+
+    def __aiter__(self) -> ChunkChannel:
+        return self
+
+    async def __anext__(self) -> np.ndarray:
+        if self._closed:
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if item is _END:
+            self._closed = True
+            raise StopAsyncIteration
+        if isinstance(item, BaseException):
+            self._closed = True
+            raise item
+        if self.first_chunk_at is None:
+            self.first_chunk_at = time.monotonic()
+        return item  # type: ignore[return-value]

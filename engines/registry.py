@@ -1,0 +1,24 @@
+"""Engine names -> constructors, imported lazily so CPU-only hosts never import GPU code."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from typing import Any
+
+from engines.base import SpeechEngine
+
+# name -> "module:Class"; the class takes keyword settings from the config's `engine.<name>` block.
+ENGINES: dict[str, str] = {
+    "espeak": "engines.espeak:EspeakEngine",
+    "instant": "engines.instant:InstantEngine",
+    "cosyvoice2": "engines.cosyvoice2:CosyVoice2Engine",
+}
+
+
+def create_engine(name: str, settings: Mapping[str, Any] | None = None) -> SpeechEngine:
+    if name not in ENGINES:
+        raise ValueError(f"engine.name: unknown engine {name!r}; choose one of {', '.join(sorted(ENGINES))}")
+    module_name, class_name = ENGINES[name].split(":")
+    engine_class = getattr(importlib.import_module(module_name), class_name)
+    return engine_class(**dict(settings or {}))

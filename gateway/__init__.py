@@ -1,0 +1,1 @@
+"""cosyvoice-gateway: SIP/RTP telephony front end for streaming speech engines."""

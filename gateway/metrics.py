@@ -1,0 +1,56 @@
+"""Prometheus metrics of the gateway: the one place metric names and labels are defined.
+
+Every module that counts something imports its metric from here, so names stay consistent
+(`gateway_*`, units in the name) and `/metrics` shows them all. Metrics live in one registry that
+the HTTP API serves; tests may read values through `registry.get_sample_value`.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+registry = CollectorRegistry(auto_describe=True)
+
+calls_active = Gauge("gateway_calls_active", "Calls currently answered or ringing", registry=registry)
+calls_total = Counter(
+    "gateway_calls_total",
+    "Calls that ended, by outcome (completed, caller_hangup, cancelled, rejected, failed, ack_timeout)",
+    ["outcome"],
+    registry=registry,
+)
+sip_responses_total = Counter(
+    "gateway_sip_responses_total", "SIP responses sent, by status code", ["code"], registry=registry
+)
+sip_requests_total = Counter(
+    "gateway_sip_requests_total", "SIP requests received, by method", ["method"], registry=registry
+)
+sip_malformed_total = Counter(
+    "gateway_sip_malformed_total", "Datagrams/stream messages that did not parse as SIP", registry=registry
+)
+rtp_packets_sent_total = Counter("gateway_rtp_packets_sent_total", "RTP packets sent", registry=registry)
+rtp_packets_received_total = Counter(
+    "gateway_rtp_packets_received_total", "RTP packets received", registry=registry
+)
+playout_underruns_total = Counter(
+    "gateway_playout_underruns_total",
+    "20 ms packet slots where the playout buffer had no audio mid-prompt (filled with silence)",
+    registry=registry,
+)
+dtmf_events_total = Counter(
+    "gateway_dtmf_events_total", "RFC 4733 telephone-events received (one per key press)", registry=registry
+)
+first_packet_latency_seconds = Histogram(
+    "gateway_first_packet_latency_seconds",
+    "Time from INVITE received to the first RTP packet carrying speech",
+    buckets=(0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0),
+    registry=registry,
+)
+packet_clock_lateness_seconds = Histogram(
+    "gateway_packet_clock_lateness_seconds",
+    "How late each 20 ms packet clock tick ran behind its deadline",
+    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05),
+    registry=registry,
+)
+synthesis_failures_total = Counter(
+    "gateway_synthesis_failures_total", "Calls ended because the engine failed mid-prompt", registry=registry
+)

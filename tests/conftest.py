@@ -1,0 +1,23 @@
+"""Shared fixtures: where the golden vectors live, and skips for tools a host may lack."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def golden_dir() -> Path:
+    path = Path(os.environ.get("COSYVOICE_GOLDEN_DIR", REPO_ROOT.parent / "shared" / "golden"))
+    if not (path / "cases").is_dir():
+        pytest.fail(f"golden vectors not found at {path} (set COSYVOICE_GOLDEN_DIR)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(golden_dir: Path) -> Path:
+    return golden_dir / "cosyvoice2_tiny"
