@@ -1,0 +1,84 @@
+"""Build a full-size CosyVoice2 model directory with random weights, in the official key layout.
+
+Performance is measured on full-size random weights (same shapes, same cost as the real 0.5B model).
+Weights are drawn like a trained model's init so fp16/bf16 activations stay finite: matrices
+N(0, 1/fan_in), norms 1, biases small, weight-norm gains 1, Snake alphas 1. The text tokenizer is the
+tiny golden one (its ids are valid rows of the full embedding); a voice `bench_voice` with a 6 s
+prompt (150 speech tokens, 300 mel frames) is written to spk2info.pt.
+
+    python bench/full_model.py --out /tmp/cosyvoice2_full     (about 2.3 GB, a minute on a GPU host)
+
+Never commit the output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+
+GOLDEN = Path(__file__).resolve().parents[2] / "shared" / "golden"
+
+
+def _random_tensor(key: str, shape: list[int], gen: torch.Generator) -> torch.Tensor:
+    last = key.rsplit(".", 1)[-1]
+    if last == "num_batches_tracked":
+        return torch.zeros((), dtype=torch.long)
+    if last in ("alpha", "original0") or (last == "weight" and len(shape) == 1):
+        return torch.ones(shape)
+    if last in ("running_var",):
+        return torch.ones(shape)
+    if last in ("bias", "running_mean"):
+        return torch.randn(shape, generator=gen) * 0.01
+    if last in ("pos_bias_u", "pos_bias_v"):
+        return torch.randn(shape, generator=gen) * 0.02
+    fan_in = math.prod(shape[1:]) if len(shape) > 1 else shape[0]
+    std = 0.02 if "embed" in key else 1.0 / math.sqrt(fan_in)
+    return torch.randn(shape, generator=gen) * std
+
+
+def build_full_model_dir(out: Path, golden: Path = GOLDEN, seed: int = 2026, prompt_tokens: int = 150) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    keys = json.loads((golden / "full" / "full_keys.json").read_text())
+    gen = torch.Generator().manual_seed(seed)
+    for part in ("llm", "flow", "hift"):
+        state = {k: _random_tensor(k, shape, gen) for k, shape in keys[part].items()}
+        torch.save(state, out / f"{part}.pt")
+        print(f"wrote {part}.pt: {sum(v.numel() for v in state.values()) / 1e6:.1f} M parameters", flush=True)
+    shutil.copy(golden / "full" / "cosyvoice2_full.yaml", out / "cosyvoice2.yaml")
+    qwen = out / "CosyVoice-BlankEN"
+    qwen.mkdir(exist_ok=True)
+    for name in ("vocab.json", "merges.txt", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(golden / "cosyvoice2_tiny" / "CosyVoice-BlankEN" / name, qwen / name)
+    shutil.copy(golden / "full" / "CosyVoice-BlankEN" / "config.json", qwen / "config.json")
+    speech_tokens = torch.randint(0, 6561, (1, prompt_tokens), generator=gen, dtype=torch.int32)
+    prompt_text = torch.randint(0, 500, (1, 20), generator=gen, dtype=torch.int32)
+    voice = {
+        "prompt_text": prompt_text, "prompt_text_len": torch.tensor([20], dtype=torch.int32),
+        "llm_prompt_speech_token": speech_tokens, "llm_prompt_speech_token_len": torch.tensor([prompt_tokens], dtype=torch.int32),
+        "flow_prompt_speech_token": speech_tokens, "flow_prompt_speech_token_len": torch.tensor([prompt_tokens], dtype=torch.int32),
+        "prompt_speech_feat": torch.randn((1, 2 * prompt_tokens, 80), generator=gen) * 2 - 6,
+        "prompt_speech_feat_len": torch.tensor([2 * prompt_tokens], dtype=torch.int32),
+        "llm_embedding": torch.randn((1, 192), generator=gen), "flow_embedding": torch.randn((1, 192), generator=gen),
+    }
+    torch.save({"bench_voice": voice}, out / "spk2info.pt")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--golden", type=Path, default=GOLDEN)
+    parser.add_argument("--seed", type=int, default=2026)
+    args = parser.parse_args(argv)
+    build_full_model_dir(args.out, args.golden, args.seed)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
