@@ -1,0 +1,93 @@
+"""When the next audio chunk of a request can be rendered, following the official CosyVoice2 schedule.
+
+The official streaming loop renders a chunk once `hop + pre_lookahead` speech tokens beyond the last
+rendered one exist. The first hop is padded so that prompt tokens plus the first hop fill whole
+25-token chunks (the flow's chunk-aware attention masks are aligned to the prompt's start), and the
+hop grows after the first chunk (25 -> 50 by default: a larger hop means fewer flow/HiFT calls and
+fewer chunk seams, a smaller one lowers latency and keeps the buffer fuller early). The lookahead
+tokens are fed to the flow's pre-lookahead convolution but not rendered until the next chunk.
+
+Unlike the official code, which keeps the growing hop on the shared model object (so concurrent
+requests change each other's hop), every request owns its `ChunkPlanner`.
+
+Latency/quality trade-off of the knobs (all per-request):
+- `first_hop_tokens` (default: the official `hop_tokens` + prompt pad). Fewer tokens -> the first audio
+  needs fewer LLM decode steps (each ~40 ms of audio per token pair) and a shorter flow pass, so it
+  arrives sooner; but the flow's chunk masks then see a chunk boundary that the model was not trained
+  with at that offset, which can blur the first syllable. Keep it aligned (pad) unless you measured.
+- `hop_tokens`/`max_hop_tokens`: after the first chunk the playout buffer already holds >= 1 s, so the
+  default grows the hop for quality and efficiency.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ChunkSchedule:
+    hop_tokens: int = 25
+    max_hop_tokens: int = 50
+    hop_scale: int = 2
+    lookahead_tokens: int = 3
+    first_hop_tokens: int | None = None  # None: hop_tokens plus the prompt-alignment pad (official)
+
+    def __post_init__(self) -> None:
+        if self.hop_tokens <= 0 or self.max_hop_tokens < self.hop_tokens:
+            raise ValueError("chunk schedule: need 0 < hop_tokens <= max_hop_tokens")
+        if self.hop_scale < 1 or self.lookahead_tokens < 0:
+            raise ValueError("chunk schedule: need hop_scale >= 1 and lookahead_tokens >= 0")
+        if self.first_hop_tokens is not None and self.first_hop_tokens <= 0:
+            raise ValueError("chunk schedule: first_hop_tokens must be positive")
+
+
+@dataclass(frozen=True)
+class ChunkTask:
+    """Render speech tokens [0, token_end) (lookahead included when not final), emitting mel frames
+    from token `token_offset` on. `finalize` renders everything and flushes the vocoder caches."""
+
+    index: int
+    token_offset: int
+    token_end: int
+    finalize: bool
+
+
+class ChunkPlanner:
+    """Per-request chunk bookkeeping; not thread-safe (one request is served by one thread)."""
+
+    def __init__(self, schedule: ChunkSchedule, prompt_tokens: int) -> None:
+        self.schedule = schedule
+        pad = math.ceil(prompt_tokens / schedule.hop_tokens) * schedule.hop_tokens - prompt_tokens
+        self._first_hop = schedule.first_hop_tokens or schedule.hop_tokens + pad
+        self._hop = schedule.hop_tokens
+        self.token_offset = 0
+        self.chunks_emitted = 0
+        self.done = False
+
+    @property
+    def next_hop(self) -> int:
+        return self._first_hop if self.chunks_emitted == 0 else self._hop
+
+    def tokens_needed(self) -> int:
+        """How many tokens must exist before the next non-final chunk can be rendered."""
+        return self.token_offset + self.next_hop + self.schedule.lookahead_tokens
+
+    def next_chunk(self, tokens_available: int, lm_finished: bool) -> ChunkTask | None:
+        """The chunk to render now, or None if it must wait for more tokens."""
+        if self.done:
+            return None
+        if tokens_available >= self.tokens_needed():
+            hop = self.next_hop
+            task = ChunkTask(self.chunks_emitted, self.token_offset,
+                             self.token_offset + hop + self.schedule.lookahead_tokens, finalize=False)
+            self.token_offset += hop
+            self.chunks_emitted += 1
+            self._hop = min(self.schedule.max_hop_tokens, self._hop * self.schedule.hop_scale)
+            return task
+        if lm_finished:
+            self.done = True
+            task = ChunkTask(self.chunks_emitted, self.token_offset, tokens_available, finalize=True)
+            self.chunks_emitted += 1
+            return task
+        return None
