@@ -1,0 +1,1 @@
+"""Text frontend: the Qwen2 text tokenizer and text normalisation / sentence splitting."""
