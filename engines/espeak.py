@@ -1,0 +1,238 @@
+"""EspeakEngine: the embedded CPU engine that speaks on a fresh machine with no GPU and no model.
+
+It drives libespeak-ng from the `espeakng-loader` wheel (library and voice data bundled) through
+ctypes in synchronous mode: `espeak_Synth` blocks and hands 22050 Hz int16 buffers to a callback as
+it produces them; each buffer is resampled to 24 kHz and put on the stream's `ChunkChannel` at once,
+so the first chunk leaves long before the utterance is finished.
+
+libespeak-ng keeps its state in process globals and is not thread-safe, so every call into it is
+made from one worker thread per engine, under one process-wide lock (two engines in one process,
+as in tests, take turns). The library is initialised once per process and never terminated:
+`espeak_Terminate` would pull it from under another engine. Nothing here runs on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import ctypes
+import queue
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import soxr
+import structlog
+
+from engines.base import SAMPLE_RATE, SpeechEngine, SynthesisFailed, SynthesisRequest
+from engines.channel import ChunkChannel
+
+log = structlog.get_logger(__name__)
+
+# speak_lib.h constants
+_AUDIO_OUTPUT_SYNCHRONOUS = 2
+_INITIALIZE_DONT_EXIT = 0x8000  # report missing data instead of calling exit()
+_POS_CHARACTER = 1
+_CHARS_UTF8 = 1
+_RATE = 1  # espeak_PARAMETER espeakRATE, words per minute
+_EE_OK = 0
+# Length of each buffer the callback receives. espeak runs a few hundred times faster than real
+# time, so this sets the streaming granularity, not latency; 100 ms keeps the chunk count small.
+_CALLBACK_MS = 100
+
+_SynthCallback = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p)
+
+DEFAULT_VOICES: Mapping[str, str] = {"en": "en-us", "zh": "cmn"}
+
+
+@dataclass
+class _Job:
+    text: str
+    espeak_voice: str
+    channel: ChunkChannel
+
+
+class _Library:
+    """The process-wide libespeak-ng: loaded and initialised once, used under `lock` only."""
+
+    _instance: _Library | None = None
+    _instance_lock = threading.Lock()
+
+    def __init__(self) -> None:
+        import espeakng_loader  # the wheel that bundles the library and its data
+
+        try:
+            lib = ctypes.CDLL(espeakng_loader.get_library_path())
+            data_path = espeakng_loader.get_data_path()
+        except (OSError, RuntimeError) as exc:
+            raise RuntimeError(f"espeak: cannot load libespeak-ng from the espeakng-loader wheel: {exc}") from exc
+        lib.espeak_Initialize.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+        lib.espeak_SetVoiceByName.argtypes = [ctypes.c_char_p]
+        lib.espeak_SetParameter.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        lib.espeak_SetSynthCallback.argtypes = [_SynthCallback]
+        lib.espeak_Synth.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint, ctypes.c_int,
+                                     ctypes.c_uint, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p]
+        rate = lib.espeak_Initialize(_AUDIO_OUTPUT_SYNCHRONOUS, _CALLBACK_MS, data_path.encode(),
+                                     _INITIALIZE_DONT_EXIT)
+        if rate <= 0:
+            raise RuntimeError(f"espeak: espeak_Initialize failed ({rate}) with data at {data_path}")
+        self.lib = lib
+        self.native_rate = int(rate)
+        self.lock = threading.Lock()
+        # One C callback for the process; it forwards to whichever synthesis holds the lock.
+        self.on_audio: _Synthesis | None = None
+        self._callback = _SynthCallback(self._dispatch)
+        lib.espeak_SetSynthCallback(self._callback)
+
+    @classmethod
+    def get(cls) -> _Library:
+        with cls._instance_lock:
+            if cls._instance is None:
+                cls._instance = cls()
+            return cls._instance
+
+    def _dispatch(self, wav, numsamples: int, _events) -> int:
+        target = self.on_audio
+        if target is None:
+            return 1
+        return target.on_audio(wav, numsamples)
+
+    def has_voice(self, espeak_voice: str) -> bool:
+        with self.lock:
+            return self.lib.espeak_SetVoiceByName(espeak_voice.encode()) == _EE_OK
+
+
+class _Synthesis:
+    """One utterance: native buffers in, 24 kHz float32 chunks out, stop when asked."""
+
+    def __init__(self, channel: ChunkChannel, native_rate: int, stopping: threading.Event) -> None:
+        self.channel = channel
+        self.stopping = stopping
+        self.resampler = soxr.ResampleStream(native_rate, SAMPLE_RATE, 1, dtype="float32")
+        self.error: BaseException | None = None
+
+    def on_audio(self, wav, numsamples: int) -> int:
+        """The synth callback: returns 1 to make espeak abort the utterance."""
+        if self.channel.cancelled or self.stopping.is_set():
+            return 1
+        if not wav or numsamples <= 0:  # end-of-utterance marker
+            return 0
+        try:
+            native = np.ctypeslib.as_array(wav, shape=(numsamples,)).astype(np.float32) / 32768.0
+            chunk = self.resampler.resample_chunk(native)
+            if chunk.size:
+                self.channel.put(chunk)
+        except Exception as exc:  # an exception must not unwind through C; abort and report it
+            self.error = exc
+            return 1
+        return 0
+
+    def flush(self) -> None:
+        tail = self.resampler.resample_chunk(np.zeros(0, dtype=np.float32), last=True)
+        if tail.size:
+            self.channel.put(tail)
+
+
+class EspeakEngine(SpeechEngine):
+    name = "espeak"
+
+    def __init__(self, voices: Mapping[str, str] | None = None, default_voice: str = "en",
+                 rate_wpm: int = 175) -> None:
+        self._voices = dict(voices if voices is not None else DEFAULT_VOICES)
+        if not self._voices:
+            raise ValueError("engine.espeak.voices: at least one voice is required")
+        if default_voice not in self._voices:
+            raise ValueError(f"engine.espeak.default_voice: {default_voice!r} is not one of the configured voices")
+        self._default_voice = default_voice
+        self._rate_wpm = rate_wpm
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._library: _Library | None = None
+
+    def voices(self) -> Sequence[str]:
+        return tuple(self._voices)
+
+    @property
+    def default_voice(self) -> str:
+        return self._default_voice
+
+    async def start(self) -> None:
+        """Load the library and check every configured voice on the worker thread."""
+        ready: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._thread = threading.Thread(target=self._work, args=(ready,), name="espeak-synth", daemon=True)
+        self._thread.start()
+        try:
+            await asyncio.wrap_future(ready)
+        except BaseException:
+            await asyncio.to_thread(self._thread.join)
+            self._thread = None
+            raise
+        log.info("engine_started", engine=self.name, voices=self._voices,
+                 native_rate=self._library.native_rate if self._library else None)
+
+    async def close(self) -> None:
+        if self._thread is None:
+            return
+        self._stopping.set()
+        self._jobs.put(None)
+        await asyncio.to_thread(self._thread.join)
+        self._thread = None
+
+    def open_stream(self, request: SynthesisRequest) -> ChunkChannel:
+        self.validate(request)
+        if self._thread is None or self._stopping.is_set():
+            raise RuntimeError("espeak engine is not running; call start() first")
+        channel = ChunkChannel()
+        self._jobs.put(_Job(request.text, self._voices[request.voice], channel))
+        return channel
+
+    # -- the worker thread ------------------------------------------------------------------------
+    def _work(self, ready: concurrent.futures.Future[None]) -> None:
+        try:
+            self._library = _Library.get()
+            missing = [f"{name}={voice}" for name, voice in self._voices.items()
+                       if not self._library.has_voice(voice)]
+            if missing:
+                raise RuntimeError(f"engine.espeak.voices: espeak-ng has no voice {', '.join(missing)}")
+        except BaseException as exc:
+            ready.set_exception(exc)
+            return
+        ready.set_result(None)
+        while (job := self._jobs.get()) is not None:
+            if self._stopping.is_set():
+                job.channel.fail(SynthesisFailed("espeak engine closed"))
+                continue
+            self._speak(job)
+        # Streams queued behind the stop marker are failed rather than left hanging.
+        while not self._jobs.empty():
+            if (job := self._jobs.get()) is not None:
+                job.channel.fail(SynthesisFailed("espeak engine closed"))
+
+    def _speak(self, job: _Job) -> None:
+        library = self._library
+        assert library is not None
+        synthesis = _Synthesis(job.channel, library.native_rate, self._stopping)
+        text = job.text.encode("utf-8") + b"\0"
+        with library.lock:
+            library.on_audio = synthesis
+            try:
+                status = library.lib.espeak_SetVoiceByName(job.espeak_voice.encode())
+                if status == _EE_OK:
+                    library.lib.espeak_SetParameter(_RATE, self._rate_wpm, 0)
+                    status = library.lib.espeak_Synth(text, len(text), 0, _POS_CHARACTER, 0, _CHARS_UTF8,
+                                                      None, None)
+            finally:
+                library.on_audio = None
+        if synthesis.error is not None:
+            job.channel.fail(SynthesisFailed(f"espeak: {synthesis.error!r}"))
+        elif self._stopping.is_set():
+            job.channel.fail(SynthesisFailed("espeak engine closed"))
+        elif job.channel.cancelled:
+            return
+        elif status != _EE_OK:
+            job.channel.fail(SynthesisFailed(f"espeak: synthesis failed with status {status}"))
+        else:
+            synthesis.flush()
+            job.channel.finish()
