@@ -1,0 +1,202 @@
+"""A plain Qwen2 decoder whose state-dict keys match the official CosyVoice2 `llm.pt`.
+
+The official `Qwen2LM` holds a `Qwen2Encoder` as `llm`, which holds transformers'
+`Qwen2ForCausalLM` as `model`, which holds the decoder stack as `model` and the (unused) text head
+as `lm_head`. We keep that nesting (`llm.model.model.layers.N...`, `llm.model.lm_head.weight`) so
+official and fine-tuned checkpoints load strictly, and nothing else: the math is Qwen2's (RMSNorm
+computed in float32, rotate-half rotary embeddings, grouped-query attention with biased q/k/v, SiLU
+gated MLP), sized entirely from the model dir's `config.json`.
+
+Attention reads and writes a `StaticKVCache` (see kv_cache.py); this module never owns cache memory
+and never syncs with the host, so one decode step can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tts_core.llm.kv_cache import StaticKVCache
+
+
+@dataclass(frozen=True)
+class Qwen2Config:
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    intermediate_size: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    head_dim: int
+    tie_word_embeddings: bool
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> Qwen2Config:
+        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+        try:
+            heads = int(raw["num_attention_heads"])
+            hidden = int(raw["hidden_size"])
+            if raw.get("hidden_act", "silu") != "silu":
+                raise ValueError(f"{path}: hidden_act {raw['hidden_act']!r} is not supported (silu only)")
+            if raw.get("rope_scaling"):
+                raise ValueError(f"{path}: rope_scaling is not supported")
+            return cls(
+                hidden_size=hidden,
+                num_hidden_layers=int(raw["num_hidden_layers"]),
+                num_attention_heads=heads,
+                num_key_value_heads=int(raw.get("num_key_value_heads", heads)),
+                intermediate_size=int(raw["intermediate_size"]),
+                vocab_size=int(raw["vocab_size"]),
+                rms_norm_eps=float(raw["rms_norm_eps"]),
+                rope_theta=float(raw.get("rope_theta", 10000.0)),
+                head_dim=int(raw.get("head_dim") or hidden // heads),
+                tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            )
+        except KeyError as missing:
+            raise ValueError(f"{path}: Qwen2 config lacks {missing}") from None
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32 like Qwen2 so bf16/fp16 runs keep the reference's precision.
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """cos/sin tables for absolute positions (Qwen2's rotate-half layout)."""
+
+    def __init__(self, head_dim: int, theta: float) -> None:
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions (B, T) -> cos, sin (B, 1, T, head_dim), computed in float32."""
+        freqs = positions.float()[..., None] * self.inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None]
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return x * cos + _rotate_half(x) * sin
+
+
+class Qwen2Attention(nn.Module):
+    def __init__(self, cfg: Qwen2Config, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.heads = cfg.num_attention_heads
+        self.kv_heads = cfg.num_key_value_heads
+        self.head_dim = cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, self.heads * self.head_dim, bias=True)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=True)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=True)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache: StaticKVCache,
+                slots: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        cos, sin = rope
+        q, k = _apply_rotary(q, cos, sin), _apply_rotary(k, cos, sin)
+        cache.write(self.layer_idx, slots, positions, k, v)
+        keys, values = cache.read(self.layer_idx, slots, mask.shape[-1])
+        # The explicit mask carries both causality and each slot's own length (kv_cache.attention_mask).
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=self.kv_heads != self.heads)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+
+
+class Qwen2MLP(nn.Module):
+    def __init__(self, cfg: Qwen2Config) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Qwen2DecoderLayer(nn.Module):
+    def __init__(self, cfg: Qwen2Config, layer_idx: int) -> None:
+        super().__init__()
+        self.self_attn = Qwen2Attention(cfg, layer_idx)
+        self.mlp = Qwen2MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache: StaticKVCache,
+                slots: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, cache, slots, positions, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Qwen2Model(nn.Module):
+    """The decoder stack: embed_tokens, layers, final norm."""
+
+    def __init__(self, cfg: Qwen2Config) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Qwen2DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
+
+    def forward(self, embeds: torch.Tensor, cache: StaticKVCache, slots: torch.Tensor, positions: torch.Tensor,
+                attend_len: int) -> torch.Tensor:
+        """embeds (B, T, D) at absolute `positions` (B, T) of cache rows `slots` (B,) -> hidden (B, T, D).
+
+        Keys/values of these positions are written into the cache first; each query then attends to
+        cache positions 0..its own position, read over the first `attend_len` cache columns (a static
+        number for captured decode steps)."""
+        rope = self.rotary(positions, embeds.dtype)
+        mask = cache.attention_mask(positions, attend_len)
+        x = embeds
+        for layer in self.layers:
+            x = layer(x, rope, cache, slots, positions, mask)
+        return self.norm(x)
+
+
+class Qwen2ForCausalLM(nn.Module):
+    """Decoder stack plus the text head. The head is unused for speech tokens but kept so the
+    checkpoint's `lm_head.weight` loads strictly; tied to embed_tokens when the config says so."""
+
+    def __init__(self, cfg: Qwen2Config) -> None:
+        super().__init__()
+        self.model = Qwen2Model(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+
+class Qwen2Encoder(nn.Module):
+    """The official `Qwen2Encoder` wrapper: only here to give keys their `llm.model.` prefix."""
+
+    def __init__(self, cfg: Qwen2Config) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = Qwen2ForCausalLM(cfg)
+
+    def forward(self, embeds: torch.Tensor, cache: StaticKVCache, slots: torch.Tensor, positions: torch.Tensor,
+                attend_len: int) -> torch.Tensor:
+        return self.model.model(embeds, cache, slots, positions, attend_len)

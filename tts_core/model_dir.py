@@ -1,0 +1,122 @@
+"""Locate and validate a CosyVoice2 model directory in the official layout.
+
+    <dir>/cosyvoice2.yaml           hyper-parameters (read as data, never executed)
+    <dir>/CosyVoice-BlankEN/        Qwen2 config.json + tokenizer files (the yaml's qwen_pretrain_path;
+                                    empty there means this folder, as the official loader does)
+    <dir>/llm.pt, flow.pt, hift.pt  state dicts
+    <dir>/spk2info.pt               optional: saved speakers
+    <dir>/campplus.onnx, speech_tokenizer_v2.onnx
+                                    optional here: only needed to enrol a new prompt voice
+
+Errors name the missing file. Builders for the model parts live next to each part; this module
+only builds the speech LM, whose sizes all come from the directory itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tts_core.checkpoint import load_strict, read_state_dict
+from tts_core.llm.qwen2 import Qwen2Config
+from tts_core.llm.sampling import SamplingConfig
+from tts_core.llm.speech_lm import SpeechTokenLM
+from tts_core.model_config import load_model_yaml
+
+YAML_NAME = "cosyvoice2.yaml"
+QWEN_DIR_NAME = "CosyVoice-BlankEN"
+
+
+class ModelDirError(FileNotFoundError):
+    pass
+
+
+@dataclass(frozen=True)
+class ModelDir:
+    root: Path
+    yaml_path: Path
+    qwen_dir: Path
+    llm_path: Path
+    flow_path: Path
+    hift_path: Path
+    spk2info_path: Path | None
+    campplus_path: Path | None
+    speech_tokenizer_path: Path | None
+    config: dict[str, Any]
+
+    @classmethod
+    def open(cls, root: str | Path) -> ModelDir:
+        root = Path(root)
+        if not root.is_dir():
+            raise ModelDirError(f"model directory not found: {root}")
+        yaml_path = _required(root / YAML_NAME)
+        raw = load_model_yaml(yaml_path)
+        qwen_value = raw.get("qwen_pretrain_path") or ""
+        qwen_dir = Path(qwen_value) if qwen_value else root / QWEN_DIR_NAME
+        if not qwen_dir.is_absolute() and qwen_value:
+            qwen_dir = root / qwen_dir
+        if not qwen_dir.is_dir():
+            raise ModelDirError(f"Qwen2 directory missing: {qwen_dir} (qwen_pretrain_path in {yaml_path})")
+        for name in ("config.json", "vocab.json", "merges.txt"):
+            _required(qwen_dir / name)
+        # Resolve again with the path filled in, as the official loader overrides it.
+        config = load_model_yaml(yaml_path, overrides={"qwen_pretrain_path": str(qwen_dir)})
+        return cls(
+            root=root,
+            yaml_path=yaml_path,
+            qwen_dir=qwen_dir,
+            llm_path=_required(root / "llm.pt"),
+            flow_path=_required(root / "flow.pt"),
+            hift_path=_required(root / "hift.pt"),
+            spk2info_path=_optional(root / "spk2info.pt"),
+            campplus_path=_optional(root / "campplus.onnx"),
+            speech_tokenizer_path=_optional(root / "speech_tokenizer_v2.onnx"),
+            config=config,
+        )
+
+    @property
+    def llm_section(self) -> dict[str, Any]:
+        section = self.config.get("llm")
+        if not isinstance(section, dict):
+            raise ValueError(f"{self.yaml_path}: no `llm:` section")
+        return section
+
+    @property
+    def qwen_config(self) -> Qwen2Config:
+        return Qwen2Config.from_json(self.qwen_dir / "config.json")
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        return SamplingConfig.from_yaml(self.llm_section)
+
+
+def load_speech_lm(model_dir: ModelDir | str | Path, device: torch.device | str = "cpu",
+                   dtype: torch.dtype = torch.float32) -> SpeechTokenLM:
+    """Build the speech LM from the directory's configs and load `llm.pt` strictly."""
+    md = model_dir if isinstance(model_dir, ModelDir) else ModelDir.open(model_dir)
+    section = md.llm_section
+    try:
+        speech_token_size = int(section["speech_token_size"])
+    except KeyError:
+        raise ValueError(f"{md.yaml_path}: llm.speech_token_size is missing") from None
+    lm = SpeechTokenLM(
+        md.qwen_config,
+        speech_token_size=speech_token_size,
+        llm_input_size=section.get("llm_input_size"),
+        llm_output_size=section.get("llm_output_size"),
+    )
+    load_strict(lm, read_state_dict(md.llm_path), str(md.llm_path))
+    return lm.to(device=device, dtype=dtype).eval()
+
+
+def _required(path: Path) -> Path:
+    if not path.is_file():
+        raise ModelDirError(f"model file missing: {path}")
+    return path
+
+
+def _optional(path: Path) -> Path | None:
+    return path if path.is_file() else None
