@@ -1,0 +1,184 @@
+"""The flow's velocity estimator: a one-level causal 1-D U-Net with transformer blocks.
+
+Input: the noisy mel `x`, the encoder conditioning `mu`, the speaker vector (broadcast over time)
+and the prompt-mel condition `cond`, stacked on channels (4 x 80 = 320); output: d x / d t (80
+channels). Convolutions are causal (left padding only) and attention follows `attn_mask`, so with a
+chunk-causal mask a frame's output never depends on later chunks.
+
+Parameter names follow the official checkpoint (`down_blocks.0.0.block1.block.0`, `attn1.to_q`,
+`ff.net.0.proj`, ...). Dropout (0 at inference) is omitted.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from tts_core.flow.chunk_mask import chunk_attention_mask
+from tts_core.flow.config import EstimatorConfig
+
+
+class CausalConv1d(nn.Conv1d):
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int) -> None:
+        super().__init__(in_channels, out_channels, kernel_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(F.pad(x, (self.kernel_size[0] - 1, 0)))
+
+
+class CausalBlock(nn.Module):
+    """Masked causal conv -> LayerNorm over channels -> Mish, masked again."""
+
+    def __init__(self, dim: int, dim_out: int) -> None:
+        super().__init__()
+        # Indices mirror the official Sequential (conv, transpose, norm, transpose, mish) so that the
+        # checkpoint's `block.0.*` / `block.2.*` keys load; 1, 3 and 4 hold no parameters.
+        self.block = nn.ModuleList([CausalConv1d(dim, dim_out, 3), nn.Identity(), nn.LayerNorm(dim_out),
+                                    nn.Identity(), nn.Mish()])
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = self.block[0](x * mask)
+        h = self.block[2](h.transpose(1, 2)).transpose(1, 2)
+        return self.block[4](h) * mask
+
+
+class CausalResnetBlock(nn.Module):
+    def __init__(self, dim: int, dim_out: int, time_emb_dim: int) -> None:
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Mish(), nn.Linear(time_emb_dim, dim_out))
+        self.block1 = CausalBlock(dim, dim_out)
+        self.block2 = CausalBlock(dim_out, dim_out)
+        self.res_conv = nn.Conv1d(dim, dim_out, 1)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, time_emb: torch.Tensor) -> torch.Tensor:
+        h = self.block1(x, mask) + self.mlp(time_emb).unsqueeze(-1)
+        h = self.block2(h, mask)
+        return h + self.res_conv(x * mask)
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, dim: int, heads: int, head_dim: int) -> None:
+        super().__init__()
+        inner = heads * head_dim
+        self.heads = heads
+        self.to_q = nn.Linear(dim, inner, bias=False)
+        self.to_k = nn.Linear(dim, inner, bias=False)
+        self.to_v = nn.Linear(dim, inner, bias=False)
+        self.to_out = nn.ModuleList([nn.Linear(inner, dim), nn.Identity()])  # [1] was dropout
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        b, t, _ = x.shape
+        q, k, v = (proj(x).view(b, t, self.heads, -1).transpose(1, 2) for proj in (self.to_q, self.to_k, self.to_v))
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+        return self.to_out[0](out.transpose(1, 2).reshape(b, t, -1))
+
+
+class GeluProjection(nn.Module):
+    def __init__(self, dim: int, dim_out: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(dim, dim_out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.gelu(self.proj(x))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim: int, mult: int = 4) -> None:
+        super().__init__()
+        self.net = nn.ModuleList([GeluProjection(dim, dim * mult), nn.Identity(), nn.Linear(dim * mult, dim)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net[2](self.net[0](x))
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm self-attention + GELU feed-forward (no cross-attention)."""
+
+    def __init__(self, dim: int, heads: int, head_dim: int) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn1 = SelfAttention(dim, heads, head_dim)
+        self.norm3 = nn.LayerNorm(dim)
+        self.ff = FeedForward(dim)
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        x = x + self.attn1(self.norm1(x), attn_mask)
+        return x + self.ff(self.norm3(x))
+
+
+class TimestepMLP(nn.Module):
+    def __init__(self, in_channels: int, dim: int) -> None:
+        super().__init__()
+        self.linear_1 = nn.Linear(in_channels, dim)
+        self.linear_2 = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_2(F.silu(self.linear_1(x)))
+
+
+def sinusoidal_time(t: torch.Tensor, dim: int, scale: float = 1000.0) -> torch.Tensor:
+    """(B,) flow time in [0, 1] -> (B, dim) [sin | cos] features at geometric frequencies."""
+    half = dim // 2
+    freq = torch.exp(torch.arange(half, device=t.device).float() * -(math.log(10000) / (half - 1)))
+    arg = scale * t.unsqueeze(1) * freq.unsqueeze(0)
+    return torch.cat((arg.sin(), arg.cos()), dim=-1).to(t.dtype)
+
+
+def _level(resnet: nn.Module, blocks: nn.ModuleList, tail: nn.Module | None = None) -> nn.ModuleList:
+    return nn.ModuleList([resnet, blocks] + ([tail] if tail is not None else []))
+
+
+class FlowEstimator(nn.Module):
+    def __init__(self, cfg: EstimatorConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        c, time_dim = cfg.channels, cfg.channels * 4
+
+        def blocks() -> nn.ModuleList:
+            return nn.ModuleList(TransformerBlock(c, cfg.num_heads, cfg.attention_head_dim) for _ in range(cfg.n_blocks))
+
+        self.time_mlp = TimestepMLP(cfg.in_channels, time_dim)
+        self.down_blocks = nn.ModuleList([_level(CausalResnetBlock(cfg.in_channels, c, time_dim), blocks(),
+                                                 CausalConv1d(c, c, 3))])
+        self.mid_blocks = nn.ModuleList(_level(CausalResnetBlock(c, c, time_dim), blocks())
+                                        for _ in range(cfg.num_mid_blocks))
+        self.up_blocks = nn.ModuleList([_level(CausalResnetBlock(2 * c, c, time_dim), blocks(),
+                                               CausalConv1d(c, c, 3))])
+        self.final_block = CausalBlock(c, c)
+        self.final_proj = nn.Conv1d(c, cfg.out_channels, 1)
+
+    def attention_mask(self, frames: int, streaming: bool, device: torch.device) -> torch.Tensor | None:
+        """The (frames, frames) bool mask every transformer block uses; None means all visible.
+
+        Batch 1 only, like the official inference: no key padding is ever masked."""
+        if not streaming or self.cfg.static_chunk_size <= 0:
+            return None
+        return chunk_attention_mask(frames, self.cfg.static_chunk_size, self.cfg.num_decoding_left_chunks, device)
+
+    @staticmethod
+    def _transformers(x: torch.Tensor, blocks: nn.ModuleList, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        h = x.transpose(1, 2)
+        for block in blocks:
+            h = block(h, attn_mask)
+        return h.transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, mu: torch.Tensor, t: torch.Tensor, spks: torch.Tensor,
+                cond: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        """x, mu, cond (B, 80, T); mask (B, 1, T); t (B,); spks (B, 80); attn_mask (T, T) bool or None."""
+        temb = self.time_mlp(sinusoidal_time(t, self.cfg.in_channels))
+        h = torch.cat([x, mu, spks.unsqueeze(-1).expand(-1, -1, x.size(-1)), cond], dim=1)
+
+        resnet, blocks, conv = self.down_blocks[0]
+        h = self._transformers(resnet(h, mask, temb), blocks, attn_mask)
+        skip = h
+        h = conv(h * mask)
+        for resnet, blocks in self.mid_blocks:
+            h = self._transformers(resnet(h, mask, temb), blocks, attn_mask)
+        resnet, blocks, conv = self.up_blocks[0]
+        h = self._transformers(resnet(torch.cat([h, skip], dim=1), mask, temb), blocks, attn_mask)
+        h = conv(h * mask)
+        h = self.final_block(h, mask)
+        return self.final_proj(h * mask) * mask

@@ -1,0 +1,97 @@
+"""Conditional flow matching sampler: Euler integration of the estimator's velocity field.
+
+Starts from a fixed noise buffer (the official draws it once, `torch.randn` right after seeding
+every RNG with 0, and slices its first T frames for every call: the same tokens give the same mel,
+and a streaming call's frames match the non-streaming ones where their inputs match). Time follows
+the cosine schedule t_k = 1 - cos(pi/2 * k/N) and each step evaluates the estimator on a batch of
+two rows, conditioned and unconditioned (mu, speaker and prompt mel zeroed), mixed by
+classifier-free guidance (Le et al., Voicebox, 2023): v = (1 + w) v_cond - w v_uncond.
+
+`guided_velocity` is the hot loop body (N steps x batch 2); it takes only tensors, so a runtime
+can capture it in a CUDA graph per frame count.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tts_core.flow.estimator import FlowEstimator
+
+NOISE_SEED = 0
+NOISE_FRAMES = 50 * 300  # the official buffer: 300 s of mel at 50 frames/s
+
+
+def official_noise(mel_bins: int) -> torch.Tensor:
+    """(1, mel_bins, 15000) float32 CPU: what `torch.manual_seed(0); torch.randn(...)` gives."""
+    gen = torch.Generator(device="cpu").manual_seed(NOISE_SEED)
+    return torch.randn([1, mel_bins, NOISE_FRAMES], generator=gen)
+
+
+def time_span(n_timesteps: int, scheduler: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    span = torch.linspace(0, 1, n_timesteps + 1, device=device, dtype=dtype)
+    if scheduler == "cosine":
+        span = 1 - torch.cos(span * 0.5 * torch.pi)
+    return span
+
+
+def guided_velocity(estimator: FlowEstimator, x_in: torch.Tensor, mask_in: torch.Tensor, mu_in: torch.Tensor,
+                    t_in: torch.Tensor, spks_in: torch.Tensor, cond_in: torch.Tensor,
+                    attn_mask: torch.Tensor | None, cfg_rate: float) -> torch.Tensor:
+    """One estimator call on the (conditioned, unconditioned) pair -> guided velocity (1, 80, T)."""
+    v = estimator(x_in, mask_in, mu_in, t_in, spks_in, cond_in, attn_mask)
+    v_cond, v_uncond = v[:1], v[1:]
+    return (1.0 + cfg_rate) * v_cond - cfg_rate * v_uncond
+
+
+class FlowSampler(nn.Module):
+    """Holds the estimator (checkpoint prefix `decoder.estimator.`) and the fixed noise buffer."""
+
+    def __init__(self, estimator: FlowEstimator, mel_bins: int, n_timesteps: int, scheduler: str,
+                 cfg_rate: float) -> None:
+        super().__init__()
+        self.estimator = estimator
+        self.n_timesteps = n_timesteps
+        self.scheduler = scheduler
+        self.cfg_rate = cfg_rate
+        self.register_buffer("rand_noise", official_noise(mel_bins), persistent=False)
+
+    def noise(self, frames: int, dtype: torch.dtype) -> torch.Tensor:
+        if frames > self.rand_noise.size(2):
+            raise ValueError(f"flow: {frames} mel frames exceed the {self.rand_noise.size(2)}-frame noise buffer")
+        return self.rand_noise[:, :, :frames].to(dtype)
+
+    def forward(self, mu: torch.Tensor, mask: torch.Tensor, spks: torch.Tensor, cond: torch.Tensor,
+                streaming: bool, noise: torch.Tensor | None = None) -> torch.Tensor:
+        """mu, cond (1, 80, T); mask (1, 1, T); spks (1, 80) -> mel (1, 80, T) float32."""
+        frames = mu.size(2)
+        x = self.noise(frames, mu.dtype) if noise is None else noise
+        attn_mask = self.estimator.attention_mask(frames, streaming, mu.device)
+        span = time_span(self.n_timesteps, self.scheduler, mu.device, mu.dtype)
+
+        # Static per-call buffers: row 0 conditioned, row 1 unconditioned (mu/spks/cond stay zero).
+        dtype = spks.dtype
+        x_in = torch.zeros([2, x.size(1), frames], device=mu.device, dtype=dtype)
+        mask_in = mask.to(dtype).expand(2, -1, -1).contiguous()
+        mu_in = torch.zeros_like(x_in)
+        mu_in[0] = mu[0]
+        t_in = torch.zeros([2], device=mu.device, dtype=dtype)
+        spks_in = torch.zeros([2, spks.size(1)], device=mu.device, dtype=dtype)
+        spks_in[0] = spks[0]
+        cond_in = torch.zeros_like(x_in)
+        cond_in[0] = cond[0]
+
+        # Same accumulation order as the official solver (t += dt; dt = t_{k+1} - t) so float32
+        # rounding matches step for step.
+        t = span[0].unsqueeze(0)
+        dt = span[1] - span[0]
+        for step in range(1, len(span)):
+            x_in[:] = x
+            t_in[:] = t
+            v = guided_velocity(self.estimator, x_in, mask_in, mu_in, t_in, spks_in, cond_in, attn_mask,
+                                self.cfg_rate)
+            x = x + dt * v
+            t = t + dt
+            if step < len(span) - 1:
+                dt = span[step + 1] - t
+        return x.float()
