@@ -1,0 +1,203 @@
+"""The media facade the call layer uses: `MediaEngine` (one per process) and `CallMedia` (one per call).
+
+`MediaEngine` owns the shared `PacketClock` and the RTP port pool. `CallMedia` joins one call's pieces:
+the SDP answerer, the RTP session, the playout buffer and the resampler of the prompt being played.
+While a prompt plays, the call is subscribed to the clock and each tick sends one packet; otherwise it
+sends nothing, but its socket stays open to receive DTMF.
+
+On hold (the peer's offer says we may not send), a playing prompt keeps running in time and its
+frames are dropped unsent: `play()` still ends when the prompt's last sample is due, and the engine
+stream never backs up behind a caller who pressed hold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import ipaddress
+import socket
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import numpy as np
+import structlog
+
+from gateway.media.packet_clock import PacketClock
+from gateway.media.playout import PlayoutBuffer, PlayoutSettings
+from gateway.media.port_pool import RtpPortPool
+from gateway.media.resample import Resampler24kTo8k
+from gateway.media.rtp_session import RtpSession
+from gateway.media.sdp import MediaPlan, NoCommonCodec, SdpAnswerer
+
+log = structlog.get_logger(__name__)
+
+__all__ = ["CallMedia", "MediaClosed", "MediaEngine", "MediaSettings", "NoCommonCodec"]
+
+
+@dataclass(frozen=True)
+class MediaSettings:
+    advertised_host: str = "127.0.0.1"
+    rtp_port_min: int = 20000
+    rtp_port_max: int = 30000
+    codecs: tuple[str, ...] = ("PCMU", "PCMA")
+    initial_playout_delay_ms: int = 60
+    max_playout_delay_ms: int = 400
+    rtcp_interval_s: float = 5.0
+
+
+class MediaClosed(RuntimeError):
+    """`play()` was called on call media that has been closed."""
+
+
+class MediaEngine:
+    """Process-wide media: the one packet clock and the RTP port pool."""
+
+    def __init__(self, settings: MediaSettings) -> None:
+        self.settings = settings
+        self.clock = PacketClock()
+        self._pool = RtpPortPool(settings.rtp_port_min, settings.rtp_port_max)
+        self._calls: set[CallMedia] = set()
+
+    async def start(self) -> None:
+        self.clock.start()
+
+    async def stop(self) -> None:
+        for media in list(self._calls):
+            await media.close()
+        self.clock.stop()
+
+    @property
+    def active_calls(self) -> int:
+        return len(self._calls)
+
+    async def open_call(self, call_id: str, offer_sdp: str) -> CallMedia:
+        """Bind the call's ports and answer its offer; raises NoCommonCodec (ports released again)."""
+        if not self.clock.running:
+            raise RuntimeError("MediaEngine.start() must run before open_call()")
+        session = RtpSession(call_id, self.clock, self.settings.rtcp_interval_s)
+        await session.bind(self.settings.advertised_host, self._pool)
+        try:
+            answerer = SdpAnswerer(self.settings.advertised_host, session.local_port, self.settings.codecs)
+            answer_sdp, plan = answerer.answer(offer_sdp)
+            plan = await _resolved(plan)
+            session.apply_plan(plan)
+        except BaseException:
+            session.close(self._pool)
+            raise
+        media = CallMedia(call_id, session, answerer, answer_sdp, plan, self)
+        self._calls.add(media)
+        log.info("media_opened", call_id=call_id, port=session.local_port, codec=plan.codec,
+                 remote=f"{plan.remote_host}:{plan.remote_port}", can_send=plan.can_send)
+        return media
+
+    def _release(self, media: CallMedia, session: RtpSession) -> None:
+        session.close(self._pool)
+        self._calls.discard(media)
+
+
+async def _resolved(plan: MediaPlan) -> MediaPlan:
+    """The plan with its remote host as an IP literal (SDP may carry a DNS name, RFC 4566 §5.7)."""
+    try:
+        ipaddress.ip_address(plan.remote_host)
+        return plan
+    except ValueError:
+        pass
+    infos = await asyncio.get_running_loop().getaddrinfo(plan.remote_host, plan.remote_port,
+                                                         type=socket.SOCK_DGRAM)
+    return dataclasses.replace(plan, remote_host=infos[0][4][0])
+
+
+class CallMedia:
+    def __init__(self, call_id: str, session: RtpSession, answerer: SdpAnswerer, answer_sdp: str,
+                 plan: MediaPlan, engine: MediaEngine) -> None:
+        self.call_id = call_id
+        self.answer_sdp = answer_sdp
+        self.plan = plan
+        self.dtmf: asyncio.Queue[str] = session.dtmf
+        self.first_speech_sent_at: float | None = None
+        self._session = session
+        self._answerer = answerer
+        self._engine = engine
+        self._clock = engine.clock
+        self._buffer = PlayoutBuffer(PlayoutSettings(
+            initial_delay_ms=engine.settings.initial_playout_delay_ms,
+            max_delay_ms=engine.settings.max_playout_delay_ms))
+        self._done: asyncio.Future[None] | None = None
+        self._closed = False
+        self._log = log.bind(call_id=call_id)
+
+    @property
+    def underruns(self) -> int:
+        return self._buffer.underruns
+
+    @property
+    def packets_sent(self) -> int:
+        return self._session.packets_sent
+
+    @property
+    def local_port(self) -> int:
+        return self._session.local_port
+
+    def update_offer(self, offer_sdp: str) -> str:
+        """Answer a re-INVITE/UPDATE offer (hold, resume, new address); raises NoCommonCodec, changing nothing."""
+        answer_sdp, plan = self._answerer.answer(offer_sdp)
+        self._session.apply_plan(plan)
+        if plan.can_send != self.plan.can_send:
+            self._log.info("media_direction", direction=plan.direction, can_send=plan.can_send)
+        self.plan, self.answer_sdp = plan, answer_sdp
+        return answer_sdp
+
+    async def play(self, chunks: AsyncIterator[np.ndarray], source_rate: int = 24000) -> None:
+        """Speak a stream of engine chunks; returns once the last sample has been sent.
+
+        If the iterator raises, buffered audio is discarded and the error propagates; cancelling the task
+        does the same. Returns early, without error, if `close()` is called meanwhile.
+        """
+        if self._closed:
+            raise MediaClosed(f"call {self.call_id}: media already closed")
+        if self._done is not None:
+            raise RuntimeError(f"call {self.call_id}: a prompt is already playing")
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        self._done = done
+        resampler = Resampler24kTo8k(source_rate)
+        buffer = self._buffer
+        buffer.begin_prompt()
+        self._clock.subscribe(self._on_tick)
+        try:
+            async for chunk in chunks:
+                if self._closed:
+                    return
+                buffer.push(resampler.push(chunk), loop.time())
+            if self._closed:
+                return
+            buffer.push(resampler.flush(), loop.time())
+            buffer.end_of_stream()
+            if not buffer.finished:
+                await done
+        finally:
+            self._clock.unsubscribe(self._on_tick)
+            self._done = None
+            if not buffer.finished:
+                buffer.flush()
+
+    def _on_tick(self, tick: int, deadline: float) -> None:
+        # The per-call hot path: one frame, one packet. Frames popped while on hold are dropped.
+        frame = self._buffer.pop_frame()
+        if frame is not None and self._session.send_frame(frame, tick) and self.first_speech_sent_at is None:
+            self.first_speech_sent_at = time.monotonic()
+        if self._buffer.finished and self._done is not None and not self._done.done():
+            self._done.set_result(None)
+
+    async def close(self) -> None:
+        """Stop sending, discard buffered audio, release the ports; safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        self._clock.unsubscribe(self._on_tick)
+        self._buffer.flush()
+        if self._done is not None and not self._done.done():
+            self._done.set_result(None)
+        self._engine._release(self, self._session)
+        self._log.info("media_closed", packets_sent=self.packets_sent, underruns=self.underruns)

@@ -1,0 +1,149 @@
+"""The playout buffer: 8 kHz audio in at the engine's bursty pace, one 160-sample frame out per 20 ms tick.
+
+A prompt does not start until enough audio is buffered to ride out the engine's jitter. The start
+threshold is learnt from the chunk arrivals: the largest net drain over any stretch of the stream
+(time elapsed between two arrivals minus the audio the chunks in between carried) is how much audio
+playback would have consumed with nothing new arriving; buffering that much up front avoids the gap.
+It is bounded by [min_delay_ms, max_delay_ms]; before anything is learnt, `initial_delay_ms` applies.
+A stream that has ended starts at once, whatever is buffered.
+
+Once playing, each tick takes one frame. An empty buffer mid-prompt is an underrun: that slot is
+silence (zeros, never stale audio), it is counted, and the buffer goes back to buffering with its floor
+raised by `underrun_step_ms`, so a jittery engine pays for one glitch, not one per chunk. No clocks:
+the caller passes arrival times in.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import numpy as np
+
+from gateway import metrics
+
+FRAME_SAMPLES = 160  # 20 ms at 8 kHz (RFC 3551 §4.5: G.711 default packetisation)
+SAMPLE_RATE = 8000
+
+
+@dataclass(frozen=True)
+class PlayoutSettings:
+    initial_delay_ms: int = 60
+    min_delay_ms: int = 20
+    max_delay_ms: int = 400
+    underrun_step_ms: int = 40
+
+
+class PlayoutState(enum.Enum):
+    IDLE = "idle"  # no prompt: nothing to send
+    BUFFERING = "buffering"  # prompt started (or underran), waiting for the start threshold
+    PLAYING = "playing"
+
+
+class PlayoutBuffer:
+    def __init__(self, settings: PlayoutSettings = PlayoutSettings()) -> None:
+        self.settings = settings
+        self.underruns = 0
+        self.state = PlayoutState.IDLE
+        self._floor = self._samples(settings.initial_delay_ms)
+        self._max_drain = 0  # samples; learnt across prompts: the engine's jitter outlives one prompt
+        self._buffer = np.zeros(0, dtype=np.float32)
+        self._read = 0
+        self._ended = False
+        self._started = False  # played at least one frame of this prompt
+        self._drain_origin: float | None = None  # min over arrivals of (arrival time - audio before it)
+        self._received = 0  # samples of this prompt received so far
+
+    @staticmethod
+    def _samples(ms: float) -> int:
+        return int(ms * SAMPLE_RATE / 1000)
+
+    @property
+    def buffered(self) -> int:
+        """Samples waiting to be played."""
+        return self._buffer.size - self._read
+
+    @property
+    def start_threshold(self) -> int:
+        """Samples that must be buffered before playback (re)starts."""
+        low, high = self._samples(self.settings.min_delay_ms), self._samples(self.settings.max_delay_ms)
+        return min(high, max(low, self._floor, self._max_drain))
+
+    @property
+    def finished(self) -> bool:
+        """The prompt's stream has ended and its last sample has been handed out."""
+        return self._ended and self.buffered == 0 and self.state is PlayoutState.IDLE
+
+    def begin_prompt(self) -> None:
+        self.flush()
+        self.state = PlayoutState.BUFFERING
+
+    def push(self, samples: np.ndarray, now: float) -> None:
+        """Append 8 kHz float32 audio that arrived at `now` (seconds, monotonic)."""
+        if self.state is PlayoutState.IDLE:
+            self.begin_prompt()
+        self._learn_jitter(now)
+        self._received += samples.size
+        if samples.size:
+            self._buffer = np.concatenate((self._buffer[self._read :], samples.astype(np.float32, copy=False)))
+            self._read = 0
+        self._maybe_start()
+
+    def end_of_stream(self) -> None:
+        self._ended = True
+        if self.buffered == 0:  # nothing left (or an empty prompt): done without another packet
+            self.state = PlayoutState.IDLE
+        self._maybe_start()
+
+    def pop_frame(self) -> np.ndarray | None:
+        """The next 160 samples, or None while nothing is to be sent (idle, or buffering a prompt's start)."""
+        if self.state is PlayoutState.PLAYING:
+            available = self.buffered
+            if available >= FRAME_SAMPLES:
+                frame = self._buffer[self._read : self._read + FRAME_SAMPLES]
+                self._read += FRAME_SAMPLES
+            elif self._ended:  # the last, partial frame: pad with silence
+                frame = np.zeros(FRAME_SAMPLES, dtype=np.float32)
+                frame[:available] = self._buffer[self._read :]
+                self._read += available
+            else:
+                return self._underrun()
+            if self._ended and self.buffered == 0:
+                self.state = PlayoutState.IDLE
+            self._started = True
+            return frame
+        if self.state is PlayoutState.BUFFERING and self._started:
+            return self._underrun()  # still refilling after an underrun: keep the slot, send silence
+        return None
+
+    def flush(self) -> None:
+        """Discard everything (hang-up, barge-in); the learnt jitter is kept for the next prompt."""
+        self._buffer = np.zeros(0, dtype=np.float32)
+        self._read = 0
+        self._ended = False
+        self._started = False
+        self._drain_origin = None
+        self._received = 0
+        self.state = PlayoutState.IDLE
+
+    def _underrun(self) -> np.ndarray:
+        self.underruns += 1
+        metrics.playout_underruns_total.inc()
+        if self.state is PlayoutState.PLAYING:
+            self.state = PlayoutState.BUFFERING
+            self._floor = min(self._samples(self.settings.max_delay_ms),
+                              self.start_threshold + self._samples(self.settings.underrun_step_ms))
+        return np.zeros(FRAME_SAMPLES, dtype=np.float32)
+
+    def _learn_jitter(self, now: float) -> None:
+        # D_j = t_j - A_j (arrival time minus audio received before it, in seconds); the worst drain
+        # between arrivals i < j is D_j - min_{i<=j} D_i.
+        deficit = now - self._received / SAMPLE_RATE
+        if self._drain_origin is None or deficit < self._drain_origin:
+            self._drain_origin = deficit
+        drain = self._samples((deficit - self._drain_origin) * 1000)
+        self._max_drain = max(self._max_drain, drain)
+
+    def _maybe_start(self) -> None:
+        if self.state is PlayoutState.BUFFERING and (self._ended or self.buffered >= self.start_threshold):
+            self.state = PlayoutState.PLAYING

@@ -1,0 +1,221 @@
+"""One call's RTP/RTCP endpoint: the sockets, symmetric RTP latching, packet numbering, RTCP reports.
+
+- Binds RTP on an even port of the configured range on the advertised host, RTCP on port + 1
+  (RFC 3550 §11), and sends from those same ports (symmetric RTP, RFC 4961).
+- Latching: media goes to the SDP address until the peer's first RTP packet arrives, then to the
+  address that packet came from (a NAT'd phone's RTP rarely comes from where its SDP says).
+- Numbering: random SSRC, sequence number and timestamp base (RFC 3550 §5.1). The timestamp is tied to
+  the shared packet clock (base + 160 * tick), so across pauses, hold and clock skips it advances by the
+  real elapsed time; the sequence number only counts packets actually sent, so it stays continuous.
+  The marker bit goes on the first packet after any tick that sent nothing (a new talkspurt, RFC 3551
+  §4.1), which covers the first packet, prompts after silence, and resume after hold.
+- Receive: RTP is counted and telephone-events (RFC 4733) become digits on `dtmf`; RTCP is parsed
+  enough to log a BYE. RTCP SR + SDES go out every `rtcp_interval_s`, randomised to 0.5-1.5x
+  (RFC 3550 §6.3.5).
+
+`send_frame` is on the per-tick hot path: header pack, G.711 table lookup, one sendto.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import os
+import random
+import time
+
+import numpy as np
+import structlog
+
+from gateway import metrics
+from gateway.media import g711, rtcp
+from gateway.media.dtmf import DtmfDetector, DtmfParseError
+from gateway.media.packet_clock import PacketClock
+from gateway.media.port_pool import PortsExhausted, RtpPortPool
+from gateway.media.rtp import RtpPacket, RtpParseError, is_rtcp, pack_header
+from gateway.media.sdp import MediaPlan
+
+log = structlog.get_logger(__name__)
+
+SAMPLES_PER_TICK = 160
+
+
+class _Endpoint(asyncio.DatagramProtocol):
+    def __init__(self, on_datagram) -> None:
+        self._on_datagram = on_datagram
+
+    def datagram_received(self, data: bytes, addr) -> None:
+        self._on_datagram(data, addr)
+
+    def error_received(self, exc: Exception) -> None:
+        # ICMP port unreachable from an earlier sendto (peer not listening yet): not our failure.
+        log.debug("rtp_socket_error", error=repr(exc))
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+class RtpSession:
+    def __init__(self, call_id: str, clock: PacketClock, rtcp_interval_s: float) -> None:
+        self.call_id = call_id
+        self.dtmf: asyncio.Queue[str] = asyncio.Queue()
+        self.packets_sent = 0
+        self.octets_sent = 0
+        self.packets_received = 0
+        self.local_port = 0
+        self.ssrc = random.getrandbits(32)
+        self._clock = clock
+        self._plan: MediaPlan | None = None  # None until the first offer is answered: send nothing
+        self._remote: tuple[str, int] = ("0.0.0.0", 0)
+        self._remote_rtcp: tuple[str, int] = ("0.0.0.0", 0)
+        self._latched = False
+        self._seq = random.getrandbits(16)
+        self._ts_base = random.getrandbits(32)
+        self._last_sent_tick = -2
+        self._detector = DtmfDetector()
+        self._rtp: asyncio.DatagramTransport | None = None
+        self._rtcp: asyncio.DatagramTransport | None = None
+        self._rtcp_interval_s = rtcp_interval_s
+        self._rtcp_timer: asyncio.TimerHandle | None = None
+        self._cname = f"{os.getpid()}-{self.ssrc:08x}@cosyvoice-gateway"
+        self._log = log.bind(call_id=call_id)
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    async def bind(self, host: str, pool: RtpPortPool) -> int:
+        """Bind RTP/RTCP on the first free pair of the pool; returns the RTP port."""
+        loop = asyncio.get_running_loop()
+        for port in pool.candidates():
+            pool.acquire(port)
+            try:
+                self._rtp, _ = await loop.create_datagram_endpoint(
+                    lambda: _Endpoint(self._on_rtp), local_addr=(host, port))
+                self._rtcp, _ = await loop.create_datagram_endpoint(
+                    lambda: _Endpoint(self._on_rtcp), local_addr=(host, port + 1))
+            except OSError:  # taken by another process: try the next pair
+                self._close_transports()
+                pool.release(port)
+                continue
+            self.local_port = port
+            self._schedule_rtcp()
+            return port
+        raise PortsExhausted(f"no free RTP/RTCP port pair on {host}")
+
+    def close(self, pool: RtpPortPool) -> None:
+        if self._rtcp_timer is not None:
+            self._rtcp_timer.cancel()
+            self._rtcp_timer = None
+        if self._rtcp is not None and self.packets_sent:
+            self._send_rtcp(bye=True)
+        self._close_transports()
+        if self.local_port:
+            pool.release(self.local_port)
+            self.local_port = 0
+
+    def _close_transports(self) -> None:
+        for transport in (self._rtp, self._rtcp):
+            if transport is not None:
+                transport.close()
+        self._rtp = self._rtcp = None
+
+    # -- plan --------------------------------------------------------------------------------------
+    def apply_plan(self, plan: MediaPlan) -> None:
+        """Adopt a (re)negotiated plan; a changed remote address restarts latching.
+
+        The plan's host must be an IP literal (the caller resolves names off the loop); a re-offer naming
+        a host we cannot use keeps media flowing where it already goes.
+        """
+        old, self._plan = self._plan, plan
+        if old is not None and (plan.remote_host, plan.remote_port) == (old.remote_host, old.remote_port):
+            return
+        if not _is_ip(plan.remote_host):
+            self._log.warning("remote_hostname_ignored", host=plan.remote_host)
+            return
+        self._remote = (plan.remote_host, plan.remote_port)
+        self._remote_rtcp = (plan.remote_host, plan.remote_rtcp_port)
+        self._latched = False
+
+    # -- send (hot path) ---------------------------------------------------------------------------
+    def send_frame(self, samples: np.ndarray, tick: int) -> bool:
+        """Send 160 samples as the packet of `tick`; False (nothing sent) when the plan forbids sending."""
+        plan = self._plan
+        if plan is None or not plan.can_send or self._rtp is None:
+            return False
+        marker = tick != self._last_sent_tick + 1
+        self._last_sent_tick = tick
+        header = pack_header(plan.payload_type, self._seq, (self._ts_base + SAMPLES_PER_TICK * tick) & 0xFFFFFFFF,
+                             self.ssrc, marker)
+        payload = g711.encode(samples, plan.codec)
+        self._rtp.sendto(header + payload, self._remote)
+        self._seq = (self._seq + 1) & 0xFFFF
+        self.packets_sent += 1
+        self.octets_sent += len(payload)
+        metrics.rtp_packets_sent_total.inc()
+        return True
+
+    # -- receive -----------------------------------------------------------------------------------
+    def _on_rtp(self, data: bytes, addr) -> None:
+        if is_rtcp(data):  # rtcp-mux peers (RFC 5761)
+            self._on_rtcp(data, addr)
+            return
+        try:
+            packet = RtpPacket.parse(data)
+        except RtpParseError:
+            return
+        self.packets_received += 1
+        metrics.rtp_packets_received_total.inc()
+        if not self._latched:
+            self._latched = True
+            if addr[:2] != self._remote:
+                self._log.info("rtp_latched", sdp_addr=f"{self._remote[0]}:{self._remote[1]}",
+                               source=f"{addr[0]}:{addr[1]}")
+                self._remote = (addr[0], addr[1])
+                self._remote_rtcp = (addr[0], addr[1] + 1)
+        if self._plan is not None and packet.payload_type == self._plan.telephone_event_pt:
+            try:
+                digit = self._detector.feed(packet.ssrc, packet.timestamp, packet.payload)
+            except DtmfParseError:
+                return
+            if digit is not None:
+                self.dtmf.put_nowait(digit)
+
+    def _on_rtcp(self, data: bytes, addr) -> None:
+        try:
+            packets = rtcp.parse_compound(data)
+        except rtcp.RtcpParseError as exc:
+            self._log.debug("rtcp_malformed", error=str(exc))
+            return
+        for packet in packets:
+            if isinstance(packet, rtcp.Bye):
+                self._log.info("rtcp_bye", reason=packet.reason)
+
+    # -- RTCP reports ------------------------------------------------------------------------------
+    def _schedule_rtcp(self) -> None:
+        delay = self._rtcp_interval_s * random.uniform(0.5, 1.5)  # RFC 3550 §6.3.5
+        self._rtcp_timer = asyncio.get_running_loop().call_later(delay, self._on_rtcp_timer)
+
+    def _on_rtcp_timer(self) -> None:
+        self._send_rtcp()
+        self._schedule_rtcp()
+
+    def _send_rtcp(self, bye: bool = False) -> None:
+        # RTCP flows whatever the direction (RFC 3264 §5.1), except to a c=0.0.0.0 hold address.
+        if self._rtcp is None or self._remote_rtcp[0] in ("0.0.0.0", "::") or not self._remote_rtcp[1]:
+            return
+        if self.packets_sent:
+            # The RTP timestamp of this wallclock instant, extrapolated from the packet clock (§6.4.1).
+            ticks = self._clock.tick_at(asyncio.get_running_loop().time()) if self._clock.running else 0.0
+            report = rtcp.serialize_sender_report(rtcp.SenderReport(
+                ssrc=self.ssrc, ntp_timestamp=rtcp.ntp_timestamp(time.time()),
+                rtp_timestamp=int(self._ts_base + SAMPLES_PER_TICK * ticks) & 0xFFFFFFFF,
+                packet_count=self.packets_sent & 0xFFFFFFFF, octet_count=self.octets_sent & 0xFFFFFFFF))
+        else:
+            report = rtcp.serialize_receiver_report(rtcp.ReceiverReport(ssrc=self.ssrc))
+        datagram = report + rtcp.serialize_sdes_cname(self.ssrc, self._cname)
+        if bye:
+            datagram += rtcp.serialize_bye(rtcp.Bye((self.ssrc,)))
+        self._rtcp.sendto(datagram, self._remote_rtcp)

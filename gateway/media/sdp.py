@@ -1,0 +1,232 @@
+"""SDP offer/answer for one audio stream: parse an offer (RFC 4566), answer it (RFC 3264), plan the media.
+
+We answer with G.711 only (PCMU/PCMA, 8 kHz, 20 ms) plus telephone-event when offered. The codec is the
+first one in the OFFER's order that we support (RFC 3264 §6.1 lets the answerer follow the offerer's
+preference); on a re-offer we keep the current codec if it is still offered, so a hold/resume does not
+switch codecs mid-call. Only the first usable audio stream is accepted; every other m= line is rejected
+with port 0 (§6). The answer's o= line keeps its session id and increments its version only when the
+answer changes (§8). No sockets, no clocks.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+STATIC_PAYLOAD_TYPES = {0: ("PCMU", 8000), 8: ("PCMA", 8000)}  # RFC 3551 §6, table 4
+DIRECTIONS = ("sendrecv", "sendonly", "recvonly", "inactive")
+_ANSWER_DIRECTION = {"sendrecv": "sendrecv", "sendonly": "recvonly", "recvonly": "sendonly", "inactive": "inactive"}
+_RTP_PROFILES = ("RTP/AVP", "RTP/AVPF")  # plain RTP; SRTP profiles are rejected
+PTIME_MS = 20
+
+
+class SdpError(ValueError):
+    """The offer is not parseable SDP."""
+
+
+class NoCommonCodec(ValueError):
+    """No audio stream in the offer carries a codec we support (the call layer answers 488)."""
+
+
+@dataclass(frozen=True)
+class MediaDescription:
+    media: str
+    port: int
+    proto: str
+    formats: tuple[str, ...]
+    connection: str | None  # media-level c= address, if any
+    attributes: tuple[tuple[str, str | None], ...]
+
+    def attribute(self, name: str) -> str | None:
+        return next((value for key, value in self.attributes if key == name), None)
+
+    def has_attribute(self, name: str) -> bool:
+        return any(key == name for key, _ in self.attributes)
+
+
+@dataclass(frozen=True)
+class SessionDescription:
+    origin: str
+    connection: str | None  # session-level c= address, if any
+    attributes: tuple[tuple[str, str | None], ...]
+    media: tuple[MediaDescription, ...]
+
+
+@dataclass(frozen=True)
+class MediaPlan:
+    """What the RTP session does, as negotiated: where to send, how to encode, whether it may send."""
+
+    remote_host: str
+    remote_port: int
+    codec: str  # "PCMU" or "PCMA"
+    payload_type: int
+    clock_rate: int
+    telephone_event_pt: int | None
+    can_send: bool
+    ptime: int  # ms per packet
+    direction: str = "sendrecv"  # our answer's direction attribute
+    remote_rtcp_port: int = 0  # a=rtcp (RFC 3605) if offered, else remote_port + 1 (RFC 3550 §11)
+
+
+def _connection_address(value: str) -> str:
+    parts = value.split()
+    if len(parts) != 3 or parts[0] != "IN":
+        raise SdpError(f"bad c= line: {value!r}")
+    return parts[2].split("/", 1)[0]  # drop a multicast TTL / address count
+
+
+def _attribute(value: str) -> tuple[str, str | None]:
+    name, sep, rest = value.partition(":")
+    return name.strip(), (rest.strip() if sep else None)
+
+
+def parse_sdp(text: str) -> SessionDescription:
+    origin = ""
+    session_connection: str | None = None
+    session_attributes: list[tuple[str, str | None]] = []
+    media: list[dict] = []
+    for raw in text.replace("\r\n", "\n").split("\n"):
+        line = raw.strip()
+        if not line:
+            continue
+        if len(line) < 2 or line[1] != "=":
+            raise SdpError(f"bad SDP line: {line!r}")
+        kind, value = line[0], line[2:]
+        if kind == "m":
+            parts = value.split()
+            if len(parts) < 4 or not parts[1].split("/")[0].isdigit():
+                raise SdpError(f"bad m= line: {value!r}")
+            media.append({"media": parts[0], "port": int(parts[1].split("/")[0]), "proto": parts[2],
+                          "formats": tuple(parts[3:]), "connection": None, "attributes": []})
+        elif kind == "c":
+            if media:
+                media[-1]["connection"] = _connection_address(value)
+            else:
+                session_connection = _connection_address(value)
+        elif kind == "a":
+            (media[-1]["attributes"] if media else session_attributes).append(_attribute(value))
+        elif kind == "o":
+            origin = value
+    if not media:
+        raise SdpError("SDP has no m= line")
+    return SessionDescription(
+        origin=origin,
+        connection=session_connection,
+        attributes=tuple(session_attributes),
+        media=tuple(MediaDescription(m["media"], m["port"], m["proto"], m["formats"], m["connection"],
+                                     tuple(m["attributes"])) for m in media),
+    )
+
+
+def _rtpmaps(stream: MediaDescription) -> dict[str, tuple[str, int]]:
+    """Payload type -> (encoding name upper-cased, clock rate), static types included."""
+    maps = {str(pt): codec for pt, codec in STATIC_PAYLOAD_TYPES.items()}
+    for name, value in stream.attributes:
+        if name == "rtpmap" and value:
+            pt, _, encoding = value.partition(" ")
+            parts = encoding.strip().split("/")
+            if len(parts) >= 2 and parts[1].isdigit():
+                maps[pt] = (parts[0].upper(), int(parts[1]))
+    return maps
+
+
+@dataclass
+class _Choice:
+    stream_index: int
+    codec: str
+    payload_type: int
+    telephone_event_pt: int | None
+    telephone_event_fmtp: str | None
+
+
+def _choose(stream: MediaDescription, index: int, order: list[str]) -> _Choice | None:
+    maps = _rtpmaps(stream)
+    offered = [(fmt, maps.get(fmt)) for fmt in stream.formats if fmt.isdigit()]
+    codec_pt = next(((name, int(fmt)) for name in order for fmt, m in offered
+                     if m is not None and m == (name, 8000)), None)
+    if codec_pt is None:
+        return None
+    te = next((int(fmt) for fmt, m in offered if m == ("TELEPHONE-EVENT", 8000)), None)
+    te_fmtp = None
+    if te is not None:
+        te_fmtp = next((v.partition(" ")[2].strip() for k, v in stream.attributes
+                        if k == "fmtp" and v and v.split(" ", 1)[0] == str(te)), None)
+    return _Choice(index, codec_pt[0], codec_pt[1], te, te_fmtp)
+
+
+@dataclass
+class SdpAnswerer:
+    """Answers the offers of one session (the initial INVITE and every re-INVITE/UPDATE after it)."""
+
+    local_host: str
+    local_port: int
+    supported: tuple[str, ...] = ("PCMU", "PCMA")
+    session_id: int = field(default_factory=lambda: random.getrandbits(62))
+    _version: int = field(default=0, init=False)
+    _last_body: str | None = field(default=None, init=False)
+    _codec: str | None = field(default=None, init=False)
+
+    def answer(self, offer_sdp: str) -> tuple[str, MediaPlan]:
+        """The answer SDP and the media plan; raises NoCommonCodec (or SdpError) and then changes nothing."""
+        offer = parse_sdp(offer_sdp)
+        choice = self._choose_stream(offer)
+        stream = offer.media[choice.stream_index]
+        host = stream.connection or offer.connection
+        if host is None:
+            raise SdpError("no c= line at session or media level for the audio stream")
+        offered_direction = next((name for name, _ in stream.attributes if name in DIRECTIONS),
+                                 next((name for name, _ in offer.attributes if name in DIRECTIONS), "sendrecv"))
+        direction = _ANSWER_DIRECTION[offered_direction]
+        # c=0.0.0.0 is the pre-RFC 3264 way to put a call on hold (RFC 3264 §8.4): never send there.
+        can_send = direction in ("sendrecv", "sendonly") and host not in ("0.0.0.0", "::")
+        rtcp = stream.attribute("rtcp")
+        rtcp_port = int(rtcp.split()[0]) if rtcp and rtcp.split()[0].isdigit() else stream.port + 1
+        plan = MediaPlan(remote_host=host, remote_port=stream.port, codec=choice.codec,
+                         payload_type=choice.payload_type, clock_rate=8000,
+                         telephone_event_pt=choice.telephone_event_pt, can_send=can_send, ptime=PTIME_MS,
+                         direction=direction, remote_rtcp_port=rtcp_port)
+        body = self._body(offer, choice, direction)
+        if body != self._last_body:
+            self._version += 1 if self._last_body is not None else 0
+            self._last_body = body
+        self._codec = choice.codec
+        return self._origin_line() + body, plan
+
+    def _choose_stream(self, offer: SessionDescription) -> _Choice:
+        order = list(self.supported)
+        if self._codec in order:  # keep the current codec on re-offers when still offered
+            order.remove(self._codec)
+            order.insert(0, self._codec)
+        for index, stream in enumerate(offer.media):
+            if stream.media != "audio" or stream.port == 0 or stream.proto not in _RTP_PROFILES:
+                continue
+            choice = _choose(stream, index, order)
+            if choice is not None:
+                return choice
+        offered = [" ".join(m.formats) for m in offer.media if m.media == "audio" and m.port != 0]
+        raise NoCommonCodec(f"offer has no usable audio stream with {'/'.join(self.supported)} "
+                            f"(offered formats: {offered or 'none'})")
+
+    def _origin_line(self) -> str:
+        family = "IP6" if ":" in self.local_host else "IP4"
+        return f"v=0\r\no=- {self.session_id} {self._version} IN {family} {self.local_host}\r\n"
+
+    def _body(self, offer: SessionDescription, choice: _Choice, direction: str) -> str:
+        family = "IP6" if ":" in self.local_host else "IP4"
+        lines = ["s=-", f"c=IN {family} {self.local_host}", "t=0 0"]
+        for index, stream in enumerate(offer.media):
+            if index != choice.stream_index:
+                # A rejected stream keeps its formats but port 0 (RFC 3264 §6).
+                lines.append(f"m={stream.media} 0 {stream.proto} {' '.join(stream.formats)}")
+                continue
+            formats = [str(choice.payload_type)]
+            if choice.telephone_event_pt is not None:
+                formats.append(str(choice.telephone_event_pt))
+            lines.append(f"m=audio {self.local_port} {stream.proto} {' '.join(formats)}")
+            lines.append(f"a=rtpmap:{choice.payload_type} {choice.codec}/8000")
+            if choice.telephone_event_pt is not None:
+                lines.append(f"a=rtpmap:{choice.telephone_event_pt} telephone-event/8000")
+                lines.append(f"a=fmtp:{choice.telephone_event_pt} {choice.telephone_event_fmtp or '0-15'}")
+            lines.append(f"a=ptime:{PTIME_MS}")
+            lines.append(f"a={direction}")
+        return "".join(line + "\r\n" for line in lines)
