@@ -121,3 +121,21 @@ def test_model_dir_fills_empty_qwen_path(tiny_model_dir: Path) -> None:
     assert md.qwen_dir == tiny_model_dir / "CosyVoice-BlankEN"
     assert md.config["qwen_pretrain_path"] == str(md.qwen_dir)
     assert md.sampling.top_k == md.llm_section["sampling"]["top_k"]
+
+
+def test_golden_full_size_keys_and_shapes(golden_dir: Path) -> None:
+    """At the real Qwen2-0.5B size (built without memory on the meta device) every key and shape of
+    the official llm.pt is what our module expects, from config.json and the yaml alone."""
+    import json
+
+    from tts_core.llm.qwen2 import Qwen2Config
+    from tts_core.model_config import load_model_yaml
+
+    full = golden_dir / "full"
+    expected = {k: tuple(v) for k, v in json.loads((full / "full_keys.json").read_text())["llm"].items()}
+    section = load_model_yaml(full / "cosyvoice2_full.yaml")["llm"]
+    with torch.device("meta"):
+        lm = SpeechTokenLM(Qwen2Config.from_json(full / "CosyVoice-BlankEN" / "config.json"),
+                           speech_token_size=section["speech_token_size"],
+                           llm_input_size=section["llm_input_size"], llm_output_size=section["llm_output_size"])
+    assert {k: tuple(v.shape) for k, v in lm.state_dict().items()} == expected

@@ -1,4 +1,5 @@
-"""The text tokenizer against the official wrapper's ids (cases/tokenizer.json)."""
+"""The text tokenizer against the official wrapper's ids (cases/tokenizer.json), and the
+normalisation / sentence splitting rules of the official frontend."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tts_core.text.normalize import SplitLimits, TextNormalizer, split_paragraph
 from tts_core.text.tokenizer import TextTokenizer
 
 
@@ -41,8 +43,6 @@ def test_golden_special_tokens_are_single_ids_in_official_order(tokenizer: TextT
 
 
 # ---- normalisation and splitting (official text_normalize rules; no golden file for these) ----
-
-from tts_core.text.normalize import SplitLimits, TextNormalizer, split_paragraph  # noqa: E402
 
 
 @pytest.fixture(scope="module")

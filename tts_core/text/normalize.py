@@ -61,7 +61,8 @@ def is_only_punctuation(text: str) -> bool:
     return all(unicodedata.category(c)[0] in "PS" for c in text)
 
 
-def split_paragraph(text: str, length: Callable[[str], int], lang: str, limits: SplitLimits = SplitLimits()) -> list[str]:
+def split_paragraph(text: str, length: Callable[[str], int], lang: str,
+                    limits: SplitLimits = SplitLimits()) -> list[str]:
     """Sentences of `text` packed into segments; `length` measures a segment (chars or tokens)."""
     stops = set(_ZH_STOPS if lang == "zh" else _EN_STOPS)
     if limits.comma_split:
