@@ -1,0 +1,451 @@
+"""SIP messages as values: parse bytes into a request or response, serialise back to bytes.
+
+Pure protocol code (RFC 3261 §7, §20, §25): no sockets, no clocks. Header names are matched
+case-insensitively and compact forms are expanded for lookup (§7.3.3) while the name as written is
+kept, so `serialize()` reproduces a canonical message byte for byte. Header values are decoded as
+UTF-8 (§25.1 allows UTF-8 TEXT); invalid bytes survive a round trip via surrogate escapes.
+
+A message that fails to parse raises `ParseError` with a reason and, where the header section could
+be read, the partial message, so the server can still answer 400 (§21.4.1) using its Via/From/To/
+Call-ID/CSeq.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from typing import Self
+
+SIP_VERSION = "SIP/2.0"
+
+# §7.3.3 and the IANA registry of compact forms.
+COMPACT_FORMS = {
+    "a": "Accept-Contact", "b": "Referred-By", "c": "Content-Type", "d": "Request-Disposition",
+    "e": "Content-Encoding", "f": "From", "i": "Call-ID", "j": "Reject-Contact", "k": "Supported",
+    "l": "Content-Length", "m": "Contact", "n": "Identity-Info", "o": "Event", "r": "Refer-To",
+    "s": "Subject", "t": "To", "u": "Allow-Events", "v": "Via", "x": "Session-Expires", "y": "Identity",
+}
+
+_TOKEN = re.compile(r"^[A-Za-z0-9\-.!%*_+`'~]+$")
+_ENCODING = "utf-8"
+_ERRORS = "surrogateescape"
+
+
+class ParseError(ValueError):
+    """The bytes are not a SIP message we can process; `partial` holds what could be read."""
+
+    def __init__(self, reason: str, partial: SipRequest | SipResponse | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.partial = partial
+
+
+def canonical_name(name: str) -> str:
+    """The lower-case long form used for matching (`v` and `VIA` both become `via`)."""
+    lowered = name.strip().lower()
+    return COMPACT_FORMS.get(lowered, lowered).lower()
+
+
+def split_list(value: str) -> list[str]:
+    """Split a comma-separated header value (§7.3.1), ignoring commas inside quotes and <...>."""
+    items: list[str] = []
+    current: list[str] = []
+    in_quotes = in_angle = escaped = False
+    for ch in value:
+        if escaped:
+            escaped = False
+        elif in_quotes and ch == "\\":
+            escaped = True
+        elif ch == '"' and not in_angle:
+            in_quotes = not in_quotes
+        elif ch == "<" and not in_quotes:
+            in_angle = True
+        elif ch == ">" and not in_quotes:
+            in_angle = False
+        elif ch == "," and not in_quotes and not in_angle:
+            items.append("".join(current).strip())
+            current = []
+            continue
+        current.append(ch)
+    items.append("".join(current).strip())
+    return [item for item in items if item]
+
+
+@dataclass(frozen=True)
+class _Message:
+    headers: tuple[tuple[str, str], ...] = ()
+    body: bytes = b""
+
+    def header(self, name: str) -> str | None:
+        """The value of the first header line called `name` (any case, compact or long), or None."""
+        wanted = canonical_name(name)
+        for key, value in self.headers:
+            if canonical_name(key) == wanted:
+                return value
+        return None
+
+    def header_lines(self, name: str) -> list[str]:
+        wanted = canonical_name(name)
+        return [value for key, value in self.headers if canonical_name(key) == wanted]
+
+    def header_values(self, name: str) -> list[str]:
+        """All values of a list header (Via, Route, Record-Route, ...) across lines, in order."""
+        return [item for line in self.header_lines(name) for item in split_list(line)]
+
+    def with_header(self, name: str, value: str) -> Self:
+        """A copy with the first `name` header replaced (or appended if absent)."""
+        wanted = canonical_name(name)
+        headers = list(self.headers)
+        for i, (key, _) in enumerate(headers):
+            if canonical_name(key) == wanted:
+                headers[i] = (key, value)
+                return replace(self, headers=tuple(headers))
+        return replace(self, headers=(*headers, (name, value)))
+
+    def without_header(self, name: str) -> Self:
+        wanted = canonical_name(name)
+        return replace(self, headers=tuple(h for h in self.headers if canonical_name(h[0]) != wanted))
+
+    def with_body(self, body: bytes, content_type: str | None) -> Self:
+        message = self.without_header("Content-Type").without_header("Content-Length")
+        headers = list(message.headers)
+        if content_type is not None and body:
+            headers.append(("Content-Type", content_type))
+        headers.append(("Content-Length", str(len(body))))
+        return replace(message, headers=tuple(headers), body=body)
+
+    def with_vias(self, vias: list[Via]) -> Self:
+        """A copy whose Via values are `vias`, one per line, where the first Via line stood."""
+        wanted = canonical_name("Via")
+        first = next((i for i, (key, _) in enumerate(self.headers) if canonical_name(key) == wanted), 0)
+        rest = [h for h in self.headers if canonical_name(h[0]) != wanted]
+        before = [h for h in self.headers[:first] if canonical_name(h[0]) != wanted]
+        after = rest[len(before):]
+        return replace(self, headers=(*before, *(("Via", str(v)) for v in vias), *after))
+
+    @property
+    def call_id(self) -> str | None:
+        return self.header("Call-ID")
+
+    @property
+    def cseq(self) -> tuple[int, str]:
+        """(sequence number, method) of the CSeq header; the parser guarantees it is well formed."""
+        return parse_cseq(self.header("CSeq") or "")
+
+    @property
+    def vias(self) -> list[Via]:
+        return [Via.parse(value) for value in self.header_values("Via")]
+
+    @property
+    def from_tag(self) -> str | None:
+        value = self.header("From")
+        return NameAddr.parse(value).tag if value else None
+
+    @property
+    def to_tag(self) -> str | None:
+        value = self.header("To")
+        return NameAddr.parse(value).tag if value else None
+
+    def _serialize(self, start_line: str) -> bytes:
+        lines = [start_line]
+        lines.extend(f"{name}: {value}" for name, value in self.headers)
+        if self.header("Content-Length") is None:
+            lines.append(f"Content-Length: {len(self.body)}")
+        return ("\r\n".join(lines) + "\r\n\r\n").encode(_ENCODING, _ERRORS) + self.body
+
+
+@dataclass(frozen=True)
+class SipRequest(_Message):
+    method: str = ""
+    uri: str = ""
+
+    def serialize(self) -> bytes:
+        return self._serialize(f"{self.method} {self.uri} {SIP_VERSION}")
+
+    @property
+    def request_user(self) -> str:
+        return SipUri.parse(self.uri).user
+
+
+@dataclass(frozen=True)
+class SipResponse(_Message):
+    status: int = 0
+    reason: str = ""
+
+    def serialize(self) -> bytes:
+        return self._serialize(f"{SIP_VERSION} {self.status} {self.reason}")
+
+
+def parse_cseq(value: str) -> tuple[int, str]:
+    parts = value.split()
+    if len(parts) != 2 or not parts[0].isdigit() or not _TOKEN.match(parts[1]):
+        raise ValueError(f"bad CSeq {value!r}")
+    number = int(parts[0])
+    if number >= 2**31:  # §8.1.1.5: the sequence number MUST be less than 2**31
+        raise ValueError(f"CSeq number out of range: {number}")
+    return number, parts[1]
+
+
+@dataclass(frozen=True)
+class Via:
+    """One Via value (§20.42): `SIP/2.0/UDP host:port;branch=...;received=...;rport`."""
+
+    transport: str
+    host: str
+    port: int | None
+    params: tuple[tuple[str, str | None], ...] = ()
+
+    @classmethod
+    def parse(cls, value: str) -> Via:
+        match = re.match(r"^\s*SIP\s*/\s*2\.0\s*/\s*([A-Za-z0-9\-]+)\s+(.*)$", value, re.DOTALL)
+        if not match:
+            raise ValueError(f"bad Via {value!r}")
+        transport, rest = match.group(1).upper(), match.group(2)
+        sent_by, *raw_params = [part.strip() for part in rest.split(";")]
+        host, port = _split_host_port(sent_by)
+        params = []
+        for raw in raw_params:
+            name, sep, val = raw.partition("=")
+            params.append((name.strip().lower(), val.strip() if sep else None))
+        return cls(transport, host, port, tuple(params))
+
+    def param(self, name: str) -> str | None:
+        return next((v for k, v in self.params if k == name), None)
+
+    def has_param(self, name: str) -> bool:
+        return any(k == name for k, _ in self.params)
+
+    @property
+    def branch(self) -> str | None:
+        return self.param("branch")
+
+    @property
+    def sent_by(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return host if self.port is None else f"{host}:{self.port}"
+
+    def with_param(self, name: str, value: str | None) -> Via:
+        params = [(k, value if k == name else v) for k, v in self.params]
+        if not self.has_param(name):
+            params.append((name, value))
+        return replace(self, params=tuple(params))
+
+    def __str__(self) -> str:
+        params = "".join(f";{k}" if v is None else f";{k}={v}" for k, v in self.params)
+        return f"SIP/2.0/{self.transport} {self.sent_by}{params}"
+
+
+def _split_host_port(text: str) -> tuple[str, int | None]:
+    text = text.strip()
+    if text.startswith("["):  # IPv6 reference (§25.1)
+        end = text.find("]")
+        if end < 0:
+            raise ValueError(f"bad host {text!r}")
+        host, rest = text[1:end], text[end + 1:]
+    else:
+        host, _, port_text = text.partition(":")
+        rest = f":{port_text}" if port_text else ""
+    if not host or any(ch.isspace() for ch in host):
+        raise ValueError(f"bad host {text!r}")
+    if not rest:
+        return host, None
+    if not rest.startswith(":") or not rest[1:].isdigit() or not 0 < int(rest[1:]) < 65536:
+        raise ValueError(f"bad port in {text!r}")
+    return host, int(rest[1:])
+
+
+@dataclass(frozen=True)
+class SipUri:
+    """The parts of a sip:/sips: URI (§19.1.1) the gateway needs: user, host, port, parameters."""
+
+    scheme: str
+    user: str
+    host: str
+    port: int | None
+    params: tuple[tuple[str, str | None], ...] = ()
+
+    @classmethod
+    def parse(cls, uri: str) -> SipUri:
+        scheme, sep, rest = uri.strip().partition(":")
+        if not sep or scheme.lower() not in ("sip", "sips"):
+            raise ValueError(f"not a SIP URI: {uri!r}")
+        rest = rest.split("?", 1)[0]
+        userinfo, at, hostpart = rest.rpartition("@")
+        user = userinfo.split(":", 1)[0] if at else ""
+        hostport, *raw_params = hostpart.split(";")
+        host, port = _split_host_port(hostport)
+        params = []
+        for raw in raw_params:
+            name, eq, value = raw.partition("=")
+            params.append((name.lower(), value if eq else None))
+        return cls(scheme.lower(), user, host, port, tuple(params))
+
+    def param(self, name: str) -> str | None:
+        return next((v for k, v in self.params if k == name), None)
+
+    def has_param(self, name: str) -> bool:
+        return any(k == name for k, _ in self.params)
+
+
+@dataclass(frozen=True)
+class NameAddr:
+    """A From/To/Contact/Route value (§20.10): optional display name, URI, header parameters."""
+
+    uri: str
+    display: str = ""
+    params: tuple[tuple[str, str | None], ...] = field(default=())
+
+    @classmethod
+    def parse(cls, value: str) -> NameAddr:
+        value = value.strip()
+        if "<" in value:
+            start, end = value.index("<"), value.find(">")
+            if end < start:
+                raise ValueError(f"unterminated <...> in {value!r}")
+            display, uri, tail = value[:start].strip(), value[start + 1:end].strip(), value[end + 1:]
+        else:  # addr-spec form: parameters after the URI belong to the header (§20.10)
+            uri, _, rest = value.partition(";")
+            display, tail = "", f";{rest}" if rest else ""
+        params = []
+        for raw in tail.split(";")[1:]:
+            name, eq, val = raw.partition("=")
+            params.append((name.strip().lower(), val.strip() if eq else None))
+        return cls(uri.strip(), display, tuple(params))
+
+    @property
+    def tag(self) -> str | None:
+        return next((v for k, v in self.params if k == "tag"), None)
+
+
+def content_length_of(header_block: str) -> int | None:
+    """The Content-Length named in a header block (stream framing, §18.3); None if absent."""
+    for line in header_block.split("\r\n")[1:]:
+        name, sep, value = line.partition(":")
+        if sep and canonical_name(name) == "content-length":
+            value = value.strip()
+            if not value.isdigit():
+                raise ParseError(f"bad Content-Length {value!r}")
+            return int(value)
+    return None
+
+
+def parse(data: bytes, *, stream: bool = False) -> SipRequest | SipResponse:
+    """Parse one message. `stream=True` (TCP) requires Content-Length (§18.3); over UDP a missing
+    Content-Length means "the rest of the datagram" and bytes beyond it are discarded (§18.3)."""
+    head, sep, body = data.partition(b"\r\n\r\n")
+    if not sep:
+        head, sep, body = data.partition(b"\n\n")  # tolerate bare-LF peers
+    if not sep:
+        raise ParseError("no blank line after headers")
+    text = head.decode(_ENCODING, _ERRORS).replace("\r\n", "\n")
+    lines = text.lstrip("\n").split("\n")
+    start_line, header_lines = lines[0], lines[1:]
+    message = _parse_start_line(start_line)
+    headers, bad_line = _parse_headers(header_lines)
+    message = replace(message, headers=headers)
+    try:
+        if bad_line is not None:
+            raise ParseError(f"bad header line {bad_line[:80]!r}")
+        length_text = message.header("Content-Length")
+        if length_text is None:
+            if stream:
+                raise ParseError("Content-Length required on a stream transport", message)
+            length = len(body)
+        else:
+            length_text = length_text.strip()
+            if not length_text.isdigit():
+                raise ParseError(f"bad Content-Length {length_text!r}", message)
+            length = int(length_text)
+        if length > len(body):
+            raise ParseError(f"Content-Length {length} exceeds body of {len(body)} bytes", message)
+        message = replace(message, body=body[:length])
+        _validate(message)
+    except ParseError as exc:
+        if exc.partial is None:
+            exc.partial = message
+        raise
+    return message
+
+
+def _parse_start_line(line: str) -> SipRequest | SipResponse:
+    if line.startswith("SIP/"):
+        parts = line.split(" ", 2)
+        if len(parts) < 2 or parts[0] != SIP_VERSION or not parts[1].isdigit() or len(parts[1]) != 3:
+            raise ParseError(f"bad status line {line[:80]!r}")
+        return SipResponse(status=int(parts[1]), reason=parts[2] if len(parts) > 2 else "")
+    # §7.1: Method SP Request-URI SP SIP-Version, single spaces, no whitespace inside the URI.
+    parts = line.split(" ")
+    if len(parts) != 3 or not _TOKEN.match(parts[0]) or not parts[1]:
+        raise ParseError(f"bad request line {line[:80]!r}")
+    if parts[2] != SIP_VERSION:
+        raise ParseError(f"unsupported version {parts[2][:20]!r}")
+    if ":" not in parts[1]:
+        raise ParseError(f"bad Request-URI {parts[1][:80]!r}")
+    return SipRequest(method=parts[0], uri=parts[1])
+
+
+def _parse_headers(lines: list[str]) -> tuple[tuple[tuple[str, str], ...], str | None]:
+    """Header lines, unfolded; also the first unparseable line, which is skipped so the rest
+    (Via, Call-ID, ...) can still serve a 400 response."""
+    headers: list[tuple[str, str]] = []
+    bad_line: str | None = None
+    for line in lines:
+        if line[:1] in (" ", "\t"):  # §7.3.1 line folding: continuation of the previous value
+            if headers:
+                name, value = headers[-1]
+                headers[-1] = (name, f"{value} {line.strip()}".strip())
+            elif bad_line is None:
+                bad_line = line
+            continue
+        name, sep, value = line.partition(":")
+        name = name.strip()
+        if not sep or not _TOKEN.match(name):
+            bad_line = line if bad_line is None else bad_line
+            continue
+        headers.append((name, value.strip()))
+    return tuple(headers), bad_line
+
+
+def _validate(message: SipRequest | SipResponse) -> None:
+    """Mandatory headers (§8.1.1) and the fields the transaction layer relies on."""
+    for name in ("Via", "From", "To", "Call-ID", "CSeq"):
+        if message.header(name) is None:
+            raise ParseError(f"missing {name}")
+    try:
+        if not message.vias:
+            raise ValueError("empty Via")
+        NameAddr.parse(message.header("From") or "")
+        NameAddr.parse(message.header("To") or "")
+        _, cseq_method = message.cseq
+    except ValueError as exc:
+        raise ParseError(str(exc)) from None
+    if isinstance(message, SipRequest):
+        if cseq_method != message.method:  # RFC 4475 torture test mismatch01
+            raise ParseError(f"CSeq method {cseq_method} does not match {message.method}")
+        max_forwards = message.header("Max-Forwards")
+        if max_forwards is not None and not max_forwards.strip().isdigit():
+            raise ParseError(f"bad Max-Forwards {max_forwards!r}")
+
+
+def make_response(request: SipRequest, status: int, reason: str, *, to_tag: str | None = None,
+                  headers: tuple[tuple[str, str], ...] = (), body: bytes = b"",
+                  content_type: str | None = None) -> SipResponse:
+    """A response to `request` (§8.2.6.2): Via (all, in order), From, To, Call-ID and CSeq copied;
+    the To tag added unless the request already had one."""
+    copied: list[tuple[str, str]] = [("Via", value) for value in request.header_values("Via")]
+    for name in ("From", "To", "Call-ID", "CSeq"):
+        value = request.header(name)
+        if value is None:
+            continue
+        if name == "To" and to_tag is not None and _to_tag_of(value) is None:
+            value = f"{value};tag={to_tag}"
+        copied.append((name, value))
+    response = SipResponse(status=status, reason=reason, headers=(*copied, *headers))
+    return response.with_body(body, content_type)
+
+
+def _to_tag_of(value: str) -> str | None:
+    try:
+        return NameAddr.parse(value).tag
+    except ValueError:
+        return None

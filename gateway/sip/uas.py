@@ -1,0 +1,525 @@
+"""The SIP user-agent server core (RFC 3261 §8.2, §12-§15): admits INVITEs and runs their dialogs.
+
+`SipServer` receives every message from the transport, applies the edge policy (parse errors -> 400,
+source allow-list -> 403, Max-Forwards 0 -> 483, capacity and draining -> 503), hands requests to
+transactions and answers each method. Each new INVITE becomes an `InboundCall` that the call layer
+drives with reject/ring/accept/hangup and observes through `events` (Confirmed, then one Ended).
+
+This module never touches media or speech: SDP is passed through as text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import structlog
+
+from gateway import metrics
+from gateway.sip.dialog import Dialog, DialogKey, new_tag
+from gateway.sip.message import ParseError, SipRequest, SipResponse, Via, make_response, parse
+from gateway.sip.transaction import (
+    AnswerRetransmission,
+    InviteServerTransaction,
+    NonInviteClientTransaction,
+    NonInviteServerTransaction,
+    ServerTransaction,
+    Timers,
+    TransactionTable,
+    server_key,
+)
+from gateway.sip.transport import Peer, SipTransport, resolve
+
+log = structlog.get_logger(__name__)
+
+ALLOW = "INVITE, ACK, CANCEL, BYE, OPTIONS, INFO, UPDATE"
+_NOT_ALLOWED = frozenset({"REGISTER", "SUBSCRIBE", "MESSAGE", "PUBLISH", "NOTIFY", "REFER"})
+_IMPLEMENTED = frozenset({"INVITE", "ACK", "CANCEL", "BYE", "OPTIONS", "INFO", "UPDATE"})
+_SDP = "application/sdp"
+
+
+@dataclass(frozen=True)
+class SipSettings:
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 5060
+    transports: tuple[str, ...] = ("udp", "tcp")
+    allowed_sources: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()  # empty = all
+    max_calls: int = 500
+    retry_after_s: int = 5
+    t1: float = 0.5
+    t2: float = 4.0
+    t4: float = 5.0
+    user_agent: str = "cosyvoice-gateway"
+    advertised_host: str | None = None  # host for Contact/SDP if different from listen_host
+
+
+@dataclass(frozen=True)
+class Confirmed:
+    """The ACK for our 2xx arrived: the dialog is confirmed."""
+
+
+@dataclass(frozen=True)
+class Ended:
+    reason: str  # remote_bye | cancelled | ack_timeout | local_bye | bye_timeout | rejected
+
+
+CallEvent = Confirmed | Ended
+
+
+class InboundCall:
+    """One INVITE and the dialog it creates, as seen by the call layer."""
+
+    def __init__(self, server: SipServer, invite: SipRequest, transaction: InviteServerTransaction,
+                 peer: Peer, received_at: float) -> None:
+        self.call_id: str = invite.call_id or ""
+        self.invite = invite
+        self.request_user: str = _request_user(invite)
+        self.remote_sdp: str | None = _sdp_of(invite)
+        self.source: tuple[str, int] = peer.address
+        self.transport: str = peer.transport
+        self.received_at = received_at
+        self.events: asyncio.Queue[CallEvent] = asyncio.Queue()
+        self.offer_handler: Callable[[str], str | None] | None = None
+        self.dialog = Dialog(invite, new_tag())
+        self._server = server
+        self._transaction = transaction
+        self._peer = peer
+        self._state = "offered"  # offered -> accepted -> confirmed -> ending -> ended
+        self._hangup_pending = False
+        self._local_sdp: str | None = None
+        self._answer: AnswerRetransmission | None = None
+        self._log = log.bind(call_id=self.call_id)
+
+    @property
+    def ended(self) -> bool:
+        return self._state == "ended"
+
+    # --- the call layer's controls -------------------------------------------------------------
+
+    def reject(self, status: int, reason: str, headers: Mapping[str, str] | None = None) -> None:
+        if not 300 <= status < 700:
+            raise ValueError(f"reject needs a 3xx-6xx status, got {status}")
+        if self._state != "offered":
+            return
+        self._transaction.respond(self._response(self.invite, status, reason, tuple((headers or {}).items())))
+        self._log.info("sip_call_rejected", status=status, reason=reason)
+        self._end("rejected")
+
+    def ring(self) -> None:
+        if self._state == "offered":
+            self._transaction.respond(self._response(self.invite, 180, "Ringing", self._contact()))
+
+    def accept(self, sdp: str) -> None:
+        if self._state != "offered":
+            return
+        self._local_sdp = sdp
+        ok = self._answer_ok(self.invite, sdp)
+        self._transaction.respond(ok)
+        self._state = "accepted"
+        self._expect_ack(self.invite.cseq[0], self._transaction)
+        self._log.info("sip_call_answered")
+
+    def hangup(self) -> None:
+        if self._state == "offered":  # never answered: decline instead of a BYE (§15)
+            self.reject(480, "Temporarily Unavailable")
+        elif self._state == "accepted":
+            self._hangup_pending = True  # §15: a UAS MUST NOT send BYE before the ACK (or its timeout)
+        elif self._state == "confirmed":
+            self._send_bye(end_reason=True)
+
+    # --- driven by the server ------------------------------------------------------------------
+
+    def _on_cancel(self) -> None:
+        if self._state != "offered":
+            return
+        self._transaction.respond(self._response(self.invite, 487, "Request Terminated"))
+        self._end("cancelled")
+
+    def _on_ack(self, ack: SipRequest) -> None:
+        if self._answer is None or ack.cseq[0] != self._answer.cseq:
+            return  # a retransmitted ACK, or one for an answer we no longer wait for
+        self._answer.stop()
+        self._answer = None
+        if self._state == "accepted":
+            self._state = "confirmed"
+            self._log.info("sip_call_confirmed")
+            self.events.put_nowait(Confirmed())
+            if self._hangup_pending:
+                self._send_bye(end_reason=True)
+
+    def _on_request(self, request: SipRequest, transaction: ServerTransaction) -> None:
+        """A request inside this dialog (its CSeq already accepted)."""
+        method = request.method
+        if method == "BYE":
+            transaction.respond(self._response(request, 200, "OK"))
+            self._log.info("sip_remote_bye")
+            self._end("remote_bye")
+        elif method in ("INVITE", "UPDATE"):
+            self._on_offer(request, transaction)
+        else:  # INFO (e.g. DTMF relays we do not use): acknowledge so the peer carries on
+            transaction.respond(self._response(request, 200, "OK"))
+
+    def _on_offer(self, request: SipRequest, transaction: ServerTransaction) -> None:
+        """re-INVITE / UPDATE (RFC 3311): an SDP offer gets the call layer's answer or 488."""
+        offer = _sdp_of(request)
+        if offer is None:
+            if request.method == "UPDATE" or self._local_sdp is None:
+                transaction.respond(self._response(request, 200, "OK", self._contact()))
+                return
+            answer: str | None = self._local_sdp  # offerless re-INVITE: our 2xx carries the offer
+        else:
+            answer = self.offer_handler(offer) if self.offer_handler is not None else None
+        if answer is None:
+            transaction.respond(self._response(request, 488, "Not Acceptable Here"))
+            return
+        self.dialog.refresh_target(request)
+        self._local_sdp = answer
+        ok = self._answer_ok(request, answer)
+        transaction.respond(ok)
+        if request.method == "INVITE":
+            self._expect_ack(request.cseq[0], transaction)
+
+    def _expect_ack(self, cseq: int, transaction: ServerTransaction) -> None:
+        if self._answer is not None:
+            self._answer.stop()
+        self._answer = AnswerRetransmission(cseq, transaction.retransmit, self.transport == "tcp",
+                                            self._server._timers, self._on_ack_timeout)
+
+    def _on_ack_timeout(self) -> None:
+        self._answer = None
+        self._log.warning("sip_ack_timeout")
+        self._end("ack_timeout")
+        self._send_bye(end_reason=False)  # §13.3.1.4: the UAS SHOULD terminate the dialog with BYE
+
+    def _send_bye(self, end_reason: bool) -> None:
+        """Our BYE (§15.1.1). With `end_reason` the call ends when its transaction finishes."""
+        if self._state == "ended" and end_reason:
+            return
+        if self._state != "ended":
+            self._state = "ending"
+        self._server._spawn(self._bye(end_reason))
+
+    async def _bye(self, end_reason: bool) -> None:
+        server = self._server
+        host, port = server._contact_address(self._peer)
+        via_host = f"[{host}]" if ":" in host else host
+        request, hop = self.dialog.make_request("BYE", f"{via_host}:{port}", self.transport,
+                                                server.settings.user_agent)
+        self._log.info("sip_bye_sent", to=request.uri)
+        response: SipResponse | None = None
+        try:
+            response = await server._send_request(request, hop.transport, hop.host, hop.port, self._peer)
+        except OSError as exc:
+            self._log.warning("sip_bye_failed", error=repr(exc))
+        if end_reason:
+            self._end("local_bye" if response is not None else "bye_timeout")
+
+    def _end(self, reason: str) -> None:
+        if self._state == "ended":
+            return
+        self._state = "ended"
+        if self._answer is not None:
+            self._answer.stop()
+            self._answer = None
+        self.events.put_nowait(Ended(reason))
+        self._server._forget(self)
+        self._log.info("sip_call_ended", reason=reason)
+
+    # --- responses ------------------------------------------------------------------------------
+
+    def _response(self, request: SipRequest, status: int, reason: str,
+                  headers: tuple[tuple[str, str], ...] = ()) -> SipResponse:
+        return make_response(request, status, reason, to_tag=self.dialog.local_tag,
+                             headers=(*headers, ("Server", self._server.settings.user_agent)))
+
+    def _contact(self) -> tuple[tuple[str, str], ...]:
+        return (("Contact", self._server._contact_value(self._peer)),)
+
+    def _answer_ok(self, request: SipRequest, sdp: str) -> SipResponse:
+        # §12.1.1: Record-Route copied into the 2xx in order; Contact names where we take requests.
+        record_route = tuple(("Record-Route", value) for value in request.header_lines("Record-Route"))
+        headers = (*record_route, *self._contact(), ("Allow", ALLOW), ("Supported", ""),
+                   ("Server", self._server.settings.user_agent))
+        return make_response(request, 200, "OK", to_tag=self.dialog.local_tag, headers=headers,
+                             body=sdp.encode(), content_type=_SDP)
+
+
+class SipServer:
+    def __init__(self, settings: SipSettings, on_invite: Callable[[InboundCall], None]) -> None:
+        self.settings = settings
+        self.draining = False
+        self.udp_address: tuple[str, int] | None = None
+        self.tcp_address: tuple[str, int] | None = None
+        self._on_invite = on_invite
+        self._timers = Timers(settings.t1, settings.t2, settings.t4)
+        self._transport = SipTransport(settings.listen_host, settings.listen_port, settings.transports,
+                                       self._on_message)
+        self._transactions = TransactionTable()
+        self._calls: dict[DialogKey, InboundCall] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def active_calls(self) -> int:
+        return len(self._calls)
+
+    async def start(self) -> None:
+        await self._transport.start()
+        self.udp_address = self._transport.udp_address
+        self.tcp_address = self._transport.tcp_address
+        log.info("sip_listening", udp=self.udp_address, tcp=self.tcp_address)
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._transactions.close()
+        for call in list(self._calls.values()):
+            if call._answer is not None:
+                call._answer.stop()
+        await self._transport.stop()
+
+    # --- receiving ------------------------------------------------------------------------------
+
+    def _on_message(self, data: bytes, peer: Peer) -> None:
+        try:
+            message = parse(data, stream=peer.transport == "tcp")
+        except ParseError as exc:
+            metrics.sip_malformed_total.inc()
+            log.info("sip_malformed", reason=exc.reason, source=f"{peer.address[0]}:{peer.address[1]}",
+                     transport=peer.transport)
+            self._answer_malformed(exc, peer)
+            return
+        if isinstance(message, SipResponse):
+            transaction = self._transactions.match_client(message)
+            if transaction is not None:
+                transaction.on_response(message)
+            return
+        self._on_request(message, peer)
+
+    def _answer_malformed(self, error: ParseError, peer: Peer) -> None:
+        """§21.4.1: 400 when the request names where a response goes (a usable Via); else drop."""
+        request = error.partial
+        if not isinstance(request, SipRequest) or request.method in ("", "ACK"):
+            return
+        try:
+            request = _stamp_via(request, peer)
+        except (ValueError, IndexError):
+            return
+        warning = ("Warning", f'399 {self.settings.user_agent} "{error.reason[:120]}"')
+        response = make_response(request, 400, "Bad Request", to_tag=new_tag(), headers=(warning,))
+        metrics.sip_responses_total.labels(code="400").inc()
+        self._response_sender(response, peer)()
+
+    def _on_request(self, request: SipRequest, peer: Peer) -> None:
+        metrics.sip_requests_total.labels(method=request.method).inc()
+        request = _stamp_via(request, peer)
+        existing = self._transactions.server.get(server_key(request))
+        if existing is not None and existing.on_retransmission(request):
+            return
+        if not self._source_allowed(peer):
+            if request.method != "ACK":
+                self._new_transaction(request, peer).respond(self._simple(request, 403, "Forbidden"))
+            return
+        if request.method == "ACK":
+            self._on_ack(request)
+            return
+        transaction = self._new_transaction(request, peer)
+        try:
+            self._dispatch(request, transaction, peer)
+        except Exception:  # a bug in one request's handling must not stop the server
+            log.exception("sip_request_failed", call_id=request.call_id, method=request.method)
+            if not transaction.final_sent:
+                transaction.respond(self._simple(request, 500, "Server Internal Error"))
+
+    def _dispatch(self, request: SipRequest, transaction: ServerTransaction, peer: Peer) -> None:
+        method = request.method
+        max_forwards = request.header("Max-Forwards")
+        if max_forwards is not None and int(max_forwards) == 0:
+            transaction.respond(self._simple(request, 483, "Too Many Hops"))
+        elif method in _NOT_ALLOWED:
+            transaction.respond(self._simple(request, 405, "Method Not Allowed", (("Allow", ALLOW),)))
+        elif method not in _IMPLEMENTED:
+            transaction.respond(self._simple(request, 501, "Not Implemented", (("Allow", ALLOW),)))
+        elif method == "CANCEL":
+            self._on_cancel(request, transaction)
+        elif method == "OPTIONS":  # qualify pings (Kamailio/Asterisk), in or out of a dialog
+            headers = (("Allow", ALLOW), ("Accept", _SDP), ("Supported", ""),
+                       ("Contact", self._contact_value(peer)))
+            transaction.respond(self._simple(request, 200, "OK", headers))
+        elif request.header("Require") and method != "BYE":
+            # §8.2.2.3: we support no extensions; BYE is exempt so a call can always end.
+            unsupported = request.header("Require") or ""
+            transaction.respond(self._simple(request, 420, "Bad Extension", (("Unsupported", unsupported),)))
+        elif request.to_tag is not None:
+            self._on_in_dialog(request, transaction)
+        elif method == "INVITE":
+            assert isinstance(transaction, InviteServerTransaction)
+            self._on_new_invite(request, transaction, peer)
+        else:  # BYE/INFO/UPDATE outside any dialog
+            transaction.respond(self._simple(request, 481, "Call/Transaction Does Not Exist"))
+
+    def _on_new_invite(self, invite: SipRequest, transaction: InviteServerTransaction, peer: Peer) -> None:
+        received_at = time.monotonic()
+        if self.draining or len(self._calls) >= self.settings.max_calls:
+            retry = (("Retry-After", str(self.settings.retry_after_s)),)
+            transaction.respond(self._simple(invite, 503, "Service Unavailable", retry))
+            log.info("sip_invite_refused", call_id=invite.call_id, draining=self.draining,
+                     active_calls=len(self._calls))
+            return
+        transaction.respond(self._simple(invite, 100, "Trying"))  # §17.2.1: stop INVITE retransmits
+        call = InboundCall(self, invite, transaction, peer, received_at)
+        self._calls[call.dialog.key] = call
+        log.info("sip_invite", call_id=call.call_id, user=call.request_user, transport=peer.transport,
+                 source=f"{peer.address[0]}:{peer.address[1]}")
+        try:
+            self._on_invite(call)
+        except Exception:
+            log.exception("sip_on_invite_failed", call_id=call.call_id)
+            call.reject(500, "Server Internal Error")
+
+    def _on_cancel(self, cancel: SipRequest, transaction: ServerTransaction) -> None:
+        """§9.2: CANCEL matches the INVITE's transaction; 200 to the CANCEL, 487 to the INVITE."""
+        invite_transaction = self._transactions.server.get(server_key(cancel, "INVITE"))
+        if invite_transaction is None:
+            transaction.respond(self._simple(cancel, 481, "Call/Transaction Does Not Exist"))
+            return
+        transaction.respond(self._simple(cancel, 200, "OK"))
+        for call in list(self._calls.values()):
+            if call._transaction is invite_transaction:
+                call._on_cancel()
+
+    def _on_in_dialog(self, request: SipRequest, transaction: ServerTransaction) -> None:
+        call = self._calls.get((request.call_id or "", request.to_tag or "", request.from_tag))
+        if call is None:
+            transaction.respond(self._simple(request, 481, "Call/Transaction Does Not Exist"))
+        elif not call.dialog.accept_sequence(request):
+            transaction.respond(self._simple(request, 500, "Server Internal Error",
+                                             (("Warning", '399 - "CSeq out of order"'),)))
+        else:
+            call._on_request(request, transaction)
+
+    def _on_ack(self, ack: SipRequest) -> None:
+        call = self._calls.get((ack.call_id or "", ack.to_tag or "", ack.from_tag))
+        if call is not None:
+            call._on_ack(ack)
+
+    def _source_allowed(self, peer: Peer) -> bool:
+        if not self.settings.allowed_sources:
+            return True
+        address = ipaddress.ip_address(peer.address[0].split("%", 1)[0])
+        return any(address in network for network in self.settings.allowed_sources)
+
+    # --- sending --------------------------------------------------------------------------------
+
+    def _new_transaction(self, request: SipRequest, peer: Peer) -> ServerTransaction:
+        kind = InviteServerTransaction if request.method == "INVITE" else NonInviteServerTransaction
+        transaction = kind(request, lambda response: self._response_sender(response, peer)(),
+                           peer.transport == "tcp", self._timers, self._transactions.forget_server)
+        self._transactions.add_server(transaction)
+        return transaction
+
+    def _simple(self, request: SipRequest, status: int, reason: str,
+                headers: tuple[tuple[str, str], ...] = ()) -> SipResponse:
+        to_tag = None if status == 100 else new_tag()
+        return make_response(request, status, reason, to_tag=to_tag,
+                             headers=(*headers, ("Server", self.settings.user_agent)))
+
+    def _response_sender(self, response: SipResponse, peer: Peer) -> Callable[[], None]:
+        """§18.2.2: reliable -> the request's connection; UDP -> `received` (or sent-by) at the
+        `rport` port (RFC 3581 §4) or the sent-by port."""
+        via = response.vias[0]
+        data = response.serialize()
+        host = via.param("received") or via.host
+        if peer.transport == "tcp":
+            port = via.port or 5060
+            return lambda: self._transport.send(data, "tcp", (host, port), peer.connection)
+        rport = via.param("rport")
+        port = int(rport) if rport and rport.isdigit() else (via.port or 5060)
+        return lambda: self._transport.send(data, "udp", (host, port))
+
+    async def _send_request(self, request: SipRequest, transport: str, host: str, port: int,
+                            peer: Peer) -> SipResponse | None:
+        address = await resolve(host, port)
+        # Keep the dialog on the connection it arrived on while it is open (clients behind NAT and
+        # SIPp's single-socket TCP mode only listen there); else §18.1.1 opens a new one.
+        connection = peer.connection if transport == "tcp" else None
+
+        def send(data: bytes) -> None:
+            self._transport.send(data, transport, address, connection)
+
+        transaction = NonInviteClientTransaction(request, send, transport == "tcp", self._timers,
+                                                 self._transactions.forget_client)
+        self._transactions.add_client(transaction)
+        transaction.start()
+        return await transaction.result
+
+    def _contact_address(self, peer: Peer) -> tuple[str, int]:
+        bound = self.tcp_address if peer.transport == "tcp" else self.udp_address
+        port = bound[1] if bound else self.settings.listen_port
+        host = self.settings.advertised_host or self.settings.listen_host
+        if _is_ip(host) and ipaddress.ip_address(host).is_unspecified:
+            host = _local_address_towards(peer.address[0])
+        return host, port
+
+    def _contact_value(self, peer: Peer) -> str:
+        host, port = self._contact_address(peer)
+        host = f"[{host}]" if ":" in host else host
+        suffix = ";transport=tcp" if peer.transport == "tcp" else ""
+        return f"<sip:{host}:{port}{suffix}>"
+
+    def _forget(self, call: InboundCall) -> None:
+        if self._calls.get(call.dialog.key) is call:
+            del self._calls[call.dialog.key]
+
+    def _spawn(self, coroutine) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+def _stamp_via(request: SipRequest, peer: Peer) -> SipRequest:
+    """§18.2.1 `received` when the sent-by host is not the source IP; RFC 3581 §4 fills `rport`."""
+    vias = request.vias
+    top: Via = vias[0]
+    source_ip, source_port = peer.address
+    if top.has_param("rport"):
+        top = top.with_param("rport", str(source_port)).with_param("received", source_ip)
+    elif top.host != source_ip:
+        top = top.with_param("received", source_ip)
+    else:
+        return request
+    return request.with_vias([top, *vias[1:]])
+
+
+def _request_user(invite: SipRequest) -> str:
+    try:
+        return invite.request_user
+    except ValueError:  # tel: or another scheme: the part before '@' or ';' is the number
+        return invite.uri.partition(":")[2].split("@", 1)[0].split(";", 1)[0]
+
+
+def _sdp_of(request: SipRequest) -> str | None:
+    content_type = (request.header("Content-Type") or "").split(";", 1)[0].strip().lower()
+    if not request.body or content_type != _SDP:
+        return None
+    return request.body.decode("utf-8", "replace")
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return False
+
+
+def _local_address_towards(remote_ip: str) -> str:
+    """The local IP the kernel would route to `remote_ip` (a connected UDP socket sends nothing)."""
+    family = socket.AF_INET6 if ":" in remote_ip else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        probe.connect((remote_ip, 9))
+        return probe.getsockname()[0]
