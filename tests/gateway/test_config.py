@@ -1,0 +1,155 @@
+"""Config: defaults that work with no file, errors that name the key, routes that pick the right prompt."""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+
+import pytest
+
+from gateway.config import LOOPBACK_SOURCES, ConfigError, load_config
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_embedded_default_serves_loopback_with_espeak():
+    config = load_config()
+    assert (config.sip.listen.host, config.sip.listen.port) == ("127.0.0.1", 5060)
+    assert config.sip.transports == ("udp", "tcp")
+    assert (config.http_host, config.http_port) == ("127.0.0.1", 8080)
+    assert config.engine.name == "espeak"
+    assert config.engine_settings()["voices"] == {"en": "en-us", "zh": "cmn"}
+    assert config.allowed_sources == LOOPBACK_SOURCES
+    assert config.route_for("1000") is not None and config.route_for("2000") is not None
+
+
+@pytest.mark.parametrize("name", ["gateway.yaml", "gateway-cosyvoice2.yaml"])
+def test_shipped_examples_load(name):
+    config = load_config(REPO / "sip_config" / name)
+    assert ipaddress.ip_address("192.0.2.10") in config.allowed_sources[0]
+    assert config.route_for("1000").prompt == "welcome"
+
+
+def test_cosyvoice2_example_passes_engine_settings_through():
+    config = load_config(REPO / "sip_config" / "gateway-cosyvoice2.yaml")
+    settings = config.engine_settings()
+    assert settings["model_dir"] == "/opt/models/CosyVoice2-0.5B"
+    assert (settings["device"], settings["dtype"]) == ("cuda", "bf16")
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    ({"sip.listen": "5060"}, "sip.listen: expected HOST:PORT"),
+    ({"sip.listen": "0.0.0.0:5060"}, "sip.advertised_host: required"),
+    ({"sip.lisen": "127.0.0.1:5060"}, "sip.lisen: unknown field"),
+    ({"sip.transports": ["udp", "sctp"]}, "sip.transports[1]:"),
+    ({"sip.max_calls": 0}, "sip.max_calls:"),
+    ({"trunks": [{"name": "pbx", "allow": ["10.0.0.0/33"]}]}, "trunks[0].allow[0]: expected an IP address or CIDR"),
+    ({"trunks": [{"name": "pbx", "allow": []}]}, "trunks[0].allow: list at least one"),
+    ({"trunks": [{"name": "pbx", "allow": ["10.0.0.1"]}, {"name": "pbx", "allow": ["10.0.0.2"]}]},
+     "trunks[1].name: 'pbx' is used twice"),
+    ({"media.rtp_port_range": "30000-20000"}, "media.rtp_port_range: expected 1024 <= LOW < HIGH"),
+    ({"media.rtp_port_range": "lots"}, "media.rtp_port_range: expected LOW-HIGH"),
+    ({"media.codecs": ["PCMU", "opus"]}, "media.codecs: unsupported codec OPUS"),
+    ({"media.initial_playout_delay_ms": 1000}, "media.initial_playout_delay_ms: must not exceed"),
+    ({"engine.name": "festival"}, "engine.name: unknown engine 'festival'"),
+    ({"engine.espeak.default_voice": "fr"}, "engine.espeak.default_voice:"),
+    ({"engine.espeak.speed": 2}, "engine.espeak.speed: unknown field"),
+    ({"prompts.hello": {"voice": "en"}}, "prompts.hello.text: required field is missing"),
+    ({"prompts.hello": {"text": "hi", "voice": "fr"}}, "prompts.hello.voice: 'fr' is not a voice of engine espeak"),
+    ({"routes": [{"match": "1", "prompt": "welcome"}, {"match": "2", "prompt": "welcome"},
+                 {"match": "3", "prompt": "welcome", "voice": "en"}]}, "routes[2].voice: only with text"),
+    ({"routes": [{"match": "1", "text": "hi", "colour": "red"}]}, "routes[0].colour: unknown field"),
+    ({"routes": [{"match": "1"}]}, "routes[0].prompt: give either prompt"),
+    ({"routes": [{"match": "1", "prompt": "goodbye"}]}, "routes[0].prompt: unknown prompt 'goodbye'"),
+    ({"routes": [{"match": "1*2", "text": "hi"}]}, "routes[0].match: expected a number, a prefix"),
+    ({"routes": [{"match": "1", "text": "hi", "after": "linger"}]}, "routes[0].after:"),
+    ({"http.listen": "localhost"}, "http.listen: expected HOST:PORT"),
+    ({"logging.level": "loud"}, "logging.level:"),
+    ({"shutdown.drain_timeout_s": -1}, "shutdown.drain_timeout_s:"),
+    ({"voices": {"english": "klingon"}}, "voices.english: 'klingon' is not a voice"),
+    ({"tunks": []}, "tunks: unknown field"),
+])
+def test_every_mistake_names_its_key(overrides, expected):
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, overrides)
+    assert str(caught.value).startswith(expected), str(caught.value)
+
+
+def test_file_errors_name_the_file_and_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("sip:\n  listen: [unclosed\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml: line \d+ not valid YAML"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.yaml")
+    (tmp_path / "list.yaml").write_text("- sip\n")
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        load_config(tmp_path / "list.yaml")
+
+
+def test_empty_file_means_all_defaults_without_demo_routes(tmp_path):
+    (tmp_path / "empty.yaml").write_text("# nothing\n")
+    config = load_config(tmp_path / "empty.yaml")
+    assert config.sip.listen.port == 5060
+    assert config.routes == ()
+
+
+def test_overrides_apply_before_validation():
+    config = load_config(None, {"sip.listen": "127.0.0.1:0", "engine.name": "instant", "http.listen": "[::1]:9090"})
+    assert config.sip.listen.port == 0
+    assert config.engine.name == "instant" and config.engine_settings()["chunk_ms"] == 200
+    assert (config.http_host, config.http_port) == ("::1", 9090)
+
+
+def test_trunks_replace_the_loopback_default():
+    config = load_config(None, {"trunks": [{"name": "pbx", "allow": ["192.0.2.10", "2001:db8::/32"]}]})
+    assert config.allowed_sources == (ipaddress.ip_network("192.0.2.10/32"), ipaddress.ip_network("2001:db8::/32"))
+
+
+def test_route_lookup_prefers_exact_then_longest_prefix():
+    config = load_config(None, {
+        "prompts": {"p": {"text": "hello"}},
+        "routes": [
+            {"match": "*", "text": "anything"},
+            {"match": "49*", "text": "germany"},
+            {"match": "4930*", "text": "berlin"},
+            {"match": "4930123", "text": "one number"},
+            {"match": "4930*", "text": "second berlin, never chosen"},
+        ],
+    })
+    assert config.route_for("4930123").text == "one number"
+    assert config.route_for("4930999").text == "berlin"
+    assert config.route_for("4989").text == "germany"
+    assert config.route_for("1000").text == "anything"
+    assert load_config(None, {"routes": [{"match": "1000", "text": "x"}]}).route_for("2000") is None
+
+
+def test_route_prompts_resolve_voice_aliases_and_after():
+    from gateway.call import Prompt
+
+    config = load_config(None, {
+        "voices": {"mandarin": "zh"},
+        "prompts": {"hello_zh": {"text": "您好", "voice": "mandarin", "barge_in": True}},
+        "routes": [{"match": "1", "prompt": "hello_zh", "after": "stay"}, {"match": "2", "text": "hi"}],
+    })
+    assert config.prompt_for_route(config.route_for("1"), "en") == Prompt("您好", "zh", hangup_after=False,
+                                                                         barge_in=True)
+    assert config.prompt_for_route(config.route_for("2"), "en") == Prompt("hi", "en")
+
+
+def test_voices_of_a_discovering_engine_are_checked_after_start():
+    config = load_config(REPO / "sip_config" / "gateway-cosyvoice2.yaml")
+    config.check_voices(["alice", "wei"])
+    with pytest.raises(ConfigError, match=r"voices.mandarin: 'wei' is not a voice of engine cosyvoice2"):
+        config.check_voices(["alice"])
+
+
+def test_sections_become_the_sip_and_media_settings():
+    config = load_config(REPO / "sip_config" / "gateway.yaml")
+    sip = config.sip_settings()
+    assert (sip.listen_host, sip.listen_port, sip.transports) == ("0.0.0.0", 5060, ("udp", "tcp"))
+    assert sip.advertised_host == "192.0.2.20" and sip.max_calls == 200 and sip.t1 == 0.5
+    assert sip.allowed_sources == config.allowed_sources
+    media = config.media_settings()
+    assert (media.rtp_port_min, media.rtp_port_max, media.codecs) == (20000, 30000, ("PCMU", "PCMA"))
+    assert media.advertised_host == "192.0.2.20"
