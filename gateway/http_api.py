@@ -1,0 +1,58 @@
+"""The operator's HTTP endpoints: `GET /metrics` for Prometheus and `GET /healthz` for load balancers.
+
+/healthz answers 200 with {status, engine, calls_active, draining} while the gateway takes calls and
+503 while it drains, so a balancer stops sending new calls before the process exits. The status
+comes from a callable the gateway provides; this module knows nothing about SIP or engines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from gateway.metrics import registry
+
+StatusProvider = Callable[[], dict]
+_STATUS_KEY = web.AppKey("status_provider", StatusProvider)
+
+
+@dataclass(frozen=True)
+class HttpServer:
+    runner: web.AppRunner
+    host: str
+    port: int  # the bound port (useful when asked for port 0)
+
+
+def make_http_app(status_provider: StatusProvider) -> web.Application:
+    app = web.Application()
+    app[_STATUS_KEY] = status_provider
+    app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/healthz", _healthz)
+    return app
+
+
+async def _metrics(_request: web.Request) -> web.Response:
+    return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    status = dict(request.app[_STATUS_KEY]())
+    draining = bool(status.get("draining", False))
+    status.setdefault("status", "draining" if draining else "ok")
+    return web.json_response(status, status=503 if draining else 200)
+
+
+async def start_http(status_provider: StatusProvider, host: str, port: int) -> HttpServer:
+    runner = web.AppRunner(make_http_app(status_provider), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = runner.addresses[0]
+    return HttpServer(runner=runner, host=bound[0], port=bound[1])
+
+
+async def stop_http(server: HttpServer) -> None:
+    await server.runner.cleanup()
