@@ -14,6 +14,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from tts_core.flow.frame_cache import FrameCache
+
 
 def relative_position_table(length: int, d_model: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """(1, 2*length-1, d_model) sinusoids for relative positions length-1 ... 0 ... -(length-1).
@@ -63,15 +65,22 @@ class RelPositionSelfAttention(nn.Module):
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         return x.view(x.size(0), -1, self.h, self.d_k)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, pos_table: torch.Tensor) -> torch.Tensor:
-        """x (B, T, D); mask (T, T) bool or None (all visible); pos_table (1, 2T-1, D)."""
-        q = self._heads(self.linear_q(x))  # (B, T, H, dk)
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, pos_table: torch.Tensor,
+                cache: FrameCache | None = None) -> torch.Tensor:
+        """x (B, Tq, D) holds the last Tq of Tk positions (Tk > Tq only with a cache holding the
+        earlier keys); mask (Tq, Tk) bool or None (all visible); pos_table (1, 2Tk-1, D)."""
+        q = self._heads(self.linear_q(x))  # (B, Tq, H, dk)
         k = self._heads(self.linear_k(x)).transpose(1, 2)
         v = self._heads(self.linear_v(x)).transpose(1, 2)
-        p = self._heads(self.linear_pos(pos_table)).transpose(1, 2)  # (1, H, 2T-1, dk)
+        if cache is not None:
+            earlier = cache.keys_values(self)
+            if earlier is not None:
+                k, v = torch.cat([earlier[0], k], dim=2), torch.cat([earlier[1], v], dim=2)
+            cache.keep_keys_values(self, k, v)
+        p = self._heads(self.linear_pos(pos_table)).transpose(1, 2)  # (1, H, 2Tk-1, dk)
         content = torch.matmul((q + self.pos_bias_u).transpose(1, 2), k.transpose(-2, -1))
         position = torch.matmul((q + self.pos_bias_v).transpose(1, 2), p.transpose(-2, -1))
-        scores = (content + _relative_shift(position)) / math.sqrt(self.d_k)
+        scores = (content + _relative_shift(position, k.size(2))) / math.sqrt(self.d_k)
         if mask is not None:
             hidden = ~mask
             scores = scores.masked_fill(hidden, float("-inf"))
@@ -82,13 +91,14 @@ class RelPositionSelfAttention(nn.Module):
         return self.linear_out(out)
 
 
-def _relative_shift(scores: torch.Tensor) -> torch.Tensor:
-    """(B, H, T, 2T-1) scores against the relative table -> (B, H, T, T), entry (i, j) taken at
-    relative position i - j (table column T-1-i+j)."""
-    t = scores.size(2)
-    row = torch.arange(t, device=scores.device).unsqueeze(1)
-    col = torch.arange(t, device=scores.device).unsqueeze(0)
-    index = (t - 1 - row + col).expand(*scores.shape[:2], t, t)
+def _relative_shift(scores: torch.Tensor, keys: int) -> torch.Tensor:
+    """(B, H, Tq, 2Tk-1) scores against the relative table -> (B, H, Tq, Tk). Query row r is
+    position i = Tk - Tq + r; entry (r, j) is taken at relative position i - j, table column
+    Tk-1-(i-j)."""
+    queries = scores.size(2)
+    row = torch.arange(keys - queries, keys, device=scores.device).unsqueeze(1)
+    col = torch.arange(keys, device=scores.device).unsqueeze(0)
+    index = (keys - 1 - row + col).expand(*scores.shape[:2], queries, keys)
     return torch.gather(scores, 3, index)
 
 
@@ -110,6 +120,7 @@ class ConformerBlock(nn.Module):
         self.norm_mha = nn.LayerNorm(d_model, eps=1e-5)
         self.norm_ff = nn.LayerNorm(d_model, eps=1e-5)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, pos_table: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.norm_mha(x), mask, pos_table)
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, pos_table: torch.Tensor,
+                cache: FrameCache | None = None) -> torch.Tensor:
+        x = x + self.self_attn(self.norm_mha(x), mask, pos_table, cache)
         return x + self.feed_forward(self.norm_ff(x))

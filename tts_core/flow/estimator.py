@@ -19,14 +19,20 @@ from torch.nn import functional as F
 
 from tts_core.flow.chunk_mask import chunk_attention_mask
 from tts_core.flow.config import EstimatorConfig
+from tts_core.flow.frame_cache import FrameCache
 
 
 class CausalConv1d(nn.Conv1d):
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int) -> None:
         super().__init__(in_channels, out_channels, kernel_size)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(F.pad(x, (self.kernel_size[0] - 1, 0)))
+    def forward(self, x: torch.Tensor, cache: FrameCache | None = None) -> torch.Tensor:
+        n = self.kernel_size[0] - 1
+        if cache is None:
+            return super().forward(F.pad(x, (n, 0)))
+        x = torch.cat([cache.left(self, n, x), x], dim=2)
+        cache.keep_left(self, x, n)
+        return super().forward(x)
 
 
 class CausalBlock(nn.Module):
@@ -39,8 +45,8 @@ class CausalBlock(nn.Module):
         self.block = nn.ModuleList([CausalConv1d(dim, dim_out, 3), nn.Identity(), nn.LayerNorm(dim_out),
                                     nn.Identity(), nn.Mish()])
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        h = self.block[0](x * mask)
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, cache: FrameCache | None = None) -> torch.Tensor:
+        h = self.block[0](x * mask, cache)
         h = self.block[2](h.transpose(1, 2)).transpose(1, 2)
         return self.block[4](h) * mask
 
@@ -53,9 +59,10 @@ class CausalResnetBlock(nn.Module):
         self.block2 = CausalBlock(dim_out, dim_out)
         self.res_conv = nn.Conv1d(dim, dim_out, 1)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, time_emb: torch.Tensor) -> torch.Tensor:
-        h = self.block1(x, mask) + self.mlp(time_emb).unsqueeze(-1)
-        h = self.block2(h, mask)
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, time_emb: torch.Tensor,
+                cache: FrameCache | None = None) -> torch.Tensor:
+        h = self.block1(x, mask, cache) + self.mlp(time_emb).unsqueeze(-1)
+        h = self.block2(h, mask, cache)
         return h + self.res_conv(x * mask)
 
 
@@ -69,9 +76,14 @@ class SelfAttention(nn.Module):
         self.to_v = nn.Linear(dim, inner, bias=False)
         self.to_out = nn.ModuleList([nn.Linear(inner, dim), nn.Identity()])  # [1] was dropout
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, cache: FrameCache | None = None) -> torch.Tensor:
         b, t, _ = x.shape
         q, k, v = (proj(x).view(b, t, self.heads, -1).transpose(1, 2) for proj in (self.to_q, self.to_k, self.to_v))
+        if cache is not None:
+            earlier = cache.keys_values(self)
+            if earlier is not None:
+                k, v = torch.cat([earlier[0], k], dim=2), torch.cat([earlier[1], v], dim=2)
+            cache.keep_keys_values(self, k, v)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
         return self.to_out[0](out.transpose(1, 2).reshape(b, t, -1))
 
@@ -104,8 +116,8 @@ class TransformerBlock(nn.Module):
         self.norm3 = nn.LayerNorm(dim)
         self.ff = FeedForward(dim)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
-        x = x + self.attn1(self.norm1(x), attn_mask)
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, cache: FrameCache | None = None) -> torch.Tensor:
+        x = x + self.attn1(self.norm1(x), attn_mask, cache)
         return x + self.ff(self.norm3(x))
 
 
@@ -150,35 +162,38 @@ class FlowEstimator(nn.Module):
         self.final_block = CausalBlock(c, c)
         self.final_proj = nn.Conv1d(c, cfg.out_channels, 1)
 
-    def attention_mask(self, frames: int, streaming: bool, device: torch.device) -> torch.Tensor | None:
-        """The (frames, frames) bool mask every transformer block uses; None means all visible.
-
-        Batch 1 only, like the official inference: no key padding is ever masked."""
+    def attention_mask(self, frames: int, streaming: bool, device: torch.device, start: int = 0) -> torch.Tensor | None:
+        """The bool mask every transformer block uses for query frames [start, frames) against key
+        frames [0, frames); None means all visible. Batch 1 only, like the official inference: no
+        key padding is ever masked."""
         if not streaming or self.cfg.static_chunk_size <= 0:
             return None
-        return chunk_attention_mask(frames, self.cfg.static_chunk_size, self.cfg.num_decoding_left_chunks, device)
+        full = chunk_attention_mask(frames, self.cfg.static_chunk_size, self.cfg.num_decoding_left_chunks, device)
+        return full[start:]
 
     @staticmethod
-    def _transformers(x: torch.Tensor, blocks: nn.ModuleList, attn_mask: torch.Tensor | None) -> torch.Tensor:
+    def _transformers(x: torch.Tensor, blocks: nn.ModuleList, attn_mask: torch.Tensor | None,
+                      cache: FrameCache | None) -> torch.Tensor:
         h = x.transpose(1, 2)
         for block in blocks:
-            h = block(h, attn_mask)
+            h = block(h, attn_mask, cache)
         return h.transpose(1, 2)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, mu: torch.Tensor, t: torch.Tensor, spks: torch.Tensor,
-                cond: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
-        """x, mu, cond (B, 80, T); mask (B, 1, T); t (B,); spks (B, 80); attn_mask (T, T) bool or None."""
+                cond: torch.Tensor, attn_mask: torch.Tensor | None, cache: FrameCache | None = None) -> torch.Tensor:
+        """x, mu, cond (B, 80, T); mask (B, 1, T); t (B,); spks (B, 80); attn_mask (T, T_keys) bool or
+        None. With a cache the T frames continue the `cache.start` frames of earlier passes."""
         temb = self.time_mlp(sinusoidal_time(t, self.cfg.in_channels))
         h = torch.cat([x, mu, spks.unsqueeze(-1).expand(-1, -1, x.size(-1)), cond], dim=1)
 
         resnet, blocks, conv = self.down_blocks[0]
-        h = self._transformers(resnet(h, mask, temb), blocks, attn_mask)
+        h = self._transformers(resnet(h, mask, temb, cache), blocks, attn_mask, cache)
         skip = h
-        h = conv(h * mask)
+        h = conv(h * mask, cache)
         for resnet, blocks in self.mid_blocks:
-            h = self._transformers(resnet(h, mask, temb), blocks, attn_mask)
+            h = self._transformers(resnet(h, mask, temb, cache), blocks, attn_mask, cache)
         resnet, blocks, conv = self.up_blocks[0]
-        h = self._transformers(resnet(torch.cat([h, skip], dim=1), mask, temb), blocks, attn_mask)
-        h = conv(h * mask)
-        h = self.final_block(h, mask)
+        h = self._transformers(resnet(torch.cat([h, skip], dim=1), mask, temb, cache), blocks, attn_mask, cache)
+        h = conv(h * mask, cache)
+        h = self.final_block(h, mask, cache)
         return self.final_proj(h * mask) * mask

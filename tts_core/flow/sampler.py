@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from tts_core.flow.estimator import FlowEstimator
+from tts_core.flow.frame_cache import FrameCache
 
 NOISE_SEED = 0
 NOISE_FRAMES = 50 * 300  # the official buffer: 300 s of mel at 50 frames/s
@@ -37,9 +38,9 @@ def time_span(n_timesteps: int, scheduler: str, device: torch.device, dtype: tor
 
 def guided_velocity(estimator: FlowEstimator, x_in: torch.Tensor, mask_in: torch.Tensor, mu_in: torch.Tensor,
                     t_in: torch.Tensor, spks_in: torch.Tensor, cond_in: torch.Tensor,
-                    attn_mask: torch.Tensor | None, cfg_rate: float) -> torch.Tensor:
+                    attn_mask: torch.Tensor | None, cfg_rate: float, cache: FrameCache | None = None) -> torch.Tensor:
     """One estimator call on the (conditioned, unconditioned) pair -> guided velocity (1, 80, T)."""
-    v = estimator(x_in, mask_in, mu_in, t_in, spks_in, cond_in, attn_mask)
+    v = estimator(x_in, mask_in, mu_in, t_in, spks_in, cond_in, attn_mask, cache)
     v_cond, v_uncond = v[:1], v[1:]
     return (1.0 + cfg_rate) * v_cond - cfg_rate * v_uncond
 
@@ -62,14 +63,22 @@ class FlowSampler(nn.Module):
         return self.rand_noise[:, :, :frames].to(dtype)
 
     def forward(self, mu: torch.Tensor, mask: torch.Tensor, spks: torch.Tensor, cond: torch.Tensor,
-                streaming: bool, noise: torch.Tensor | None = None) -> torch.Tensor:
+                streaming: bool) -> torch.Tensor:
         """mu, cond (1, 80, T); mask (1, 1, T); spks (1, 80) -> mel (1, 80, T) float32."""
         frames = mu.size(2)
-        x = self.noise(frames, mu.dtype) if noise is None else noise
         attn_mask = self.estimator.attention_mask(frames, streaming, mu.device)
-        span = time_span(self.n_timesteps, self.scheduler, mu.device, mu.dtype)
+        return self.solve(self.noise(frames, mu.dtype), mu, mask, spks, cond, attn_mask)
 
-        # Static per-call buffers: row 0 conditioned, row 1 unconditioned (mu/spks/cond stay zero).
+    def solve(self, x: torch.Tensor, mu: torch.Tensor, mask: torch.Tensor, spks: torch.Tensor, cond: torch.Tensor,
+              attn_mask: torch.Tensor | None, step_caches: list[FrameCache] | None = None) -> torch.Tensor:
+        """Integrate from noise `x` (1, 80, T). With `step_caches` (one per Euler step) the T frames
+        continue frames that earlier passes computed, and the caches advance with them."""
+        if step_caches is not None and len(step_caches) != self.n_timesteps:
+            raise ValueError(f"flow sampler: need {self.n_timesteps} step caches, got {len(step_caches)}")
+        span = time_span(self.n_timesteps, self.scheduler, mu.device, mu.dtype)
+        frames = mu.size(2)
+
+        # Per-call buffers: row 0 conditioned, row 1 unconditioned (mu/spks/cond stay zero).
         dtype = spks.dtype
         x_in = torch.zeros([2, x.size(1), frames], device=mu.device, dtype=dtype)
         mask_in = mask.to(dtype).expand(2, -1, -1).contiguous()
@@ -88,8 +97,9 @@ class FlowSampler(nn.Module):
         for step in range(1, len(span)):
             x_in[:] = x
             t_in[:] = t
+            cache = step_caches[step - 1] if step_caches is not None else None
             v = guided_velocity(self.estimator, x_in, mask_in, mu_in, t_in, spks_in, cond_in, attn_mask,
-                                self.cfg_rate)
+                                self.cfg_rate, cache)
             x = x + dt * v
             t = t + dt
             if step < len(span) - 1:

@@ -20,6 +20,7 @@ from torch.nn import functional as F
 from tts_core.flow.chunk_mask import chunk_attention_mask
 from tts_core.flow.config import EncoderConfig
 from tts_core.flow.conformer import ConformerBlock, LinearInput, relative_position_table
+from tts_core.flow.frame_cache import FrameCache
 
 
 class PreLookahead(nn.Module):
@@ -32,9 +33,10 @@ class PreLookahead(nn.Module):
         self.conv1 = nn.Conv1d(channels, hidden, kernel_size=pre_lookahead_len + 1)
         self.conv2 = nn.Conv1d(hidden, channels, kernel_size=3)
 
-    def forward(self, x: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, context: torch.Tensor | None = None,
+                cache: FrameCache | None = None) -> torch.Tensor:
         """x (B, T, C); context (B, pre_lookahead_len, C) already through the input layer, or None
-        (zeros stand in for the future)."""
+        (zeros stand in for the future). With a cache, x continues the tokens before it."""
         h = x.transpose(1, 2)
         if context is None:
             h = F.pad(h, (0, self.pre_lookahead_len))
@@ -43,8 +45,13 @@ class PreLookahead(nn.Module):
                 raise ValueError(f"lookahead context must be {self.pre_lookahead_len} tokens, got {context.size(1)}")
             h = torch.cat([h, context.transpose(1, 2)], dim=2)
         h = F.leaky_relu(self.conv1(h))
-        h = self.conv2(F.pad(h, (self.conv2.kernel_size[0] - 1, 0)))
-        return h.transpose(1, 2) + x
+        n = self.conv2.kernel_size[0] - 1
+        if cache is None:
+            h = F.pad(h, (n, 0))
+        else:
+            h = torch.cat([cache.left(self, n, h), h], dim=2)
+            cache.keep_left(self, h, n)
+        return self.conv2(h).transpose(1, 2) + x
 
 
 class RepeatUpsample(nn.Module):
@@ -55,10 +62,16 @@ class RepeatUpsample(nn.Module):
         self.stride = stride
         self.conv = nn.Conv1d(in_channels, out_channels, stride * 2 + 1)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x (B, C, T) -> (B, C_out, T*stride)."""
+    def forward(self, x: torch.Tensor, cache: FrameCache | None = None) -> torch.Tensor:
+        """x (B, C, T) -> (B, C_out, T*stride); the cache (at the output rate) holds the repeated
+        frames before x."""
         h = torch.repeat_interleave(x, self.stride, dim=2)
-        return self.conv(F.pad(h, (self.stride * 2, 0)))
+        n = self.stride * 2
+        if cache is None:
+            return self.conv(F.pad(h, (n, 0)))
+        h = torch.cat([cache.left(self, n, h), h], dim=2)
+        cache.keep_left(self, h, n)
+        return self.conv(h)
 
 
 class TokenEncoder(nn.Module):
@@ -80,26 +93,31 @@ class TokenEncoder(nn.Module):
                                          for _ in range(cfg.num_up_blocks))
         self.after_norm = nn.LayerNorm(d, eps=1e-5)
 
-    def _mask(self, length: int, chunk: int, streaming: bool, device: torch.device) -> torch.Tensor | None:
-        if not streaming or chunk <= 0:
-            return None
-        return chunk_attention_mask(length, chunk, -1, device)
+    @staticmethod
+    def _stage(x: torch.Tensor, blocks: nn.ModuleList, chunk: int, streaming: bool,
+               cache: FrameCache | None) -> torch.Tensor:
+        start = cache.start if cache is not None else 0
+        total = start + x.size(1)
+        mask = chunk_attention_mask(total, chunk, -1, x.device)[start:] if streaming and chunk > 0 else None
+        pos = relative_position_table(total, x.size(2), x.device, x.dtype)
+        for block in blocks:
+            x = block(x, mask, pos, cache)
+        return x
 
-    def forward(self, tokens_emb: torch.Tensor, streaming: bool,
-                context_emb: torch.Tensor | None = None) -> torch.Tensor:
-        """tokens_emb (B, T, input_size) -> (B, T*up_stride, output_size)."""
+    def forward(self, tokens_emb: torch.Tensor, streaming: bool, context_emb: torch.Tensor | None = None,
+                token_cache: FrameCache | None = None, frame_cache: FrameCache | None = None) -> torch.Tensor:
+        """tokens_emb (B, T, input_size) -> (B, T*up_stride, output_size).
+
+        With caches (token rate, mel-frame rate) the tokens continue those of earlier passes and
+        only their frames are returned; streaming must then be True (only chunk-causal attention
+        lets earlier frames stay fixed)."""
+        if (token_cache is None) != (frame_cache is None) or (token_cache is not None and not streaming):
+            raise ValueError("token encoder: pass both caches, and only in streaming mode")
         x = self.embed(tokens_emb)
         context = self.embed(context_emb) if context_emb is not None else None
-        x = self.pre_lookahead_layer(x, context)
-        mask = self._mask(x.size(1), self.cfg.static_chunk_size, streaming, x.device)
-        pos = relative_position_table(x.size(1), x.size(2), x.device, x.dtype)
-        for block in self.encoders:
-            x = block(x, mask, pos)
-
-        x = self.up_layer(x.transpose(1, 2)).transpose(1, 2)
+        x = self.pre_lookahead_layer(x, context, token_cache)
+        x = self._stage(x, self.encoders, self.cfg.static_chunk_size, streaming, token_cache)
+        x = self.up_layer(x.transpose(1, 2), frame_cache).transpose(1, 2)
         x = self.up_embed(x)
-        mask = self._mask(x.size(1), self.cfg.static_chunk_size * self.cfg.up_stride, streaming, x.device)
-        pos = relative_position_table(x.size(1), x.size(2), x.device, x.dtype)
-        for block in self.up_encoders:
-            x = block(x, mask, pos)
+        x = self._stage(x, self.up_encoders, self.cfg.static_chunk_size * self.cfg.up_stride, streaming, frame_cache)
         return self.after_norm(x)
