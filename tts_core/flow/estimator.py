@@ -150,7 +150,8 @@ class FlowEstimator(nn.Module):
         c, time_dim = cfg.channels, cfg.channels * 4
 
         def blocks() -> nn.ModuleList:
-            return nn.ModuleList(TransformerBlock(c, cfg.num_heads, cfg.attention_head_dim) for _ in range(cfg.n_blocks))
+            return nn.ModuleList(TransformerBlock(c, cfg.num_heads, cfg.attention_head_dim)
+                                 for _ in range(cfg.n_blocks))
 
         self.time_mlp = TimestepMLP(cfg.in_channels, time_dim)
         self.down_blocks = nn.ModuleList([_level(CausalResnetBlock(cfg.in_channels, c, time_dim), blocks(),

@@ -99,7 +99,8 @@ class FlowModel(nn.Module):
         return mel[:, :, c.prompt_frames:], None
 
 
-def load_flow(model_dir: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> FlowModel:
+def load_flow(model_dir: str | Path, device: torch.device | str = "cpu",
+              dtype: torch.dtype = torch.float32) -> FlowModel:
     """Build from `<model_dir>/cosyvoice2.yaml` and load `<model_dir>/flow.pt` strictly."""
     model_dir = Path(model_dir)
     yaml_path = model_dir / "cosyvoice2.yaml"
