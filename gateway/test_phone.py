@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -99,7 +101,8 @@ def call_in_this_process(uri: str, text: str | None, record_path: str | None = N
                     return
 
     endpoint = pj.Endpoint()
-    endpoint.libCreate()
+    with _stdout_silenced(not verbose):  # pjlib logs its start-up before any log config can apply
+        endpoint.libCreate()
     account = phone = None
     try:
         config = pj.EpConfig()
@@ -175,6 +178,22 @@ def _wait_for_end(endpoint, phone, timeout_s: float, hangup: Callable[[], None])
     return ended_by
 
 
+@contextlib.contextmanager
+def _stdout_silenced(silence: bool) -> Iterator[None]:
+    if not silence:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    with open(os.devnull, "wb") as devnull:
+        os.dup2(devnull.fileno(), 1)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def _uri_host(uri: str) -> str:
     rest = uri.split(":", 1)[1] if ":" in uri else uri
     rest = rest.split("@", 1)[-1]
@@ -246,11 +265,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     result = call_in_this_process(args.uri, args.text, args.record, args.timeout, args.voice,
                                   verbose=args.verbose)
-    print(result.to_json() if args.json else _describe(result), flush=True)
+    print(result.to_json() if args.json else describe(result), flush=True)
     return 0 if result.answered else 1
 
 
-def _describe(result: CallResult) -> str:
+def describe(result: CallResult) -> str:
     if not result.answered:
         return f"not answered: {result.status_code} {result.reason}".rstrip()
     recorded = f", recorded to {result.wav_path}" if result.wav_path else ""

@@ -1,0 +1,108 @@
+"""`cosyvoice-gateway`: the command line. `serve` runs the gateway, `call` is the test phone,
+`voice add` registers a CosyVoice2 speaker from a prompt recording.
+
+Exit codes: 0 success; 1 the action ran and failed (call not answered, voice not registered);
+2 the invocation or the configuration is wrong (one line on stderr naming the key or option).
+Heavy modules (the gateway, pjsua2, tts_core) are imported only by the subcommand that needs them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+
+from gateway.config import ConfigError, load_config
+
+PROG = "cosyvoice-gateway"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except ConfigError as exc:
+        print(f"{PROG}: config error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description="SIP gateway that speaks text onto phone calls.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="answer SIP calls and speak")
+    serve.add_argument("--config", help="YAML config file (default: built-in loopback config)")
+    serve.add_argument("--sip-listen", metavar="HOST:PORT", help="override sip.listen")
+    serve.add_argument("--http-listen", metavar="HOST:PORT", help="override http.listen")
+    serve.add_argument("--engine", metavar="NAME", help="override engine.name (espeak, instant, cosyvoice2)")
+    serve.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help="override logging.level")
+    serve.set_defaults(run=_serve)
+
+    call = commands.add_parser("call", help="test phone: call a SIP URI and record what it says")
+    call.add_argument("uri", help="e.g. sip:1000@127.0.0.1:5060")
+    call.add_argument("--text", help="sent as X-TTS-Text (UTF-8, percent-encoded)")
+    call.add_argument("--voice", help="sent as X-TTS-Voice")
+    call.add_argument("--record", metavar="OUT.wav", help="record the call (16 kHz mono 16-bit WAV)")
+    call.add_argument("--timeout", type=float, default=30.0, metavar="S", help="hang up after S seconds")
+    call.add_argument("--verbose", action="store_true", help="show PJSIP's log")
+    call.set_defaults(run=_call)
+
+    voice = commands.add_parser("voice", help="manage CosyVoice2 voices")
+    voice_commands = voice.add_subparsers(dest="voice_command", required=True)
+    add = voice_commands.add_parser("add", help="register a speaker from a short prompt recording")
+    add.add_argument("name")
+    add.add_argument("--wav", required=True, help="3-10 s of the speaker")
+    add.add_argument("--text", required=True, help="exactly what is said in the WAV")
+    add.add_argument("--model-dir", required=True, help="the CosyVoice2 model directory")
+    add.set_defaults(run=_voice_add)
+    return parser
+
+
+def _serve(args: argparse.Namespace) -> int:
+    overrides = {key: value for key, value in (("sip.listen", args.sip_listen), ("http.listen", args.http_listen),
+                                               ("engine.name", args.engine), ("logging.level", args.log_level))
+                 if value is not None}
+    config = load_config(args.config, overrides)
+
+    from gateway.log import configure_logging
+
+    configure_logging(config.logging.level, config.logging.json_)
+    import gateway.app
+
+    asyncio.run(gateway.app.run(config))
+    return 0
+
+
+def _call(args: argparse.Namespace) -> int:
+    try:
+        import pjsua2  # noqa: F401  (checked here for a clear message)
+    except ImportError:
+        print(f"{PROG}: the test phone needs pjsua2: pip install 'cosyvoice-gateway[phone]'", file=sys.stderr)
+        return 2
+    from gateway.test_phone import call_in_this_process, describe
+
+    result = call_in_this_process(args.uri, args.text, args.record, args.timeout, args.voice, verbose=args.verbose)
+    print(describe(result))
+    return 0 if result.answered else 1
+
+
+def _voice_add(args: argparse.Namespace) -> int:
+    try:
+        from tts_core.voices import register_voice
+    except ImportError as exc:
+        print(f"{PROG}: voice registration is not available in this installation ({exc})", file=sys.stderr)
+        return 2
+    try:
+        register_voice(args.model_dir, args.name, args.wav, args.text)
+    except (OSError, ValueError) as exc:
+        print(f"{PROG}: voice {args.name!r} not added: {exc}", file=sys.stderr)
+        return 1
+    print(f"voice {args.name!r} added to {args.model_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
