@@ -83,7 +83,7 @@ class MediaEngine:
             plan = await _resolved(plan)
             session.apply_plan(plan)
         except BaseException:
-            session.close(self._pool)
+            await session.close(self._pool)
             raise
         media = CallMedia(call_id, session, answerer, answer_sdp, plan, self)
         self._calls.add(media)
@@ -91,9 +91,9 @@ class MediaEngine:
                  remote=f"{plan.remote_host}:{plan.remote_port}", can_send=plan.can_send)
         return media
 
-    def _release(self, media: CallMedia, session: RtpSession) -> None:
-        session.close(self._pool)
+    async def _release(self, media: CallMedia, session: RtpSession) -> None:
         self._calls.discard(media)
+        await session.close(self._pool)
 
 
 async def _resolved(plan: MediaPlan) -> MediaPlan:
@@ -199,5 +199,5 @@ class CallMedia:
         self._buffer.flush()
         if self._done is not None and not self._done.done():
             self._done.set_result(None)
-        self._engine._release(self, self._session)
+        await self._engine._release(self, self._session)
         self._log.info("media_closed", packets_sent=self.packets_sent, underruns=self.underruns)

@@ -4,7 +4,7 @@ A prompt does not start until enough audio is buffered to ride out the engine's 
 threshold is learnt from the chunk arrivals: the largest net drain over any stretch of the stream
 (time elapsed between two arrivals minus the audio the chunks in between carried) is how much audio
 playback would have consumed with nothing new arriving; buffering that much up front avoids the gap.
-It is bounded by [min_delay_ms, max_delay_ms]; before anything is learnt, `initial_delay_ms` applies.
+An engine slower than real time drains without limit, so its threshold climbs to the cap. It is bounded by [min_delay_ms, max_delay_ms]; before anything is learnt, `initial_delay_ms` applies.
 A stream that has ended starts at once, whatever is buffered.
 
 Once playing, each tick takes one frame. An empty buffer mid-prompt is an underrun: that slot is

@@ -43,6 +43,11 @@ SAMPLES_PER_TICK = 160
 class _Endpoint(asyncio.DatagramProtocol):
     def __init__(self, on_datagram) -> None:
         self._on_datagram = on_datagram
+        self.closed = asyncio.get_running_loop().create_future()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed.done():
+            self.closed.set_result(None)
 
     def datagram_received(self, data: bytes, addr) -> None:
         self._on_datagram(data, addr)
@@ -80,6 +85,7 @@ class RtpSession:
         self._detector = DtmfDetector()
         self._rtp: asyncio.DatagramTransport | None = None
         self._rtcp: asyncio.DatagramTransport | None = None
+        self._endpoints: list[_Endpoint] = []
         self._rtcp_interval_s = rtcp_interval_s
         self._rtcp_timer: asyncio.TimerHandle | None = None
         self._cname = f"{os.getpid()}-{self.ssrc:08x}@cosyvoice-gateway"
@@ -92,12 +98,14 @@ class RtpSession:
         for port in pool.candidates():
             pool.acquire(port)
             try:
-                self._rtp, _ = await loop.create_datagram_endpoint(
+                self._rtp, rtp_endpoint = await loop.create_datagram_endpoint(
                     lambda: _Endpoint(self._on_rtp), local_addr=(host, port))
-                self._rtcp, _ = await loop.create_datagram_endpoint(
+                self._endpoints.append(rtp_endpoint)
+                self._rtcp, rtcp_endpoint = await loop.create_datagram_endpoint(
                     lambda: _Endpoint(self._on_rtcp), local_addr=(host, port + 1))
+                self._endpoints.append(rtcp_endpoint)
             except OSError:  # taken by another process: try the next pair
-                self._close_transports()
+                await self._close_transports()
                 pool.release(port)
                 continue
             self.local_port = port
@@ -105,22 +113,26 @@ class RtpSession:
             return port
         raise PortsExhausted(f"no free RTP/RTCP port pair on {host}")
 
-    def close(self, pool: RtpPortPool) -> None:
+    async def close(self, pool: RtpPortPool) -> None:
+        """Send RTCP BYE (if we sent media), close both sockets and wait until they are closed."""
         if self._rtcp_timer is not None:
             self._rtcp_timer.cancel()
             self._rtcp_timer = None
         if self._rtcp is not None and self.packets_sent:
             self._send_rtcp(bye=True)
-        self._close_transports()
+        await self._close_transports()
         if self.local_port:
             pool.release(self.local_port)
             self.local_port = 0
 
-    def _close_transports(self) -> None:
+    async def _close_transports(self) -> None:
         for transport in (self._rtp, self._rtcp):
             if transport is not None:
                 transport.close()
         self._rtp = self._rtcp = None
+        # The sockets close on a later loop iteration; the ports are only free once they have.
+        await asyncio.gather(*(endpoint.closed for endpoint in self._endpoints))
+        self._endpoints.clear()
 
     # -- plan --------------------------------------------------------------------------------------
     def apply_plan(self, plan: MediaPlan) -> None:

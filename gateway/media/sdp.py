@@ -139,13 +139,13 @@ class _Choice:
     telephone_event_fmtp: str | None
 
 
-def _choose(stream: MediaDescription, index: int, order: list[str]) -> _Choice | None:
+def _choose(stream: MediaDescription, index: int, supported: tuple[str, ...], keep: str | None) -> _Choice | None:
     maps = _rtpmaps(stream)
     offered = [(fmt, maps.get(fmt)) for fmt in stream.formats if fmt.isdigit()]
-    codec_pt = next(((name, int(fmt)) for name in order for fmt, m in offered
-                     if m is not None and m == (name, 8000)), None)
-    if codec_pt is None:
+    ours = [(m[0], int(fmt)) for fmt, m in offered if m is not None and m[1] == 8000 and m[0] in supported]
+    if not ours:
         return None
+    codec_pt = next((c for c in ours if c[0] == keep), ours[0])  # the offer's order, current codec first
     te = next((int(fmt) for fmt, m in offered if m == ("TELEPHONE-EVENT", 8000)), None)
     te_fmtp = None
     if te is not None:
@@ -193,14 +193,10 @@ class SdpAnswerer:
         return self._origin_line() + body, plan
 
     def _choose_stream(self, offer: SessionDescription) -> _Choice:
-        order = list(self.supported)
-        if self._codec in order:  # keep the current codec on re-offers when still offered
-            order.remove(self._codec)
-            order.insert(0, self._codec)
         for index, stream in enumerate(offer.media):
             if stream.media != "audio" or stream.port == 0 or stream.proto not in _RTP_PROFILES:
                 continue
-            choice = _choose(stream, index, order)
+            choice = _choose(stream, index, self.supported, self._codec)
             if choice is not None:
                 return choice
         offered = [" ".join(m.formats) for m in offer.media if m.media == "audio" and m.port != 0]

@@ -1,0 +1,216 @@
+"""End to end over loopback: a plain UDP socket plays the phone, CallMedia plays the prompt."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+from collections.abc import AsyncIterator
+
+import numpy as np
+import pytest
+
+from gateway.media import g711, rtcp
+from gateway.media.call_media import CallMedia, MediaEngine, MediaSettings
+from gateway.media.dtmf import TelephoneEvent
+from gateway.media.rtp import RtpPacket
+from gateway.media.sdp import NoCommonCodec, parse_sdp
+
+pytestmark = pytest.mark.timeout(30)
+
+# A port range of our own, so parallel test runs on the box do not collide.
+PORT_BASE = 40000 + (os.getpid() % 500) * 20
+
+
+class Phone(asyncio.DatagramProtocol):
+    """The remote party: records every datagram with its arrival time."""
+
+    def __init__(self) -> None:
+        self.received: asyncio.Queue[tuple[bytes, tuple, float]] = asyncio.Queue()
+        self.transport: asyncio.DatagramTransport | None = None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def datagram_received(self, data: bytes, addr) -> None:
+        self.received.put_nowait((data, addr, asyncio.get_running_loop().time()))
+
+    @property
+    def port(self) -> int:
+        return self.transport.get_extra_info("sockname")[1]
+
+    async def packets(self, count: int, timeout: float = 5.0) -> list[tuple[RtpPacket, float]]:
+        out = []
+        for _ in range(count):
+            data, _, at = await asyncio.wait_for(self.received.get(), timeout)
+            out.append((RtpPacket.parse(data), at))
+        return out
+
+    async def nothing_more(self, wait: float = 0.2) -> bool:
+        await asyncio.sleep(wait)  # a negative check: give stray packets time to show up
+        return self.received.empty()
+
+
+async def open_phone() -> Phone:
+    _, phone = await asyncio.get_running_loop().create_datagram_endpoint(Phone, local_addr=("127.0.0.1", 0))
+    return phone
+
+
+def offer(port: int, *lines: str, formats: str = "0 8 101") -> str:
+    return "\r\n".join(["v=0", "o=phone 1 1 IN IP4 127.0.0.1", "s=-", "c=IN IP4 127.0.0.1", "t=0 0",
+                        f"m=audio {port} RTP/AVP {formats}", "a=rtpmap:101 telephone-event/8000", *lines]) + "\r\n"
+
+
+async def tone(seconds: float, hz: float = 440.0, rate: int = 24000, chunk_s: float = 0.2) -> AsyncIterator[np.ndarray]:
+    t = np.arange(int(seconds * rate)) / rate
+    audio = (0.4 * np.sin(2 * np.pi * hz * t)).astype(np.float32)
+    step = int(chunk_s * rate)
+    for start in range(0, audio.size, step):
+        yield audio[start : start + step]
+        await asyncio.sleep(0)
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[MediaEngine]:
+    media_engine = MediaEngine(MediaSettings(rtp_port_min=PORT_BASE, rtp_port_max=PORT_BASE + 19,
+                                             rtcp_interval_s=0.2))
+    await media_engine.start()
+    yield media_engine
+    await media_engine.stop()
+
+
+async def test_one_second_tone_arrives_as_50_paced_packets(engine: MediaEngine) -> None:
+    phone = await open_phone()
+    media = await engine.open_call("c1", offer(phone.port))
+    assert media.plan.codec == "PCMU" and parse_sdp(media.answer_sdp).media[0].port == media.local_port
+    assert media.local_port % 2 == 0
+    await media.play(tone(1.0))
+    received = await phone.packets(50)
+    assert await phone.nothing_more()
+    packets = [p for p, _ in received]
+    assert all(len(p.serialize()) == 172 and len(p.payload) == 160 for p in packets)
+    assert all(p.payload_type == 0 for p in packets)
+    assert len({p.ssrc for p in packets}) == 1
+    assert [p.marker for p in packets] == [True] + [False] * 49
+    assert all((b.sequence_number - a.sequence_number) % 65536 == 1 for a, b in zip(packets, packets[1:]))
+    assert all((b.timestamp - a.timestamp) % 2**32 == 160 for a, b in zip(packets, packets[1:]))
+    # Timing-sensitive (shared 2-core box): pacing checked on the median and the total span only.
+    gaps = np.diff([at for _, at in received])
+    assert 0.015 < statistics.median(gaps) < 0.025
+    assert 0.85 < sum(gaps) < 1.15
+    audio = g711.decode(b"".join(p.payload for p in packets), "PCMU").astype(np.float64)
+    assert abs(np.argmax(np.abs(np.fft.rfft(audio))) * 8000 / audio.size - 440) <= 2
+    assert media.packets_sent == 50 and media.underruns == 0 and media.first_speech_sent_at is not None
+    await media.close()
+
+
+async def test_media_latches_to_where_the_phones_rtp_comes_from(engine: MediaEngine) -> None:
+    advertised, actual = await open_phone(), await open_phone()
+    media = await engine.open_call("c2", offer(advertised.port))
+    start = RtpPacket(101, 7, 800, 0x1234, TelephoneEvent(5, False, 10, 160).serialize(), marker=True)
+    actual.transport.sendto(start.serialize(), ("127.0.0.1", media.local_port))
+    assert await asyncio.wait_for(media.dtmf.get(), 5) == "5"  # processed, so latched
+    await media.play(tone(0.2))
+    assert len(await actual.packets(10)) == 10
+    assert advertised.received.empty()
+    await media.close()
+
+
+async def test_hold_stops_packets_and_resume_continues_the_stream(engine: MediaEngine) -> None:
+    phone = await open_phone()
+    media = await engine.open_call("c3", offer(phone.port))
+    await media.play(tone(0.2))
+    before = await phone.packets(10)
+
+    answer = media.update_offer(offer(phone.port, "a=sendonly"))
+    assert parse_sdp(answer).media[0].has_attribute("recvonly") and not media.plan.can_send
+    await media.play(tone(0.2))
+    assert await phone.nothing_more()
+
+    media.update_offer(offer(phone.port, "a=sendrecv"))
+    await media.play(tone(0.2))
+    after = await phone.packets(10)
+    last, (first, first_at) = before[-1][0], after[0]
+    assert first.sequence_number == (last.sequence_number + 1) % 65536 and first.marker
+    elapsed_ticks = ((first.timestamp - last.timestamp) % 2**32) / 160
+    assert abs(elapsed_ticks - (first_at - before[-1][1]) / 0.020) < 5  # advanced by real time
+    assert int(parse_sdp(answer).origin.split()[2]) == 1
+    await media.close()
+
+
+async def test_dtmf_key_presses_arrive_once_each(engine: MediaEngine) -> None:
+    phone = await open_phone()
+    media = await engine.open_call("c4", offer(phone.port))
+    seq = 100
+    for timestamp, event in [(8000, 1), (16000, 11), (24000, 1)]:
+        durations = [160, 320, 480]
+        payloads = [TelephoneEvent(event, False, 10, d).serialize() for d in durations]
+        payloads += [TelephoneEvent(event, True, 10, 640).serialize()] * 3
+        for i, payload in enumerate(payloads):
+            phone.transport.sendto(RtpPacket(101, seq, timestamp, 0x77, payload, marker=i == 0).serialize(),
+                                   ("127.0.0.1", media.local_port))
+            seq += 1
+    digits = [await asyncio.wait_for(media.dtmf.get(), 5) for _ in range(3)]
+    assert digits == ["1", "#", "1"]
+    assert await phone.nothing_more(0.1) and media.dtmf.empty()
+    await media.close()
+
+
+async def test_sender_reports_go_to_the_rtcp_port(engine: MediaEngine) -> None:
+    phone, phone_rtcp = await open_phone(), await open_phone()
+    media = await engine.open_call("c5", offer(phone.port, f"a=rtcp:{phone_rtcp.port}"))
+    await media.play(tone(0.2))
+    rtp_ssrc = (await phone.packets(10))[0][0].ssrc
+    while True:
+        data, _, _ = await asyncio.wait_for(phone_rtcp.received.get(), 5)
+        report = rtcp.parse_compound(data)[0]
+        if isinstance(report, rtcp.SenderReport) and report.packet_count == 10:  # reports go on mid-prompt too
+            break
+    assert report.ssrc == rtp_ssrc and report.octet_count == 1600
+    await media.close()
+
+
+async def test_cancel_stops_sending_and_the_call_can_play_again(engine: MediaEngine) -> None:
+    phone = await open_phone()
+    media = await engine.open_call("c6", offer(phone.port))
+    task = asyncio.create_task(media.play(tone(10.0)))
+    await phone.packets(3)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.sleep(0.05)
+    while not phone.received.empty():
+        phone.received.get_nowait()
+    assert await phone.nothing_more()
+    await media.play(tone(0.1))
+    assert len(await phone.packets(5)) == 5
+    await media.close()
+
+
+async def test_engine_failure_propagates_after_flushing(engine: MediaEngine) -> None:
+    phone = await open_phone()
+    media = await engine.open_call("c7", offer(phone.port))
+
+    async def failing() -> AsyncIterator[np.ndarray]:
+        yield np.zeros(2400, np.float32)
+        raise RuntimeError("engine died")
+
+    with pytest.raises(RuntimeError, match="engine died"):
+        await media.play(failing())
+    assert await phone.nothing_more()
+    await media.close()
+
+
+async def test_no_common_codec_releases_the_ports_and_close_is_idempotent(engine: MediaEngine) -> None:
+    with pytest.raises(NoCommonCodec):
+        await engine.open_call("c8", offer(5000, "a=rtpmap:18 G729/8000", formats="18"))
+    assert engine.active_calls == 0
+    phone = await open_phone()
+    media = await engine.open_call("c9", offer(phone.port))
+    port = media.local_port
+    await media.close()
+    await media.close()
+    assert engine.active_calls == 0
+    transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(
+        asyncio.DatagramProtocol, local_addr=("127.0.0.1", port))  # the port is free again
+    transport.close()

@@ -1,0 +1,72 @@
+"""The shared 20 ms packet clock: deadlines fixed from t0, no drift, a bounded catch-up."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gateway.media.packet_clock import PERIOD_S, PacketClock, due_ticks
+
+
+def test_catch_up_policy() -> None:
+    t0 = 100.0
+    assert due_ticks(t0 + 5 * PERIOD_S + 0.001, t0, 5, 3) == (range(5, 6), 0)  # on time
+    assert due_ticks(t0 + 4.9999999 * PERIOD_S, t0, 5, 3) == (range(5, 6), 0)  # a hair early
+    assert due_ticks(t0 + 7.5 * PERIOD_S, t0, 5, 3) == (range(5, 8), 0)  # 2 behind: run them now
+    assert due_ticks(t0 + 20.5 * PERIOD_S, t0, 5, 3) == (range(17, 21), 12)  # stalled: skip 12
+
+
+@pytest.mark.timeout(20)
+async def test_ticks_stay_on_their_deadlines_for_two_seconds() -> None:
+    loop = asyncio.get_running_loop()
+    clock = PacketClock()
+    seen: list[tuple[int, float, float]] = []
+    finished = loop.create_future()
+
+    def on_tick(index: int, deadline: float) -> None:
+        seen.append((index, deadline, loop.time()))
+        if len(seen) == 100 and not finished.done():
+            finished.set_result(None)
+
+    clock.subscribe(on_tick)
+    clock.start()
+    try:
+        await finished
+    finally:
+        clock.stop()
+    indices = [index for index, _, _ in seen]
+    assert indices[-1] - indices[0] >= 99
+    for index, deadline, ran_at in seen:
+        assert deadline == pytest.approx(clock.t0 + index * PERIOD_S, abs=1e-9)
+        # Timing-sensitive (shared 2-core CI box): generous per-tick bound...
+        assert -0.001 <= ran_at - deadline < 0.050
+    # ...and no accumulation: the last ticks are no later than the first ones, on average.
+    late = [ran_at - deadline for _, deadline, ran_at in seen]
+    assert sum(late[-20:]) / 20 < 0.010
+
+
+async def test_unsubscribe_and_a_failing_subscriber_do_not_stop_the_others() -> None:
+    loop = asyncio.get_running_loop()
+    clock = PacketClock()
+    calls: list[int] = []
+    three = loop.create_future()
+
+    def broken(index: int, deadline: float) -> None:
+        raise RuntimeError("boom")
+
+    def counting(index: int, deadline: float) -> None:
+        calls.append(index)
+        if len(calls) == 3:
+            clock.unsubscribe(counting)
+            three.set_result(None)
+
+    clock.subscribe(broken)
+    clock.subscribe(counting)
+    clock.start()
+    try:
+        await asyncio.wait_for(three, 5)
+        await asyncio.sleep(0.1)
+    finally:
+        clock.stop()
+    assert len(calls) == 3

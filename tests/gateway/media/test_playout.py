@@ -1,0 +1,97 @@
+"""Playout buffer: when a prompt starts, what an underrun sounds like, how it ends."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gateway import metrics
+from gateway.media.playout import FRAME_SAMPLES, PlayoutBuffer, PlayoutSettings
+
+
+def ramp(n: int, start: float = 0.0) -> np.ndarray:
+    return (start + np.arange(n, dtype=np.float32)) / 100_000
+
+
+def drain(buffer: PlayoutBuffer) -> list[np.ndarray | None]:
+    frames = []
+    while True:
+        frame = buffer.pop_frame()
+        frames.append(frame)
+        if frame is None or buffer.finished:
+            return frames
+
+
+def test_holds_back_until_initial_delay_is_buffered() -> None:
+    buffer = PlayoutBuffer(PlayoutSettings(initial_delay_ms=60))
+    buffer.push(ramp(400), now=0.0)  # 50 ms < 60 ms
+    assert buffer.pop_frame() is None
+    buffer.push(ramp(100, 400), now=0.0)  # 62.5 ms
+    frame = buffer.pop_frame()
+    assert frame is not None and np.array_equal(frame, ramp(160))
+
+
+def test_short_prompt_starts_as_soon_as_the_stream_ends() -> None:
+    buffer = PlayoutBuffer(PlayoutSettings(initial_delay_ms=200))
+    buffer.push(ramp(200), now=0.0)
+    assert buffer.pop_frame() is None
+    buffer.end_of_stream()
+    first, last = buffer.pop_frame(), buffer.pop_frame()
+    assert np.array_equal(first, ramp(160))
+    assert np.array_equal(last[:40], ramp(40, 160)) and not last[40:].any()  # partial frame padded with zeros
+    assert buffer.finished and buffer.pop_frame() is None
+
+
+def test_underrun_is_counted_filled_with_zeros_and_raises_the_threshold() -> None:
+    buffer = PlayoutBuffer(PlayoutSettings(initial_delay_ms=40, underrun_step_ms=40))
+    before = metrics.registry.get_sample_value("gateway_playout_underruns_total") or 0.0
+    buffer.push(ramp(320), now=0.0)
+    threshold = buffer.start_threshold
+    assert buffer.pop_frame() is not None and buffer.pop_frame() is not None
+    silence = buffer.pop_frame()
+    assert silence is not None and silence.shape == (FRAME_SAMPLES,) and not silence.any()
+    assert buffer.underruns == 1
+    assert metrics.registry.get_sample_value("gateway_playout_underruns_total") == before + 1
+    assert buffer.start_threshold > threshold
+    # Refilling below the raised threshold keeps the slot filled with silence, never old audio.
+    buffer.push(ramp(160, 1000), now=0.1)
+    assert not buffer.pop_frame().any() and buffer.underruns == 2
+    buffer.push(ramp(buffer.start_threshold, 2000), now=0.1)
+    assert np.array_equal(buffer.pop_frame(), ramp(160, 1000))
+
+
+def test_start_threshold_learns_the_engines_chunk_gaps() -> None:
+    buffer = PlayoutBuffer(PlayoutSettings(initial_delay_ms=20, max_delay_ms=400))
+    # 200 ms chunks, real time on average, but one 450 ms gap after a chunk that carried 200 ms:
+    # playback started at any arrival would have drained 250 ms before the next chunk.
+    for now in (0.0, 0.05, 0.5, 0.6):
+        buffer.push(ramp(1600), now=now)
+    assert 0.24 * 8000 <= buffer.start_threshold <= 0.26 * 8000
+    buffer.flush()
+    buffer.push(ramp(800), now=10.0)  # next prompt: the learnt jitter still applies
+    assert buffer.pop_frame() is None
+
+
+def test_threshold_is_bounded_by_max_delay() -> None:
+    buffer = PlayoutBuffer(PlayoutSettings(max_delay_ms=100))
+    buffer.push(ramp(160), now=0.0)
+    buffer.push(ramp(160), now=5.0)  # a 5 s stall
+    assert buffer.start_threshold == 800
+
+
+def test_flush_discards_everything() -> None:
+    buffer = PlayoutBuffer(PlayoutSettings(initial_delay_ms=20))
+    buffer.push(ramp(8000), now=0.0)
+    assert buffer.pop_frame() is not None
+    buffer.flush()
+    assert buffer.buffered == 0 and buffer.pop_frame() is None and not buffer.finished
+
+
+def test_whole_prompt_comes_out_in_order() -> None:
+    buffer = PlayoutBuffer()
+    audio = ramp(8000 + 37)
+    for start in range(0, audio.size, 999):
+        buffer.push(audio[start : start + 999], now=0.0)
+    buffer.end_of_stream()
+    frames = drain(buffer)
+    assert len(frames) == 51 and buffer.finished
+    assert np.array_equal(np.concatenate(frames)[: audio.size], audio)
