@@ -387,10 +387,13 @@ class SipServer:
         if invite_transaction is None:
             transaction.respond(self._simple(cancel, 481, "Call/Transaction Does Not Exist"))
             return
-        transaction.respond(self._simple(cancel, 200, "OK"))
-        for call in list(self._calls.values()):
-            if call._transaction is invite_transaction:
-                call._on_cancel()
+        call = next((c for c in self._calls.values() if c._transaction is invite_transaction), None)
+        # §9.2: the 200 to the CANCEL SHOULD carry the same To tag as the INVITE's responses.
+        tag = call.dialog.local_tag if call is not None else new_tag()
+        transaction.respond(make_response(cancel, 200, "OK", to_tag=tag,
+                                          headers=(("Server", self.settings.user_agent),)))
+        if call is not None:
+            call._on_cancel()
 
     def _on_in_dialog(self, request: SipRequest, transaction: ServerTransaction) -> None:
         call = self._calls.get((request.call_id or "", request.to_tag or "", request.from_tag))
