@@ -161,6 +161,8 @@ class EspeakEngine(SpeechEngine):
     async def start(self) -> None:
         """Load the library and check every configured voice on the worker thread."""
         ready: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._stopping = threading.Event()  # a fresh start after close()
+        self._jobs = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._work, args=(ready,), name="espeak-synth", daemon=True)
         self._thread.start()
         try:

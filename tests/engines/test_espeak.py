@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 
@@ -94,3 +96,18 @@ async def test_open_stream_after_close_is_refused():
     await engine.close()
     with pytest.raises(RuntimeError, match="start"):
         engine.open_stream(SynthesisRequest(text="hello", voice="en"))
+
+
+async def test_two_engines_in_one_process_take_turns_and_restart():
+    first, second = EspeakEngine(), EspeakEngine(voices={"zh": "cmn"}, default_voice="zh")
+    await first.start()
+    await second.start()
+    english, chinese = await asyncio.gather(
+        collect(first.open_stream(SynthesisRequest(text=LONG_EN, voice="en"))),
+        collect(second.open_stream(SynthesisRequest(text="欢迎致电，请稍候。", voice="zh"))))
+    assert len(english) > 1 and len(chinese) > 1
+    await first.close()
+    await first.start()
+    assert len(await collect(first.open_stream(SynthesisRequest(text="again", voice="en")))) >= 1
+    await first.close()
+    await second.close()
