@@ -183,19 +183,24 @@ class MediaSection(_Section):
         return self
 
 
-class EspeakSettings(_Section):
+class _EngineWithVoices(_Section):
+    """An engine block whose voices are listed in the config: the default must be one of them."""
+
+    @model_validator(mode="after")
+    def _default_is_a_voice(self) -> _EngineWithVoices:
+        voices, default = getattr(self, "voices"), getattr(self, "default_voice")
+        if default not in voices:
+            raise _FieldProblem("default_voice", f"{default!r} is not one of voices ({', '.join(voices)})")
+        return self
+
+
+class EspeakSettings(_EngineWithVoices):
     voices: dict[str, str] = Field(default_factory=lambda: {"en": "en-us", "zh": "cmn"}, min_length=1)
     default_voice: str = "en"
     rate_wpm: int = Field(175, ge=80, le=450)
 
-    @model_validator(mode="after")
-    def _default_is_a_voice(self) -> EspeakSettings:
-        if self.default_voice not in self.voices:
-            raise _FieldProblem("default_voice", f"{self.default_voice!r} is not one of voices ({', '.join(self.voices)})")
-        return self
 
-
-class InstantSettings(_Section):
+class InstantSettings(_EngineWithVoices):
     voices: tuple[str, ...] = Field(("en", "zh"), min_length=1)
     default_voice: str = "en"
     ms_per_char: float = Field(60.0, gt=0)
@@ -203,12 +208,6 @@ class InstantSettings(_Section):
     max_duration_s: float = Field(30.0, gt=0)
     chunk_ms: int = Field(200, ge=10, le=5000)
     first_chunk_delay_ms: float = Field(0.0, ge=0)
-
-    @model_validator(mode="after")
-    def _default_is_a_voice(self) -> InstantSettings:
-        if self.default_voice not in self.voices:
-            raise _FieldProblem("default_voice", f"{self.default_voice!r} is not one of voices ({', '.join(self.voices)})")
-        return self
 
 
 class EngineSection(_Section):
@@ -313,8 +312,10 @@ class GatewayConfig(_Section):
         problems = []
         names = [trunk.name for trunk in self.trunks]
         problems += [f"trunks[{i}].name: {name!r} is used twice" for i, name in enumerate(names) if name in names[:i]]
-        problems += [f"routes[{i}].prompt: unknown prompt {route.prompt!r}; defined: {', '.join(self.prompts) or 'none'}"
-                     for i, route in enumerate(self.routes) if route.prompt is not None and route.prompt not in self.prompts]
+        defined = ", ".join(self.prompts) or "none"
+        problems += [f"routes[{i}].prompt: unknown prompt {route.prompt!r}; defined: {defined}"
+                     for i, route in enumerate(self.routes)
+                     if route.prompt is not None and route.prompt not in self.prompts]
         known = self.engine.configured_voices()
         if known is not None:
             problems += self.unknown_voices(known)
