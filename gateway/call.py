@@ -1,0 +1,181 @@
+"""One call from INVITE to hang-up: choose what to say, admit or refuse, speak, end.
+
+The call session is the only place that joins the three halves: the SIP dialog (`InboundCall`), the
+media (`CallMedia`) and the engine stream (`ChunkChannel`). Data flows one way (engine -> media); the
+only things that travel back are explicit events: the dialog ending, DTMF digits.
+
+Refusals happen before the call is answered (RFC 3261 §21.4 codes): no text and no route -> 404,
+unknown voice / empty text -> the engine's refusal code, no common codec -> 488. Synthesis starts the
+moment the INVITE is admitted, in parallel with sending the 200 OK, so the first packet of speech is
+limited by the engine, not by signalling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from urllib.parse import unquote
+
+import structlog
+
+from engines.base import SpeechEngine, SynthesisFailed, SynthesisRefused, SynthesisRequest
+from gateway import metrics
+from gateway.media.call_media import CallMedia, MediaEngine
+from gateway.media.sdp import NoCommonCodec
+from gateway.sip.uas import Ended, InboundCall
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """What one call says, and whether the gateway hangs up once it has been said."""
+
+    text: str
+    voice: str
+    hangup_after: bool = True
+    barge_in: bool = False
+
+
+class NoPrompt(Exception):
+    """Neither an X-TTS-Text header nor a route for the dialed number."""
+
+
+PromptResolver = Callable[[InboundCall], Prompt]
+
+
+def prompt_from_headers(call: InboundCall, default_voice: str) -> Prompt | None:
+    """X-TTS-Text (UTF-8, percent-encoding allowed) with optional X-TTS-Voice; None if absent."""
+    text = call.invite.header("X-TTS-Text")
+    if text is None:
+        return None
+    voice = call.invite.header("X-TTS-Voice")
+    hangup = (call.invite.header("X-TTS-After") or "hangup").strip().lower() != "stay"
+    return Prompt(text=unquote(text, encoding="utf-8", errors="strict").strip(),
+                  voice=unquote(voice).strip() if voice else default_voice, hangup_after=hangup)
+
+
+class CallSession:
+    def __init__(self, call: InboundCall, resolve_prompt: PromptResolver, engine: SpeechEngine,
+                 media_engine: MediaEngine) -> None:
+        self.call = call
+        self._resolve_prompt = resolve_prompt
+        self._engine = engine
+        self._media_engine = media_engine
+        self._log = log.bind(call_id=call.call_id)
+        self.outcome: str | None = None
+
+    async def run(self) -> str:
+        """Drive the call to its end; returns and counts the outcome. Never raises for one bad call."""
+        metrics.calls_active.inc()
+        try:
+            self.outcome = await self._run()
+        except Exception:  # one broken call must never take the gateway (or other calls) down
+            self._log.exception("call_failed_unexpectedly")
+            self.call.hangup()
+            self.outcome = "failed"
+        finally:
+            metrics.calls_active.dec()
+        metrics.calls_total.labels(outcome=self.outcome).inc()
+        self._log.info("call_ended", outcome=self.outcome)
+        return self.outcome
+
+    async def _run(self) -> str:
+        call = self.call
+        self._log.info("invite", user=call.request_user, source=f"{call.source[0]}:{call.source[1]}",
+                       transport=call.transport)
+        try:
+            prompt = self._resolve_prompt(call)
+            request = SynthesisRequest(text=prompt.text, voice=prompt.voice, call_id=call.call_id)
+            self._engine.validate(request)
+        except NoPrompt as exc:
+            return self._reject(404, "No Prompt For Number", str(exc))
+        except UnicodeDecodeError:
+            return self._reject(400, "Bad X-TTS-Text Encoding", "X-TTS-Text is not valid UTF-8")
+        except SynthesisRefused as exc:
+            return self._reject(exc.sip_status, exc.sip_reason, str(exc))
+        if not call.remote_sdp:
+            return self._reject(488, "SDP Offer Required", "INVITE without SDP (late offer) is not supported")
+        try:
+            media = await self._media_engine.open_call(call.call_id, call.remote_sdp)
+        except NoCommonCodec as exc:
+            return self._reject(488, "Not Acceptable Here", str(exc))
+
+        stream = self._engine.open_stream(request)
+        call.offer_handler = self._offer_handler(media)
+        call.accept(media.answer_sdp)
+        self._log.info("answered", codec=media.plan.codec, voice=prompt.voice, chars=len(prompt.text))
+        try:
+            return await self._speak_until_end(prompt, stream, media)
+        finally:
+            stream.cancel()
+            await media.close()
+
+    def _reject(self, status: int, reason: str, detail: str) -> str:
+        self._log.info("rejected", status=status, reason=reason, detail=detail)
+        self.call.reject(status, reason, {"Warning": f'399 cosyvoice-gateway "{detail[:200]}"'})
+        return "rejected"
+
+    def _offer_handler(self, media: CallMedia) -> Callable[[str], str | None]:
+        def answer(offer: str) -> str | None:
+            try:
+                sdp = media.update_offer(offer)
+            except NoCommonCodec as exc:
+                self._log.info("reoffer_refused", detail=str(exc))
+                return None
+            self._log.info("reoffer", can_send=media.plan.can_send)
+            return sdp
+
+        return answer
+
+    async def _speak_until_end(self, prompt: Prompt, stream, media: CallMedia) -> str:
+        play = asyncio.create_task(media.play(stream), name=f"play-{self.call.call_id}")
+        ended = asyncio.create_task(self._next_end(), name=f"dialog-{self.call.call_id}")
+        dtmf = asyncio.create_task(self._watch_dtmf(media, prompt, play), name=f"dtmf-{self.call.call_id}")
+        try:
+            done, _ = await asyncio.wait({play, ended}, return_when=asyncio.FIRST_COMPLETED)
+            if ended in done:  # the dialog ended while we were still speaking
+                play.cancel()
+                await asyncio.gather(play, return_exceptions=True)
+                self._observe_first_packet(media)
+                return ended.result()
+            self._observe_first_packet(media)
+            error = play.exception() if not play.cancelled() else None
+            if isinstance(error, SynthesisFailed) or (error is not None):
+                metrics.synthesis_failures_total.inc()
+                self._log.error("synthesis_failed", error=repr(error))
+                self.call.hangup()
+                await ended
+                return "failed"
+            self._log.info("prompt_played", underruns=media.underruns, packets=media.packets_sent)
+            if prompt.hangup_after:
+                self.call.hangup()
+                await ended
+                return "completed"
+            return await ended
+        finally:
+            for task in (play, ended, dtmf):
+                task.cancel()
+            await asyncio.gather(play, ended, dtmf, return_exceptions=True)
+
+    async def _next_end(self) -> str:
+        while True:
+            event = await self.call.events.get()
+            if isinstance(event, Ended):
+                return {"remote_bye": "caller_hangup", "local_bye": "completed",
+                        "bye_timeout": "completed"}.get(event.reason, event.reason)
+
+    async def _watch_dtmf(self, media: CallMedia, prompt: Prompt, play: asyncio.Task) -> None:
+        while True:
+            digit = await media.dtmf.get()
+            metrics.dtmf_events_total.inc()
+            self._log.info("dtmf", digit=digit, barge_in=prompt.barge_in and not play.done())
+            if prompt.barge_in and not play.done():
+                play.cancel()  # barge-in: the caller pressed a key, stop speaking
+
+    def _observe_first_packet(self, media: CallMedia) -> None:
+        if media.first_speech_sent_at is not None:
+            latency = media.first_speech_sent_at - self.call.received_at
+            metrics.first_packet_latency_seconds.observe(latency)
+            self._log.info("first_speech_packet", latency_ms=round(latency * 1000, 1))
