@@ -128,7 +128,9 @@ class HiftGenerator(nn.Module):
 
     def fold_weight_norm(self) -> HiftGenerator:
         """Replace every weight-norm parametrization by its plain weight (same function, fewer ops).
-        Call after loading: the folded module no longer accepts checkpoint keys."""
+        Call after loading: the folded module no longer accepts checkpoint keys. Fold a freshly
+        loaded module, not a deepcopy of one: PyTorch shares the parametrized class between copies,
+        so removing it from one copy breaks the other."""
         for module in self.modules():
             if parametrize.is_parametrized(module, "weight"):
                 parametrize.remove_parametrizations(module, "weight", leave_parametrized=True)
