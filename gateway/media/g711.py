@@ -69,10 +69,10 @@ def encode(samples: np.ndarray, codec: str) -> bytes:
     """Encode float32 ([-1, 1)) or int16 samples with `codec` ('PCMU' or 'PCMA') -> one byte per sample."""
     if samples.dtype != np.int16:
         samples = float_to_pcm16(samples)
-    return _ENCODE[codec][samples.view(np.uint16)].tobytes()
+    return _ENCODE[codec].take(samples.view(np.uint16)).tobytes()
 
 
 def decode(payload: bytes, codec: str) -> np.ndarray:
     """G.711 bytes -> int16 samples."""
-    return _DECODE[codec][np.frombuffer(payload, dtype=np.uint8)]
+    return _DECODE[codec].take(np.frombuffer(payload, dtype=np.uint8))
 

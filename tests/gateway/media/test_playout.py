@@ -8,8 +8,15 @@ from gateway import metrics
 from gateway.media.playout import FRAME_SAMPLES, PlayoutBuffer, PlayoutSettings
 
 
-def ramp(n: int, start: float = 0.0) -> np.ndarray:
-    return (start + np.arange(n, dtype=np.float32)) / 100_000
+def ramp(n: int, start: int = 0) -> np.ndarray:
+    return (start + np.arange(n)).astype(np.int16)
+
+
+def test_float_audio_is_stored_as_pcm16() -> None:
+    buffer = PlayoutBuffer(PlayoutSettings(initial_delay_ms=20))
+    buffer.push(np.full(160, 0.5, dtype=np.float32), now=0.0)
+    frame = buffer.pop_frame()
+    assert frame.dtype == np.int16 and (frame == 16384).all()
 
 
 def drain(buffer: PlayoutBuffer) -> list[np.ndarray | None]:
