@@ -1,0 +1,185 @@
+"""Speaker prompts ("voices"): what a zero-shot request needs about its speaker, and where they live.
+
+A `Voice` carries exactly what the official zero-shot frontend hands the model for a prompt:
+prompt text tokens, the prompt's speech tokens (for the LM and the flow), its 24 kHz mel (2 frames
+per speech token) and its CAM++ speaker embedding. Voices are stored in the official `spk2info`
+format (`{name: {prompt_text: (1, N) int32, ..., flow_embedding: (1, 192)}}`), so a file written
+here loads in the official code and the official `spk2info.pt` loads here.
+
+`VoiceBank` holds `<model_dir>/spk2info.pt` plus every `<voices_dir>/*.pt` (default
+`<model_dir>/voices`); `register_voice` enrols a new voice from a wav and its transcript by running
+the two frontend ONNX models once, so synthesis never runs ONNX. Voice files are validated when
+loaded: a bad file is refused with a message naming it and the field, not at the first call.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import structlog
+import torch
+
+log = structlog.get_logger(__name__)
+
+MEL_BINS = 80
+EMBEDDING_DIM = 192
+MAX_PROMPT_SECONDS = 30.0  # the speech tokenizer's (Whisper encoder's) input limit
+PROMPT_RATE = 16_000  # speech tokens and the speaker embedding are computed at 16 kHz
+MEL_RATE = 24_000  # the prompt mel at the output rate
+FRAMES_PER_TOKEN = 2  # 50 Hz mel frames per 25 Hz speech token
+
+
+@dataclass(frozen=True, eq=False)
+class Voice:
+    name: str
+    prompt_text: tuple[int, ...]
+    llm_prompt_speech_token: tuple[int, ...]
+    flow_prompt_speech_token: tuple[int, ...]
+    prompt_speech_feat: torch.Tensor  # (frames, 80) float32, frames = 2 x flow prompt tokens
+    llm_embedding: torch.Tensor  # (192,) float32
+    flow_embedding: torch.Tensor  # (192,) float32
+
+    @classmethod
+    def from_spk2info(cls, name: str, entry: Mapping[str, Any], source: str = "") -> Voice:
+        """From one official spk2info entry; errors name `source` and the field."""
+        where = f"{source}: voice {name!r}" if source else f"voice {name!r}"
+
+        def field(key: str) -> torch.Tensor:
+            if key not in entry:
+                raise ValueError(f"{where}: field {key!r} is missing")
+            value = entry[key]
+            return value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+
+        def tokens(key: str) -> tuple[int, ...]:
+            return tuple(int(t) for t in field(key).reshape(-1).tolist())
+
+        feat = field("prompt_speech_feat").float()
+        feat = feat[0] if feat.dim() == 3 else feat
+        if feat.dim() != 2 or feat.shape[1] != MEL_BINS:
+            raise ValueError(f"{where}: prompt_speech_feat has shape {tuple(feat.shape)}, expected (frames, 80)")
+        embeddings = {}
+        for key in ("llm_embedding", "flow_embedding"):
+            emb = field(key).float().reshape(-1)
+            if emb.numel() != EMBEDDING_DIM:
+                raise ValueError(f"{where}: {key} has {emb.numel()} values, expected {EMBEDDING_DIM}")
+            embeddings[key] = emb
+        flow_tokens = tokens("flow_prompt_speech_token")
+        if feat.shape[0] != FRAMES_PER_TOKEN * len(flow_tokens):
+            raise ValueError(f"{where}: prompt_speech_feat has {feat.shape[0]} frames for {len(flow_tokens)} "
+                             f"prompt tokens; expected {FRAMES_PER_TOKEN} per token")
+        return cls(name=name, prompt_text=tokens("prompt_text"),
+                   llm_prompt_speech_token=tokens("llm_prompt_speech_token"),
+                   flow_prompt_speech_token=flow_tokens, prompt_speech_feat=feat.contiguous(),
+                   llm_embedding=embeddings["llm_embedding"], flow_embedding=embeddings["flow_embedding"])
+
+    def to_spk2info(self) -> dict[str, torch.Tensor]:
+        """The official entry: batch-1 tensors and their `_len` companions."""
+        def ids(values: tuple[int, ...]) -> torch.Tensor:
+            return torch.tensor([values], dtype=torch.int32).reshape(1, -1)
+
+        def length(n: int) -> torch.Tensor:
+            return torch.tensor([n], dtype=torch.int32)
+
+        return {
+            "prompt_text": ids(self.prompt_text), "prompt_text_len": length(len(self.prompt_text)),
+            "llm_prompt_speech_token": ids(self.llm_prompt_speech_token),
+            "llm_prompt_speech_token_len": length(len(self.llm_prompt_speech_token)),
+            "flow_prompt_speech_token": ids(self.flow_prompt_speech_token),
+            "flow_prompt_speech_token_len": length(len(self.flow_prompt_speech_token)),
+            "prompt_speech_feat": self.prompt_speech_feat[None].clone(),
+            "prompt_speech_feat_len": length(self.prompt_speech_feat.shape[0]),
+            "llm_embedding": self.llm_embedding[None].clone(),
+            "flow_embedding": self.flow_embedding[None].clone(),
+        }
+
+
+def read_spk2info(path: Path) -> list[Voice]:
+    raw = torch.load(path, map_location="cpu", weights_only=False)
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"{path}: not a speaker file (expected a mapping name -> speaker entry)")
+    return [Voice.from_spk2info(str(name), entry, str(path)) for name, entry in raw.items()]
+
+
+def write_spk2info(path: Path, voices: list[Voice]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save({v.name: v.to_spk2info() for v in voices}, tmp)
+    tmp.replace(path)  # a reader never sees a half-written file
+
+
+class VoiceBank:
+    """Name -> Voice; thread-safe reads, `add` for voices built in process (tests, enrolment)."""
+
+    def __init__(self, voices: list[Voice] = ()) -> None:
+        self._lock = threading.Lock()
+        self._voices: dict[str, Voice] = {v.name: v for v in voices}
+
+    @classmethod
+    def load(cls, model_dir: str | Path, voices_dir: str | Path | None = None) -> VoiceBank:
+        """`<model_dir>/spk2info.pt` (if any), then `<voices_dir>/*.pt`; a later file wins a name clash."""
+        model_dir = Path(model_dir)
+        voices_dir = Path(voices_dir) if voices_dir is not None else model_dir / "voices"
+        files = [model_dir / "spk2info.pt"] if (model_dir / "spk2info.pt").is_file() else []
+        if voices_dir.is_dir():
+            files += sorted(voices_dir.glob("*.pt"))
+        bank = cls()
+        for path in files:
+            for voice in read_spk2info(path):
+                bank.add(voice)
+        log.info("tts_voices_loaded", count=len(bank), files=len(files), voices_dir=str(voices_dir))
+        return bank
+
+    def add(self, voice: Voice) -> None:
+        with self._lock:
+            self._voices[voice.name] = voice
+
+    def get(self, name: str) -> Voice:
+        with self._lock:
+            voice = self._voices.get(name)
+        if voice is None:
+            raise KeyError(f"unknown voice {name!r}")
+        return voice
+
+    def names(self) -> list[str]:
+        with self._lock:
+            return sorted(self._voices)
+
+    def __contains__(self, name: object) -> bool:
+        with self._lock:
+            return name in self._voices
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._voices)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+
+# ---- enrolment ----------------------------------------------------------------------------------
+
+def register_voice(model_dir: str | Path, name: str, wav_path: str | Path, transcript: str,
+                   voices_dir: str | Path | None = None) -> Path:
+    """Enrol `wav_path` (what the speaker says: `transcript`) as voice `name`; returns the file written,
+    `<voices_dir>/<name>.pt` (default voices_dir `<model_dir>/voices`). Runs the official zero-shot
+    frontend: speech tokens and CAM++ embedding from the 16 kHz wav, the mel from it resampled to
+    24 kHz, both trimmed to 2 mel frames per token."""
+    from tts_core.voice_enrolment import extract_voice  # onnxruntime and feature code: only when enrolling
+
+    model_dir = Path(model_dir)
+    if not name or not name.replace("_", "").replace("-", "").isalnum():
+        raise ValueError(f"voice name {name!r}: use letters, digits, '-' and '_' only")
+    voice = extract_voice(model_dir, name, Path(wav_path), transcript)
+    target_dir = Path(voices_dir) if voices_dir is not None else model_dir / "voices"
+    path = target_dir / f"{name}.pt"
+    write_spk2info(path, [voice])
+    log.info("tts_voice_registered", voice=name, path=str(path), prompt_tokens=len(voice.flow_prompt_speech_token),
+             prompt_text_tokens=len(voice.prompt_text))
+    return path
+
+
