@@ -1,0 +1,99 @@
+"""A whole gateway in the test's event loop, a real SIPp caller, and an RTP socket that records what arrives."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import struct
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from engines.registry import create_engine
+from gateway.app import Gateway
+from gateway.config import load_config
+from gateway.media import g711
+
+SCENARIOS = Path(__file__).parent / "sipp"
+SIP_SCENARIOS = Path(__file__).parent.parent / "sipp"
+
+
+def free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+async def start_gateway(engine: str = "espeak", t1_ms: int = 50, engine_settings: dict | None = None,
+                        extra: dict | None = None) -> Gateway:
+    overrides = {"sip.listen": "127.0.0.1:0", "sip.t1_ms": t1_ms, "sip.transports": ["udp"],
+                 "media.rtp_port_range": "41000-42999", "engine.name": engine, **(extra or {})}
+    if engine_settings:
+        overrides[f"engine.{engine}"] = engine_settings
+    config = load_config(None, overrides)
+    engine_obj = create_engine(config.engine.name, config.engine_settings())
+    gateway = Gateway(engine_obj, config.sip_settings(), config.media_settings(),
+                      config.prompt_resolver(engine_obj.default_voice))
+    await gateway.start()
+    return gateway
+
+
+@dataclass
+class RtpPacketSeen:
+    at: float
+    marker: bool
+    payload_type: int
+    seq: int
+    timestamp: int
+    ssrc: int
+    payload: bytes
+
+
+@dataclass
+class RtpRecorder(asyncio.DatagramProtocol):
+    """The caller's RTP port: keeps every packet with its arrival time (monotonic)."""
+
+    packets: list[RtpPacketSeen] = field(default_factory=list)
+    transport: asyncio.DatagramTransport | None = None
+
+    def datagram_received(self, data: bytes, addr) -> None:
+        if len(data) < 12 or data[0] >> 6 != 2:
+            return
+        seq, stamp, ssrc = struct.unpack("!HII", data[2:12])
+        self.packets.append(RtpPacketSeen(time.monotonic(), bool(data[1] & 0x80), data[1] & 0x7F, seq, stamp,
+                                          ssrc, data[12:]))
+
+    @property
+    def port(self) -> int:
+        return self.transport.get_extra_info("sockname")[1]
+
+    def audio(self, codec: str) -> np.ndarray:
+        payload = b"".join(p.payload for p in self.packets)
+        return g711.decode(payload, codec)
+
+
+async def rtp_recorder() -> RtpRecorder:
+    transport, recorder = await asyncio.get_running_loop().create_datagram_endpoint(
+        RtpRecorder, local_addr=("127.0.0.1", 0))
+    recorder.transport = transport
+    return recorder
+
+
+async def run_sipp(scenario: Path, sip_address: tuple[str, int], workdir: Path, *, service: str = "1000",
+                   keys: dict[str, str] | None = None, timeout_s: int = 30) -> tuple[int, str]:
+    """Run one call of a SIPp scenario; returns (exit code, error log text)."""
+    if shutil.which("sipp") is None:
+        raise RuntimeError("sipp not installed")
+    command = ["sipp", f"{sip_address[0]}:{sip_address[1]}", "-sf", str(scenario), "-s", service, "-m", "1",
+               "-t", "u1", "-i", "127.0.0.1", "-p", str(free_udp_port()), "-mp", str(free_udp_port()),
+               "-timeout", f"{timeout_s}s", "-timeout_error", "-trace_err", "-nostdin"]
+    for key, value in (keys or {}).items():
+        command += ["-key", key, value]
+    process = await asyncio.create_subprocess_exec(*command, cwd=workdir, stdout=asyncio.subprocess.DEVNULL,
+                                                   stderr=asyncio.subprocess.PIPE)
+    _, stderr = await asyncio.wait_for(process.communicate(), timeout_s + 10)
+    errors = stderr.decode(errors="replace") + "".join(p.read_text(errors="replace") for p in workdir.glob("*errors*"))
+    return process.returncode, errors
