@@ -71,7 +71,7 @@ async def measure(calls: int, ticks: int) -> dict:
     plays = [asyncio.create_task(m.play(_prompt(ticks * 0.02 + 2.0), source_rate=8000)) for m in media]
     await asyncio.sleep(0.1)  # every call has its prompt buffered and is subscribed
     engine.clock.subscribe(tick_end)
-    lateness_before = engine.clock.skipped_ticks
+    skipped_before = engine.clock.skipped_ticks
     await enough
     for task in plays:
         task.cancel()
@@ -87,7 +87,7 @@ async def measure(calls: int, ticks: int) -> dict:
         "tick_p99_ms": round(works[int(0.99 * (len(works) - 1))] * 1e3, 3),
         "per_call_us": round(median / calls * 1e6, 2),
         "budget_used_pct": round(100 * median / TICK_BUDGET_S, 1),
-        "skipped_ticks": engine.clock.skipped_ticks - lateness_before,
+        "skipped_ticks": engine.clock.skipped_ticks - skipped_before,
     }
 
 
