@@ -1,0 +1,103 @@
+"""CosyVoice2Pipeline: a loaded model directory, ready to stream (the `LLMEngine` role of nano-vllm).
+
+`load` builds every part from the model directory (text frontend, speech LM, flow, HiFT with
+weight norm folded, voices) on one device and starts the scheduler thread that owns them.
+`synthesize` is the thread-safe entry point: it wraps a text, a voice name and a sink in a
+`SynthesisJob` and submits it. Nothing here runs model code on the caller's thread except
+`warmup`, which waits for one short job to stream end to end.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+import torch
+
+from tts_core.flow import load_flow
+from tts_core.hift import load_hift
+from tts_core.llm.sampling import RasSampler
+from tts_core.model_dir import ModelDir, load_speech_lm
+from tts_core.runtime.collecting_sink import CollectingSink
+from tts_core.runtime.request import JobOptions, SynthesisError, SynthesisJob
+from tts_core.runtime.scheduler import SchedulerSettings, SynthesisScheduler
+from tts_core.streaming.chunk_schedule import ChunkSchedule
+from tts_core.text.normalize import TextNormalizer
+from tts_core.text.tokenizer import TextTokenizer
+from tts_core.voices import VoiceBank
+
+log = structlog.get_logger(__name__)
+
+WARMUP_TEXT = "Hello, this is a warm up."
+WARMUP_TOKENS = 60  # a first chunk and a final one: every kernel of the chunk path runs once
+
+
+@dataclass(frozen=True)
+class TextFrontend:
+    """Text -> normalised segments -> text tokens per segment (the official split=True path)."""
+
+    tokenizer: TextTokenizer
+    normalizer: TextNormalizer
+
+    def __call__(self, text: str) -> list[list[int]]:
+        return [ids for ids in (self.tokenizer.encode(s) for s in self.normalizer.split(text)) if ids]
+
+
+class CosyVoice2Pipeline:
+    def __init__(self, model_dir: ModelDir, frontend: TextFrontend, voices: VoiceBank,
+                 scheduler: SynthesisScheduler, device: torch.device, dtype: torch.dtype) -> None:
+        self.model_dir = model_dir
+        self.frontend = frontend
+        self.voices = voices
+        self.scheduler = scheduler
+        self.device = device
+        self.dtype = dtype
+
+    @classmethod
+    def load(cls, model_dir: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+             voices_dir: str | Path | None = None, max_batch: int = 8, max_len: int = 2048,
+             schedule: ChunkSchedule = ChunkSchedule()) -> CosyVoice2Pipeline:
+        started = time.perf_counter()
+        md = ModelDir.open(model_dir)
+        device = torch.device(device)
+        tokenizer = TextTokenizer(md.qwen_dir)
+        frontend = TextFrontend(tokenizer, TextNormalizer(tokenizer))
+        lm = load_speech_lm(md, device, dtype)
+        flow = load_flow(md.root, device, dtype)
+        # HiFT stays float32: its ISTFT and source phases lose audible precision in 16-bit, and it
+        # is a small share of the work.
+        hift = load_hift(md.root, device, torch.float32, fold=True)
+        voices = VoiceBank.load(md.root, voices_dir)
+        scheduler = SynthesisScheduler(lm, RasSampler(md.sampling, lm.speech_token_size), flow, hift, frontend,
+                                       SchedulerSettings(max_batch=max_batch, max_len=max_len, schedule=schedule))
+        scheduler.start()
+        log.info("tts_pipeline_loaded", model_dir=str(md.root), device=str(device), dtype=str(dtype),
+                 voices=len(voices), max_batch=max_batch, max_len=max_len,
+                 seconds=round(time.perf_counter() - started, 3))
+        return cls(md, frontend, voices, scheduler, device, dtype)
+
+    def synthesize(self, text: str, voice: str, sink, options: JobOptions = JobOptions(),
+                   call_id: str = "") -> SynthesisJob:
+        """Queue `text` in `voice`; audio arrives on `sink` from the scheduler thread. Thread-safe."""
+        job = SynthesisJob(text, self.voices.get(voice), sink, options, call_id)
+        self.scheduler.submit(job)
+        return job
+
+    def warmup(self, voice: str | None = None, text: str = WARMUP_TEXT) -> float:
+        """Stream one short request end to end (first-call allocations, kernels); returns its seconds."""
+        names = self.voices.names()
+        if voice is None and not names:
+            raise SynthesisError("warm-up needs a voice; the model directory has none")
+        sink = CollectingSink()
+        started = time.perf_counter()
+        self.synthesize(text, voice or names[0], sink, JobOptions(seed=0, max_tokens=WARMUP_TOKENS),
+                        call_id="warmup")
+        sink.wait()
+        seconds = time.perf_counter() - started
+        log.info("tts_warmup_done", seconds=round(seconds, 3), audio_s=round(sink.samples() / 24_000, 3))
+        return seconds
+
+    def close(self) -> None:
+        self.scheduler.stop()

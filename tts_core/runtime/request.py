@@ -1,0 +1,166 @@
+"""SynthesisJob: one request's state while the scheduler serves it (nano-vllm's `Sequence` role).
+
+A job speaks its text segments in order within one audio stream: each segment is one LM
+generation (its own prefill in the job's KV slot, its own token history) and one
+`Token2WavStream`, as the official loop over normalised segments does. The job owns its random
+generators (seeded), its chunk planner and its timings; the scheduler owns everything shared.
+
+Only the scheduler thread touches a job after `submit`, except `sink.cancelled`, which the
+consumer sets from its own thread.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from tts_core.streaming.chunk_schedule import ChunkPlanner, ChunkSchedule, ChunkTask
+from tts_core.streaming.token2wav import Token2WavStream
+from tts_core.voices import Voice
+
+
+class AudioSink(Protocol):
+    """Where a job's audio goes (engines.channel.ChunkChannel satisfies it). Calls never block."""
+
+    @property
+    def cancelled(self) -> bool: ...
+
+    def put(self, chunk: np.ndarray) -> None: ...
+
+    def finish(self) -> None: ...
+
+    def fail(self, error: BaseException) -> None: ...
+
+
+class SynthesisError(RuntimeError):
+    """A job broke while being served; given to its sink's `fail`, never to other jobs."""
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    seed: int | None = None  # None: a fresh random seed per job
+    min_tokens: int | None = None  # per segment; None: the model's text-length bound
+    max_tokens: int | None = None  # per segment; min_tokens == max_tokens forces the count (benchmarks)
+    schedule: ChunkSchedule | None = None  # None: the scheduler's
+
+
+@dataclass(frozen=True)
+class ChunkTiming:
+    segment: int
+    index: int
+    tokens: int  # tokens rendered by this chunk (its hop, or the rest when final)
+    lm_s: float  # decode/sampling wall time this job's steps took since its previous chunk
+    flow_s: float
+    hift_s: float
+    handoff_s: float
+    audio_s: float
+    at_s: float  # when it was handed to the sink, seconds since submit
+
+
+@dataclass
+class JobTimings:
+    submitted: float = field(default_factory=time.perf_counter)
+    admitted: float | None = None
+    frontend_s: float = 0.0  # text normalisation and tokenisation
+    prefill_done: float | None = None
+    first_token: float | None = None
+    first_chunk: float | None = None
+    finished: float | None = None
+    prefill_s: float = 0.0
+    chunks: list[ChunkTiming] = field(default_factory=list)
+
+    def since_submit(self, at: float | None) -> float | None:
+        return None if at is None else at - self.submitted
+
+
+class SynthesisJob:
+    def __init__(self, text: str, voice: Voice, sink: AudioSink, options: JobOptions = JobOptions(),
+                 call_id: str = "") -> None:
+        self.text = text
+        self.voice = voice
+        self.sink = sink
+        self.options = options
+        self.call_id = call_id
+        seed = options.seed if options.seed is not None else int(torch.seed() % 2**63)
+        self.seed = seed
+        # Sampling runs on the host over logp copied once per step; the generator lives there too.
+        self.sampling_generator = torch.Generator().manual_seed(seed)
+        self.timings = JobTimings()
+        # Filled by the scheduler:
+        self.segments: list[list[int]] = []  # text tokens per segment
+        self.segment = -1  # index of the segment being spoken
+        self.slot: int | None = None
+        self.tokens: list[int] = []  # speech tokens of the current segment
+        self.min_len = 0
+        self.max_len = 0
+        self.logp: torch.Tensor | None = None  # host logp awaiting a sample (None: nothing to sample)
+        self.lm_finished = False
+        self.planner: ChunkPlanner | None = None
+        self.token2wav: Token2WavStream | None = None
+        self.lm_s_since_chunk = 0.0
+        self.audio_s = 0.0
+        self.done = False
+
+    # ---- state the scheduler asks about ----------------------------------------------------------
+    @property
+    def cancelled(self) -> bool:
+        return self.sink.cancelled
+
+    @property
+    def generating(self) -> bool:
+        return self.slot is not None and not self.lm_finished and self.logp is None and bool(self.tokens)
+
+    def next_chunk(self) -> ChunkTask | None:
+        if self.planner is None:
+            return None
+        return self.planner.next_chunk(len(self.tokens), self.lm_finished)
+
+    def deadline(self) -> tuple[int, float]:
+        """Sort key for rendering: jobs without audio first (oldest first), then the job whose emitted
+        audio runs out soonest (playout assumed to start at its first chunk)."""
+        t = self.timings
+        if t.first_chunk is None:
+            return (0, t.submitted)
+        return (1, t.first_chunk + self.audio_s)
+
+    # ---- transitions ---------------------------------------------------------------------------
+    def start_segment(self, planner: ChunkPlanner, token2wav: Token2WavStream, min_len: int, max_len: int) -> None:
+        self.segment += 1
+        self.tokens = []
+        self.lm_finished = False
+        self.logp = None
+        self.planner = planner
+        self.token2wav = token2wav
+        self.min_len, self.max_len = min_len, max_len
+
+    @property
+    def has_next_segment(self) -> bool:
+        return self.segment + 1 < len(self.segments)
+
+    @property
+    def segment_done(self) -> bool:
+        return self.planner is not None and self.planner.done
+
+    def accept_token(self, token: int, speech_token_size: int) -> None:
+        """Take one sampled token; a stop token, or reaching max_len, ends the segment's LM."""
+        now = time.perf_counter()
+        if self.timings.first_token is None:
+            self.timings.first_token = now
+        self.logp = None
+        if token >= speech_token_size:
+            self.lm_finished = True
+            return
+        self.tokens.append(token)
+        if len(self.tokens) >= self.max_len:
+            self.lm_finished = True
+
+    def record_chunk(self, timing: ChunkTiming, handed_at: float) -> None:
+        if self.timings.first_chunk is None:
+            self.timings.first_chunk = handed_at
+        self.audio_s += timing.audio_s
+        self.lm_s_since_chunk = 0.0
+        self.timings.chunks.append(timing)
