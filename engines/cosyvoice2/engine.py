@@ -1,0 +1,136 @@
+"""CosyVoice2Engine: adapts tts_core's CosyVoice2Pipeline to the gateway's SpeechEngine interface.
+
+Loading (seconds to a minute) and warm-up run in a worker thread, never on the event loop; after
+that, `open_stream` only queues a job: the scheduler thread renders it and hands chunks to the
+stream's ChunkChannel. A job that breaks ends its own stream with SynthesisFailed; `close()` stops
+the scheduler and ends every open stream the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import structlog
+
+from engines.base import SpeechEngine, SynthesisFailed, SynthesisRefused, SynthesisRequest
+from engines.channel import ChunkChannel
+from engines.cosyvoice2.settings import CosyVoice2Settings
+
+log = structlog.get_logger(__name__)
+
+REQUEST_OPTIONS = ("seed", "min_tokens", "max_tokens")  # per-request knobs a caller may set
+SEGMENT_ROOM = 256  # KV positions a text segment and its first speech need beyond the prompt
+
+
+class _ChannelSink:
+    """Hands a job's audio to its channel; turns runtime errors into the interface's SynthesisFailed."""
+
+    def __init__(self, channel: ChunkChannel) -> None:
+        self._channel = channel
+
+    @property
+    def cancelled(self) -> bool:
+        return self._channel.cancelled
+
+    def put(self, chunk: np.ndarray) -> None:
+        self._channel.put(chunk)
+
+    def finish(self) -> None:
+        self._channel.finish()
+
+    def fail(self, error: BaseException) -> None:
+        self._channel.fail(error if isinstance(error, SynthesisFailed) else SynthesisFailed(str(error)))
+
+
+class CosyVoice2Engine(SpeechEngine):
+    name = "cosyvoice2"
+
+    def __init__(self, **settings: Any) -> None:
+        self.settings = CosyVoice2Settings.from_config(settings)
+        self.pipeline = None  # tts_core.runtime.CosyVoice2Pipeline once started
+        self.warmup_s: float | None = None
+
+    async def start(self) -> None:
+        if self.pipeline is None:
+            self.pipeline = await asyncio.to_thread(self._load)
+
+    def _load(self):
+        from tts_core.runtime import CosyVoice2Pipeline
+        from tts_core.streaming.chunk_schedule import ChunkSchedule
+
+        s = self.settings
+        device, dtype = s.resolve()
+        started = time.perf_counter()
+        pipeline = CosyVoice2Pipeline.load(
+            s.model_dir, device=device, dtype=dtype, voices_dir=s.voices_dir, max_batch=s.max_batch, max_len=s.max_len,
+            schedule=ChunkSchedule(hop_tokens=s.hop_tokens, max_hop_tokens=s.max_hop_tokens,
+                                   first_hop_tokens=s.first_hop_tokens))
+        try:
+            if not pipeline.voices.names():
+                raise ValueError(f"engine.cosyvoice2: no voices in {s.model_dir} (add one with `voice add`)")
+            if s.default_voice is not None and s.default_voice not in pipeline.voices:
+                raise ValueError(f"engine.cosyvoice2.default_voice: {s.default_voice!r} is not a voice of "
+                                 f"{s.model_dir} ({', '.join(pipeline.voices.names())})")
+            load_s = time.perf_counter() - started
+            if s.warmup:
+                self.warmup_s = pipeline.warmup(s.default_voice)
+        except BaseException:
+            pipeline.close()
+            raise
+        log.info("cosyvoice2_engine_started", device=device, dtype=str(dtype), load_s=round(load_s, 3),
+                 warmup_s=self.warmup_s and round(self.warmup_s, 3), voices=len(pipeline.voices))
+        return pipeline
+
+    async def close(self) -> None:
+        pipeline, self.pipeline = self.pipeline, None
+        if pipeline is not None:
+            await asyncio.to_thread(pipeline.close)
+
+    def _running(self):
+        if self.pipeline is None:
+            raise RuntimeError("cosyvoice2 engine is not running; call start() first")
+        return self.pipeline
+
+    def voices(self) -> Sequence[str]:
+        return self._running().voices.names()
+
+    @property
+    def default_voice(self) -> str:
+        return self.settings.default_voice or self.voices()[0]
+
+    def validate(self, request: SynthesisRequest) -> None:
+        super().validate(request)
+        unknown = sorted(set(request.options) - set(REQUEST_OPTIONS))
+        if unknown:
+            raise SynthesisRefused(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(REQUEST_OPTIONS)}")
+        # The model's own limit: each text segment is spoken after the voice prompt in one KV-cache
+        # row, so the prompt must leave room for a segment and its speech.
+        voice = self._running().voices.get(request.voice)
+        prompt = 2 + len(voice.prompt_text) + len(voice.llm_prompt_speech_token)
+        if prompt + SEGMENT_ROOM > self.settings.max_len:
+            raise SynthesisRefused(f"voice {request.voice!r} has a {prompt}-position prompt; with max_len "
+                                   f"{self.settings.max_len} no room is left to speak")
+
+    def open_stream(self, request: SynthesisRequest) -> ChunkChannel:
+        from tts_core.runtime import JobOptions
+
+        self.validate(request)
+        pipeline = self._running()
+        channel = ChunkChannel()
+        options = JobOptions(seed=_int_option(request.options, "seed", self.settings.seed),
+                             min_tokens=_int_option(request.options, "min_tokens"),
+                             max_tokens=_int_option(request.options, "max_tokens"))
+        try:
+            pipeline.synthesize(request.text, request.voice, _ChannelSink(channel), options, request.call_id)
+        except Exception as exc:  # scheduler stopped between validate and submit
+            raise SynthesisFailed(str(exc)) from exc
+        return channel
+
+
+def _int_option(options: Mapping[str, Any], key: str, default: int | None = None) -> int | None:
+    value = options.get(key, default)
+    return None if value is None else int(value)

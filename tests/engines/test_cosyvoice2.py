@@ -1,0 +1,126 @@
+"""The cosyvoice2 engine end to end on the tiny golden model (random weights, CPU).
+
+Random weights never say "stop" early, so requests force their speech-token count with the
+`min_tokens`/`max_tokens` options; chunk sizes then follow from the schedule alone: with the golden
+voice's 50 prompt tokens, the first chunk renders 25 tokens (25 x 2 mel frames x 480 samples, less
+the 3840 samples HiFT holds back), later ones 50 tokens, the last one what is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from engines.base import EmptyText, SynthesisFailed, SynthesisRequest, UnknownVoice
+from engines.cosyvoice2 import CosyVoice2Engine
+from tts_core.voices import Voice
+
+VOICE = "golden_speaker"
+SAMPLES_PER_TOKEN = 960  # 2 mel frames x 480 samples at 24 kHz
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir: Path):
+    torch.set_num_threads(1)
+    engine = CosyVoice2Engine(model_dir=str(tiny_model_dir), device="cpu", dtype="auto", max_batch=2, max_len=1024,
+                              seed=1)
+    asyncio.run(engine.start())
+    yield engine
+    asyncio.run(engine.close())
+
+
+def _request(tokens: int, text: str = "Hello there.", voice: str = VOICE) -> SynthesisRequest:
+    return SynthesisRequest(text=text, voice=voice, options={"min_tokens": tokens, "max_tokens": tokens})
+
+
+async def _collect(channel, events: list | None = None, name: str = "") -> list[np.ndarray]:
+    chunks = []
+    async for chunk in channel:
+        chunks.append(chunk)
+        if events is not None:
+            events.append((name, "chunk"))
+    if events is not None:
+        events.append((name, "end"))
+    return chunks
+
+
+async def test_stream_follows_the_chunk_schedule(engine: CosyVoice2Engine) -> None:
+    assert engine.warmup_s is not None and engine.warmup_s > 0
+    chunks = await asyncio.wait_for(_collect(engine.open_stream(_request(78))), 60)
+    assert [len(c) for c in chunks] == [25 * SAMPLES_PER_TOKEN - 3840, 50 * SAMPLES_PER_TOKEN,
+                                        3 * SAMPLES_PER_TOKEN + 3840]
+    audio = np.concatenate(chunks)
+    assert all(c.dtype == np.float32 for c in chunks) and engine.sample_rate == 24_000
+    assert len(audio) == 78 * SAMPLES_PER_TOKEN
+    assert np.isfinite(audio).all()
+    assert np.sqrt(np.mean(audio**2)) > 1e-3
+
+
+async def test_two_streams_interleave(engine: CosyVoice2Engine) -> None:
+    events: list[tuple[str, str]] = []
+    a = engine.open_stream(_request(150, "First caller speaking."))
+    b = engine.open_stream(_request(150, "Second caller speaking."))
+    got = await asyncio.wait_for(asyncio.gather(_collect(a, events, "a"), _collect(b, events, "b")), 60)
+    first_end = min(events.index(("a", "end")), events.index(("b", "end")))
+    assert ("a", "chunk") in events[:first_end] and ("b", "chunk") in events[:first_end]
+    assert [sum(map(len, chunks)) for chunks in got] == [150 * SAMPLES_PER_TOKEN] * 2
+
+
+async def test_cancel_frees_the_slot_for_a_third_request(engine: CosyVoice2Engine) -> None:
+    long_a = engine.open_stream(_request(600))
+    long_b = engine.open_stream(_request(600))
+    await asyncio.wait_for(anext(long_a), 30)
+    long_a.cancel()  # both slots (max_batch=2) were taken; this one must free at once
+    events: list[tuple[str, str]] = []
+    third = asyncio.ensure_future(_collect(engine.open_stream(_request(60)), events, "third"))
+    rest_b = asyncio.ensure_future(_collect(long_b, events, "b"))
+    chunks = await asyncio.wait_for(third, 60)
+    assert sum(map(len, chunks)) == 60 * SAMPLES_PER_TOKEN
+    assert ("b", "end") not in events  # the third ran while b was still speaking
+    long_b.cancel()
+    rest_b.cancel()
+
+
+def test_validate_refuses_unknown_voice_and_empty_text(engine: CosyVoice2Engine) -> None:
+    assert VOICE in engine.voices() and engine.default_voice == VOICE
+    with pytest.raises(UnknownVoice):
+        engine.validate(SynthesisRequest(text="hi", voice="nobody"))
+    with pytest.raises(EmptyText):
+        engine.validate(SynthesisRequest(text="   ", voice=VOICE))
+
+
+async def test_a_failing_job_fails_only_its_stream(engine: CosyVoice2Engine) -> None:
+    good = engine.pipeline.voices.get(VOICE)
+    # A voice whose prompt mel has the wrong width: the flow fails while rendering its first chunk.
+    broken = Voice("broken", good.prompt_text, good.llm_prompt_speech_token, good.flow_prompt_speech_token,
+                   good.prompt_speech_feat[:, :79], good.llm_embedding, good.flow_embedding)
+    engine.pipeline.voices.add(broken)
+    bad_stream = engine.open_stream(_request(100, voice="broken"))
+    good_stream = engine.open_stream(_request(100))
+    with pytest.raises(SynthesisFailed):
+        await asyncio.wait_for(_collect(bad_stream), 60)
+    chunks = await asyncio.wait_for(_collect(good_stream), 60)
+    assert sum(map(len, chunks)) == 100 * SAMPLES_PER_TOKEN
+
+
+async def test_close_fails_open_streams(tiny_model_dir: Path) -> None:
+    engine = CosyVoice2Engine(model_dir=str(tiny_model_dir), device="cpu", max_batch=1, max_len=1024, warmup=False)
+    await engine.start()
+    stream = engine.open_stream(_request(600))
+    await asyncio.wait_for(anext(stream), 30)
+    await engine.close()
+    with pytest.raises(SynthesisFailed):
+        await asyncio.wait_for(_collect(stream), 30)
+
+
+def test_settings_errors_name_the_key(tiny_model_dir: Path) -> None:
+    with pytest.raises(ValueError, match="model_dir"):
+        CosyVoice2Engine()
+    with pytest.raises(ValueError, match="dtype"):
+        CosyVoice2Engine(model_dir=str(tiny_model_dir), dtype="int8")
+    with pytest.raises(ValueError, match="unknown key"):
+        CosyVoice2Engine(model_dir=str(tiny_model_dir), batch=3)
