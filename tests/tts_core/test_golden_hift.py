@@ -236,3 +236,29 @@ def test_load_hift_folded(tiny_model_dir: Path) -> None:
     model = load_hift(tiny_model_dir, fold=True)
     assert not any("parametrizations" in k for k in model.state_dict())
     assert np.prod(model.cfg.upsample_rates) * model.cfg.hop_len == model.cfg.samples_per_frame
+
+
+def test_hift_stream_chunk_lengths_follow_official_token2wav(golden_dir: Path, tiny_model_dir: Path,
+                                                              vocoder: HiftGenerator, golden: dict) -> None:
+    """Fed the official fixed-hop schedule, the stream returns the official chunk lengths."""
+    case = torch.load(golden_dir / "cases" / "token2wav_stream.pt", weights_only=False)
+    config = load_model_yaml(tiny_model_dir / "cosyvoice2.yaml")
+    hop, ratio = config["chunk_size"], config["token_mel_ratio"]
+    lookahead = config["flow"]["pre_lookahead_len"]
+    speaker = next(iter(torch.load(tiny_model_dir / "spk2info.pt", weights_only=False).values()))
+    n_tokens = case["tokens"].shape[1]
+    mel = golden["mel"]  # the flow's mel for these tokens; any mel of this length gives the same lengths
+    assert mel.shape[-1] == n_tokens * ratio
+
+    # Official loop: the first hop is padded so prompt + hop fills whole chunks; a chunk renders once
+    # hop + lookahead unrendered tokens exist; the final call renders the rest.
+    first_hop = hop + (-speaker["flow_prompt_speech_token"].shape[1]) % hop
+    chunks, rendered, this_hop = [], 0, first_hop
+    while n_tokens - rendered >= this_hop + lookahead:
+        chunks.append((rendered, rendered + this_hop, False))
+        rendered, this_hop = rendered + this_hop, hop
+    chunks.append((rendered, n_tokens, True))
+
+    stream = HiftStream(vocoder, torch.Generator().manual_seed(0))
+    lengths = [stream.push(mel[..., a * ratio:b * ratio], finalize=last).shape[-1] for a, b, last in chunks]
+    assert lengths == [c.shape[-1] for c in case["chunks"]]

@@ -14,6 +14,7 @@ per-request state; `streaming.HiftStream` does.
 
 from __future__ import annotations
 
+from math import prod
 from pathlib import Path
 
 import structlog
@@ -51,10 +52,7 @@ class HiftGenerator(nn.Module):
 
         # The source spectrogram (one frame per hop_len samples) is strided down to each upsampling
         # stage's frame rate: the last stage sees it as is, earlier ones by the product of later rates.
-        strides: list[int] = []
-        for i in range(len(cfg.upsample_rates)):
-            later = cfg.upsample_rates[i + 1:]
-            strides.append(int(torch.tensor(later).prod()) if later else 1)
+        strides = [prod(cfg.upsample_rates[i + 1:]) for i in range(len(cfg.upsample_rates))]
         self.source_downs = nn.ModuleList(
             nn.Conv1d(spectrum, ch // 2 ** (i + 1), 1) if s == 1
             else nn.Conv1d(spectrum, ch // 2 ** (i + 1), s * 2, s, padding=s // 2)
