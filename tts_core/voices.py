@@ -165,12 +165,8 @@ class VoiceBank:
 
 def register_voice(model_dir: str | Path, name: str, wav_path: str | Path, transcript: str,
                    voices_dir: str | Path | None = None) -> Path:
-    """Enrol `wav_path` (what the speaker says: `transcript`) as voice `name`; returns the file written,
-    `<voices_dir>/<name>.pt` (default voices_dir `<model_dir>/voices`). Runs the official zero-shot
-    frontend: speech tokens and CAM++ embedding from the 16 kHz wav, the mel from it resampled to
-    24 kHz, both trimmed to 2 mel frames per token."""
-    from tts_core.voice_enrolment import extract_voice  # onnxruntime and feature code: only when enrolling
-
+    """Enrol `wav_path` (the speaker saying `transcript`) as voice `name`; returns the file written,
+    `<voices_dir>/<name>.pt` (default voices_dir `<model_dir>/voices`)."""
     model_dir = Path(model_dir)
     if not name or not name.replace("_", "").replace("-", "").isalnum():
         raise ValueError(f"voice name {name!r}: use letters, digits, '-' and '_' only")
@@ -183,3 +179,62 @@ def register_voice(model_dir: str | Path, name: str, wav_path: str | Path, trans
     return path
 
 
+def extract_voice(model_dir: Path, name: str, wav_path: Path, transcript: str) -> Voice:
+    """The official zero-shot frontend (`frontend_zero_shot`) for one prompt: speech tokens and the
+    CAM++ embedding from the 16 kHz wav, the prompt mel from that wav resampled to 24 kHz, both
+    trimmed to 2 mel frames per token."""
+    # Imported here: enrolment is an offline step, synthesis must not need onnxruntime.
+    from tts_core.features.campplus_fbank import campplus_fbank
+    from tts_core.features.prompt_mel import PromptMelConfig, prompt_mel
+    from tts_core.features.wav_file import load_wav, resample
+    from tts_core.features.whisper_logmel import whisper_logmel
+    from tts_core.model_dir import ModelDir
+    from tts_core.text.normalize import TextNormalizer
+    from tts_core.text.tokenizer import TextTokenizer
+
+    if not transcript or not transcript.strip():
+        raise ValueError("transcript is empty: give the words spoken in the prompt wav")
+    md = ModelDir.open(model_dir)
+    for path, what in ((md.campplus_path, "campplus.onnx"), (md.speech_tokenizer_path, "speech_tokenizer_v2.onnx")):
+        if path is None:
+            raise FileNotFoundError(f"{model_dir / what} is missing: voice enrolment needs it")
+    if not wav_path.is_file():
+        raise FileNotFoundError(f"prompt wav not found: {wav_path}")
+    wav16 = load_wav(wav_path, PROMPT_RATE)
+    seconds = wav16.shape[0] / PROMPT_RATE
+    if seconds > MAX_PROMPT_SECONDS:
+        raise ValueError(f"{wav_path}: prompt is {seconds:.1f} s; the speech tokenizer takes at most "
+                         f"{MAX_PROMPT_SECONDS:.0f} s (3-10 s of clean speech works best)")
+    if seconds < 0.5:
+        raise ValueError(f"{wav_path}: prompt is {seconds:.2f} s; give at least a second of speech")
+
+    logmel = whisper_logmel(wav16, n_mels=128)
+    tokens = _run_onnx(md.speech_tokenizer_path, [logmel.numpy(), np.array([logmel.shape[2]], dtype=np.int32)])
+    tokens = tokens.reshape(-1).astype(np.int64)
+    embedding = _run_onnx(md.campplus_path, [campplus_fbank(wav16)[None].numpy()]).reshape(-1)
+    mel_config = PromptMelConfig.from_yaml(md.config)
+    wav24 = resample(wav16.numpy(), PROMPT_RATE, mel_config.sample_rate)
+    feat = prompt_mel(wav24, mel_config)
+    # Official rule for 24 kHz models: exactly two mel frames per token, cut to the shorter of the two.
+    n_tokens = min(feat.shape[0] // FRAMES_PER_TOKEN, len(tokens))
+    if n_tokens == 0:
+        raise ValueError(f"{wav_path}: the speech tokenizer found no speech tokens")
+    tokenizer = TextTokenizer(md.qwen_dir)
+    prompt_text = tokenizer.encode(TextNormalizer(tokenizer).normalize(transcript))
+    speech = tuple(int(t) for t in tokens[:n_tokens])
+    emb = torch.from_numpy(embedding.astype(np.float32))
+    return Voice(name=name, prompt_text=tuple(prompt_text), llm_prompt_speech_token=speech,
+                 flow_prompt_speech_token=speech, prompt_speech_feat=feat[:FRAMES_PER_TOKEN * n_tokens].contiguous(),
+                 llm_embedding=emb, flow_embedding=emb.clone())
+
+
+def _run_onnx(path: Path, inputs: list[np.ndarray]) -> np.ndarray:
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = 1  # an offline step; leave the cores to live calls
+    session = onnxruntime.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+    if len(names) != len(inputs):
+        raise ValueError(f"{path}: expects {len(names)} inputs ({', '.join(names)}), not {len(inputs)}")
+    return session.run(None, dict(zip(names, inputs)))[0]
