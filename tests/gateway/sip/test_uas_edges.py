@@ -10,7 +10,7 @@ import pytest
 from gateway import metrics
 from gateway.sip.message import SipResponse, parse
 from gateway.sip.uas import Confirmed, Ended
-from tests.gateway.sip.conftest import ANSWER_SDP, raw_request
+from tests.gateway.sip.peers import ANSWER_SDP, raw_request
 
 pytestmark = pytest.mark.timeout(20)
 

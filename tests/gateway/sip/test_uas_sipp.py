@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 
 import pytest
 
 from gateway import metrics
 from gateway.sip.uas import Confirmed, Ended
-from tests.gateway.sip.conftest import ANSWER_SDP, raw_request
+from tests.gateway.sip.peers import ANSWER_SDP, raw_request
 
 pytestmark = [pytest.mark.sipp, pytest.mark.timeout(30)]
 
