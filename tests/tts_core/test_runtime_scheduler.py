@@ -89,3 +89,9 @@ def test_timings_cover_the_first_chunk(pipeline: CosyVoice2Pipeline) -> None:
     assert first.tokens == 25 and first.flow_s > 0 and first.hift_s > 0 and first.lm_s > 0
     assert t.frontend_s + t.prefill_s + first.lm_s + first.flow_s + first.hift_s <= t.since_submit(t.first_chunk)
     assert sum(c.tokens for c in t.chunks) == 60
+
+
+def test_punctuation_only_text_ends_the_stream_quietly(pipeline: CosyVoice2Pipeline) -> None:
+    sink = CollectingSink()
+    pipeline.synthesize("... !", VOICE, sink, _forced(30))
+    assert sink.wait(30) == []

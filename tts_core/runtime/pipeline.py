@@ -24,7 +24,7 @@ from tts_core.runtime.collecting_sink import CollectingSink
 from tts_core.runtime.request import JobOptions, SynthesisError, SynthesisJob
 from tts_core.runtime.scheduler import SchedulerSettings, SynthesisScheduler
 from tts_core.streaming.chunk_schedule import ChunkSchedule
-from tts_core.text.normalize import TextNormalizer
+from tts_core.text.normalize import TextNormalizer, is_only_punctuation
 from tts_core.text.tokenizer import TextTokenizer
 from tts_core.voices import VoiceBank
 
@@ -42,6 +42,8 @@ class TextFrontend:
     normalizer: TextNormalizer
 
     def __call__(self, text: str) -> list[list[int]]:
+        if is_only_punctuation(text):  # nothing to say (and wetext asserts on such input)
+            return []
         return [ids for ids in (self.tokenizer.encode(s) for s in self.normalizer.split(text)) if ids]
 
 

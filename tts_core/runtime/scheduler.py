@@ -166,12 +166,16 @@ class SynthesisScheduler:
             job.timings.admitted = time.perf_counter()
             try:
                 job.segments = self.frontend(job.text)
-                if not job.segments:
-                    raise SynthesisError("nothing to speak after text normalisation")
             except Exception as exc:
                 self._fail(job, exc)
                 admitted.remove(job)
+                continue
             job.timings.frontend_s = time.perf_counter() - job.timings.admitted
+            if not job.segments:  # only punctuation: the official model returns a blip of silence
+                log.info("tts_job_nothing_to_speak", call_id=job.call_id)
+                job.sink.finish()
+                self._release(job)
+                admitted.remove(job)
         return admitted
 
     def _prefill(self, jobs: list[SynthesisJob]) -> int:
