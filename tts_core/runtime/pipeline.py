@@ -42,7 +42,7 @@ class TextFrontend:
     normalizer: TextNormalizer
 
     def __call__(self, text: str) -> list[list[int]]:
-        if is_only_punctuation(text):  # nothing to say (and wetext asserts on such input)
+        if is_only_punctuation("".join(text.split())):  # nothing to say (wetext asserts on it)
             return []
         return [ids for ids in (self.tokenizer.encode(s) for s in self.normalizer.split(text)) if ids]
 
