@@ -173,8 +173,8 @@ class SynthesisScheduler:
             job.timings.frontend_s = time.perf_counter() - job.timings.admitted
             if not job.segments:  # only punctuation: the official model returns a blip of silence
                 log.info("tts_job_nothing_to_speak", call_id=job.call_id)
-                job.sink.finish()
                 self._release(job)
+                job.sink.finish()
                 admitted.remove(job)
         return admitted
 
@@ -280,11 +280,11 @@ class SynthesisScheduler:
             if job.segment_done and not job.has_next_segment:
                 job.timings.finished = time.perf_counter()
                 job.done = True
+                self._release(job)  # before the sink hears the end, so a finished stream's slot is free
                 job.sink.finish()
                 log.info("tts_job_done", call_id=job.call_id, audio_s=round(job.audio_s, 3),
                          segments=len(job.segments), chunks=len(job.timings.chunks),
                          first_chunk_s=job.timings.since_submit(job.timings.first_chunk))
-                self._release(job)
 
     def _decode(self) -> int:
         batch = [job for job in self._active if job.generating]
@@ -302,8 +302,8 @@ class SynthesisScheduler:
     def _fail(self, job: SynthesisJob, exc: BaseException) -> None:
         log.warning("tts_job_failed", call_id=job.call_id, error=repr(exc))
         error = exc if isinstance(exc, SynthesisError) else SynthesisError(f"synthesis failed: {exc!r}")
-        job.sink.fail(error)
         self._release(job)
+        job.sink.fail(error)
 
     def _release(self, job: SynthesisJob) -> None:
         with self._cond:
