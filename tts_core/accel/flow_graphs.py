@@ -1,0 +1,92 @@
+"""CUDA-graph replay of one whole flow call (encoder + 10 guided Euler steps) for fixed shapes.
+
+A flow call is ~20 estimator evaluations of ~900 small kernels each; eagerly the launches, not the
+arithmetic, set its time. With the official streaming schedule the shapes of a request's k-th call
+depend only on the prompt length and the hop sizes, so one graph per (prompt tokens, call tokens,
+finalize) serves every request of that shape: the first chunk of every request of a 150-token
+voice is the same graph.
+
+`GraphedFlowCall` renders like `FlowModel.inference(..., streaming=True)` (full recompute of the
+prompt and every token so far) and returns the frames after the prompt. It suits the first chunk,
+whose latency matters most; later chunks are cheaper with `IncrementalFlow`, whose growing caches
+do not fit a static graph.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from contextlib import contextmanager
+from collections.abc import Iterator
+
+from tts_core.flow import token_encoder
+from tts_core.flow.model import FlowModel
+
+
+@contextmanager
+def device_position_tables(tables: dict) -> Iterator[None]:
+    """The encoder builds its relative-position table on the host and copies it over, which graph
+    capture forbids; while capturing, serve each (length, width, device, dtype) table from `tables`
+    (filled by the warm-up calls; its tensors must outlive the graph, which reads their memory)."""
+    build = token_encoder.relative_position_table
+
+    def cached(length: int, d_model: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        key = (length, d_model, str(device), dtype)
+        if key not in tables:
+            tables[key] = build(length, d_model, device, dtype)
+        return tables[key]
+
+    token_encoder.relative_position_table = cached
+    try:
+        yield
+    finally:
+        token_encoder.relative_position_table = build
+
+
+class GraphedFlowCall:
+    def __init__(self, model: FlowModel, prompt_tokens: int, prompt_frames: int, call_tokens: int,
+                 finalize: bool = False, warmup: int = 2) -> None:
+        """Shapes: prompt_token (1, prompt_tokens), prompt_feat (1, prompt_frames, 80), token
+        (1, call_tokens) speech tokens of this call (the lookahead included when not final)."""
+        param = next(model.parameters())
+        if not param.is_cuda:
+            raise RuntimeError("GraphedFlowCall needs the model on a CUDA device")
+        self.model = model
+        self.finalize = finalize
+        device = param.device
+        self.prompt_token = torch.zeros(1, prompt_tokens, dtype=torch.long, device=device)
+        self.token = torch.zeros(1, call_tokens, dtype=torch.long, device=device)
+        self.prompt_feat = torch.zeros(1, prompt_frames, model.cfg.output_size, dtype=param.dtype, device=device)
+        self.embedding = torch.zeros(1, model.cfg.spk_embed_dim, dtype=param.dtype, device=device)
+        self._graph = torch.cuda.CUDAGraph()
+        self._tables: dict = {}
+        with device_position_tables(self._tables):
+            self._out = self._capture(warmup)
+
+    def _call(self) -> torch.Tensor:
+        c = self.model.condition(self.token, self.prompt_token, self.prompt_feat, self.embedding,
+                                 streaming=True, finalize=self.finalize)
+        mel = self.model.decoder(c.mu, c.mask, c.spks, c.cond, streaming=True)
+        return mel[:, :, c.prompt_frames:]
+
+    @torch.inference_mode()
+    def _capture(self, warmup: int) -> torch.Tensor:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(warmup):
+                self._call()
+        torch.cuda.current_stream().wait_stream(side)
+        with torch.cuda.graph(self._graph):
+            return self._call()
+
+    @torch.inference_mode()
+    def render(self, token: torch.Tensor, prompt_token: torch.Tensor, prompt_feat: torch.Tensor,
+               embedding: torch.Tensor) -> torch.Tensor:
+        """Mel (1, 80, new_frames) float32 — a view valid until the next `render` of this graph."""
+        self.token.copy_(token)
+        self.prompt_token.copy_(prompt_token)
+        self.prompt_feat.copy_(prompt_feat)
+        self.embedding.copy_(embedding)
+        self._graph.replay()
+        return self._out

@@ -1,0 +1,92 @@
+"""CUDA-graph replay of one HiFT vocoder chunk (F0, source draw, decode) for a fixed frame count.
+
+Equivalent to `HiftGenerator.inference(mel, cache_source)` with the source noise drawn from the
+device's default generator (graphs replay philox draws with a fresh offset every time, so each
+replay draws new noise, as an eager call would). Streaming glue (mel cache, cross-fade) stays in
+`HiftStream`-style code around it; a graph per (frames, cached source samples) covers the official
+schedule: the first chunk has no cache, later chunks carry 8 frames / 3840 samples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+
+from tts_core.hift.generator import HiftGenerator
+
+
+def overlap_add_istft(spec: torch.Tensor, n_fft: int, hop_length: int, win_length: int | None = None,
+                      window: torch.Tensor | None = None, center: bool = True, **unused: object) -> torch.Tensor:
+    """torch.istft (onesided, center=True, no length) without its host-side NOLA check, which syncs
+    and so cannot be captured: inverse rFFT per frame, windowed overlap-add, envelope division.
+    The vocoder's periodic Hann window at hop n_fft/4 satisfies NOLA, so the check is moot."""
+    if unused.get("length") is not None or not center or unused.get("normalized") or unused.get("onesided") is False:
+        raise ValueError("overlap_add_istft covers only onesided, centred, unnormalised, length-free use")
+    win = window if window is not None else torch.ones(n_fft, device=spec.device)
+    frames = torch.fft.irfft(spec, n=n_fft, dim=-2) * win[:, None]  # (B, n_fft, F)
+    count = frames.shape[-1]
+    total = n_fft + hop_length * (count - 1)
+    fold = dict(output_size=(1, total), kernel_size=(1, n_fft), stride=(1, hop_length))
+    wav = F.fold(frames, **fold)[:, 0, 0]
+    envelope = F.fold(win.pow(2)[None, :, None].expand(1, n_fft, count), **fold)[:, 0, 0]
+    half = n_fft // 2
+    return (wav / envelope)[:, half:total - half]
+
+
+@contextmanager
+def capturable_istft() -> Iterator[None]:
+    """Swap torch.istft for `overlap_add_istft` while a graph is captured (at start-up, before any
+    request runs: the swap is process-wide for its duration)."""
+    original = torch.istft
+    torch.istft = overlap_add_istft
+    try:
+        yield
+    finally:
+        torch.istft = original
+
+
+class GraphedHift:
+    def __init__(self, vocoder: HiftGenerator, frames: int, cache_samples: int = 0, warmup: int = 2) -> None:
+        param = next(vocoder.parameters())
+        if not param.is_cuda:
+            raise RuntimeError("GraphedHift needs the vocoder on a CUDA device")
+        self.vocoder = vocoder
+        self.cache_samples = cache_samples
+        device = param.device
+        self.mel = torch.zeros(1, vocoder.cfg.in_channels, frames, dtype=param.dtype, device=device)
+        self.cache_source = torch.zeros(1, 1, max(cache_samples, 1), dtype=param.dtype, device=device)
+        self._graph = torch.cuda.CUDAGraph()
+        with capturable_istft():
+            self._out = self._capture(warmup)
+
+    def _call(self) -> tuple[torch.Tensor, torch.Tensor]:
+        v = self.vocoder
+        source = v.draw_source(v.predict_f0(self.mel), None)
+        if self.cache_samples:
+            source[..., :self.cache_samples] = self.cache_source
+        return v.decode(self.mel, source), source
+
+    @torch.inference_mode()
+    def _capture(self, warmup: int) -> tuple[torch.Tensor, torch.Tensor]:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(warmup):
+                self._call()
+        torch.cuda.current_stream().wait_stream(side)
+        with torch.cuda.graph(self._graph):
+            return self._call()
+
+    @torch.inference_mode()
+    def inference(self, mel: torch.Tensor, cache_source: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(waveform (1, L), source (1, 1, L)), views valid until the next call of this graph."""
+        self.mel.copy_(mel)
+        if self.cache_samples:
+            if cache_source is None or cache_source.shape[-1] != self.cache_samples:
+                raise ValueError(f"GraphedHift: captured for {self.cache_samples} cached source samples")
+            self.cache_source.copy_(cache_source)
+        self._graph.replay()
+        return self._out

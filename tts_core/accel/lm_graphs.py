@@ -1,0 +1,102 @@
+"""CUDA-graph replay of `SpeechTokenLM.decode_step` for continuous batching.
+
+One decode step of the 0.5B LM is ~350 small kernels; launched eagerly the CPU, not the GPU, sets
+the pace (tens of ms per step). `GraphedDecoder` captures the step once per (batch bucket, attend
+bucket) and replays the smallest one that fits: live rows are copied into static `slots`/`tokens`
+buffers and the rest of the bucket points at a reserved scratch slot, whose cache row absorbs the
+padding writes and is reset inside the graph every step (so its position never runs off the cache).
+
+`attend_len` buckets bound how many cache columns attention reads: a step over short requests need
+not read the whole static cache. The caller passes `kv_len` (the longest live slot's length before
+the step, which the scheduler knows) and the smallest attend bucket > kv_len is chosen.
+
+The output logp is a view of the graph's static output: consume it (sample) before the next step.
+The scratch slot belongs to this runner; the scheduler must never assign it to a request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from tts_core.accel.buckets import power_of_two_buckets, select_bucket
+from tts_core.llm.speech_lm import SpeechTokenLM
+
+
+class GraphedDecoder:
+    def __init__(self, lm: SpeechTokenLM, batch_buckets: Sequence[int] | None = None,
+                 attend_buckets: Sequence[int] | None = None, scratch_slot: int | None = None,
+                 warmup: int = 2) -> None:
+        cache = lm.kv_cache
+        if cache is None:
+            raise RuntimeError("GraphedDecoder: call lm.setup_cache(max_batch, max_len) first")
+        if not cache.k.is_cuda:
+            raise RuntimeError("GraphedDecoder needs the model and its cache on a CUDA device")
+        self.lm = lm
+        self.cache = cache
+        self.scratch_slot = cache.max_batch - 1 if scratch_slot is None else scratch_slot
+        usable = cache.max_batch - 1  # every slot but the scratch one may be live
+        self.batch_buckets = tuple(sorted(batch_buckets or power_of_two_buckets(usable)))
+        self.attend_buckets = tuple(sorted(attend_buckets or (cache.max_len,)))
+        if self.batch_buckets[-1] > usable:
+            raise ValueError(f"GraphedDecoder: bucket {self.batch_buckets[-1]} exceeds the {usable} usable slots")
+        if self.attend_buckets[-1] > cache.max_len:
+            raise ValueError(f"GraphedDecoder: attend bucket {self.attend_buckets[-1]} exceeds the cache length")
+        device = cache.k.device
+        largest = self.batch_buckets[-1]
+        self._slots = torch.full((largest,), self.scratch_slot, dtype=torch.long, device=device)
+        self._tokens = torch.zeros(largest, dtype=torch.long, device=device)
+        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._capture_all(warmup)
+
+    def _step(self, batch: int, attend: int) -> torch.Tensor:
+        # Reset inside the graph: padding rows advance the scratch slot every replay.
+        # A slice fill, not `lengths[i] = 0`: the latter copies a host scalar, which capture forbids.
+        self.cache.lengths.narrow(0, self.scratch_slot, 1).zero_()
+        return self.lm.decode_step(self._slots[:batch], self._tokens[:batch], attend_len=attend)
+
+    @torch.inference_mode()
+    def _capture_all(self, warmup: int) -> None:
+        pool = torch.cuda.graph_pool_handle()
+        saved = self.cache.lengths.clone()
+        # Warm up on a side stream (cuBLAS handles, workspace) with every row on the scratch slot.
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for batch in self.batch_buckets:
+                for attend in self.attend_buckets:
+                    for _ in range(warmup):
+                        self._step(batch, attend)
+        torch.cuda.current_stream().wait_stream(side)
+        # Largest first, so smaller graphs reuse the pool's blocks.
+        for batch in reversed(self.batch_buckets):
+            for attend in reversed(self.attend_buckets):
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    out = self._step(batch, attend)
+                self._graphs[(batch, attend)] = (graph, out)
+        self.cache.lengths.copy_(saved)
+
+    def bucket(self, live: int, kv_len: int | None = None) -> tuple[int, int]:
+        """(batch bucket, attend bucket) a step of `live` rows whose longest slot holds `kv_len`
+        positions would replay."""
+        attend = self.attend_buckets[-1] if kv_len is None else select_bucket(kv_len + 1, self.attend_buckets)
+        return select_bucket(live, self.batch_buckets), attend
+
+    @torch.inference_mode()
+    def step(self, slots: torch.Tensor | Sequence[int], tokens: torch.Tensor | Sequence[int],
+             kv_len: int | None = None) -> torch.Tensor:
+        """Same contract as `SpeechTokenLM.decode_step(slots, tokens)`: feeds one token per slot and
+        returns logp (B, V) float32 — a view valid until the next `step`."""
+        device = self._slots.device
+        slots = torch.as_tensor(slots, dtype=torch.long).to(device, non_blocking=True)
+        tokens = torch.as_tensor(tokens, dtype=torch.long).to(device, non_blocking=True)
+        live = slots.numel()
+        batch, attend = self.bucket(live, kv_len)
+        self._slots[:live].copy_(slots)
+        self._slots[live:batch].fill_(self.scratch_slot)
+        self._tokens[:live].copy_(tokens)
+        graph, out = self._graphs[(batch, attend)]
+        graph.replay()
+        return out[:live]
