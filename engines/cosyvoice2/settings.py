@@ -36,7 +36,8 @@ class CosyVoice2Settings:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(raw) - known)
         if unknown:
-            raise ValueError(f"engine.cosyvoice2: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+            raise ValueError(f"engine.cosyvoice2: unknown key(s) {', '.join(unknown)}; "
+                             f"known: {', '.join(sorted(known))}")
         if not raw.get("model_dir"):
             raise ValueError("engine.cosyvoice2.model_dir: required (a CosyVoice2 model directory)")
         values = dict(raw)

@@ -11,6 +11,7 @@ consumer sets from its own thread.
 
 from __future__ import annotations
 
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -85,7 +86,8 @@ class SynthesisJob:
         self.sink = sink
         self.options = options
         self.call_id = call_id
-        seed = options.seed if options.seed is not None else int(torch.seed() % 2**63)
+        # secrets, not torch.seed(): that would reseed the process-wide generator.
+        seed = options.seed if options.seed is not None else secrets.randbits(62)
         self.seed = seed
         # Sampling runs on the host over logp copied once per step; the generator lives there too.
         self.sampling_generator = torch.Generator().manual_seed(seed)
