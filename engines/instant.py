@@ -3,17 +3,26 @@
 It emits a speech-like test signal (a gliding voiced tone with a few harmonics, its amplitude
 opened and closed at a syllable rate) whose length follows the text length, so a load test measures
 the gateway, not a model. The signal depends only on the text (seeded by CRC-32, not `hash()`, which
-changes per process), so runs are reproducible. Generation costs a few numpy operations per chunk on
-one worker thread; an optional first-chunk delay imitates a model's time to first audio and is
-scheduled on the event loop timer, so delays of many concurrent streams overlap instead of queueing.
+changes per process), so runs are reproducible. An optional first-chunk delay imitates a model's time
+to first audio and is scheduled on the event loop timer, so delays of many concurrent streams overlap
+instead of queueing.
+
+One worker thread serves all streams round-robin, one chunk per turn, so a new call's first chunk
+never waits behind whole prompts of earlier calls (with 500 calls arriving at once, rendering each
+prompt in full before the next made the last call wait seconds for its first packet). A text's
+signal is rendered once and cached (a small LRU), so a turn is mostly a slice.
 """
 
 from __future__ import annotations
 
 import asyncio
+import queue
+import threading
 import zlib
+from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -40,6 +49,22 @@ def render_test_signal(text: str, start: int, length: int) -> np.ndarray:
     return (0.25 * envelope * voiced).astype(np.float32)
 
 
+@lru_cache(maxsize=32)
+def _cached_signal(text: str, total: int) -> np.ndarray:
+    return render_test_signal(text, 0, total)
+
+
+@dataclass
+class _Stream:
+    text: str
+    total: int
+    channel: ChunkChannel
+    position: int = 0
+
+
+_STOP = object()
+
+
 class InstantEngine(SpeechEngine):
     name = "instant"
 
@@ -57,7 +82,8 @@ class InstantEngine(SpeechEngine):
         self._max_s = max_duration_s
         self._chunk_samples = SAMPLE_RATE * chunk_ms // 1000
         self._first_chunk_delay_s = first_chunk_delay_ms / 1000.0
-        self._worker: ThreadPoolExecutor | None = None
+        self._inbox: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._worker: threading.Thread | None = None
 
     def voices(self) -> Sequence[str]:
         return self._voices
@@ -67,26 +93,27 @@ class InstantEngine(SpeechEngine):
         return self._default_voice
 
     async def start(self) -> None:
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="instant-synth")
+        self._worker = threading.Thread(target=self._serve, name="instant-synth", daemon=True)
+        self._worker.start()
 
     async def close(self) -> None:
         if self._worker is not None:
-            await asyncio.to_thread(self._worker.shutdown, wait=True, cancel_futures=True)
+            self._inbox.put(_STOP)
+            await asyncio.to_thread(self._worker.join)
             self._worker = None
 
     def open_stream(self, request: SynthesisRequest) -> ChunkChannel:
         self.validate(request)
-        worker = self._worker
-        if worker is None:
+        if self._worker is None:
             raise RuntimeError("instant engine is not running; call start() first")
         channel = ChunkChannel()
         seconds = signal_seconds(request.text, self._ms_per_char, self._min_s, self._max_s)
 
         def submit() -> None:
-            try:
-                worker.submit(self._render, request.text, seconds, channel)
-            except RuntimeError:  # the engine closed while the first-chunk delay ran
+            if self._worker is None:  # the engine closed while the first-chunk delay ran
                 channel.fail(SynthesisFailed("instant engine closed"))
+            else:
+                self._inbox.put(_Stream(request.text, int(seconds * SAMPLE_RATE), channel))
 
         if self._first_chunk_delay_s > 0:
             asyncio.get_running_loop().call_later(self._first_chunk_delay_s, submit)
@@ -94,10 +121,27 @@ class InstantEngine(SpeechEngine):
             submit()
         return channel
 
-    def _render(self, text: str, seconds: float, channel: ChunkChannel) -> None:
-        total = int(seconds * SAMPLE_RATE)
-        for start in range(0, total, self._chunk_samples):
-            if channel.cancelled:
-                return
-            channel.put(render_test_signal(text, start, min(self._chunk_samples, total - start)))
-        channel.finish()
+    def _serve(self) -> None:
+        streams: deque[_Stream] = deque()
+        while True:
+            # block only when idle; otherwise take newcomers without waiting, then serve one turn
+            while True:
+                try:
+                    item = self._inbox.get(block=not streams)
+                except queue.Empty:
+                    break
+                if item is _STOP:
+                    for stream in streams:
+                        stream.channel.fail(SynthesisFailed("instant engine closed"))
+                    return
+                streams.append(item)
+            stream = streams.popleft()
+            if stream.channel.cancelled:
+                continue
+            end = min(stream.position + self._chunk_samples, stream.total)
+            stream.channel.put(_cached_signal(stream.text, stream.total)[stream.position:end].copy())
+            stream.position = end
+            if end < stream.total:
+                streams.append(stream)
+            else:
+                stream.channel.finish()
