@@ -95,3 +95,27 @@ def test_punctuation_only_text_ends_the_stream_quietly(pipeline: CosyVoice2Pipel
     sink = CollectingSink()
     pipeline.synthesize("... !", VOICE, sink, _forced(30))
     assert sink.wait(30) == []
+
+
+def test_scheduled_tokens_equal_the_one_request_reference(pipeline: CosyVoice2Pipeline, tiny_model_dir: Path) -> None:
+    """The scheduler's loop (prefill, host sampling, stop rules, bucketed attention) draws exactly the
+    tokens that the plain one-request loop `SpeechTokenLM.generate` draws with the same seed.
+
+    Jobs run one after the other here: in a batch of several, matmul shapes change the logp by
+    float rounding (~2e-6), which can flip a near-tie draw and make the sequences part ways."""
+    from tts_core.llm.sampling import RasSampler
+    from tts_core.model_dir import ModelDir, load_speech_lm
+
+    md = ModelDir.open(tiny_model_dir)
+    lm = load_speech_lm(md)
+    lm.setup_cache(1, 1024)
+    sampler = RasSampler(md.sampling, lm.speech_token_size)
+    voice = pipeline.voices.get(VOICE)
+    for seed, text in ((5, "Hi there."), (6, "Good morning to you.")):
+        sink = CollectingSink()
+        job = pipeline.synthesize(text, VOICE, sink, JobOptions(seed=seed))
+        sink.wait(120)
+        (text_tokens,) = job.segments
+        expected = list(lm.generate(text_tokens, sampler, torch.Generator().manual_seed(seed), voice.prompt_text,
+                                    voice.llm_prompt_speech_token))
+        assert job.tokens == expected

@@ -97,6 +97,7 @@ class SynthesisJob:
         self.segment = -1  # index of the segment being spoken
         self.slot: int | None = None
         self.tokens: list[int] = []  # speech tokens of the current segment
+        self.kv_len = 0  # cache positions written in this job's slot (host copy, for the decode bound)
         self.min_len = 0
         self.max_len = 0
         self.logp: torch.Tensor | None = None  # host logp awaiting a sample (None: nothing to sample)

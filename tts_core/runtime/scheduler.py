@@ -38,6 +38,7 @@ from tts_core.streaming.token2wav import Token2WavStream
 log = structlog.get_logger(__name__)
 
 SAMPLE_RATE = 24_000
+ATTEND_BUCKET = 256  # KV columns read per decode step are a multiple of this
 
 TextFrontend = Callable[[str], list[list[int]]]  # text -> text tokens per segment
 
@@ -191,9 +192,9 @@ class SynthesisScheduler:
             return 0
         try:
             self._run_prefill(ready)
-        except Exception:
+        except Exception as exc:
             if len(ready) == 1:
-                self._fail(ready[0][0], SynthesisError("prefill failed"))
+                self._fail(ready[0][0], exc)
                 return 0
             for one in ready:
                 try:
@@ -228,8 +229,9 @@ class SynthesisScheduler:
 
     def _run_prefill(self, ready: list[tuple[SynthesisJob, torch.Tensor]]) -> None:
         logp = self.lm.prefill([job.slot for job, _ in ready], [x for _, x in ready]).float().cpu()
-        for row, (job, _) in enumerate(ready):
+        for row, (job, lm_input) in enumerate(ready):
             job.logp = logp[row]
+            job.kv_len = lm_input.shape[0]
 
     def _sample(self) -> None:
         for job in self._active:
@@ -291,11 +293,16 @@ class SynthesisScheduler:
         if not batch:
             return 0
         started = time.perf_counter()
-        logp = self.lm.decode_step([job.slot for job in batch], [job.tokens[-1] for job in batch])
+        # Read only the cache columns some job of the batch uses, rounded up to a bucket so the
+        # step keeps a few fixed shapes (cheaper attention early on; capturable per bucket).
+        longest = max(job.kv_len for job in batch) + 1
+        attend_len = min(self.cache.max_len, -(-longest // ATTEND_BUCKET) * ATTEND_BUCKET)
+        logp = self.lm.decode_step([job.slot for job in batch], [job.tokens[-1] for job in batch], attend_len)
         logp = logp.float().cpu()  # the one host copy of the step
         elapsed = time.perf_counter() - started
         for row, job in enumerate(batch):
             job.logp = logp[row]
+            job.kv_len += 1
             job.lm_s_since_chunk += elapsed
         return len(batch)
 
