@@ -79,6 +79,24 @@ def metric(http_port: int, name: str) -> float:
     return total
 
 
+def histogram(http_port: int, name: str) -> dict[float, float]:
+    """Cumulative bucket counts of a Prometheus histogram: upper bound -> count."""
+    body = urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=5).read().decode()
+    buckets = {}
+    for line in body.splitlines():
+        if line.startswith(name + "_bucket{"):
+            bound = line.split('le="', 1)[1].split('"', 1)[0]
+            buckets[float(bound)] = float(line.rsplit(" ", 1)[1])
+    return buckets
+
+
+def late_share(before: dict[float, float], after: dict[float, float], bound: float) -> float:
+    """Share of packet-clock ticks that ran more than `bound` seconds after their deadline."""
+    total = after[float("inf")] - before.get(float("inf"), 0.0)
+    within = after[bound] - before.get(bound, 0.0)
+    return (total - within) / total if total else 0.0
+
+
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -110,6 +128,7 @@ def run_level(calls: int, prompt_seconds: float, workdir: Path, engine: str, rat
                                 stderr=subprocess.DEVNULL)
         time.sleep(1.0)  # let tcpdump attach before the first call
         under0, cpu0, t0 = metric(http_port, "gateway_playout_underruns_total"), cpu_seconds(gw.pid), time.monotonic()
+        late0 = histogram(http_port, "gateway_packet_clock_lateness_seconds")
         rate = rate or max(10, calls // 2)  # default ramp: all calls placed within ~2 s
         sipp = subprocess.run(
             ["sipp", f"127.0.0.1:{sip_port}", "-sf", str(ROOT / "bench" / "sipp" / "uac_listen.xml"), "-s", "bench",
@@ -123,6 +142,9 @@ def run_level(calls: int, prompt_seconds: float, workdir: Path, engine: str, rat
             print(f"sipp exit {sipp.returncode}: {sipp.stderr.strip()[-800:]}", flush=True)
         cpu = cpu_seconds(gw.pid) - cpu0
         underruns = metric(http_port, "gateway_playout_underruns_total") - under0
+        late1 = histogram(http_port, "gateway_packet_clock_lateness_seconds")
+        ticks_late_2ms = late_share(late0, late1, 0.002)
+        ticks_late_5ms = late_share(late0, late1, 0.005)
         time.sleep(0.5)
         dump.send_signal(signal.SIGINT)
         dump.wait(timeout=10)
@@ -138,6 +160,7 @@ def run_level(calls: int, prompt_seconds: float, workdir: Path, engine: str, rat
     result = {
         "calls": calls, "sipp_rc": sipp.returncode, "wall_s": round(wall, 2), **rtp,
         "underruns": int(underruns), "cpu_s": round(cpu, 2),
+        "ticks_late_over_2ms": round(ticks_late_2ms, 4), "ticks_late_over_5ms": round(ticks_late_5ms, 4),
         "cpu_ms_per_call_second": round(1000 * cpu / call_seconds, 3),
         "cpu_cores_used": round(cpu / wall, 3),
         "first_packet_p50_ms": float(np.percentile(latencies, 50)) if latencies else None,
