@@ -97,3 +97,31 @@ async def run_sipp(scenario: Path, sip_address: tuple[str, int], workdir: Path, 
     _, stderr = await asyncio.wait_for(process.communicate(), timeout_s + 10)
     errors = stderr.decode(errors="replace") + "".join(p.read_text(errors="replace") for p in workdir.glob("*errors*"))
     return process.returncode, errors
+
+
+async def invite_final_response(sip_address: tuple[str, int], headers: dict[str, str], user: str = "1000",
+                                timeout: float = 10.0) -> str:
+    """Send one INVITE (PCMU offer) from a plain UDP socket and return the first final response's status line."""
+    loop = asyncio.get_running_loop()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.setblocking(False)
+    port = sock.getsockname()[1]
+    sdp = "v=0\r\no=t 1 1 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\n" \
+          f"m=audio {free_udp_port()} RTP/AVP 0\r\na=rtpmap:0 PCMU/8000\r\n"
+    extra = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+    request = (f"INVITE sip:{user}@{sip_address[0]}:{sip_address[1]} SIP/2.0\r\n"
+               f"Via: SIP/2.0/UDP 127.0.0.1:{port};branch=z9hG4bK-it-{port};rport\r\n"
+               f"From: <sip:test@127.0.0.1>;tag=it{port}\r\nTo: <sip:{user}@127.0.0.1>\r\n"
+               f"Call-ID: it-{port}@127.0.0.1\r\nCSeq: 1 INVITE\r\nContact: <sip:test@127.0.0.1:{port}>\r\n"
+               f"Max-Forwards: 70\r\n{extra}Content-Type: application/sdp\r\n"
+               f"Content-Length: {len(sdp)}\r\n\r\n{sdp}").encode()
+    try:
+        await loop.sock_sendto(sock, request, sip_address)
+        while True:
+            data = await asyncio.wait_for(loop.sock_recv(sock, 65535), timeout)
+            status_line = data.split(b"\r\n", 1)[0].decode()
+            if not status_line.startswith("SIP/2.0 1"):
+                return status_line
+    finally:
+        sock.close()
