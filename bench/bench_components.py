@@ -33,7 +33,7 @@ from bench.full_model import build_full_model_dir  # noqa: E402
 from tts_core.accel.batched_sampler import BatchedRasSampler  # noqa: E402
 from tts_core.accel.flow_graphs import GraphedFlowCall  # noqa: E402
 from tts_core.accel.hift_graphs import GraphedHift  # noqa: E402
-from tts_core.accel.lm_graphs import GraphedDecoder  # noqa: E402
+from tts_core.accel.lm_graphs import GraphedDecoder, GraphedPrefill  # noqa: E402
 from tts_core.flow.incremental import IncrementalFlow  # noqa: E402
 from tts_core.flow.model import load_flow  # noqa: E402
 from tts_core.hift.generator import load_hift  # noqa: E402
@@ -178,7 +178,43 @@ def bench_lm(model_dir: Path, buckets: list[int], max_len: int, attend: list[int
                            torch.ones(8000, dtype=torch.bool, device="cuda"))
     freq = torch.bincount(draws, minlength=4)[:4].float() / 8000
     R["lm"]["batched_sampler_nucleus_freq"] = [round(float(f), 3) for f in freq]  # expect ~[0.556, 0.278, 0.167, 0]
-    del dec, lm
+    del dec
+    torch.cuda.empty_cache()
+
+    # Graphed prefill (one request, length buckets) vs eager.
+    pre = GraphedPrefill(lm, (128, 192, 256))
+    eager_logp = lm.prefill([4], [lm_input]).clone()
+    R["lm"]["prefill_graph_vs_eager_rel"] = rel(pre.prefill(4, lm_input).clone(), eager_logp)
+    R["lm"]["prefill_graph_ms_b1"] = wall_ms(lambda: pre.prefill(4, lm_input), iters=20)
+    del pre
+
+    # Decode + batched draw in one graph, eager modules vs torch.compile'd step.
+    hist_all = torch.randint(0, 6561, (128, 10), device="cuda")
+    allow_all = torch.ones(128, dtype=torch.bool, device="cuda")
+    for name, kwargs in (("graph_sample", {}), ("compiled_graph_sample", {"compile": True})):
+        t0 = time.perf_counter()
+        try:
+            d = GraphedDecoder(lm, buckets, [max_len], sampler=batched, **kwargs)
+        except Exception:
+            R.setdefault("errors", {})[f"lm.{name}"] = traceback.format_exc()[-1500:]
+            continue
+        R["lm"][f"{name}_capture_s"] = time.perf_counter() - t0
+        cache.k.copy_(snap[0]); cache.v.copy_(snap[1]); cache.lengths.copy_(snap[2])  # noqa: E702
+        outs = [d.step(live, toks[i].tolist()).clone() for i in range(4)]
+        R["lm"][f"{name}_vs_eager_rel"] = max(rel(o, e) for o, e in zip(outs, eager_out))
+        row = {}
+        for b in d.batch_buckets:
+            slots = list(range(b))
+
+            def step(slots=slots, b=b, d=d):
+                d.step_sample(slots, [7] * b, hist_all[:b], allow_all[:b]).cpu()
+            cache.lengths[:b] = 340
+            row[b] = replay_ms(step, iters=10, rounds=5)
+        R["lm"][f"decode_{name}_ms"] = row
+        save(OUT_PATH)
+        del d
+        torch.cuda.empty_cache()
+    del lm
     torch.cuda.empty_cache()
 
 
@@ -333,24 +369,31 @@ def summary() -> str:
     for row in fl.get("incremental", []):
         lines.append(f"incremental {row['dtype']}: calls ms " + " ".join(f"{t:.1f}" for t in row["call_ms"])
                      + f"  MB/frame {row['bytes_per_frame'] / 2**20:.2f}")
-    if "decode_graph_ms" in lm and "first_full_bf16_graph_ms" in fl and "first_graph_fp32_ms" in hf:
-        a = max(lm["decode_graph_ms"])
-        step1 = lm["decode_graph_ms"][a][min(lm["decode_graph_ms"][a])]
-        samp = lm["batched_sampler_ms"][1]
-        first = lm["prefill_ms_b1"] + 28 * (step1 + samp) + fl["first_full_bf16_graph_ms"] + hf["first_graph_fp32_ms"]
+    for name in ("decode_graph_sample_ms", "decode_compiled_graph_sample_ms"):
+        if name in lm:
+            lines.append(f"LM {name}: " + " ".join(f"b{b}={v:.2f}" for b, v in lm[name].items()))
+    steps = lm.get("decode_compiled_graph_sample_ms") or lm.get("decode_graph_sample_ms")
+    flow_first = min(v for k, v in fl.items() if k.startswith("first_full_bf16") and k.endswith("graph_ms")) \
+        if "first_full_bf16_graph_ms" in fl else None
+    if steps and flow_first and "first_graph_fp32_ms" in hf:
+        prefill = lm.get("prefill_graph_ms_b1", lm["prefill_ms_b1"])
+        first = prefill + 28 * steps[1] + flow_first + hf["first_graph_fp32_ms"]
         R["estimate_first_chunk_ms"] = first
-        lines.append(f"ESTIMATE first chunk @1 stream = prefill + 28 x (step+sample) + flow + hift = {first:.1f} ms")
-        inc = fl["incremental"][0]["call_ms"]
-        later_flow = statistics.median(inc[1:])
-        per_stream_s = 0.5 * (later_flow + hf["later_graph_fp32_ms"]) / 1e3  # one 50-token hop per 2 s
-        best = 0
-        for b, t in lm["decode_graph_ms"][a].items():
-            n = int(b)
-            lm_s = 25 * (t + lm["batched_sampler_ms"].get(128 if n > 16 else (16 if n > 1 else 1), 0)) / 1e3
-            if lm_s + n * per_stream_s <= 1.0:
-                best = max(best, n)
-        R["estimate_max_streams_serial"] = best
-        lines.append(f"ESTIMATE max real-time streams (LM batched, flow+HiFT per stream serial) = {best}")
+        lines.append(f"ESTIMATE first chunk @1 stream = prefill {prefill:.1f} + 28 x step+draw {steps[1]:.2f} "
+                     f"+ flow {flow_first:.1f} + hift {hf['first_graph_fp32_ms']:.1f} = {first:.1f} ms")
+        # Per stream and second: 25 decode rows (shared steps), 0.5 later chunks (50-token hops).
+        inc_flow = statistics.median(fl["incremental"][0]["call_ms"][1:])
+        est = fl.get("estimator_graph_ms", {})
+        for label, flow_per_stream in (("IncrementalFlow eager, serial", inc_flow),
+                                       ("projected: flow batched 16 streams/call (estimator b32 x 10 steps)",
+                                        10 * est.get("b32_t100", float("nan")) / 16)):
+            per_stream_s = 0.5 * (flow_per_stream + hf["later_graph_fp32_ms"]) / 1e3
+            best = 0
+            for b, t in steps.items():
+                if 25 * t / 1e3 + int(b) * per_stream_s <= 1.0:
+                    best = max(best, int(b))
+            R.setdefault("estimate_max_streams", {})[label] = best
+            lines.append(f"ESTIMATE max real-time streams ({label}) = {best}")
     return "\n".join(lines)
 
 

@@ -10,8 +10,14 @@ padding writes and is reset inside the graph every step (so its position never r
 not read the whole static cache. The caller passes `kv_len` (the longest live slot's length before
 the step, which the scheduler knows) and the smallest attend bucket > kv_len is chosen.
 
-The output logp is a view of the graph's static output: consume it (sample) before the next step.
-The scratch slot belongs to this runner; the scheduler must never assign it to a request.
+With a `BatchedRasSampler` the draw is captured in the same graph (`step_sample`), so a step costs
+one replay and one small host copy. With `compile=True` the step is first fused by torch.compile
+(inductor, dynamic batch), which cuts the ~1,200 kernels of an eager step to a few hundred.
+
+Outputs are views of the graph's static buffers: consume them before the next step. The scratch
+slot belongs to this runner; the scheduler must never assign it to a request.
+
+`GraphedPrefill` does the same for `SpeechTokenLM.prefill` of one request, per input-length bucket.
 """
 
 from __future__ import annotations
@@ -21,13 +27,17 @@ from collections.abc import Sequence
 import torch
 
 from tts_core.accel.buckets import power_of_two_buckets, select_bucket
+from tts_core.accel.batched_sampler import BatchedRasSampler
 from tts_core.llm.speech_lm import SpeechTokenLM
+
+# The undecorated step (SpeechTokenLM.decode_step minus its inference_mode wrapper), for compiling.
+_decode_step = SpeechTokenLM.decode_step.__wrapped__  # type: ignore[attr-defined]
 
 
 class GraphedDecoder:
     def __init__(self, lm: SpeechTokenLM, batch_buckets: Sequence[int] | None = None,
                  attend_buckets: Sequence[int] | None = None, scratch_slot: int | None = None,
-                 warmup: int = 2) -> None:
+                 sampler: BatchedRasSampler | None = None, compile: bool = False, warmup: int = 2) -> None:
         cache = lm.kv_cache
         if cache is None:
             raise RuntimeError("GraphedDecoder: call lm.setup_cache(max_batch, max_len) first")
@@ -47,14 +57,22 @@ class GraphedDecoder:
         largest = self.batch_buckets[-1]
         self._slots = torch.full((largest,), self.scratch_slot, dtype=torch.long, device=device)
         self._tokens = torch.zeros(largest, dtype=torch.long, device=device)
-        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.sampler = sampler
+        window = sampler.config.win_size if sampler is not None else 1
+        self._history = torch.full((largest, window), -1, dtype=torch.long, device=device)
+        self._allow_stop = torch.ones(largest, dtype=torch.bool, device=device)
+        self._decode = torch.compile(_decode_step, dynamic=True) if compile else _decode_step
+        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
         self._capture_all(warmup)
 
-    def _step(self, batch: int, attend: int) -> torch.Tensor:
+    def _step(self, batch: int, attend: int) -> tuple[torch.Tensor, ...]:
         # Reset inside the graph: padding rows advance the scratch slot every replay.
         # A slice fill, not `lengths[i] = 0`: the latter copies a host scalar, which capture forbids.
         self.cache.lengths.narrow(0, self.scratch_slot, 1).zero_()
-        return self.lm.decode_step(self._slots[:batch], self._tokens[:batch], attend_len=attend)
+        logp = self._decode(self.lm, self._slots[:batch], self._tokens[:batch], attend_len=attend)
+        if self.sampler is None:
+            return (logp,)
+        return logp, self.sampler.sample(logp, self._history[:batch], self._allow_stop[:batch])
 
     @torch.inference_mode()
     def _capture_all(self, warmup: int) -> None:
@@ -84,11 +102,8 @@ class GraphedDecoder:
         attend = self.attend_buckets[-1] if kv_len is None else select_bucket(kv_len + 1, self.attend_buckets)
         return select_bucket(live, self.batch_buckets), attend
 
-    @torch.inference_mode()
-    def step(self, slots: torch.Tensor | Sequence[int], tokens: torch.Tensor | Sequence[int],
-             kv_len: int | None = None) -> torch.Tensor:
-        """Same contract as `SpeechTokenLM.decode_step(slots, tokens)`: feeds one token per slot and
-        returns logp (B, V) float32 — a view valid until the next `step`."""
+    def _replay(self, slots: torch.Tensor | Sequence[int], tokens: torch.Tensor | Sequence[int],
+                kv_len: int | None) -> tuple[int, tuple[torch.Tensor, ...]]:
         device = self._slots.device
         slots = torch.as_tensor(slots, dtype=torch.long).to(device, non_blocking=True)
         tokens = torch.as_tensor(tokens, dtype=torch.long).to(device, non_blocking=True)
@@ -99,4 +114,88 @@ class GraphedDecoder:
         self._tokens[:live].copy_(tokens)
         graph, out = self._graphs[(batch, attend)]
         graph.replay()
-        return out[:live]
+        return live, out
+
+    @torch.inference_mode()
+    def step(self, slots: torch.Tensor | Sequence[int], tokens: torch.Tensor | Sequence[int],
+             kv_len: int | None = None) -> torch.Tensor:
+        """Same contract as `SpeechTokenLM.decode_step(slots, tokens)`: feeds one token per slot and
+        returns logp (B, V) float32 — a view valid until the next step."""
+        live, out = self._replay(slots, tokens, kv_len)
+        return out[0][:live]
+
+    @torch.inference_mode()
+    def step_sample(self, slots: torch.Tensor | Sequence[int], tokens: torch.Tensor | Sequence[int],
+                    history: torch.Tensor, allow_stop: torch.Tensor, kv_len: int | None = None) -> torch.Tensor:
+        """Decode step and draw in one replay: history (B, win_size) last tokens per row (-1 pads),
+        allow_stop (B,) bool. Returns the next tokens (B,) on the device — a view valid until the next step."""
+        if self.sampler is None:
+            raise RuntimeError("GraphedDecoder: built without a sampler")
+        live = history.shape[0]
+        self._history[:live].copy_(history, non_blocking=True)
+        self._allow_stop[:live].copy_(allow_stop, non_blocking=True)
+        live, out = self._replay(slots, tokens, kv_len)
+        return out[1][:live]
+
+
+class GraphedPrefill:
+    """`SpeechTokenLM.prefill` of one request, replayed per input-length bucket.
+
+    The request's lm_input (T, D) is right-padded to the bucket; padding positions write cache
+    columns past the request's length, which stay masked and are overwritten by its decode steps."""
+
+    def __init__(self, lm: SpeechTokenLM, length_buckets: Sequence[int], warmup: int = 2) -> None:
+        cache = lm.kv_cache
+        if cache is None or not cache.k.is_cuda:
+            raise RuntimeError("GraphedPrefill needs lm.setup_cache(...) on a CUDA device first")
+        self.lm = lm
+        self.cache = cache
+        self.length_buckets = tuple(sorted(length_buckets))
+        if self.length_buckets[-1] > cache.max_len:
+            raise ValueError(f"GraphedPrefill: bucket {self.length_buckets[-1]} exceeds the cache length")
+        device = cache.k.device
+        width = lm.llm.config.hidden_size
+        self._embeds = torch.zeros(1, self.length_buckets[-1], width, dtype=lm.llm_decoder.weight.dtype, device=device)
+        self._slot = torch.zeros(1, dtype=torch.long, device=device)
+        self._length = torch.ones(1, dtype=torch.long, device=device)
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._capture_all(warmup)
+
+    def _prefill(self, length: int) -> torch.Tensor:
+        embeds = self._embeds[:, :length]
+        positions = torch.arange(length, device=embeds.device)[None]
+        hidden = self.lm.llm(embeds, self.cache, self._slot, positions, length)
+        self.cache.lengths.index_copy_(0, self._slot, self._length)
+        last = hidden[0].index_select(0, self._length - 1)
+        return self.lm._logp(last)
+
+    @torch.inference_mode()
+    def _capture_all(self, warmup: int) -> None:
+        saved = self.cache.lengths.clone()
+        pool = torch.cuda.graph_pool_handle()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for length in self.length_buckets:
+                for _ in range(warmup):
+                    self._prefill(length)
+        torch.cuda.current_stream().wait_stream(side)
+        for length in reversed(self.length_buckets):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                out = self._prefill(length)
+            self._graphs[length] = (graph, out)
+        self.cache.lengths.copy_(saved)
+
+    @torch.inference_mode()
+    def prefill(self, slot: int, lm_input: torch.Tensor) -> torch.Tensor:
+        """Start a request in cache row `slot` from its lm_input (T, D); returns logp (1, V) — a view
+        valid until the next prefill. Overwrites the whole of that row's first bucket columns."""
+        length = lm_input.shape[0]
+        bucket = select_bucket(length, self.length_buckets)
+        self._embeds[0, :length].copy_(lm_input)
+        self._slot.fill_(slot)
+        self._length.fill_(length)
+        graph, out = self._graphs[bucket]
+        graph.replay()
+        return out
