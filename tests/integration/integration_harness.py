@@ -28,13 +28,14 @@ def free_udp_port() -> int:
 
 
 async def start_gateway(engine: str = "espeak", t1_ms: int = 50, engine_settings: dict | None = None,
-                        extra: dict | None = None) -> Gateway:
+                        extra: dict | None = None, engine_obj=None) -> Gateway:
+    """A gateway on loopback with ephemeral SIP port; `engine_obj` runs a ready-made engine instead."""
     overrides = {"sip.listen": "127.0.0.1:0", "sip.t1_ms": t1_ms, "sip.transports": ["udp"],
                  "media.rtp_port_range": "41000-42999", "engine.name": engine, **(extra or {})}
     if engine_settings:
         overrides[f"engine.{engine}"] = engine_settings
     config = load_config(None, overrides)
-    engine_obj = create_engine(config.engine.name, config.engine_settings())
+    engine_obj = engine_obj or create_engine(config.engine.name, config.engine_settings())
     gateway = Gateway(engine_obj, config.sip_settings(), config.media_settings(),
                       config.prompt_resolver(engine_obj.default_voice))
     await gateway.start()
