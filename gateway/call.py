@@ -141,10 +141,10 @@ class CallSession:
                 self._observe_first_packet(media)
                 return ended.result()
             self._observe_first_packet(media)
-            error = play.exception() if not play.cancelled() else None
-            if isinstance(error, SynthesisFailed) or (error is not None):
+            error = None if play.cancelled() else play.exception()  # cancelled: a barge-in stopped it
+            if error is not None:  # SynthesisFailed from the engine, or anything the media path raised
                 metrics.synthesis_failures_total.inc()
-                self._log.error("synthesis_failed", error=repr(error))
+                self._log.error("synthesis_failed", error=repr(error), engine_error=isinstance(error, SynthesisFailed))
                 self.call.hangup()
                 await ended
                 return "failed"
