@@ -1,10 +1,15 @@
 """A static, preallocated key/value cache for the speech LM (gpt-fast style).
 
-One buffer pair of shape (layers, max_batch, kv_heads, max_len, head_dim) holds every request's
-keys and values; a request owns one batch row ("slot") for its lifetime and `lengths[slot]` counts
-the positions written. Shapes never change after allocation, so a decode step over any set of
-slots at any mix of positions is a fixed-shape computation a CUDA graph can replay: per-slot
-positions live in device tensors, and attention is masked per slot instead of slicing per slot.
+Each layer owns one key and one value tensor of shape (max_batch, kv_heads, max_len, head_dim); a
+request owns one batch row ("slot") for its lifetime and `lengths[slot]` counts the positions
+written. Shapes never change after allocation, so a decode step over any set of slots at any mix of
+positions is a fixed-shape computation a CUDA graph can replay: per-slot positions live in device
+tensors, and attention is masked per slot instead of slicing per slot.
+
+Why one tensor per layer rather than one 5-D buffer: a write is an `index_put_` straight into a
+graph input, which torch.compile keeps in place. Writing through `buffer[layer]` (a view of one
+shared buffer) made the compiler functionalize the view and copy the whole cache once per layer
+(a compiled step measured 12 ms instead of ~3 ms; docs/PERF_NOTES.md).
 
 This module owns cache memory and slot lengths only; it never decides which slot a request gets
 (that is the scheduler's job) and never syncs with the host on the decode path.
@@ -15,25 +20,54 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+CacheSnapshot = tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], torch.Tensor]
+
 
 class StaticKVCache(nn.Module):
     def __init__(self, num_layers: int, max_batch: int, kv_heads: int, max_len: int, head_dim: int,
                  device: torch.device | str | None = None, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
-        shape = (num_layers, max_batch, kv_heads, max_len, head_dim)
-        # Non-persistent: cache state must never leak into a model's state dict.
-        self.register_buffer("k", torch.zeros(shape, device=device, dtype=dtype), persistent=False)
-        self.register_buffer("v", torch.zeros(shape, device=device, dtype=dtype), persistent=False)
+        shape = (max_batch, kv_heads, max_len, head_dim)
+        # Plain lists, not registered buffers: cache state must never leak into a model's state dict,
+        # and nothing moves a cache between devices (it is allocated where the model lives).
+        self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
+        self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
         self.register_buffer("lengths", torch.zeros(max_batch, device=device, dtype=torch.long), persistent=False)
         self.register_buffer("columns", torch.arange(max_len, device=device), persistent=False)
 
     @property
     def max_batch(self) -> int:
-        return self.k.shape[1]
+        return self.keys[0].shape[0]
 
     @property
     def max_len(self) -> int:
-        return self.k.shape[3]
+        return self.keys[0].shape[2]
+
+    @property
+    def device(self) -> torch.device:
+        return self.keys[0].device
+
+    @property
+    def k(self) -> torch.Tensor:
+        """All keys stacked (layers, max_batch, kv_heads, max_len, head_dim): a COPY for inspection;
+        writing into it does not reach the cache (use `restore`)."""
+        return torch.stack(self.keys)
+
+    @property
+    def v(self) -> torch.Tensor:
+        """All values stacked, a copy like `k`."""
+        return torch.stack(self.values)
+
+    def snapshot(self) -> CacheSnapshot:
+        """A copy of every key, value and length, for `restore` (tests and benchmarks rewind with it)."""
+        return (tuple(t.clone() for t in self.keys), tuple(t.clone() for t in self.values), self.lengths.clone())
+
+    def restore(self, snap: CacheSnapshot) -> None:
+        """Copy a `snapshot` back in place (captured graphs keep pointing at the same memory)."""
+        keys, values, lengths = snap
+        for dst, src in zip(self.keys + self.values, keys + values):
+            dst.copy_(src)
+        self.lengths.copy_(lengths)
 
     def reset(self, slots: torch.Tensor | list[int]) -> None:
         """Forget what `slots` held; stale keys stay but are masked out by the zero length."""
@@ -44,12 +78,13 @@ class StaticKVCache(nn.Module):
         """Store k, v (B, kv_heads, T, head_dim) at `positions` (B, T) of rows `slots` (B,)."""
         rows = slots[:, None]
         # Advanced indices around a slice put the indexed dims first: (B, T, kv_heads, head_dim).
-        self.k[layer][rows, :, positions] = k.transpose(1, 2).to(self.k.dtype)
-        self.v[layer][rows, :, positions] = v.transpose(1, 2).to(self.v.dtype)
+        # Direct assignment on the layer's own tensor is one in-place index_put_, also when compiled.
+        self.keys[layer][rows, :, positions] = k.transpose(1, 2).to(self.keys[layer].dtype)
+        self.values[layer][rows, :, positions] = v.transpose(1, 2).to(self.values[layer].dtype)
 
     def read(self, layer: int, slots: torch.Tensor, attend_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values (B, kv_heads, attend_len, head_dim) of rows `slots`."""
-        return self.k[layer, slots, :, :attend_len], self.v[layer, slots, :, :attend_len]
+        return self.keys[layer][slots, :, :attend_len], self.values[layer][slots, :, :attend_len]
 
     def attention_mask(self, positions: torch.Tensor, attend_len: int) -> torch.Tensor:
         """(B, 1, T, attend_len) bool: a query at position p sees cache columns 0..p of its own slot.

@@ -111,20 +111,65 @@ class Qwen2Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=True)
         self.v_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=True)
         self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=False)
+        self._qkv: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def fuse(self) -> None:
+        """One q/k/v matmul instead of three (see `fuse_projections`)."""
+        if self._qkv is None:
+            self._qkv = (_fuse_params(self.q_proj, self.k_proj, self.v_proj, "weight"),
+                         _fuse_params(self.q_proj, self.k_proj, self.v_proj, "bias"))
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache: StaticKVCache,
                 slots: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        if self._qkv is None:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        else:
+            q, k, v = F.linear(x, *self._qkv).split(
+                [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], dim=-1)
+        q = q.reshape(b, t, self.heads, self.head_dim).transpose(1, 2)
+        k = k.reshape(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = v.reshape(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         cos, sin = rope
         q, k = _apply_rotary(q, cos, sin), _apply_rotary(k, cos, sin)
         cache.write(self.layer_idx, slots, positions, k, v)
         keys, values = cache.read(self.layer_idx, slots, mask.shape[-1])
         # The explicit mask carries both causality and each slot's own length (kv_cache.attention_mask).
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=self.kv_heads != self.heads)
+        out = _grouped_attention(q, keys, values, mask)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+
+
+def _grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                       mask: torch.Tensor) -> torch.Tensor:
+    """Grouped-query attention, q (B, H, T, D) over keys/values (B, Hkv, L, D), mask (B, 1, T, L).
+
+    Query head h reads key head h // (H / Hkv) (Qwen2's repeat_kv layout), so the H / Hkv query heads
+    of one group are folded into that key head's query rows: plain multi-head attention over Hkv
+    heads with G*T queries. SDPA's own `enable_gqa` has no fused CUDA kernel that takes a mask and
+    falls back to repeating keys and values G times (7x the bytes); this shape runs one fused kernel."""
+    b, heads, t, dim = q.shape
+    kv_heads, attend = keys.shape[1], keys.shape[2]
+    group = heads // kv_heads
+    folded = q.reshape(b, kv_heads, group * t, dim)
+    mask = mask[:, :, None].expand(b, 1, group, t, attend).reshape(b, 1, group * t, attend)
+    out = F.scaled_dot_product_attention(folded, keys, values, attn_mask=mask)
+    return out.reshape(b, heads, t, dim)
+
+
+def _fuse_params(first: nn.Linear, second: nn.Linear, third: nn.Linear | None, name: str) -> torch.Tensor:
+    """Concatenate the linears' `name` tensors along the output dim and re-point each linear's own
+    parameter at its slice of the result: the state dict keeps official keys and shares memory with
+    the fused copy, so loading weights later still updates what the fused matmul reads."""
+    linears = [lin for lin in (first, second, third) if lin is not None]
+    with torch.no_grad():
+        fused = torch.cat([getattr(lin, name).detach() for lin in linears], dim=0)
+    start = 0
+    for lin in linears:
+        old = getattr(lin, name)
+        rows = old.shape[0]
+        setattr(lin, name, nn.Parameter(fused[start:start + rows], requires_grad=old.requires_grad))
+        start += rows
+    return fused
 
 
 class Qwen2MLP(nn.Module):
@@ -133,9 +178,19 @@ class Qwen2MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self._gate_up: torch.Tensor | None = None
+
+    def fuse(self) -> None:
+        """One gate/up matmul instead of two (see `fuse_projections`)."""
+        if self._gate_up is None:
+            self._gate_up = _fuse_params(self.gate_proj, self.up_proj, None, "weight")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self._gate_up is None:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        else:
+            gate, up = F.linear(x, self._gate_up).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class Qwen2DecoderLayer(nn.Module):
@@ -175,6 +230,16 @@ class Qwen2Model(nn.Module):
         for layer in self.layers:
             x = layer(x, rope, cache, slots, positions, mask)
         return self.norm(x)
+
+    def fuse_projections(self) -> None:
+        """Switch every layer to one q/k/v and one gate/up matmul (fewer, larger GEMMs per step).
+
+        Call after the weights are loaded and moved to their device and dtype: the fused tensors are
+        built from the loaded parameters, which then become views of them (no extra memory, same
+        state-dict keys). Moving the module afterwards would break that sharing. Idempotent."""
+        for layer in self.layers:
+            layer.self_attn.fuse()
+            layer.mlp.fuse()
 
 
 class Qwen2ForCausalLM(nn.Module):

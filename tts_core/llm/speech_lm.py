@@ -63,6 +63,11 @@ class SpeechTokenLM(nn.Module):
             raise RuntimeError("SpeechTokenLM.setup_cache(max_batch, max_len) must be called before decoding")
         return self.kv_cache
 
+    def fuse_projections(self) -> None:
+        """One q/k/v and one gate/up matmul per layer (see Qwen2Model.fuse_projections): call once
+        after loading and moving the model; the state dict keeps its official keys."""
+        self.llm.model.model.fuse_projections()
+
     # ---- inputs ------------------------------------------------------------------------------
     @torch.inference_mode()
     def build_prefill_input(self, text_tokens: TokenIds, prompt_text_tokens: TokenIds = (),
