@@ -170,6 +170,7 @@ class CallMedia:
                 if self._closed:
                     return
                 buffer.push(resampler.push(chunk), loop.time())
+                self._clock.run_if_due()  # many calls taking in chunks at once must not hold a tick back
             if self._closed:
                 return
             buffer.push(resampler.flush(), loop.time())

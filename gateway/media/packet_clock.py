@@ -12,6 +12,11 @@ always name deadlines, so a skip shows up as a gap in the index.
 
 Subscribers are plain callbacks `on_tick(tick_index, deadline)` run on the loop thread; they must be
 tiny (pop a frame, encode, sendto). One failing subscriber is logged and does not stop the others.
+
+asyncio runs every callback that is already ready before it looks at timers again, so a burst of
+ready work (hundreds of calls each taking in an engine chunk) would hold a due tick back for the whole
+burst. Code that does such work in a loop calls `run_if_due()` between items: a due tick then runs
+at once, and the burst can delay it by one item, not by all of them.
 """
 
 from __future__ import annotations
@@ -80,6 +85,13 @@ class PacketClock:
     def tick_at(self, loop_time: float) -> float:
         """Fractional tick index of a loop time (for RTP timestamps of things between ticks)."""
         return (loop_time - self._t0) / PERIOD_S
+
+    def run_if_due(self) -> None:
+        """Run the next tick now if its deadline has passed (called between items of bulk work)."""
+        if self._handle is not None and self._loop is not None \
+                and self._loop.time() >= self._t0 + self._next * PERIOD_S:
+            self._handle.cancel()
+            self._tick()
 
     def _tick(self) -> None:
         assert self._loop is not None

@@ -70,3 +70,24 @@ async def test_unsubscribe_and_a_failing_subscriber_do_not_stop_the_others() -> 
     finally:
         clock.stop()
     assert len(calls) == 3
+
+
+async def test_bulk_work_that_polls_the_clock_does_not_hold_a_tick_back() -> None:
+    loop = asyncio.get_running_loop()
+    clock = PacketClock()
+    lateness: list[float] = []
+    clock.subscribe(lambda index, deadline: lateness.append(loop.time() - deadline))
+    clock.start()
+    await asyncio.sleep(3 * PERIOD_S)
+
+    def burst() -> None:  # 150 ms of back-to-back work in ONE callback, polling between items
+        end = loop.time() + 0.150
+        while loop.time() < end:
+            sum(range(2000))
+            clock.run_if_due()
+
+    loop.call_soon(burst)
+    await asyncio.sleep(0.3)
+    clock.stop()
+    assert len(lateness) >= 15
+    assert max(lateness) < 0.005  # without polling, ticks inside the burst would run up to 150 ms late
