@@ -31,7 +31,7 @@ class Gateway:
         self.media = MediaEngine(media_settings)
         self.sip = SipServer(sip_settings, on_invite=self._on_invite)
         self._resolve_prompt = resolve_prompt
-        self._sessions: set[asyncio.Task[str]] = set()
+        self._sessions: dict[asyncio.Task[str], CallSession] = {}
         self.started_at: float | None = None
 
     async def start(self) -> None:
@@ -46,8 +46,8 @@ class Gateway:
     def _on_invite(self, call: InboundCall) -> None:
         session = CallSession(call, self._resolve_prompt, self.engine, self.media)
         task = asyncio.get_running_loop().create_task(session.run(), name=f"call-{call.call_id}")
-        self._sessions.add(task)
-        task.add_done_callback(self._sessions.discard)
+        self._sessions[task] = session
+        task.add_done_callback(lambda done: self._sessions.pop(done, None))
 
     @property
     def draining(self) -> bool:
@@ -57,20 +57,32 @@ class Gateway:
         return {"status": "draining" if self.draining else "ok", "engine": self.engine.name,
                 "calls_active": len(self._sessions), "draining": self.draining}
 
-    async def drain(self, timeout_s: float) -> None:
-        """Stop admitting calls; wait for the current ones up to timeout_s, then hang them up."""
+    async def drain(self, timeout_s: float, bye_grace_s: float = 2.0) -> None:
+        """Stop admitting calls; let the current ones finish for up to timeout_s, then hang up the rest
+        with a proper BYE (a caller should hear the line close, not silence) and give those BYEs
+        `bye_grace_s` to complete before the sessions are cancelled."""
         self.sip.draining = True
         log.info("draining", calls=len(self._sessions), timeout_s=timeout_s)
-        if self._sessions:
-            _, pending = await asyncio.wait(set(self._sessions), timeout=timeout_s)
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+        if not self._sessions:
+            return
+        _, pending = await asyncio.wait(set(self._sessions), timeout=timeout_s)
+        if not pending:
+            return
+        log.info("drain_timeout_hanging_up", calls=len(pending))
+        for task in pending:
+            session = self._sessions.get(task)
+            if session is not None:
+                session.call.hangup()
+        _, pending = await asyncio.wait(pending, timeout=bye_grace_s)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
 
     async def stop(self) -> None:
-        for task in set(self._sessions):
+        tasks = list(self._sessions)
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._sessions, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         await self.sip.stop()
         await self.media.stop()
         await self.engine.close()

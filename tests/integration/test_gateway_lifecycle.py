@@ -120,3 +120,20 @@ async def test_sigterm_stops_the_service_cleanly():
     finally:
         if process.returncode is None:
             process.kill()
+
+
+async def test_drain_timeout_hangs_up_remaining_calls_with_bye(tmp_path):
+    gateway = await start_gateway("instant", engine_settings={"ms_per_char": 60})
+    try:
+        recorder = await rtp_recorder()
+        call = asyncio.create_task(run_sipp(SCENARIOS / "gw_listen.xml", gateway.sip.udp_address, tmp_path, keys={
+            "text": "y" * 200, "rtp_rx": str(recorder.port), "codec_pt": "0", "codec_name": "PCMU"}))
+        while gateway.status()["calls_active"] == 0:
+            await asyncio.sleep(0.02)
+        await gateway.drain(timeout_s=0.5)  # the 12 s prompt cannot finish in time
+        rc, errors = await call
+        assert rc == 0, errors  # the caller got a BYE (gw_listen waits for it and answers 200)
+        assert gateway.status()["calls_active"] == 0
+        assert len(recorder.packets) < 100  # cut short, not played to the end
+    finally:
+        await gateway.stop()
