@@ -11,8 +11,12 @@ not read the whole static cache. The caller passes `kv_len` (the longest live sl
 the step, which the scheduler knows) and the smallest attend bucket > kv_len is chosen.
 
 With a `BatchedRasSampler` the draw is captured in the same graph (`step_sample`), so a step costs
-one replay and one small host copy. With `compile=True` the step is first fused by torch.compile
-(inductor, dynamic batch), which cuts the ~1,200 kernels of an eager step to a few hundred.
+one replay and one small host copy. By default (`compile=True`) the step is first fused by
+torch.compile (inductor, dynamic batch) inside the warm-up before capture, so the cost lands in the
+constructor and never on a first step: on an H100 (bf16, full size) compiling takes ~2 minutes and
+cuts a step from 2.7-5.5 ms to 1.3-2.4 ms (batch 1-128; bench/bench_decode.py). The projections
+are fused too (`fuse=True`: one q/k/v and one gate/up matmul per layer; the LM's state-dict keys
+are unchanged).
 
 Outputs are views of the graph's static buffers: consume them before the next step. The scratch
 slot belongs to this runner; the scheduler must never assign it to a request.
@@ -22,13 +26,17 @@ slot belongs to this runner; the scheduler must never assign it to a request.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
+import structlog
 import torch
 
 from tts_core.accel.buckets import power_of_two_buckets, select_bucket
 from tts_core.accel.batched_sampler import BatchedRasSampler
 from tts_core.llm.speech_lm import SpeechTokenLM
+
+log = structlog.get_logger(__name__)
 
 # The undecorated step (SpeechTokenLM.decode_step minus its inference_mode wrapper), for compiling.
 _decode_step = SpeechTokenLM.decode_step.__wrapped__  # type: ignore[attr-defined]
@@ -37,11 +45,12 @@ _decode_step = SpeechTokenLM.decode_step.__wrapped__  # type: ignore[attr-define
 class GraphedDecoder:
     def __init__(self, lm: SpeechTokenLM, batch_buckets: Sequence[int] | None = None,
                  attend_buckets: Sequence[int] | None = None, scratch_slot: int | None = None,
-                 sampler: BatchedRasSampler | None = None, compile: bool = False, warmup: int = 2) -> None:
+                 sampler: BatchedRasSampler | None = None, compile: bool = True, warmup: int = 2,
+                 fuse: bool = True) -> None:
         cache = lm.kv_cache
         if cache is None:
             raise RuntimeError("GraphedDecoder: call lm.setup_cache(max_batch, max_len) first")
-        if not cache.k.is_cuda:
+        if cache.device.type != "cuda":
             raise RuntimeError("GraphedDecoder needs the model and its cache on a CUDA device")
         self.lm = lm
         self.cache = cache
@@ -53,7 +62,7 @@ class GraphedDecoder:
             raise ValueError(f"GraphedDecoder: bucket {self.batch_buckets[-1]} exceeds the {usable} usable slots")
         if self.attend_buckets[-1] > cache.max_len:
             raise ValueError(f"GraphedDecoder: attend bucket {self.attend_buckets[-1]} exceeds the cache length")
-        device = cache.k.device
+        device = cache.device
         largest = self.batch_buckets[-1]
         self._slots = torch.full((largest,), self.scratch_slot, dtype=torch.long, device=device)
         self._tokens = torch.zeros(largest, dtype=torch.long, device=device)
@@ -61,9 +70,16 @@ class GraphedDecoder:
         window = sampler.config.win_size if sampler is not None else 1
         self._history = torch.full((largest, window), -1, dtype=torch.long, device=device)
         self._allow_stop = torch.ones(largest, dtype=torch.bool, device=device)
+        if fuse:
+            lm.fuse_projections()
         self._decode = torch.compile(_decode_step, dynamic=True) if compile else _decode_step
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
+        started = time.perf_counter()
         self._capture_all(warmup)
+        # Compiling happens here, in the warm-up before capture: never on a caller's first step.
+        self.capture_seconds = time.perf_counter() - started
+        log.info("lm_decode_graphs_captured", buckets=len(self._graphs), compiled=compile, fused=fuse,
+                 seconds=round(self.capture_seconds, 1))
 
     def _step(self, batch: int, attend: int) -> tuple[torch.Tensor, ...]:
         # Reset inside the graph: padding rows advance the scratch slot every replay.
@@ -146,14 +162,14 @@ class GraphedPrefill:
 
     def __init__(self, lm: SpeechTokenLM, length_buckets: Sequence[int], warmup: int = 2) -> None:
         cache = lm.kv_cache
-        if cache is None or not cache.k.is_cuda:
+        if cache is None or cache.device.type != "cuda":
             raise RuntimeError("GraphedPrefill needs lm.setup_cache(...) on a CUDA device first")
         self.lm = lm
         self.cache = cache
         self.length_buckets = tuple(sorted(length_buckets))
         if self.length_buckets[-1] > cache.max_len:
             raise ValueError(f"GraphedPrefill: bucket {self.length_buckets[-1]} exceeds the cache length")
-        device = cache.k.device
+        device = cache.device
         width = lm.llm.config.hidden_size
         self._embeds = torch.zeros(1, self.length_buckets[-1], width, dtype=lm.llm_decoder.weight.dtype, device=device)
         self._slot = torch.zeros(1, dtype=torch.long, device=device)

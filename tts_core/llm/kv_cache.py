@@ -76,11 +76,12 @@ class StaticKVCache(nn.Module):
     def write(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, k: torch.Tensor,
               v: torch.Tensor) -> None:
         """Store k, v (B, kv_heads, T, head_dim) at `positions` (B, T) of rows `slots` (B,)."""
-        rows = slots[:, None]
-        # Advanced indices around a slice put the indexed dims first: (B, T, kv_heads, head_dim).
-        # Direct assignment on the layer's own tensor is one in-place index_put_, also when compiled.
-        self.keys[layer][rows, :, positions] = k.transpose(1, 2).to(self.keys[layer].dtype)
-        self.values[layer][rows, :, positions] = v.transpose(1, 2).to(self.values[layer].dtype)
+        # aten's index_put_ with a None index (every head) rather than `t[rows, :, positions] = ...`: Python's
+        # `:` becomes a slice view, which the compiler writes back with a slice_scatter over the whole
+        # tensor. Advanced indices around the None put the indexed dims first: (B, T, kv_heads, head_dim).
+        index = [slots[:, None], None, positions]
+        torch.ops.aten.index_put_(self.keys[layer], index, k.transpose(1, 2).to(self.keys[layer].dtype))
+        torch.ops.aten.index_put_(self.values[layer], index, v.transpose(1, 2).to(self.values[layer].dtype))
 
     def read(self, layer: int, slots: torch.Tensor, attend_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values (B, kv_heads, attend_len, head_dim) of rows `slots`."""

@@ -135,25 +135,8 @@ class Qwen2Attention(nn.Module):
         cache.write(self.layer_idx, slots, positions, k, v)
         keys, values = cache.read(self.layer_idx, slots, mask.shape[-1])
         # The explicit mask carries both causality and each slot's own length (kv_cache.attention_mask).
-        out = _grouped_attention(q, keys, values, mask)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=self.kv_heads != self.heads)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
-
-
-def _grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                       mask: torch.Tensor) -> torch.Tensor:
-    """Grouped-query attention, q (B, H, T, D) over keys/values (B, Hkv, L, D), mask (B, 1, T, L).
-
-    Query head h reads key head h // (H / Hkv) (Qwen2's repeat_kv layout), so the H / Hkv query heads
-    of one group are folded into that key head's query rows: plain multi-head attention over Hkv
-    heads with G*T queries. SDPA's own `enable_gqa` has no fused CUDA kernel that takes a mask and
-    falls back to repeating keys and values G times (7x the bytes); this shape runs one fused kernel."""
-    b, heads, t, dim = q.shape
-    kv_heads, attend = keys.shape[1], keys.shape[2]
-    group = heads // kv_heads
-    folded = q.reshape(b, kv_heads, group * t, dim)
-    mask = mask[:, :, None].expand(b, 1, group, t, attend).reshape(b, 1, group * t, attend)
-    out = F.scaled_dot_product_attention(folded, keys, values, attn_mask=mask)
-    return out.reshape(b, heads, t, dim)
 
 
 def _fuse_params(first: nn.Linear, second: nn.Linear, third: nn.Linear | None, name: str) -> torch.Tensor:
