@@ -21,11 +21,11 @@ def test_graphed_decode_steps_equal_eager_steps(tiny_model_dir: Path) -> None:
     gen = torch.Generator().manual_seed(0)
     inputs = [lm.build_prefill_input(torch.randint(0, 100, (5 + 3 * i,), generator=gen).tolist()) for i in live]
     lm.prefill(live, inputs)
-    snap = (cache.k.clone(), cache.v.clone(), cache.lengths.clone())
+    snap = cache.snapshot()
     tokens = torch.randint(0, lm.speech_token_size, (3, len(live)), generator=gen)
     eager = [lm.decode_step(live, t.tolist()).clone() for t in tokens]
     dec = GraphedDecoder(lm, (1, 2, 4, 8), (32, 96))
-    cache.k.copy_(snap[0]); cache.v.copy_(snap[1]); cache.lengths.copy_(snap[2])  # noqa: E702
+    cache.restore(snap)
     for t, expected in zip(tokens, eager):
         kv = int(cache.lengths[live].max())
         got = dec.step(live, t.tolist(), kv_len=kv)

@@ -47,17 +47,6 @@ class StaticKVCache(nn.Module):
     def device(self) -> torch.device:
         return self.keys[0].device
 
-    @property
-    def k(self) -> torch.Tensor:
-        """All keys stacked (layers, max_batch, kv_heads, max_len, head_dim): a COPY for inspection;
-        writing into it does not reach the cache (use `restore`)."""
-        return torch.stack(self.keys)
-
-    @property
-    def v(self) -> torch.Tensor:
-        """All values stacked, a copy like `k`."""
-        return torch.stack(self.values)
-
     def snapshot(self) -> CacheSnapshot:
         """A copy of every key, value and length, for `restore` (tests and benchmarks rewind with it)."""
         return (tuple(t.clone() for t in self.keys), tuple(t.clone() for t in self.values), self.lengths.clone())
