@@ -10,7 +10,7 @@ weight norm folded, voices) on one device and starts the scheduler thread that o
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import structlog
@@ -39,12 +39,13 @@ class TextFrontend:
     """Text -> normalised segments -> text tokens per segment (the official split=True path)."""
 
     tokenizer: TextTokenizer
-    normalizer: TextNormalizer
+    normalizer: TextNormalizer | None  # None: the text is already normalised, one segment (benchmarks)
 
     def __call__(self, text: str) -> list[list[int]]:
         if is_only_punctuation("".join(text.split())):  # nothing to say (wetext asserts on it)
             return []
-        return [ids for ids in (self.tokenizer.encode(s) for s in self.normalizer.split(text)) if ids]
+        segments = self.normalizer.split(text) if self.normalizer is not None else [text]
+        return [ids for ids in (self.tokenizer.encode(s) for s in segments) if ids]
 
 
 class CosyVoice2Pipeline:
@@ -60,20 +61,29 @@ class CosyVoice2Pipeline:
     @classmethod
     def load(cls, model_dir: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
              voices_dir: str | Path | None = None, max_batch: int = 8, max_len: int = 2048,
-             schedule: ChunkSchedule = ChunkSchedule()) -> CosyVoice2Pipeline:
+             schedule: ChunkSchedule = ChunkSchedule(), fast: SchedulerSettings | None = None,
+             normalize: bool = True) -> CosyVoice2Pipeline:
+        """`fast`: scheduler settings whose fast-path fields (flow window, graphs, buckets, render
+        budget) are used; max_batch/max_len/schedule come from the arguments. With graphs, every
+        graph is captured here, before the first request (the time is logged and kept in
+        `scheduler.capture_report`)."""
         started = time.perf_counter()
         md = ModelDir.open(model_dir)
         device = torch.device(device)
         tokenizer = TextTokenizer(md.qwen_dir)
-        frontend = TextFrontend(tokenizer, TextNormalizer(tokenizer))
+        frontend = TextFrontend(tokenizer, TextNormalizer(tokenizer) if normalize else None)
         lm = load_speech_lm(md, device, dtype)
         flow = load_flow(md.root, device, dtype)
         # HiFT stays float32: its ISTFT and source phases lose audible precision in 16-bit, and it
         # is a small share of the work.
         hift = load_hift(md.root, device, torch.float32, fold=True)
         voices = VoiceBank.load(md.root, voices_dir)
+        settings = replace(fast or SchedulerSettings(), max_batch=max_batch, max_len=max_len, schedule=schedule)
+        if settings.graphs and device.type != "cuda":
+            raise ValueError("CUDA graphs need a CUDA device")
         scheduler = SynthesisScheduler(lm, RasSampler(md.sampling, lm.speech_token_size), flow, hift, frontend,
-                                       SchedulerSettings(max_batch=max_batch, max_len=max_len, schedule=schedule))
+                                       settings)
+        scheduler.capture([voices.get(name) for name in voices.names()])
         scheduler.start()
         log.info("tts_pipeline_loaded", model_dir=str(md.root), device=str(device), dtype=str(dtype),
                  voices=len(voices), max_batch=max_batch, max_len=max_len,

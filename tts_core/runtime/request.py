@@ -103,7 +103,8 @@ class SynthesisJob:
         self.logp: torch.Tensor | None = None  # host logp awaiting a sample (None: nothing to sample)
         self.lm_finished = False
         self.planner: ChunkPlanner | None = None
-        self.token2wav: Token2WavStream | None = None
+        self.pending_chunk: ChunkTask | None = None  # issued by the planner, deferred by the render budget
+        self.token2wav: Token2WavStream | None = None  # or the fast path's WindowedStream
         self.lm_s_since_chunk = 0.0
         self.audio_s = 0.0
         self.done = False
@@ -118,6 +119,10 @@ class SynthesisJob:
         return self.slot is not None and not self.lm_finished and self.logp is None and bool(self.tokens)
 
     def next_chunk(self) -> ChunkTask | None:
+        """The chunk to render now (a deferred one first); the caller renders it or defers it again."""
+        if self.pending_chunk is not None:
+            task, self.pending_chunk = self.pending_chunk, None
+            return task
         if self.planner is None:
             return None
         return self.planner.next_chunk(len(self.tokens), self.lm_finished)
@@ -130,6 +135,12 @@ class SynthesisJob:
             return (0, t.submitted)
         return (1, t.first_chunk + self.audio_s)
 
+    def slack(self, now: float) -> float:
+        """Seconds of emitted audio not yet played at `now` (playout from the first chunk); 0 before it."""
+        if self.timings.first_chunk is None:
+            return 0.0
+        return self.timings.first_chunk + self.audio_s - now
+
     # ---- transitions ---------------------------------------------------------------------------
     def start_segment(self, planner: ChunkPlanner, token2wav: Token2WavStream, min_len: int, max_len: int) -> None:
         self.segment += 1
@@ -137,6 +148,7 @@ class SynthesisJob:
         self.lm_finished = False
         self.logp = None
         self.planner = planner
+        self.pending_chunk = None
         self.token2wav = token2wav
         self.min_len, self.max_len = min_len, max_len
 
@@ -146,7 +158,7 @@ class SynthesisJob:
 
     @property
     def segment_done(self) -> bool:
-        return self.planner is not None and self.planner.done
+        return self.planner is not None and self.planner.done and self.pending_chunk is None
 
     def accept_token(self, token: int, speech_token_size: int) -> None:
         """Take one sampled token; a stop token, or reaching max_len, ends the segment's LM."""

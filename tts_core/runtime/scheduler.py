@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import structlog
@@ -31,9 +31,11 @@ from tts_core.flow import FlowModel
 from tts_core.hift import HiftGenerator
 from tts_core.llm.sampling import RasSampler
 from tts_core.llm.speech_lm import SpeechTokenLM
+from tts_core.runtime.chunk_render import ChunkRenderer
 from tts_core.runtime.request import ChunkTiming, SynthesisError, SynthesisJob
 from tts_core.streaming.chunk_schedule import ChunkPlanner, ChunkSchedule, ChunkTask
-from tts_core.streaming.token2wav import Token2WavStream
+from tts_core.streaming.token2wav import RenderedChunk, Token2WavStream
+from tts_core.voices import Voice
 
 log = structlog.get_logger(__name__)
 
@@ -48,6 +50,19 @@ class SchedulerSettings:
     max_batch: int = 8
     max_len: int = 2048  # KV-cache positions per slot: prompt text + text + prompt speech + generated
     schedule: ChunkSchedule = ChunkSchedule()
+    # Fast paths (see tts_core.runtime.chunk_render / window_flow and tts_core.accel):
+    flow_window_tokens: int | None = None  # None: exact IncrementalFlow per job; N: bounded, batched flow
+    graphs: bool = False  # CUDA only: captured decode (+ on-device sampling), prefill, flow and HiFT
+    prefill_buckets: tuple[int, ...] = (128, 192, 256, 320, 384, 512)
+    attend_buckets: tuple[int, ...] = (256, 512, 1024, 2048)
+    flow_batches: tuple[int, ...] = (1, 2, 4, 8, 16)
+    # Chunk rendering per loop iteration stops after this many seconds (the most urgent chunks go
+    # first; the rest wait an iteration) so that every stream's decode steps keep flowing.
+    render_budget_s: float = 0.05
+    # Fast path: a later chunk whose stream still has more than this much unplayed audio waits, so
+    # that chunks of many streams gather into one batched flow call instead of many small ones that
+    # each stall every stream's decode step (first chunks never wait).
+    defer_slack_s: float = 0.8
 
 
 @dataclass(frozen=True)
@@ -67,8 +82,14 @@ class SynthesisScheduler:
         self.lm, self.sampler, self.flow, self.hift = lm, sampler, flow, hift
         self.frontend = frontend
         self.settings = settings
-        self.cache = lm.setup_cache(settings.max_batch, settings.max_len)
+        # With graphs one extra cache row is the decode graphs' scratch slot, never a job's.
+        self.cache = lm.setup_cache(settings.max_batch + (1 if settings.graphs else 0), settings.max_len)
         self._hift_device = next(hift.parameters()).device
+        self.renderer = (ChunkRenderer(flow, hift, settings.flow_window_tokens)
+                         if settings.flow_window_tokens is not None else None)
+        self.decoder = None  # GraphedDecoder, once captured
+        self.prefiller = None  # GraphedPrefill, once captured
+        self.capture_report: dict = {}
         self._cond = threading.Condition()
         self._waiting: deque[SynthesisJob] = deque()
         self._active: list[SynthesisJob] = []
@@ -78,6 +99,36 @@ class SynthesisScheduler:
         self.steps: deque[StepTiming] = deque(maxlen=10_000)
 
     # ---- any thread ------------------------------------------------------------------------------
+    def capture(self, voices: Sequence[Voice]) -> dict:
+        """Capture every CUDA graph the loop will replay (before `start`; seconds, once per process),
+        so no request pays for it. Returns what was captured and how long each part took."""
+        if not self.settings.graphs:
+            return {}
+        from tts_core.accel.batched_sampler import BatchedRasSampler
+        from tts_core.accel.buckets import power_of_two_buckets
+        from tts_core.accel.lm_graphs import GraphedDecoder, GraphedPrefill
+
+        s = self.settings
+        report: dict = {}
+        t0 = time.perf_counter()
+        attend = tuple(b for b in s.attend_buckets if b < s.max_len) + (s.max_len,)
+        self.decoder = GraphedDecoder(self.lm, power_of_two_buckets(s.max_batch), attend,
+                                      scratch_slot=s.max_batch,
+                                      sampler=BatchedRasSampler(self.sampler.config, self.lm.speech_token_size))
+        report["decode_capture_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        self.prefiller = GraphedPrefill(self.lm, tuple(b for b in s.prefill_buckets if b <= s.max_len))
+        report["prefill_capture_s"] = time.perf_counter() - t0
+        if self.renderer is not None:
+            t0 = time.perf_counter()
+            report.update(self.renderer.capture(voices, s.schedule, s.flow_batches))
+            report["flow_hift_capture_s"] = time.perf_counter() - t0
+        torch.cuda.synchronize()
+        report["capture_s"] = sum(v for k, v in report.items() if k.endswith("_capture_s"))
+        self.capture_report = report
+        log.info("tts_graphs_captured", **{k: v for k, v in report.items() if k.endswith("_s")})
+        return report
+
     def start(self) -> None:
         if self._thread is not None:
             return
@@ -222,13 +273,19 @@ class SynthesisScheduler:
         max_len = min(opts.max_tokens if opts.max_tokens is not None else max_len, room)
         schedule = opts.schedule or self.settings.schedule
         generator = torch.Generator(device=self._hift_device).manual_seed(job.seed + job.segment + 1)
-        job.start_segment(ChunkPlanner(schedule, len(voice.flow_prompt_speech_token)),
-                          Token2WavStream(self.flow, self.hift, voice, generator), min(min_len, max_len),
-                          max(max_len, 1))
+        stream = (self.renderer.stream(voice, schedule, generator) if self.renderer is not None
+                  else Token2WavStream(self.flow, self.hift, voice, generator))
+        job.start_segment(ChunkPlanner(schedule, len(voice.flow_prompt_speech_token)), stream,
+                          min(min_len, max_len), max(max_len, 1))
         return lm_input
 
     def _run_prefill(self, ready: list[tuple[SynthesisJob, torch.Tensor]]) -> None:
-        logp = self.lm.prefill([job.slot for job, _ in ready], [x for _, x in ready]).float().cpu()
+        if self.prefiller is not None and all(x.shape[0] <= self.prefiller.length_buckets[-1] for _, x in ready):
+            # One graph replay per job (batch-1 graphs); the host copy waits for them all.
+            rows = [self.prefiller.prefill(job.slot, x).clone() for job, x in ready]
+            logp = torch.cat(rows).float().cpu()
+        else:
+            logp = self.lm.prefill([job.slot for job, _ in ready], [x for _, x in ready]).float().cpu()
         for row, (job, lm_input) in enumerate(ready):
             job.logp = logp[row]
             job.kv_len = lm_input.shape[0]
@@ -247,23 +304,62 @@ class SynthesisScheduler:
             job.lm_s_since_chunk += time.perf_counter() - started
 
     def _render_due(self) -> int:
-        due: list[tuple[SynthesisJob, ChunkTask]] = []
-        for job in self._active:
-            task = job.next_chunk()
-            if task is not None:
-                due.append((job, task))
-        due.sort(key=lambda item: item[0].deadline())
+        """Render due chunks, most urgent first, until the iteration's render budget is spent; the
+        rest stay pending for the next iteration (after one more decode step for everyone)."""
+        started = time.perf_counter()
+        budget = self.settings.render_budget_s
         rendered = 0
-        for job, task in due:
-            while task is not None and job in self._active:
+        while True:
+            due: list[tuple[SynthesisJob, ChunkTask]] = []
+            now = time.perf_counter()
+            for job in self._active:
+                task = job.next_chunk()
+                if task is None:
+                    continue
+                if self.renderer is not None and job.slack(now) > self.settings.defer_slack_s:
+                    job.pending_chunk = task
+                    continue
+                due.append((job, task))
+            if not due:
+                return rendered
+            due.sort(key=lambda item: item[0].deadline())
+            if rendered and time.perf_counter() - started >= budget:
+                for job, task in due:
+                    job.pending_chunk = task
+                return rendered
+            if self.renderer is None:
+                (job, task), rest = due[0], due[1:]
                 self._render(job, task)
                 rendered += 1
-                task = job.next_chunk() if job in self._active else None
-        return rendered
+            else:
+                take = max(self.settings.flow_batches)
+                rest = due[take:]
+                rendered += self._render_batch(due[:take])
+            for job, task in rest:
+                job.pending_chunk = task
 
     def _render(self, job: SynthesisJob, task: ChunkTask) -> None:
         try:
             out = job.token2wav.render(job.tokens, task)
+        except Exception as exc:
+            self._fail(job, exc)
+            return
+        self._hand_off(job, task, out)
+
+    def _render_batch(self, due: list[tuple[SynthesisJob, ChunkTask]]) -> int:
+        try:
+            outs = self.renderer.render([(job.token2wav, job.tokens, task) for job, task in due])
+        except Exception as exc:
+            if len(due) == 1:
+                self._fail(due[0][0], exc)
+                return 0
+            return sum(self._render_batch([one]) for one in due)  # alone, so one bad job fails alone
+        for (job, task), out in zip(due, outs):
+            self._hand_off(job, task, out)
+        return len(due)
+
+    def _hand_off(self, job: SynthesisJob, task: ChunkTask, out: RenderedChunk) -> None:
+        try:
             handed = time.perf_counter()
             job.sink.put(out.audio)
             now = time.perf_counter()
@@ -293,18 +389,36 @@ class SynthesisScheduler:
         if not batch:
             return 0
         started = time.perf_counter()
-        # Read only the cache columns some job of the batch uses, rounded up to a bucket so the
-        # step keeps a few fixed shapes (cheaper attention early on; capturable per bucket).
-        longest = max(job.kv_len for job in batch) + 1
-        attend_len = min(self.cache.max_len, -(-longest // ATTEND_BUCKET) * ATTEND_BUCKET)
-        logp = self.lm.decode_step([job.slot for job in batch], [job.tokens[-1] for job in batch], attend_len)
-        logp = logp.float().cpu()  # the one host copy of the step
+        longest = max(job.kv_len for job in batch)
+        if self.decoder is not None:
+            self._decode_graphed(batch, longest)
+        else:
+            # Read only the cache columns some job of the batch uses, rounded up to a bucket so the
+            # step keeps a few fixed shapes (cheaper attention early on; capturable per bucket).
+            attend_len = min(self.cache.max_len, -(-(longest + 1) // ATTEND_BUCKET) * ATTEND_BUCKET)
+            logp = self.lm.decode_step([job.slot for job in batch], [job.tokens[-1] for job in batch], attend_len)
+            logp = logp.float().cpu()  # the one host copy of the step
+            for row, job in enumerate(batch):
+                job.logp = logp[row]
+                job.kv_len += 1
         elapsed = time.perf_counter() - started
-        for row, job in enumerate(batch):
-            job.logp = logp[row]
-            job.kv_len += 1
+        for job in batch:
             job.lm_s_since_chunk += elapsed
         return len(batch)
+
+    def _decode_graphed(self, batch: list[SynthesisJob], longest: int) -> None:
+        """Decode step and on-device RAS draw for every row in one graph replay; one host copy of
+        the drawn tokens per step, whatever the batch."""
+        window = self.decoder.sampler.config.win_size
+        history = torch.tensor([([-1] * window + job.tokens)[-window:] for job in batch], dtype=torch.long)
+        allow_stop = torch.tensor([len(job.tokens) >= job.min_len for job in batch])
+        device = self.cache.device
+        tokens = self.decoder.step_sample([job.slot for job in batch], [job.tokens[-1] for job in batch],
+                                          history.to(device, non_blocking=True),
+                                          allow_stop.to(device, non_blocking=True), kv_len=longest).tolist()
+        for job, token in zip(batch, tokens):
+            job.kv_len += 1
+            job.accept_token(token, self.lm.speech_token_size)
 
     def _fail(self, job: SynthesisJob, exc: BaseException) -> None:
         log.warning("tts_job_failed", call_id=job.call_id, error=repr(exc))

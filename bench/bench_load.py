@@ -1,0 +1,274 @@
+"""A call-center day in miniature: Poisson arrivals of short TTS requests on one scheduler.
+
+For each arrival rate of a sweep, requests arrive as a Poisson process for `--duration` seconds:
+texts of 8-60 characters, Chinese or English, in voice `bench_voice` (150 prompt tokens) of a
+full-size random-weight model (bench/full_model.py). Random weights rarely say stop, so each
+request's speech-token count is fixed from its text (~5 tokens per Chinese character, 1.5 per
+English one, bounded) with JobOptions(min_tokens=max_tokens): runs are comparable.
+
+Per rate: first-chunk latency p50/p95/p99 (submit -> first chunk handed to the sink), underruns (a
+chunk handed over after the audio before it has finished playing, on a playout clock per stream
+that starts at its first chunk), per-stream RTF, mean/peak concurrent streams, GPU memory. The
+report names the largest concurrency whose p95 first chunk is <= 300 ms with zero underruns, and
+splits one lone request's first chunk (frontend, prefill, decode, flow, HiFT, hand-off).
+
+    python bench/bench_load.py                        # CUDA, bf16, graphs, full-size model in /tmp
+    python bench/bench_load.py --model-dir ../shared/golden/cosyvoice2_tiny --device cpu \\
+        --rates 2 --duration 1 --min-tokens 20 --max-tokens 40     (seconds, the test's settings)
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import random
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+ZH = "您好欢迎致电客服中心请问有什么可以帮您的我们将尽快为您处理订单查询退款预约服务时间地址电话谢谢再见稍等正在转接人工"
+EN = ("hello thank you for calling your order has shipped please hold the line we will be with you shortly "
+      "press one for billing two for support your appointment is confirmed for tomorrow at nine").split()
+SAMPLE_RATE = 24_000
+
+
+def make_text(rng: random.Random) -> tuple[str, str]:
+    length = rng.randint(8, 60)
+    if rng.random() < 0.5:
+        return "zh", "".join(rng.choice(ZH) for _ in range(length))
+    words: list[str] = []
+    while len(" ".join(words)) < length:
+        words.append(rng.choice(EN))
+    return "en", " ".join(words)[:length].strip()
+
+
+def token_count(lang: str, text: str, lo: int, hi: int) -> int:
+    per_char = 5.0 if lang == "zh" else 1.5
+    return max(lo, min(hi, round(len(text) * per_char)))
+
+
+class TimedSink:
+    """Records when each chunk arrives (scheduler thread) and lets the driver wait for the end."""
+
+    def __init__(self) -> None:
+        self.arrivals: list[tuple[float, int]] = []  # (perf_counter, samples)
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+
+    cancelled = False
+
+    def put(self, chunk: np.ndarray) -> None:
+        self.arrivals.append((time.perf_counter(), len(chunk)))
+
+    def finish(self) -> None:
+        self.done.set()
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+        self.done.set()
+
+
+def underruns(submitted: float, arrivals: list[tuple[float, int]]) -> int:
+    """Chunks that arrive after the audio before them finished playing (playout from chunk 0)."""
+    if not arrivals:
+        return 0
+    start, played, late = arrivals[0][0], 0.0, 0
+    for at, samples in arrivals:
+        if at > start + played + 1e-4:
+            late += 1
+            start = at - played  # the caller heard a gap; playout resumes when the chunk lands
+        played += samples / SAMPLE_RATE
+    return late
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
+def run_rate(pipeline, voice: str, rate: float, duration: float, rng: random.Random, lo: int, hi: int,
+             timeout: float) -> dict:
+    from tts_core.runtime import JobOptions
+
+    gaps, t = [], 0.0
+    while True:
+        t += rng.expovariate(rate)
+        if t > duration:
+            break
+        gaps.append(t)
+    requests = []
+    wake = threading.Event()  # never set: waits until each arrival time without a busy loop
+    started = time.perf_counter()
+    active_samples = []
+    for at in gaps:
+        delay = started + at - time.perf_counter()
+        if delay > 0:
+            wake.wait(delay)
+        lang, text = make_text(rng)
+        n = token_count(lang, text, lo, hi)
+        sink = TimedSink()
+        job = pipeline.synthesize(text, voice, sink, JobOptions(min_tokens=n, max_tokens=n), call_id=f"r{len(requests)}")
+        requests.append((job, sink, n, lang))
+        active_samples.append(pipeline.scheduler.active_jobs)
+    deadline = time.perf_counter() + timeout
+    for _, sink, _, _ in requests:
+        sink.done.wait(max(0.0, deadline - time.perf_counter()))
+    wall = time.perf_counter() - started
+    first, rtf, late, failed, busy = [], [], 0, 0, []
+    for job, sink, n, _ in requests:
+        if sink.error is not None or not sink.done.is_set() or not sink.arrivals:
+            failed += 1
+            continue
+        submitted = job.timings.submitted
+        first.append(sink.arrivals[0][0] - submitted)
+        audio = sum(s for _, s in sink.arrivals) / SAMPLE_RATE
+        rtf.append((sink.arrivals[-1][0] - submitted) / audio)
+        late += underruns(submitted, sink.arrivals)
+        busy.append((submitted, sink.arrivals[-1][0]))
+    # Mean concurrency = total stream-seconds / span of the run; peak from the submit-time samples.
+    span = (max(e for _, e in busy) - min(s for s, _ in busy)) if busy else 1.0
+    mean_conc = sum(e - s for s, e in busy) / span if busy else 0.0
+    steps = list(pipeline.scheduler.steps)
+    return {
+        "rate_per_s": rate, "requests": len(requests), "failed": failed, "wall_s": wall,
+        "first_chunk_ms": {q: (percentile(first, q) or 0) * 1e3 for q in (50, 95, 99)},
+        "underruns": late, "rtf_mean": float(np.mean(rtf)) if rtf else None, "rtf_max": max(rtf, default=None),
+        "concurrency_mean": mean_conc, "concurrency_peak": max(active_samples, default=0),
+        "decode_batch_max": max((s.batch for s in steps), default=0),
+        "steps": len(steps), "step_ms_mean": 1e3 * wall / max(1, len(steps)),
+        "decode_ms_mean": 1e3 * float(np.mean([s.decode_s for s in steps])) if steps else None,
+        "render_ms_per_step": 1e3 * float(np.mean([s.render_s for s in steps])) if steps else None,
+        "chunks_per_render": (sum(s.chunks for s in steps) / max(1, sum(1 for s in steps if s.chunks))),
+        "gpu_mem_gb": torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else None,
+    }
+
+
+def first_chunk_split(pipeline, voice: str, tokens: int) -> dict:
+    from tts_core.runtime import CollectingSink, JobOptions
+
+    sink = CollectingSink()
+    job = pipeline.synthesize("Thank you for calling, please hold.", voice, sink,
+                              JobOptions(min_tokens=tokens, max_tokens=tokens), call_id="split")
+    sink.wait(600)
+    t, c = job.timings, job.timings.chunks[0]
+    first = t.since_submit(t.first_chunk)
+    split = {"frontend": t.frontend_s, "prefill": t.prefill_s, "decode": c.lm_s, "flow": c.flow_s,
+             "hift": c.hift_s, "handoff": c.handoff_s}
+    split["other"] = first - sum(split.values())
+    return {"first_chunk_ms": first * 1e3, **{f"{k}_ms": v * 1e3 for k, v in split.items()}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model-dir", help="default: full-size random weights built into /tmp")
+    p.add_argument("--golden", type=Path, default=REPO.parent / "shared" / "golden")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default bfloat16 on CUDA")
+    p.add_argument("--rates", type=float, nargs="+", default=[1, 5, 10, 15, 20, 25])
+    p.add_argument("--duration", type=float, default=15.0, help="seconds of arrivals per rate")
+    p.add_argument("--min-tokens", type=int, default=80)
+    p.add_argument("--max-tokens", type=int, default=300)
+    p.add_argument("--max-batch", type=int, default=160)
+    p.add_argument("--max-len", type=int, default=768)
+    p.add_argument("--window-tokens", type=int, default=25, help="flow context window (0: exact IncrementalFlow)")
+    p.add_argument("--first-hop", type=int, default=None, help="first_hop_tokens (default: official)")
+    p.add_argument("--graphs", choices=("auto", "on", "off"), default="auto")
+    p.add_argument("--render-budget-ms", type=float, default=50.0)
+    p.add_argument("--defer-slack-s", type=float, default=0.8)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for stragglers per rate")
+    p.add_argument("--out", type=Path, help="JSON path (default bench/results/load_<date>.json)")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cuda = args.device.startswith("cuda")
+    dtype = args.dtype or ("bfloat16" if cuda else "float32")
+    graphs = args.graphs == "on" or (args.graphs == "auto" and cuda)
+
+    from tts_core.runtime import CosyVoice2Pipeline, SchedulerSettings
+    from tts_core.streaming.chunk_schedule import ChunkSchedule
+
+    model_dir = Path(args.model_dir) if args.model_dir else None
+    if model_dir is None:
+        sys.path.insert(0, str(REPO / "bench"))
+        from full_model import build_full_model_dir
+
+        model_dir = Path("/tmp/cosyvoice2_full_bench")
+        if not (model_dir / "spk2info.pt").is_file():
+            build_full_model_dir(model_dir, args.golden)
+    fast = SchedulerSettings(flow_window_tokens=args.window_tokens or None, graphs=graphs,
+                             render_budget_s=args.render_budget_ms / 1e3, defer_slack_s=args.defer_slack_s)
+    t0 = time.perf_counter()
+    pipeline = CosyVoice2Pipeline.load(model_dir, args.device, DTYPES[dtype], max_batch=args.max_batch,
+                                       max_len=args.max_len, schedule=ChunkSchedule(first_hop_tokens=args.first_hop),
+                                       fast=fast, normalize=False)
+    load_s = time.perf_counter() - t0
+    report: dict = {"device": torch.cuda.get_device_name() if cuda else platform.processor(), "dtype": dtype,
+                    "torch": torch.__version__, "graphs": graphs, "window_tokens": args.window_tokens,
+                    "first_hop_tokens": args.first_hop, "max_batch": args.max_batch,
+                    "tokens_bounds": [args.min_tokens, args.max_tokens], "load_s": load_s,
+                    "capture": pipeline.scheduler.capture_report}
+    try:
+        names = pipeline.voices.names()
+        voice = "bench_voice" if "bench_voice" in names else names[0]
+        report["warmup_s"] = pipeline.warmup(voice)
+        report["first_chunk_split_1_stream"] = first_chunk_split(pipeline, voice, args.min_tokens)
+        rng = random.Random(args.seed)
+        report["rates"] = []
+        for rate in args.rates:
+            pipeline.scheduler.steps.clear()
+            r = run_rate(pipeline, voice, rate, args.duration, rng, args.min_tokens, args.max_tokens, args.timeout)
+            r["passes"] = r["failed"] == 0 and r["underruns"] == 0 and r["first_chunk_ms"][95] <= 300.0
+            report["rates"].append(r)
+            _print_row(r)
+    finally:
+        pipeline.close()
+    passing = [r for r in report["rates"] if r["passes"]]
+    best = max(passing, key=lambda r: r["concurrency_mean"], default=None)
+    report["max_concurrency_passing"] = (
+        {"rate_per_s": best["rate_per_s"], "mean": best["concurrency_mean"], "peak": best["concurrency_peak"]}
+        if best else None)
+    _print(report)
+    out = args.out or REPO / "bench" / "results" / f"load_{datetime.date.today().isoformat()}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+HEADER = f"{'rate/s':>6} {'reqs':>5} {'fail':>4} {'conc':>6} {'peak':>5} {'p50ms':>7} {'p95ms':>7} {'p99ms':>7} " \
+         f"{'underr':>6} {'rtf':>6} {'memGB':>6} pass"
+
+
+def _print_row(r: dict) -> None:
+    f = r["first_chunk_ms"]
+    mem = f"{r['gpu_mem_gb']:.1f}" if r["gpu_mem_gb"] is not None else "-"
+    rtf = f"{r['rtf_mean']:.3f}" if r["rtf_mean"] is not None else "-"
+    print(f"{r['rate_per_s']:>6g} {r['requests']:>5} {r['failed']:>4} {r['concurrency_mean']:>6.1f} "
+          f"{r['concurrency_peak']:>5} {f[50]:>7.1f} {f[95]:>7.1f} {f[99]:>7.1f} {r['underruns']:>6} {rtf:>6} "
+          f"{mem:>6} {r['passes']}  step {r['step_ms_mean']:.1f} ms (decode {r['decode_ms_mean'] or 0:.1f}, "
+          f"render {r['render_ms_per_step'] or 0:.1f}, {r['chunks_per_render']:.1f} chunks/render)", flush=True)
+
+
+def _print(report: dict) -> None:
+    print(f"\n{report['device']} {report['dtype']} graphs={report['graphs']} window={report['window_tokens']} "
+          f"load {report['load_s']:.1f} s (capture {report['capture'].get('capture_s', 0):.1f} s) "
+          f"warm-up {report['warmup_s']:.2f} s")
+    s = report["first_chunk_split_1_stream"]
+    print("1 stream first chunk: " + ", ".join(f"{k[:-3]} {v:.1f}" for k, v in s.items()) + " (ms)")
+    print(HEADER)
+    for r in report["rates"]:
+        _print_row(r)
+    print(f"largest passing concurrency (p95 first chunk <= 300 ms, 0 underruns): {report['max_concurrency_passing']}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
