@@ -76,13 +76,35 @@ def read_rtp_streams(path: str | Path) -> dict[int, RtpStream]:
     return streams
 
 
-def summarize(streams: dict[int, RtpStream], min_packets: int = 10) -> dict[str, float]:
+def steady_window(streams: dict[int, RtpStream], min_packets: int = 10) -> tuple[float, float] | None:
+    """From when the last stream started to when the first one ended: every stream is sending."""
+    used = [s for s in streams.values() if len(s.times) >= min_packets]
+    if not used:
+        return None
+    start, end = max(s.times[0] for s in used), min(s.times[-1] for s in used)
+    return (start, end) if end > start else None
+
+
+def summarize(streams: dict[int, RtpStream], min_packets: int = 10,
+              window: tuple[float, float] | None = None) -> dict[str, float]:
+    """Interval statistics over all streams; with `window`, only intervals that end inside it."""
     used = [s for s in streams.values() if len(s.times) >= min_packets]
     if not used:
         return {"streams": 0}
-    intervals = np.concatenate([s.intervals_ms() for s in used])
+    if window is None:
+        intervals = np.concatenate([s.intervals_ms() for s in used])
+    else:
+        parts = []
+        for s in used:
+            times = np.asarray(s.times)
+            inside = (times[1:] >= window[0]) & (times[1:] <= window[1])
+            parts.append(np.diff(times)[inside] * 1000.0)
+        intervals = np.concatenate(parts)
+        if intervals.size == 0:
+            return {"streams": len(used), "window_s": window[1] - window[0]}
     return {
         "streams": len(used),
+        **({"window_s": round(window[1] - window[0], 2)} if window else {}),
         "packets": int(sum(len(s.times) for s in used)),
         "interval_p50_ms": float(np.percentile(intervals, 50)),
         "interval_p99_ms": float(np.percentile(intervals, 99)),

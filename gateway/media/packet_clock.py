@@ -13,6 +13,13 @@ always name deadlines, so a skip shows up as a gap in the index.
 Subscribers are plain callbacks `on_tick(tick_index, deadline)` run on the loop thread; they must be
 tiny (pop a frame, encode, sendto). One failing subscriber is logged and does not stop the others.
 
+Phases: the calls are spread over `phases` evenly spaced slots of the period (4 slots of 5 ms by
+default), each call always in the same slot. A tick then serves a quarter of the calls, so the time
+from a slot's deadline to a given call's packet (its place in the slot's queue) is a quarter of what
+one 20 ms burst for every call would give, and so is its variation from tick to tick: that variation
+is the send jitter a receiver sees. Packet timing per call is unchanged: still one packet per 20 ms,
+with RTP timestamps from the packet tick index.
+
 asyncio runs every callback that is already ready before it looks at timers again, so a burst of
 ready work (hundreds of calls each taking in an engine chunk) would hold a due tick back for the whole
 burst. Code that does such work in a loop calls `run_if_due()` between items: a due tick then runs
@@ -34,9 +41,10 @@ PERIOD_S = 0.020
 TickCallback = Callable[[int, float], None]
 
 
-def due_ticks(now: float, t0: float, next_index: int, max_catch_up: int) -> tuple[range, int]:
+def due_ticks(now: float, t0: float, next_index: int, max_catch_up: int,
+              period: float = PERIOD_S) -> tuple[range, int]:
     """Which tick indices to run at `now`, and how many to skip (pure, for the catch-up policy)."""
-    latest = int((now - t0) / PERIOD_S)  # the newest deadline that has passed
+    latest = int((now - t0) / period)  # the newest deadline that has passed
     if latest < next_index:
         return range(next_index, next_index + 1), 0  # woken a hair early by float rounding: run it
     first = max(next_index, latest - max_catch_up)
@@ -44,10 +52,15 @@ def due_ticks(now: float, t0: float, next_index: int, max_catch_up: int) -> tupl
 
 
 class PacketClock:
-    def __init__(self, max_catch_up: int = 3) -> None:
+    def __init__(self, max_catch_up: int = 3, phases: int = 4) -> None:
+        if phases < 1:
+            raise ValueError("phases must be >= 1")
         self.max_catch_up = max_catch_up
-        self.skipped_ticks = 0
-        self._subscribers: dict[TickCallback, None] = {}  # insertion-ordered set
+        self.phases = phases
+        self.skipped_ticks = 0  # in slot ticks (PERIOD_S / phases each)
+        self._slot_period = PERIOD_S / phases
+        self._phase_subscribers: list[dict[TickCallback, None]] = [{} for _ in range(phases)]  # ordered sets
+        self._phase_of: dict[TickCallback, int] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._handle: asyncio.TimerHandle | None = None
         self._t0 = 0.0
@@ -77,10 +90,17 @@ class PacketClock:
             self._handle = None
 
     def subscribe(self, callback: TickCallback) -> None:
-        self._subscribers[callback] = None
+        """Serve `callback` once per period, in the least used slot (it keeps that slot)."""
+        if callback in self._phase_of:
+            return
+        phase = min(range(self.phases), key=lambda p: len(self._phase_subscribers[p]))
+        self._phase_subscribers[phase][callback] = None
+        self._phase_of[callback] = phase
 
     def unsubscribe(self, callback: TickCallback) -> None:
-        self._subscribers.pop(callback, None)
+        phase = self._phase_of.pop(callback, None)
+        if phase is not None:
+            self._phase_subscribers[phase].pop(callback, None)
 
     def tick_at(self, loop_time: float) -> float:
         """Fractional tick index of a loop time (for RTP timestamps of things between ticks)."""
@@ -89,25 +109,27 @@ class PacketClock:
     def run_if_due(self) -> None:
         """Run the next tick now if its deadline has passed (called between items of bulk work)."""
         if self._handle is not None and self._loop is not None \
-                and self._loop.time() >= self._t0 + self._next * PERIOD_S:
+                and self._loop.time() >= self._t0 + self._next * self._slot_period:
             self._handle.cancel()
             self._tick()
 
     def _tick(self) -> None:
         assert self._loop is not None
         now = self._loop.time()
-        ticks, skipped = due_ticks(now, self._t0, self._next, self.max_catch_up)
+        slots, skipped = due_ticks(now, self._t0, self._next, self.max_catch_up * self.phases, self._slot_period)
         if skipped:
             self.skipped_ticks += skipped
-            log.warning("packet_clock_skipped", ticks=skipped, behind_ms=round((now - self._t0) * 1000
-                                                                                  - self._next * PERIOD_S * 1000))
-        for index in ticks:
-            deadline = self._t0 + index * PERIOD_S
+            log.warning("packet_clock_skipped", slot_ticks=skipped,
+                        behind_ms=round((now - self._t0 - self._next * self._slot_period) * 1000))
+        for slot in slots:
+            index, phase = divmod(slot, self.phases)  # the packet tick, and which slot of it
+            deadline = self._t0 + slot * self._slot_period
             metrics.packet_clock_lateness_seconds.observe(max(0.0, now - deadline))
-            for callback in tuple(self._subscribers):  # a copy: callbacks may unsubscribe themselves
+            for callback in tuple(self._phase_subscribers[phase]):  # a copy: callbacks may unsubscribe
                 try:
                     callback(index, deadline)
                 except Exception:
                     log.exception("packet_clock_subscriber_failed", subscriber=repr(callback))
-        self._next = ticks[-1] + 1
-        self._handle = self._loop.call_at(self._t0 + self._next * PERIOD_S, self._tick)
+            now = self._loop.time()  # later slots of a catch-up run are measured from when they run
+        self._next = slots[-1] + 1
+        self._handle = self._loop.call_at(self._t0 + self._next * self._slot_period, self._tick)

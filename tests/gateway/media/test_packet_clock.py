@@ -91,3 +91,22 @@ async def test_bulk_work_that_polls_the_clock_does_not_hold_a_tick_back() -> Non
     clock.stop()
     assert len(lateness) >= 15
     assert max(lateness) < 0.005  # without polling, ticks inside the burst would run up to 150 ms late
+
+
+async def test_calls_are_spread_over_phases_and_each_keeps_a_20ms_period() -> None:
+    loop = asyncio.get_running_loop()
+    clock = PacketClock(phases=4)
+    seen: dict[int, list[tuple[int, float]]] = {n: [] for n in range(8)}
+    for n in range(8):
+        clock.subscribe(lambda index, deadline, n=n: seen[n].append((index, deadline)))
+    clock.start()
+    await asyncio.sleep(0.25)
+    clock.stop()
+    offsets = set()
+    for ticks in seen.values():
+        indices = [index for index, _ in ticks]
+        assert indices == list(range(indices[0], indices[0] + len(indices)))  # one packet per period
+        deadlines = [deadline for _, deadline in ticks]
+        assert all(b - a == pytest.approx(PERIOD_S) for a, b in zip(deadlines, deadlines[1:]))
+        offsets.add(round((deadlines[0] - clock.t0 - indices[0] * PERIOD_S) * 1000, 3))
+    assert offsets == {0.0, 5.0, 10.0, 15.0}  # two calls in each of the four 5 ms slots
