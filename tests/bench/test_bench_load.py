@@ -1,0 +1,25 @@
+"""bench/bench_load.py runs on CPU with the tiny golden model and reports the load table."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_bench_load_runs_on_cpu_tiny(tiny_model_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "load.json"
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_load.py"), "--model-dir", str(tiny_model_dir),
+                           "--device", "cpu", "--threads", "1", "--rates", "3", "--duration", "1", "--max-batch", "8",
+                           "--min-tokens", "20", "--max-tokens", "40", "--out", str(out)],
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "largest passing concurrency" in proc.stdout
+    report = json.loads(out.read_text())
+    rate = report["rates"][0]
+    assert rate["requests"] >= 1 and rate["failed"] == 0
+    assert rate["first_chunk_ms"]["50"] > 0 and rate["underruns"] >= 0
+    assert set(report["first_chunk_split_1_stream"]) >= {"prefill_ms", "decode_ms", "flow_ms", "hift_ms"}
