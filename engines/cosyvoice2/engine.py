@@ -59,16 +59,18 @@ class CosyVoice2Engine(SpeechEngine):
             self.pipeline = await asyncio.to_thread(self._load)
 
     def _load(self):
-        from tts_core.runtime import CosyVoice2Pipeline
+        from tts_core.runtime import CosyVoice2Pipeline, SchedulerSettings
         from tts_core.streaming.chunk_schedule import ChunkSchedule
 
         s = self.settings
         device, dtype = s.resolve()
+        graphs, flow_window = s.fast_path(device)
         started = time.perf_counter()
         pipeline = CosyVoice2Pipeline.load(
             s.model_dir, device=device, dtype=dtype, voices_dir=s.voices_dir, max_batch=s.max_batch, max_len=s.max_len,
             schedule=ChunkSchedule(hop_tokens=s.hop_tokens, max_hop_tokens=s.max_hop_tokens,
-                                   first_hop_tokens=s.first_hop_tokens))
+                                   first_hop_tokens=s.first_hop_tokens),
+            fast=SchedulerSettings(graphs=graphs, flow_window_tokens=flow_window))
         try:
             if not pipeline.voices.names():
                 raise ValueError(f"engine.cosyvoice2: no voices in {s.model_dir} (add one with `voice add`)")
@@ -81,7 +83,8 @@ class CosyVoice2Engine(SpeechEngine):
         except BaseException:
             pipeline.close()
             raise
-        log.info("cosyvoice2_engine_started", device=device, dtype=str(dtype), load_s=round(load_s, 3),
+        log.info("cosyvoice2_engine_started", device=device, dtype=str(dtype), graphs=graphs,
+                 flow_window_tokens=flow_window, load_s=round(load_s, 3),
                  warmup_s=self.warmup_s and round(self.warmup_s, 3), voices=len(pipeline.voices))
         return pipeline
 

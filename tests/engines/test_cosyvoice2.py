@@ -124,3 +124,17 @@ def test_settings_errors_name_the_key(tiny_model_dir: Path) -> None:
         CosyVoice2Engine(model_dir=str(tiny_model_dir), dtype="int8")
     with pytest.raises(ValueError, match="unknown key"):
         CosyVoice2Engine(model_dir=str(tiny_model_dir), batch=3)
+
+
+def test_fast_path_is_on_for_cuda_and_off_for_cpu_by_default(tmp_path):
+    from engines.cosyvoice2.settings import DEFAULT_GPU_FLOW_WINDOW, CosyVoice2Settings
+
+    auto = CosyVoice2Settings.from_config({"model_dir": str(tmp_path)})
+    assert auto.fast_path("cpu") == (False, None)  # exact, official-equal flow
+    assert auto.fast_path("cuda") == (True, DEFAULT_GPU_FLOW_WINDOW)
+    exact_on_gpu = CosyVoice2Settings.from_config({"model_dir": str(tmp_path), "flow_window_tokens": 0})
+    assert exact_on_gpu.fast_path("cuda") == (True, None)
+    with pytest.raises(ValueError, match="engine.cosyvoice2.graphs"):
+        CosyVoice2Settings.from_config({"model_dir": str(tmp_path), "graphs": True}).fast_path("cpu")
+    with pytest.raises(ValueError, match="flow_window_tokens"):
+        CosyVoice2Settings.from_config({"model_dir": str(tmp_path), "flow_window_tokens": -1})
