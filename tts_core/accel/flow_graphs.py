@@ -19,6 +19,7 @@ import torch
 from contextlib import contextmanager
 from collections.abc import Iterator
 
+from tts_core.accel.graph_capture import capture_graph
 from tts_core.flow import token_encoder
 from tts_core.flow.model import FlowModel
 
@@ -61,24 +62,13 @@ class GraphedFlowCall:
         self._graph = torch.cuda.CUDAGraph()
         self._tables: dict = {}
         with device_position_tables(self._tables):
-            self._out = self._capture(warmup)
+            self._out = capture_graph(self._graph, self._call, warmup)
 
     def _call(self) -> torch.Tensor:
         c = self.model.condition(self.token, self.prompt_token, self.prompt_feat, self.embedding,
                                  streaming=True, finalize=self.finalize)
         mel = self.model.decoder(c.mu, c.mask, c.spks, c.cond, streaming=True)
         return mel[:, :, c.prompt_frames:]
-
-    @torch.inference_mode()
-    def _capture(self, warmup: int) -> torch.Tensor:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(warmup):
-                self._call()
-        torch.cuda.current_stream().wait_stream(side)
-        with torch.cuda.graph(self._graph):
-            return self._call()
 
     @torch.inference_mode()
     def render(self, token: torch.Tensor, prompt_token: torch.Tensor, prompt_feat: torch.Tensor,

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
+from tts_core.accel.graph_capture import capture_graph
 from tts_core.hift.generator import HiftGenerator
 
 
@@ -60,7 +61,7 @@ class GraphedHift:
         self.cache_source = torch.zeros(1, 1, max(cache_samples, 1), dtype=param.dtype, device=device)
         self._graph = torch.cuda.CUDAGraph()
         with capturable_istft():
-            self._out = self._capture(warmup)
+            self._out = capture_graph(self._graph, self._call, warmup)
 
     def _call(self) -> tuple[torch.Tensor, torch.Tensor]:
         v = self.vocoder
@@ -68,17 +69,6 @@ class GraphedHift:
         if self.cache_samples:
             source[..., :self.cache_samples] = self.cache_source
         return v.decode(self.mel, source), source
-
-    @torch.inference_mode()
-    def _capture(self, warmup: int) -> tuple[torch.Tensor, torch.Tensor]:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(warmup):
-                self._call()
-        torch.cuda.current_stream().wait_stream(side)
-        with torch.cuda.graph(self._graph):
-            return self._call()
 
     @torch.inference_mode()
     def inference(self, mel: torch.Tensor, cache_source: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
