@@ -138,9 +138,9 @@ class CallSession:
             if ended in done:  # the dialog ended while we were still speaking
                 play.cancel()
                 await asyncio.gather(play, return_exceptions=True)
-                self._observe_first_packet(media)
+                self._observe_first_packet(media, stream)
                 return ended.result()
-            self._observe_first_packet(media)
+            self._observe_first_packet(media, stream)
             error = None if play.cancelled() else play.exception()  # cancelled: a barge-in stopped it
             if error is not None:  # SynthesisFailed from the engine, or anything the media path raised
                 metrics.synthesis_failures_total.inc()
@@ -174,7 +174,10 @@ class CallSession:
             if prompt.barge_in and not play.done():
                 play.cancel()  # barge-in: the caller pressed a key, stop speaking
 
-    def _observe_first_packet(self, media: CallMedia) -> None:
+    def _observe_first_packet(self, media: CallMedia, stream) -> None:
+        if stream.first_chunk_at is not None:
+            metrics.engine_first_chunk_seconds.labels(engine=self._engine.name).observe(
+                stream.first_chunk_at - stream.opened_at)
         if media.first_speech_sent_at is not None:
             latency = media.first_speech_sent_at - self.call.received_at
             metrics.first_packet_latency_seconds.observe(latency)

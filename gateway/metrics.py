@@ -51,6 +51,13 @@ packet_clock_lateness_seconds = Histogram(
     buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05),
     registry=registry,
 )
+engine_first_chunk_seconds = Histogram(
+    "tts_first_chunk_latency_seconds",
+    "Time from opening an engine stream to its first audio chunk (the engine's share of first-packet latency)",
+    ["engine"],
+    buckets=(0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0),
+    registry=registry,
+)
 synthesis_failures_total = Counter(
     "gateway_synthesis_failures_total", "Calls ended because the engine failed mid-prompt", registry=registry
 )

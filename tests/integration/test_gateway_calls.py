@@ -146,3 +146,15 @@ async def test_pjsua2_test_phone_records_speech_from_a_route(gateway, tmp_path):
     frames = samples[: len(samples) // (rate // 50) * (rate // 50)].reshape(-1, rate // 50)
     loud = np.sqrt(np.mean(frames**2, axis=1)) > 300
     assert loud.sum() > 50  # over a second of 20 ms frames clearly above silence
+
+
+async def test_engine_first_chunk_latency_is_exported(gateway, tmp_path):
+    before = metrics.registry.get_sample_value("tts_first_chunk_latency_seconds_count", {"engine": "espeak"}) or 0
+    recorder = await rtp_recorder()
+    rc, errors = await run_sipp(SCENARIOS / "gw_listen.xml", gateway.sip.udp_address, tmp_path, keys={
+        "text": "Metrics, please.", "rtp_rx": str(recorder.port), "codec_pt": "0", "codec_name": "PCMU"})
+    recorder.transport.close()
+    await _settle(gateway)
+    assert rc == 0, errors
+    after = metrics.registry.get_sample_value("tts_first_chunk_latency_seconds_count", {"engine": "espeak"})
+    assert after == before + 1
