@@ -106,3 +106,32 @@ def test_bounded_window_keeps_cache_constant_and_stays_near_exact(flow: FlowMode
     assert errors[0] == (0.0, 0.0)  # the first call has no past to cut
     assert all(torch.isfinite(torch.tensor(e)).all() for e in errors)
     log.info("bounded_window_difference", per_call_max_abs_rel=errors)
+
+
+def _renderer_matches_reference(flow: FlowModel, case: dict, speaker: dict, capture: bool) -> None:
+    from tts_core.accel.flow_batch import BatchedFlowRenderer
+
+    renderer = BatchedFlowRenderer(flow)
+    if capture:
+        # Later-chunk bucket: 3 cached chunks of context (150 frames), 50 new frames, 78 encoder tokens.
+        renderer.capture(ctx_cap=200, new_cap=50, enc_tokens=103, batches=(2, 4))
+    ours, ref = [_state(flow, speaker) for _ in range(3)], [_state(flow, speaker) for _ in range(3)]
+    tokens = case["tokens"]
+    for n, finalize in ((28, False), (53, False), (78, False), (tokens.size(1), True)):
+        got = renderer.render(ours, [tokens[:, :n]] * 3, [finalize] * 3)
+        want = render_windowed(flow, ref, [tokens[:, :n]] * 3, [finalize] * 3)
+        for g, w in zip(got, want):
+            assert g.shape == w.shape
+            assert (g - w).abs().max().item() <= TOL, n
+
+
+def test_batched_renderer_eager_fallback_equals_reference(flow: FlowModel, case: dict, speaker: dict) -> None:
+    _renderer_matches_reference(flow, case, speaker, capture=False)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_batched_renderer_graphs_equal_eager_on_cuda(tiny_model_dir: Path, case: dict, speaker: dict) -> None:
+    flow = load_flow(tiny_model_dir, "cuda", torch.float32)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    _renderer_matches_reference(flow, case, speaker, capture=True)
