@@ -152,11 +152,8 @@ class WindowedFlowState:
             enc_start = max(0, -(-(start_tok - self.policy.encoder_tokens) // self.token_chunk) * self.token_chunk)
         chunks = self._context_chunks()
         index = {c: i for i, c in enumerate(self.kept_chunks)}
-        sel = torch.tensor([index[c] * self.chunk + f for c in chunks for f in range(self.chunk)], dtype=torch.long,
-                           device=self.cache.device)
-        frames = torch.tensor([c * self.chunk + f for c in chunks for f in range(self.chunk)], dtype=torch.long,
-                              device=self.cache.device)
-        kept = self.cache.index_select(2, sel)
+        kept = self.cache.index_select(2, self._frames([index[c] for c in chunks]))
+        frames = self._frames(chunks)
         noise0 = self.noise.index_select(1, frames.to(self.noise.device)).to(self.cache.device, self.dtype)
         return ChunkPlan(all_tokens[:, enc_start:], finalize, frames, torch.cat([noise0[None], kept[:9]]), kept[9],
                          self.committed, end, commit)
@@ -182,10 +179,13 @@ class WindowedFlowState:
         if wanted == self.kept_chunks:
             return
         index = {c: i for i, c in enumerate(self.kept_chunks)}
-        sel = torch.tensor([index[c] * self.chunk + f for c in wanted for f in range(self.chunk)], dtype=torch.long,
-                           device=self.cache.device)
-        self.cache = self.cache.index_select(2, sel)
+        self.cache = self.cache.index_select(2, self._frames([index[c] for c in wanted]))
         self.kept_chunks = wanted
+
+    def _frames(self, chunks: list[int]) -> torch.Tensor:
+        """Frame indices (long, on the cache's device) of whole chunks, in order."""
+        c = torch.tensor(chunks, dtype=torch.long).unsqueeze(1) * self.chunk
+        return (c + torch.arange(self.chunk)).flatten().to(self.cache.device)
 
 
 def encode_new_frames(model: FlowModel, enc_tokens: torch.Tensor, finalize: bool, new_frames: int) -> torch.Tensor:
