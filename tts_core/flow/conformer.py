@@ -65,18 +65,15 @@ class RelPositionSelfAttention(nn.Module):
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         return x.view(x.size(0), -1, self.h, self.d_k)
 
+    def _keys_values(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._heads(self.linear_k(x)).transpose(1, 2), self._heads(self.linear_v(x)).transpose(1, 2)
+
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, pos_table: torch.Tensor,
                 cache: FrameCache | None = None) -> torch.Tensor:
         """x (B, Tq, D) holds the last Tq of Tk positions (Tk > Tq only with a cache holding the
         earlier keys); mask (Tq, Tk) bool or None (all visible); pos_table (1, 2Tk-1, D)."""
         q = self._heads(self.linear_q(x))  # (B, Tq, H, dk)
-        k = self._heads(self.linear_k(x)).transpose(1, 2)
-        v = self._heads(self.linear_v(x)).transpose(1, 2)
-        if cache is not None:
-            earlier = cache.keys_values(self)
-            if earlier is not None:
-                k, v = torch.cat([earlier[0], k], dim=2), torch.cat([earlier[1], v], dim=2)
-            cache.keep_keys_values(self, k, v)
+        k, v = self._keys_values(x) if cache is None else cache.attention_keys_values(self, x, self._keys_values)
         p = self._heads(self.linear_pos(pos_table)).transpose(1, 2)  # (1, H, 2Tk-1, dk)
         content = torch.matmul((q + self.pos_bias_u).transpose(1, 2), k.transpose(-2, -1))
         position = torch.matmul((q + self.pos_bias_v).transpose(1, 2), p.transpose(-2, -1))

@@ -28,11 +28,7 @@ class CausalConv1d(nn.Conv1d):
 
     def forward(self, x: torch.Tensor, cache: FrameCache | None = None) -> torch.Tensor:
         n = self.kernel_size[0] - 1
-        if cache is None:
-            return super().forward(F.pad(x, (n, 0)))
-        x = torch.cat([cache.left(self, n, x), x], dim=2)
-        cache.keep_left(self, x, n)
-        return super().forward(x)
+        return super().forward(F.pad(x, (n, 0)) if cache is None else cache.conv_input(self, x, n))
 
 
 class CausalBlock(nn.Module):
@@ -76,14 +72,15 @@ class SelfAttention(nn.Module):
         self.to_v = nn.Linear(dim, inner, bias=False)
         self.to_out = nn.ModuleList([nn.Linear(inner, dim), nn.Identity()])  # [1] was dropout
 
+    def keys_values(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (B, T, dim) -> keys, values (B, heads, T, head_dim)."""
+        b, t, _ = x.shape
+        return tuple(proj(x).view(b, t, self.heads, -1).transpose(1, 2) for proj in (self.to_k, self.to_v))
+
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, cache: FrameCache | None = None) -> torch.Tensor:
         b, t, _ = x.shape
-        q, k, v = (proj(x).view(b, t, self.heads, -1).transpose(1, 2) for proj in (self.to_q, self.to_k, self.to_v))
-        if cache is not None:
-            earlier = cache.keys_values(self)
-            if earlier is not None:
-                k, v = torch.cat([earlier[0], k], dim=2), torch.cat([earlier[1], v], dim=2)
-            cache.keep_keys_values(self, k, v)
+        q = self.to_q(x).view(b, t, self.heads, -1).transpose(1, 2)
+        k, v = self.keys_values(x) if cache is None else cache.attention_keys_values(self, x, self.keys_values)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
         return self.to_out[0](out.transpose(1, 2).reshape(b, t, -1))
 

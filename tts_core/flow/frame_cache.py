@@ -6,14 +6,21 @@ attention needs the keys and values of every earlier frame. After the pass the s
 `commit` (a chunk boundary <= end): frames of an unfinished chunk will see more keys once the chunk
 fills up, so they are recomputed by the next pass, never cached.
 
+Layers talk to it through two calls that any left-context store can answer (`conv_input`,
+`attention_keys_values`; `tts_core.flow.context_pool` answers them for a batch of streams).
+
 One `FrameCache` serves one time base (token rate or mel-frame rate) and one estimator evaluation
 (each Euler step has its own). Layers find their state by identity; the cache holds no parameters.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
+
+KeysValues = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 class FrameCache:
@@ -51,3 +58,19 @@ class FrameCache:
     def keep_keys_values(self, layer: nn.Module, k: torch.Tensor, v: torch.Tensor) -> None:
         """k, v (B, H, end, d) cover frames [0, end); keep [0, commit)."""
         self._kv[layer] = (k[:, :, :self.commit], v[:, :, :self.commit])
+
+    def conv_input(self, layer: nn.Module, x: torch.Tensor, n: int) -> torch.Tensor:
+        """x (B, C, T) -> (B, C, n + T): the causal convolution's input with its left context."""
+        seq = torch.cat([self.left(layer, n, x), x], dim=2)
+        self.keep_left(layer, seq, n)
+        return seq
+
+    def attention_keys_values(self, layer: nn.Module, x: torch.Tensor,
+                              project: KeysValues) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (B, T, D) new frames' attention input -> keys/values of every earlier frame and of x."""
+        k, v = project(x)
+        earlier = self.keys_values(layer)
+        if earlier is not None:
+            k, v = torch.cat([earlier[0], k], dim=2), torch.cat([earlier[1], v], dim=2)
+        self.keep_keys_values(layer, k, v)
+        return k, v

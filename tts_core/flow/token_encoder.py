@@ -46,11 +46,7 @@ class PreLookahead(nn.Module):
             h = torch.cat([h, context.transpose(1, 2)], dim=2)
         h = F.leaky_relu(self.conv1(h))
         n = self.conv2.kernel_size[0] - 1
-        if cache is None:
-            h = F.pad(h, (n, 0))
-        else:
-            h = torch.cat([cache.left(self, n, h), h], dim=2)
-            cache.keep_left(self, h, n)
+        h = F.pad(h, (n, 0)) if cache is None else cache.conv_input(self, h, n)
         return self.conv2(h).transpose(1, 2) + x
 
 
@@ -67,11 +63,7 @@ class RepeatUpsample(nn.Module):
         frames before x."""
         h = torch.repeat_interleave(x, self.stride, dim=2)
         n = self.stride * 2
-        if cache is None:
-            return self.conv(F.pad(h, (n, 0)))
-        h = torch.cat([cache.left(self, n, h), h], dim=2)
-        cache.keep_left(self, h, n)
-        return self.conv(h)
+        return self.conv(F.pad(h, (n, 0)) if cache is None else cache.conv_input(self, h, n))
 
 
 class TokenEncoder(nn.Module):

@@ -1,0 +1,147 @@
+"""FlowContextPool: the estimator's memory of earlier frames for many streams, in static device
+tensors (the flow's counterpart of the LLM's static KV cache).
+
+In streaming mode every estimator attention is chunk-causal and every convolution causal, so a
+frame of a finished chunk comes out the same in every later streaming call (see `incremental.py`).
+A later call therefore needs, per Euler step and guidance row, only two things from earlier frames:
+- for each transformer block, the keys/values of every earlier frame. The pool keeps the block's
+  *input* (the normalised hidden state, `channels` values a frame) instead and re-projects it per
+  call: 4x less memory than keys + values (8 heads x 64 x 2), for one extra GEMM over the context;
+- for each causal convolution, its last `kernel - 1` input frames before the call.
+
+Frames live in a flat frame axis: a region per stream slot (a ring of `stream_frames`), a region
+per voice (the voice prompt's frames that every stream of that voice shares: computed once when the
+voice is registered, never per call), and one trash frame that padded rows write to. Conv states
+live per slot: stream slots, voice slots, an all-zero slot (the sequence start) and a trash slot.
+
+A call reads and writes through `PooledStepContext` (one per Euler step), whose index tensors are
+built on the device from a small per-row table, so a whole batched call is capturable in one CUDA
+graph. The pool owns no parameters and never runs the model; slot bookkeeping is host-side and
+belongs to the one thread that renders.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from tts_core.flow.estimator import CausalConv1d, FlowEstimator, SelfAttention
+from tts_core.flow.frame_cache import KeysValues
+
+
+@dataclass(frozen=True)
+class PoolShape:
+    stream_slots: int
+    stream_frames: int  # own frames a stream keeps exactly (a multiple of the estimator chunk)
+    voice_slots: int
+    voice_frames: int  # shared prompt frames a voice can hold (a multiple of the estimator chunk)
+    prompt_frames: int  # prompt mel frames a voice can hold (the `cond` table)
+
+
+@dataclass(frozen=True)
+class CallIndex:
+    """Where one batched call (B rows, C context keys, N new frames) reads and writes in the pool."""
+
+    rows: int
+    ctx_frames: torch.Tensor  # (B*C,) pool frame of each context key (trash for padding)
+    key_pos: torch.Tensor  # (B, C+N) absolute frame position of each key, -1 for padding
+    new_pos: torch.Tensor  # (B, N) absolute frame position of each new frame, -1 for padding
+    write_frames: torch.Tensor  # (B*N,) pool frame each new frame is kept in (trash if not kept)
+    left_src: torch.Tensor  # (B,) conv-state slot read before the new frames
+    left_dst: torch.Tensor  # (B,) conv-state slot written with the state at the commit point
+    commit: torch.Tensor  # (2B, 1, 1) new frames kept (the conv state is taken just before them)
+
+
+class FlowContextPool:
+    def __init__(self, estimator: FlowEstimator, shape: PoolShape, steps: int, mel_bins: int,
+                 device: torch.device, dtype: torch.dtype) -> None:
+        chunk = estimator.cfg.static_chunk_size
+        if chunk <= 0 or shape.stream_frames % chunk or shape.voice_frames % chunk:
+            raise ValueError(f"flow context pool: frame capacities must be multiples of the {chunk}-frame chunk")
+        self.shape = shape
+        self.chunk = chunk
+        self.steps = steps
+        self.frames = shape.stream_slots * shape.stream_frames + shape.voice_slots * shape.voice_frames + 1
+        self.trash_frame = self.frames - 1
+        slots = shape.stream_slots + shape.voice_slots + 2
+        self.zero_slot, self.trash_slot = slots - 2, slots - 1
+        z = dict(device=device, dtype=dtype)
+        self.hidden: dict[nn.Module, torch.Tensor] = {
+            m: torch.zeros(steps, 2, self.frames, m.to_q.in_features, **z)
+            for m in estimator.modules() if isinstance(m, SelfAttention)}
+        self.left: dict[nn.Module, torch.Tensor] = {
+            m: torch.zeros(steps, 2, slots, m.in_channels, m.kernel_size[0] - 1, **z)
+            for m in estimator.modules() if isinstance(m, CausalConv1d)}
+        # Per voice: prompt mel rows (the last row stays zero: frames past the prompt) and speaker.
+        self.cond = torch.zeros(shape.voice_slots * shape.prompt_frames + 1, mel_bins, **z)
+        self.spks = torch.zeros(shape.voice_slots, mel_bins, **z)
+        self._free_streams = list(range(shape.stream_slots))
+        self._free_voices = list(range(shape.voice_slots))
+
+    def nbytes(self) -> int:
+        tensors = [*self.hidden.values(), *self.left.values(), self.cond, self.spks]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    # ---- slots (host side) -------------------------------------------------------------------
+    def take_stream(self) -> int:
+        if not self._free_streams:
+            raise RuntimeError(f"flow context pool: all {self.shape.stream_slots} stream slots are in use")
+        return self._free_streams.pop()
+
+    def give_back_stream(self, slot: int) -> None:
+        self._free_streams.append(slot)
+
+    @property
+    def free_streams(self) -> int:
+        return len(self._free_streams)
+
+    def take_voice(self) -> int:
+        if not self._free_voices:
+            raise RuntimeError(f"flow context pool: all {self.shape.voice_slots} voice slots are in use")
+        return self._free_voices.pop(0)
+
+    def stream_frame_base(self, slot: int) -> int:
+        return slot * self.shape.stream_frames
+
+    def voice_frame_base(self, voice: int) -> int:
+        return self.shape.stream_slots * self.shape.stream_frames + voice * self.shape.voice_frames
+
+    def voice_conv_slot(self, voice: int) -> int:
+        return self.shape.stream_slots + voice
+
+    def cond_row(self, voice: int) -> int:
+        return voice * self.shape.prompt_frames
+
+    @property
+    def zero_cond_row(self) -> int:
+        return self.cond.size(0) - 1
+
+
+class PooledStepContext:
+    """The pool seen by one Euler step of one batched call: rows are [conditioned | unconditioned],
+    B each, in the estimator's (2B, ...) layout. Reads happen before writes in every layer, so a
+    ring slot overwritten by this call is still read with its old content."""
+
+    def __init__(self, pool: FlowContextPool, step: int, index: CallIndex) -> None:
+        self.pool, self.step, self.index = pool, step, index
+
+    def conv_input(self, layer: nn.Module, x: torch.Tensor, n: int) -> torch.Tensor:
+        states = self.pool.left[layer][self.step]  # (2, slots, C, n)
+        b = self.index.rows
+        left = states.index_select(1, self.index.left_src).reshape(2 * b, x.size(1), n)
+        seq = torch.cat([left, x], dim=2)
+        # The n input frames before the commit point: seq[commit : commit + n] (seq has n left frames).
+        at = self.index.commit + torch.arange(n, device=x.device)
+        kept = seq.gather(2, at.expand(-1, x.size(1), -1))
+        states.index_copy_(1, self.index.left_dst, kept.view(2, b, x.size(1), n))
+        return seq
+
+    def attention_keys_values(self, layer: nn.Module, x: torch.Tensor,
+                              project: KeysValues) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = self.pool.hidden[layer][self.step]  # (2, frames, D)
+        b, n, d = self.index.rows, x.size(1), x.size(2)
+        context = hidden.index_select(1, self.index.ctx_frames).view(2 * b, -1, d)
+        hidden.index_copy_(1, self.index.write_frames, x.reshape(2, b * n, d))
+        return project(torch.cat([context, x], dim=1))

@@ -1,0 +1,294 @@
+"""Chunk-wise streaming flow for many streams at once, each frame computed once (exact).
+
+A stream's call renders its new frames [committed, end) only; everything earlier comes from the
+`FlowContextPool`: the voice prompt's shared frames (computed once per voice by `register_voice`)
+and the stream's own finished chunks. The estimator sees, per Euler step, the new frames' inputs
+and re-projects the pooled hidden states of the context into keys/values, which is the official
+full re-run's arithmetic restricted to the frames it keeps (equal to the golden streaming mels,
+tests/tts_core/test_flow_pooled.py). Work per call is the new frames' network plus one key/value
+projection and one attention over the context, instead of the whole network over the whole
+utterance.
+
+Why the voice prefix can be shared: the encoder's pre-lookahead convolution lets a prompt token see
+the next `pre_lookahead_len` tokens, so the prompt's last chunk depends on what the stream says.
+Every chunk that ends at least `pre_lookahead_len` tokens before the prompt's end does not, and
+neither do its estimator frames (chunk-causal attention, causal convolutions, fixed noise).
+
+The encoder (cheap: once per call, not per Euler step) reads the tokens from a window start on:
+the prompt's first token by default (exact), or `encoder_tokens` before the new ones (static call
+shapes for graphs; measured in bench/bench_flow_pooled.py).
+
+A stream whose own frames outgrow `PoolShape.stream_frames` keeps its latest frames (whole chunks):
+only then does it see less than the official call (logged once per stream).
+
+`pooled_solve` is capturable (no host syncs); `PooledFlow.render` is the eager driver, and
+`tts_core.accel.flow_pool_graphs` replays captured calls. One thread drives a `PooledFlow`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import structlog
+import torch
+
+from tts_core.flow.context_pool import CallIndex, FlowContextPool, PooledStepContext, PoolShape
+from tts_core.flow.model import FlowModel
+from tts_core.flow.sampler import time_span
+from tts_core.flow.windowed import encode_grouped, encode_new_frames
+
+log = structlog.get_logger(__name__)
+
+# Columns of the per-row table a call is built from (host ints -> one device tensor).
+ROW_FIELDS = ("voice_base", "prefix", "own_base", "ctx_first", "ctx_len", "start", "new", "commit",
+              "write_first", "ring", "left_src", "left_dst", "cond_row", "prompt_frames", "voice")
+COL = {name: i for i, name in enumerate(ROW_FIELDS)}
+
+
+@dataclass(frozen=True)
+class VoicePrefix:
+    """A registered voice: its slot, prompt, and how many prompt frames all its streams share."""
+
+    slot: int
+    prompt_token: torch.Tensor  # (1, P) long, on the device
+    prompt_frames: int  # P * token_mel_ratio
+    prefix_frames: int  # shared frames [0, prefix_frames), a multiple of the estimator chunk
+
+
+@dataclass
+class PooledStream:
+    """One request's flow state: host ints only (its frames live in the pool)."""
+
+    voice: VoicePrefix
+    slot: int
+    committed: int  # absolute frames [0, committed) are final and pooled
+    emitted: int  # absolute frames returned so far (the prompt counts as returned)
+    finished: bool = False
+    slid: bool = False  # own frames outgrew the pool's ring once (logged)
+
+
+@dataclass(frozen=True)
+class PooledPlan:
+    """One row of a call (made by `PooledFlow.plan`); duck-types windowed.ChunkPlan for the encoder."""
+
+    row: tuple[int, ...]  # ROW_FIELDS values
+    enc_tokens: torch.Tensor  # (1, n) all-token ids the encoder reads
+    finalize: bool
+    start: int
+    end: int
+    commit: int
+
+    @property
+    def new_frames(self) -> int:
+        return self.end - self.start
+
+    @property
+    def ctx_frames(self) -> int:
+        return self.row[COL["prefix"]] + self.row[COL["ctx_len"]]
+
+
+def call_index(pool: FlowContextPool, table: torch.Tensor, ctx_cap: int, new_cap: int) -> CallIndex:
+    """table (B, len(ROW_FIELDS)) long on the device -> the call's index tensors (capturable)."""
+    dev = table.device
+    col = {name: table[:, i:i + 1] for name, i in COL.items()}  # (B, 1) each
+    j = torch.arange(ctx_cap, device=dev).unsqueeze(0)
+    in_prefix = j < col["prefix"]
+    own = j - col["prefix"]
+    in_own = (own >= 0) & (own < col["ctx_len"])
+    own_at = col["ctx_first"] + own
+    ctx_frames = torch.where(in_prefix, col["voice_base"] + j,
+                             torch.where(in_own, col["own_base"] + own_at % col["ring"], pool.trash_frame))
+    ctx_pos = torch.where(in_prefix, j, torch.where(in_own, col["prefix"] + own_at, -1))
+    i = torch.arange(new_cap, device=dev).unsqueeze(0)
+    new_pos = torch.where(i < col["new"], col["start"] + i, -1)
+    write = torch.where(i < col["commit"], col["own_base"] + (col["write_first"] + i) % col["ring"],
+                        pool.trash_frame)
+    commit = col["commit"].view(-1, 1, 1)
+    return CallIndex(rows=table.size(0), ctx_frames=ctx_frames.flatten(), key_pos=torch.cat([ctx_pos, new_pos], 1),
+                     new_pos=new_pos, write_frames=write.flatten(), left_src=table[:, COL["left_src"]],
+                     left_dst=table[:, COL["left_dst"]], commit=torch.cat([commit, commit]))
+
+
+def attention_mask(index: CallIndex, chunk: int, left_chunks: int) -> torch.Tensor:
+    """(2B, 1, N, C+N) bool: the chunk-causal rule on absolute positions; padding keys hidden; a
+    padded query sees only its own key (an all-False row would make softmax NaN)."""
+    q, k = index.new_pos.unsqueeze(2), index.key_pos.unsqueeze(1)
+    cq, ck = torch.div(q, chunk, rounding_mode="floor"), torch.div(k, chunk, rounding_mode="floor")
+    ok = (q >= 0) & (k >= 0) & (ck <= cq)
+    if left_chunks >= 0:
+        ok &= ck >= cq - left_chunks
+    n, total = q.size(1), k.size(2)
+    own_key = torch.arange(total - n, total, device=q.device).unsqueeze(1) == torch.arange(total, device=q.device)
+    ok |= (q < 0) & own_key
+    ok = ok.unsqueeze(1)
+    return torch.cat([ok, ok])
+
+
+def pooled_solve(model: FlowModel, pool: FlowContextPool, table: torch.Tensor, mu: torch.Tensor,
+                 ctx_cap: int) -> torch.Tensor:
+    """The 10 guided Euler steps over the new frames of a batch: table (B, fields) long, mu (B, 80,
+    N) -> mel (B, 80, N) float32. Reads the rows' context from the pool and writes their kept frames
+    back. No host syncs: capturable."""
+    sampler = model.decoder
+    est = sampler.estimator
+    rows, new_cap, dtype = mu.size(0), mu.size(2), mu.dtype
+    index = call_index(pool, table, ctx_cap, new_cap)
+    valid = index.new_pos >= 0
+    frame_mask = valid.to(dtype).unsqueeze(1)  # (B, 1, N)
+    pos = index.new_pos.clamp(min=0)
+    noise = sampler.rand_noise[0].index_select(1, pos.flatten()).view(-1, rows, new_cap).transpose(0, 1)
+    x = noise.to(dtype) * frame_mask
+    in_prompt = valid & (index.new_pos < table[:, COL["prompt_frames"]].unsqueeze(1))
+    cond_rows = torch.where(in_prompt, table[:, COL["cond_row"]].unsqueeze(1) + pos, pool.zero_cond_row)
+    cond = pool.cond.index_select(0, cond_rows.flatten()).view(rows, new_cap, -1).transpose(1, 2)
+    spks = pool.spks.index_select(0, table[:, COL["voice"]])
+    attn = attention_mask(index, est.cfg.static_chunk_size, est.cfg.num_decoding_left_chunks)
+    zeros = torch.zeros_like(mu)
+    mask_in = torch.cat([frame_mask, frame_mask])
+    mu_in = torch.cat([mu * frame_mask, zeros])
+    cond_in = torch.cat([cond, zeros])
+    spks_in = torch.cat([spks, torch.zeros_like(spks)])
+    span = time_span(sampler.n_timesteps, sampler.scheduler, mu.device, dtype)
+    # The official solver's accumulation order (t += dt; dt = t_{k+1} - t), as FlowSampler.solve.
+    t = span[0].unsqueeze(0)
+    dt = span[1] - span[0]
+    for step in range(1, len(span)):
+        context = PooledStepContext(pool, step - 1, index)
+        v = est(torch.cat([x, x]), mask_in, mu_in, t.expand(2 * rows), spks_in, cond_in, attn, context)
+        x = x + dt * ((1.0 + sampler.cfg_rate) * v[:rows] - sampler.cfg_rate * v[rows:])
+        t = t + dt
+        if step < len(span) - 1:
+            dt = span[step + 1] - t
+    return x.float()
+
+
+class PooledFlow:
+    """Streams of registered voices, rendered in batches from one `FlowContextPool` (eager)."""
+
+    def __init__(self, model: FlowModel, shape: PoolShape, encoder_tokens: int | None = None) -> None:
+        cfg = model.cfg
+        param = model.input_embedding.weight
+        self.model = model
+        self.device, self.dtype = param.device, param.dtype
+        self.ratio, self.lookahead = cfg.token_mel_ratio, cfg.pre_lookahead_len
+        self.token_chunk = cfg.encoder.static_chunk_size
+        self.chunk = cfg.estimator.static_chunk_size
+        if self.token_chunk <= 0 or self.chunk != self.token_chunk * self.ratio:
+            raise ValueError("pooled flow: encoder and estimator chunks must cover the same frames")
+        self.encoder_tokens = encoder_tokens
+        self.pool = FlowContextPool(model.decoder.estimator, shape, cfg.n_timesteps, cfg.output_size,
+                                    self.device, self.dtype)
+
+    # ---- voices and streams (host side) ----------------------------------------------------------
+    @torch.inference_mode()
+    def register_voice(self, prompt_token: torch.Tensor, prompt_feat: torch.Tensor,
+                       embedding: torch.Tensor) -> VoicePrefix:
+        """prompt_token (1, P), prompt_feat (1, P * ratio, 80), embedding (1, 192): computes the
+        frames all streams of this voice share, once."""
+        p = prompt_token.size(1)
+        prompt_frames = p * self.ratio
+        shape = self.pool.shape
+        if prompt_feat.size(1) != prompt_frames:
+            raise ValueError(f"pooled flow: prompt mel has {prompt_feat.size(1)} frames, tokens need {prompt_frames}")
+        if prompt_frames > shape.prompt_frames:
+            raise ValueError(f"pooled flow: a {prompt_frames}-frame prompt exceeds the pool's {shape.prompt_frames}")
+        shared_tokens = max(0, p - self.lookahead) // self.token_chunk * self.token_chunk
+        prefix = min(shared_tokens * self.ratio, shape.voice_frames)
+        slot = self.pool.take_voice()
+        token = prompt_token.to(self.device, torch.long)
+        row = self.pool.cond_row(slot)
+        self.pool.cond[row:row + prompt_frames] = prompt_feat[0].to(self.device, self.dtype)
+        self.pool.spks[slot] = self.model.speaker(embedding.to(self.device, self.dtype))[0]
+        voice = VoicePrefix(slot, token, prompt_frames, prefix)
+        if prefix:
+            base = self.pool.voice_frame_base(slot)
+            table = self._table([self._row(voice, base, 0, base, 0, 0, 0, prefix, prefix, 0, shape.voice_frames,
+                                           self.pool.zero_slot, self.pool.voice_conv_slot(slot))])
+            mu = encode_new_frames(self.model, token, True, prompt_frames)[:, :, :prefix]
+            pooled_solve(self.model, self.pool, table, mu, 0)
+        log.info("flow_voice_registered", slot=slot, prompt_frames=prompt_frames, shared_frames=prefix)
+        return voice
+
+    def open_stream(self, voice: VoicePrefix) -> PooledStream:
+        return PooledStream(voice, self.pool.take_stream(), committed=voice.prefix_frames, emitted=voice.prompt_frames)
+
+    def close_stream(self, stream: PooledStream) -> None:
+        """Give the stream's slot back (idempotent); its pooled frames are simply overwritten later."""
+        if stream.slot >= 0:
+            self.pool.give_back_stream(stream.slot)
+            stream.slot = -1
+
+    # ---- one call ------------------------------------------------------------------------------
+    def plan(self, stream: PooledStream, tokens: torch.Tensor, finalize: bool) -> PooledPlan:
+        """tokens (1, N): every speech token of the stream so far (as the official streaming call
+        gets them); a non-final call's last `pre_lookahead_len` tokens are lookahead only."""
+        if stream.finished or stream.slot < 0:
+            raise RuntimeError("pooled flow: render on a finished or closed stream")
+        voice, pool = stream.voice, self.pool
+        all_tokens = torch.cat([voice.prompt_token, tokens.to(self.device, torch.long)], dim=1)
+        end_tok = all_tokens.size(1) if finalize else all_tokens.size(1) - self.lookahead
+        start, end = stream.committed, end_tok * self.ratio
+        if end <= start or end < stream.emitted:
+            raise ValueError(f"pooled flow: {tokens.size(1)} tokens is fewer than already rendered")
+        # A final call keeps nothing (the stream ends); others keep whole chunks only.
+        commit = start if finalize else end_tok // self.token_chunk * self.token_chunk * self.ratio
+        enc_start = 0
+        if self.encoder_tokens is not None:
+            start_tok = start // self.ratio
+            enc_start = max(0, (start_tok - self.encoder_tokens) // self.token_chunk * self.token_chunk)
+        own = start - voice.prefix_frames
+        ring = pool.shape.stream_frames
+        ctx_len = min(own, ring)
+        if ctx_len < own and not stream.slid:
+            stream.slid = True
+            log.warning("flow_context_slid", kept_frames=ring, own_frames=own)
+        left_src = stream.slot if own > 0 else (
+            pool.voice_conv_slot(voice.slot) if voice.prefix_frames else pool.zero_slot)
+        left_dst = stream.slot if commit > start else pool.trash_slot
+        row = self._row(voice, pool.voice_frame_base(voice.slot), voice.prefix_frames,
+                        pool.stream_frame_base(stream.slot), own - ctx_len, ctx_len, start, end - start,
+                        commit - start, own, ring, left_src, left_dst)
+        return PooledPlan(row, all_tokens[:, enc_start:], finalize, start, end, commit)
+
+    def finish(self, stream: PooledStream, plan: PooledPlan, mel: torch.Tensor) -> torch.Tensor:
+        """After the call: mel (1, 80, new frames) -> the frames not returned before."""
+        out = mel[:, :, stream.emitted - plan.start:]
+        stream.committed = plan.commit
+        stream.emitted = plan.end
+        stream.finished = plan.finalize
+        return out
+
+    @torch.inference_mode()
+    def render(self, streams: Sequence[PooledStream], tokens: Sequence[torch.Tensor],
+               finalize: Sequence[bool]) -> list[torch.Tensor]:
+        """One eager batched call: mel (1, 80, new) float32 per stream, in order."""
+        plans = [self.plan(s, t, f) for s, t, f in zip(streams, tokens, finalize)]
+        mus = encode_grouped(self.model, plans)
+        ctx_cap = max(p.ctx_frames for p in plans)
+        new_cap = max(p.new_frames for p in plans)
+        mel = pooled_solve(self.model, self.pool, self._table([p.row for p in plans]),
+                           self.stack_mu(mus, len(plans), new_cap), ctx_cap)
+        return [self.finish(s, p, mel[i:i + 1, :, :p.new_frames]) for i, (s, p) in enumerate(zip(streams, plans))]
+
+    def stack_mu(self, mus: Sequence[torch.Tensor], rows: int, new_cap: int) -> torch.Tensor:
+        """mu (80, n_i) per row -> (rows, 80, new_cap), zero padded."""
+        out = torch.zeros(rows, mus[0].size(0), new_cap, device=self.device, dtype=self.dtype)
+        for i, mu in enumerate(mus):
+            out[i, :, :mu.size(1)] = mu
+        return out
+
+    def _row(self, voice: VoicePrefix, voice_base: int, prefix: int, own_base: int, ctx_first: int, ctx_len: int,
+             start: int, new: int, commit: int, write_first: int, ring: int, left_src: int,
+             left_dst: int) -> tuple[int, ...]:
+        return (voice_base, prefix, own_base, ctx_first, ctx_len, start, new, commit, write_first, ring, left_src,
+                left_dst, self.pool.cond_row(voice.slot), voice.prompt_frames, voice.slot)
+
+    def padding_row(self) -> tuple[int, ...]:
+        """A row that reads nothing and writes only to the trash (fills a graph's unused rows)."""
+        p = self.pool
+        return (p.trash_frame, 0, p.trash_frame, 0, 0, 0, 0, 0, 0, 1, p.zero_slot, p.trash_slot,
+                p.zero_cond_row, 0, 0)
+
+    def _table(self, rows: Sequence[tuple[int, ...]]) -> torch.Tensor:
+        return torch.tensor(rows, dtype=torch.long).to(self.device, non_blocking=True)
