@@ -1,0 +1,194 @@
+"""Flow cost and accuracy of the pooled path (tts_core.flow.pooled + accel.flow_pool_graphs) on the
+full-size CosyVoice2 flow (random weights), one process:
+
+  accuracy: pooled vs `FlowModel.inference(streaming=True)` (the official full re-run) for every call
+            of a 320-token utterance after a 150-token prompt (first call 50+3 tokens, hops of 50,
+            final), fp32 (TF32 off) and bf16 (graphs) against the fp32 official
+  cost (bf16, CUDA graphs): one later chunk (50 tokens = 100 new frames) for B streams at once, at
+            several context lengths (own frames already spoken); first calls; device time of the
+            graphed solve and encoder, host wall per call, pool memory, capture time
+
+    python bench/bench_flow_pooled.py --golden .golden --out $OUT/flow_pooled.json
+
+Needs CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.full_model import build_full_model_dir  # noqa: E402
+from tts_core.accel.flow_pool_graphs import PooledFlowGraphs  # noqa: E402
+from tts_core.flow.context_pool import PoolShape  # noqa: E402
+from tts_core.flow.model import load_flow  # noqa: E402
+from tts_core.flow.pooled import PooledFlow  # noqa: E402
+
+FIRST, HOP, TOTAL = 53, 50, 320  # tokens of the first call (50 + 3 lookahead), hop, utterance
+CTX_OWN = (100, 300, 500)  # own frames already spoken before the measured chunk
+
+
+def calls() -> list[tuple[int, bool]]:
+    return [(n, False) for n in range(FIRST, TOTAL, HOP)] + [(TOTAL, True)]
+
+
+def replay_ms(fn, iters: int = 20, rounds: int = 3) -> float:
+    fn()
+    torch.cuda.synchronize()
+    per = []
+    for _ in range(rounds):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        for _ in range(iters):
+            fn()
+        e.record()
+        e.synchronize()
+        per.append(s.elapsed_time(e) / iters)
+    return statistics.median(per)
+
+
+def wall_ms(fn, iters: int = 10) -> float:
+    fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        out.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(out)
+
+
+def diff(a: torch.Tensor, b: torch.Tensor) -> dict:
+    a, b = a.double().cpu(), b.double().cpu()
+    return {"max_abs": float((a - b).abs().max()), "rel": float((a - b).norm() / b.norm())}
+
+
+def voice_args(voice: dict) -> tuple[torch.Tensor, ...]:
+    return tuple(voice[k].cuda() for k in ("flow_prompt_speech_token", "prompt_speech_feat", "flow_embedding"))
+
+
+def official_calls(flow, voice: dict, tokens: torch.Tensor) -> list[torch.Tensor]:
+    pt, pf, emb = voice_args(voice)
+    out, done = [], 0
+    with torch.inference_mode():
+        for n, fin in calls():
+            mel, _ = flow.inference(tokens[:, :n].cuda(), torch.tensor([n]), pt, torch.tensor([pt.size(1)]), pf,
+                                    torch.tensor([pf.size(1)]), emb, streaming=True, finalize=fin)
+            out.append(mel[:, :, done:].cpu())
+            done = mel.size(2)
+    return out
+
+
+def stream_calls(render, pooled: PooledFlow, voice, tokens: torch.Tensor) -> list[torch.Tensor]:
+    stream = pooled.open_stream(voice)
+    mels = [render([stream], [tokens[:, :n].cuda()], [fin])[0].cpu() for n, fin in calls()]
+    pooled.close_stream(stream)
+    return mels
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--golden", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--model-dir", type=Path, default=Path("/tmp/cosyvoice2_full"))
+    parser.add_argument("--batches", default="1,4,16,32,64")
+    args = parser.parse_args(argv)
+    batches = [int(b) for b in args.batches.split(",")]
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    if not (args.model_dir / "flow.pt").is_file():
+        build_full_model_dir(args.model_dir, args.golden)
+    voice_raw = next(iter(torch.load(args.model_dir / "spk2info.pt", weights_only=False).values()))
+    tokens = torch.randint(0, 6561, (1, TOTAL), generator=torch.Generator().manual_seed(7))
+    result: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                    "schedule": {"prompt_tokens": int(voice_raw["flow_prompt_speech_token"].size(1)), "first": FIRST,
+                                 "hop": HOP, "total": TOTAL}}
+
+    # Accuracy, fp32: the pooled path against the official full re-run.
+    flow32 = load_flow(args.model_dir, "cuda", torch.float32)
+    official = official_calls(flow32, voice_raw, tokens)
+    pooled32 = PooledFlow(flow32, PoolShape(stream_slots=2, stream_frames=700, voice_slots=1, voice_frames=300,
+                                            prompt_frames=300))
+    v32 = pooled32.register_voice(*voice_args(voice_raw))
+    mels = stream_calls(pooled32.render, pooled32, v32, tokens)
+    result["fp32_pooled_vs_official"] = [diff(m, o) for m, o in zip(mels, official)]
+    print("fp32 pooled vs official per call:", result["fp32_pooled_vs_official"], flush=True)
+    del pooled32, flow32
+    torch.cuda.empty_cache()
+
+    # bf16 with graphs.
+    torch.backends.cuda.matmul.allow_tf32 = True
+    flow = load_flow(args.model_dir, "cuda", torch.bfloat16)
+    slots = max(batches) + 1
+    shape = PoolShape(stream_slots=slots, stream_frames=700, voice_slots=1, voice_frames=300, prompt_frames=300)
+    pooled = PooledFlow(flow, shape)
+    voice = pooled.register_voice(*voice_args(voice_raw))
+    result["pool_gb"] = pooled.pool.nbytes() / 2**30
+    result["pool_mb_per_stream_slot"] = pooled.pool.nbytes() / slots / 2**20
+    graphs = PooledFlowGraphs(pooled)
+    # Context = the voice's shared frames + the prompt's last chunk (50) + what was spoken.
+    ctx_caps = [voice.prefix_frames] + [voice.prefix_frames + 50 + c for c in CTX_OWN]
+    result["capture_s"] = graphs.capture(batches, ctx_caps, [112, 160])
+    t0 = time.perf_counter()
+    result["bf16_eager_vs_official_fp32"] = [diff(m, o) for m, o in
+                                             zip(stream_calls(pooled.render, pooled, voice, tokens), official)]
+    result["bf16_graphs_vs_official_fp32"] = [diff(m, o) for m, o in
+                                              zip(stream_calls(graphs.render, pooled, voice, tokens), official)]
+    print("bf16 graphs vs official fp32:", result["bf16_graphs_vs_official_fp32"], flush=True)
+    result["accuracy_bf16_s"] = time.perf_counter() - t0
+
+    rows = []
+    for own in (0, *CTX_OWN):
+        # Streams that have spoken `own` frames after the prompt: time their next chunk.
+        first_tokens = FIRST if own == 0 else FIRST + own // 2
+        for b in batches:
+            streams = [pooled.open_stream(voice) for _ in range(b)]
+            for n in range(FIRST, first_tokens, HOP):  # bring the streams to `own` spoken frames
+                graphs.render(streams, [tokens[:, :n].cuda()] * b, [False] * b)
+            saved = [(s.committed, s.emitted) for s in streams]
+            tok = tokens[:, :first_tokens].cuda()
+
+            def one_call() -> None:
+                for s, (c, e) in zip(streams, saved):
+                    s.committed, s.emitted, s.finished = c, e, False
+                graphs.render(streams, [tok] * b, [False] * b)
+
+            wall = wall_ms(one_call)
+            streams[0].committed, streams[0].emitted, streams[0].finished = *saved[0], False
+            plan = pooled.plan(streams[0], tok, False)
+            fits = [k for k in graphs.solve_graphs if k[0] >= b and k[1] >= plan.ctx_frames and k[2] >= plan.new_frames]
+            key = min(fits, key=lambda k: (k[0] * (k[1] + k[2]), k[0])) if fits else None
+            solve = replay_ms(graphs.solve_graphs[key].graph.replay) if key else float("nan")
+            for s in streams:
+                pooled.close_stream(s)
+            row = {"own_frames": own, "batch": b, "context_frames": plan.ctx_frames, "new_frames": plan.new_frames,
+                   "bucket": list(key) if key else None, "wall_ms_per_call": wall, "wall_ms_per_stream_chunk": wall / b,
+                   "solve_graph_ms": solve, "solve_ms_per_stream_chunk": solve / b,
+                   "eager_calls": graphs.eager_calls}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    result["rows"] = rows
+    result["max_memory_allocated_gb"] = torch.cuda.max_memory_allocated() / 2**30
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    print(f"pool {result['pool_gb']:.2f} GB ({result['pool_mb_per_stream_slot']:.0f} MB/slot), "
+          f"capture {result['capture_s']:.1f} s")
+    print(f"{'own':>4} {'B':>3} {'ctx':>4} {'new':>4} {'wall':>7} {'/stream':>8} {'solve':>7} {'/stream':>8}")
+    for r in rows:
+        print(f"{r['own_frames']:>4} {r['batch']:>3} {r['context_frames']:>4} {r['new_frames']:>4} "
+              f"{r['wall_ms_per_call']:7.1f} {r['wall_ms_per_stream_chunk']:8.2f} {r['solve_graph_ms']:7.1f} "
+              f"{r['solve_ms_per_stream_chunk']:8.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""Replay the pooled flow's batched calls from CUDA graphs: one per shape bucket.
+
+`tts_core.flow.pooled` makes a call's work a function of static shapes: (rows, context capacity,
+new-frame capacity) for the 10-step solve, whose pool reads and writes are index tensors built on
+the device from a per-row table, and (rows, tokens, new frames, finalize) for the encoder. Each
+captured call serves every mix of streams that fits its bucket; unused rows are padding rows that
+read nothing and write only to the pool's trash. Anything without a bucket runs eagerly.
+
+Use (the rendering thread only):
+
+    graphs = PooledFlowGraphs(pooled)
+    graphs.capture(rows=(1, 4, 16, 32), ctx_caps=(300, 500, 850), new_caps=(56, 112))   # start-up
+    graphs.capture_encoder(rows=(...), tokens=103, new_frames=100, finalize=False)      # start-up
+    mels = graphs.render(streams, tokens, finalize)                                      # per call
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import structlog
+import torch
+
+from tts_core.accel.flow_graphs import device_position_tables
+from tts_core.accel.graph_capture import capture_graph
+from tts_core.flow.model import FlowModel
+from tts_core.flow.pooled import PooledFlow, PooledPlan, PooledStream, pooled_solve
+from tts_core.flow.windowed import encode_grouped, encode_new_frames
+
+log = structlog.get_logger(__name__)
+
+
+class _SolveGraph:
+    def __init__(self, pooled: PooledFlow, rows: int, ctx_cap: int, new_cap: int, pool) -> None:
+        mel = pooled.model.cfg.output_size
+        self.table = torch.tensor([pooled.padding_row()] * rows, dtype=torch.long, device=pooled.device)
+        self.mu = torch.zeros(rows, mel, new_cap, device=pooled.device, dtype=pooled.dtype)
+        self.graph = torch.cuda.CUDAGraph()
+        self.out = capture_graph(self.graph, lambda: pooled_solve(pooled.model, pooled.pool, self.table, self.mu,
+                                                                  ctx_cap), warmup=2, pool=pool)
+
+    def replay(self, table: torch.Tensor, mu: torch.Tensor) -> torch.Tensor:
+        self.table.copy_(table)
+        self.mu.copy_(mu)
+        self.graph.replay()
+        return self.out
+
+
+class _EncodeGraph:
+    def __init__(self, model: FlowModel, rows: int, tokens: int, new_frames: int, finalize: bool, pool) -> None:
+        self.tokens = torch.zeros(rows, tokens, dtype=torch.long, device=model.input_embedding.weight.device)
+        self.graph = torch.cuda.CUDAGraph()
+        self._tables: dict = {}  # position tables the graph reads: must live as long as it
+        with device_position_tables(self._tables):
+            self.out = capture_graph(self.graph, lambda: encode_new_frames(model, self.tokens, finalize, new_frames),
+                                     warmup=2, pool=pool)
+
+    def replay(self, tokens: torch.Tensor) -> torch.Tensor:
+        self.tokens[:tokens.size(0)].copy_(tokens)
+        self.graph.replay()
+        return self.out[:tokens.size(0)]
+
+
+class PooledFlowGraphs:
+    def __init__(self, pooled: PooledFlow) -> None:
+        self.pooled = pooled
+        self.solve_graphs: dict[tuple[int, int, int], _SolveGraph] = {}  # (rows, ctx_cap, new_cap)
+        self.encode_graphs: dict[tuple[int, int, int, bool], _EncodeGraph] = {}  # (rows, tokens, new, final)
+        self._pool = None
+        self.eager_calls = 0  # calls that found no bucket (counted: each costs ~10x a replay)
+
+    def _graph_pool(self):
+        if self.pooled.device.type != "cuda":
+            raise RuntimeError("pooled flow graphs need the model on a CUDA device")
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        return self._pool
+
+    def capture(self, rows: Sequence[int], ctx_caps: Sequence[int], new_caps: Sequence[int]) -> float:
+        """Capture the solve for every (rows, ctx_cap, new_cap); returns the seconds it took."""
+        started = time.perf_counter()
+        pool = self._graph_pool()
+        # Largest first: later captures reuse its blocks of the shared graph memory pool.
+        for key in sorted(((r, c, n) for r in rows for c in ctx_caps for n in new_caps),
+                          key=lambda k: k[0] * (k[1] + k[2]), reverse=True):
+            if key not in self.solve_graphs:
+                self.solve_graphs[key] = _SolveGraph(self.pooled, *key, pool)
+        seconds = time.perf_counter() - started
+        log.info("flow_pool_graphs_captured", graphs=len(self.solve_graphs), rows=list(rows), ctx_caps=list(ctx_caps),
+                 new_caps=list(new_caps), seconds=round(seconds, 2))
+        return seconds
+
+    def capture_encoder(self, rows: Sequence[int], tokens: int, new_frames: int, finalize: bool) -> None:
+        pool = self._graph_pool()
+        for r in sorted(rows, reverse=True):
+            key = (r, tokens, new_frames, finalize)
+            if key not in self.encode_graphs:
+                self.encode_graphs[key] = _EncodeGraph(self.pooled.model, r, tokens, new_frames, finalize, pool)
+
+    @property
+    def max_rows(self) -> int:
+        return max((k[0] for k in self.solve_graphs), default=0)
+
+    @torch.inference_mode()
+    def render(self, streams: Sequence[PooledStream], tokens: Sequence[torch.Tensor],
+               finalize: Sequence[bool]) -> list[torch.Tensor]:
+        """Like `PooledFlow.render`, replaying captured graphs where a bucket fits; calls of more
+        streams than the largest bucket are split."""
+        pooled = self.pooled
+        plans = [pooled.plan(s, t, f) for s, t, f in zip(streams, tokens, finalize)]
+        mus = encode_grouped(pooled.model, plans, self._encode)
+        largest = self.max_rows or len(plans)
+        out: list[torch.Tensor] = []
+        for a in range(0, len(plans), largest):
+            part = plans[a:a + largest]
+            mel = self._solve(part, mus[a:a + largest])
+            out += [pooled.finish(s, p, mel[i:i + 1, :, :p.new_frames].clone())
+                    for i, (s, p) in enumerate(zip(streams[a:a + largest], part))]
+        return out
+
+    def _encode(self, model: FlowModel, enc_tokens: torch.Tensor, fin: bool, new_frames: int) -> torch.Tensor:
+        rows, n = enc_tokens.shape
+        fits = [k for k in self.encode_graphs if k[1:] == (n, new_frames, fin) and k[0] >= rows]
+        if not fits:
+            return encode_new_frames(model, enc_tokens, fin, new_frames)
+        return self.encode_graphs[min(fits)].replay(enc_tokens).clone()
+
+    def _solve(self, plans: Sequence[PooledPlan], mus: Sequence[torch.Tensor]) -> torch.Tensor:
+        pooled = self.pooled
+        rows = len(plans)
+        ctx = max(p.ctx_frames for p in plans)
+        new = max(p.new_frames for p in plans)
+        fits = [k for k in self.solve_graphs if k[0] >= rows and k[1] >= ctx and k[2] >= new]
+        if not fits:
+            self.eager_calls += 1
+            table = torch.tensor([p.row for p in plans], dtype=torch.long).to(pooled.device, non_blocking=True)
+            return pooled_solve(pooled.model, pooled.pool, table, pooled.stack_mu(mus, rows, new), ctx)
+        key = min(fits, key=lambda k: (k[0] * (k[1] + k[2]), k[0]))
+        padded = [p.row for p in plans] + [pooled.padding_row()] * (key[0] - rows)
+        table = torch.tensor(padded, dtype=torch.long).to(pooled.device, non_blocking=True)
+        return self.solve_graphs[key].replay(table, pooled.stack_mu(mus, key[0], key[2]))
