@@ -1,7 +1,7 @@
 """CosyVoice2Engine: adapts tts_core's CosyVoice2Pipeline to the gateway's SpeechEngine interface.
 
 Loading (seconds to a minute) and warm-up run in a worker thread, never on the event loop; after
-that, `open_stream` only queues a job: the scheduler thread renders it and hands chunks to the
+that, `open_stream` only queues a job: the scheduler's threads render it and hand chunks to the
 stream's ChunkChannel. A job that breaks ends its own stream with SynthesisFailed; `close()` stops
 the scheduler and ends every open stream the same way.
 """
@@ -64,13 +64,14 @@ class CosyVoice2Engine(SpeechEngine):
 
         s = self.settings
         device, dtype = s.resolve()
-        graphs, flow_window = s.fast_path(device)
+        graphs, encoder_tokens = s.fast_path(device)
         started = time.perf_counter()
         pipeline = CosyVoice2Pipeline.load(
             s.model_dir, device=device, dtype=dtype, voices_dir=s.voices_dir, max_batch=s.max_batch, max_len=s.max_len,
             schedule=ChunkSchedule(hop_tokens=s.hop_tokens, max_hop_tokens=s.max_hop_tokens,
                                    first_hop_tokens=s.first_hop_tokens),
-            fast=SchedulerSettings(graphs=graphs, flow_window_tokens=flow_window))
+            fast=SchedulerSettings(graphs=graphs, flow_encoder_tokens=encoder_tokens,
+                                   flow_context_frames=s.flow_context_frames))
         try:
             if not pipeline.voices.names():
                 raise ValueError(f"engine.cosyvoice2: no voices in {s.model_dir} (add one with `voice add`)")
@@ -84,7 +85,7 @@ class CosyVoice2Engine(SpeechEngine):
             pipeline.close()
             raise
         log.info("cosyvoice2_engine_started", device=device, dtype=str(dtype), graphs=graphs,
-                 flow_window_tokens=flow_window, load_s=round(load_s, 3),
+                 flow_encoder_tokens=encoder_tokens, flow_context_s=s.flow_context_s, load_s=round(load_s, 3),
                  warmup_s=self.warmup_s and round(self.warmup_s, 3), voices=len(pipeline.voices))
         return pipeline
 

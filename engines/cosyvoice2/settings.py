@@ -14,11 +14,11 @@ from typing import Any
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
           "float16": "float16", "fp16": "float16", "auto": "auto"}
 DEVICES = ("auto", "cpu", "cuda")
-# Measured on the H100 (bench/results/load_2026-11-22.json): 25 tokens of left context keep a later
-# chunk's flow call to one fixed, graphable shape; the mel differs from the exact flow by ~1.6 %
-# (relative, tiny model), see tests/tts_core/test_runtime_window_flow.py.
-DEFAULT_GPU_FLOW_WINDOW = 25
-
+# Tokens the flow encoder re-reads before each chunk on the GPU fast path: one static call shape for
+# every non-final chunk (graphable, batched). A 25-token window moved the mel by 0.2 % (relative,
+# full-size random weights, docs/PERF_NOTES.md); 50 is the default. 0 means every token (exact).
+DEFAULT_GPU_ENCODER_TOKENS = 50
+MEL_FRAMES_PER_S = 50
 
 @dataclass(frozen=True)
 class CosyVoice2Settings:
@@ -34,12 +34,14 @@ class CosyVoice2Settings:
     first_hop_tokens: int | None = None
     seed: int | None = None  # fixed: every request replays the same draws (tests); None: random per request
     warmup: bool = True
-    # The GPU fast path (tts_core.runtime): CUDA graphs for decode, prefill, flow and HiFT, and a
-    # flow that sees the voice prompt plus the last `flow_window_tokens` spoken tokens, batched
-    # across streams. None = auto: on for CUDA. With graphs off, or flow_window_tokens 0, the flow
-    # is the exact official-equal streaming path (cost grows with the utterance; CPU default).
+    # The GPU fast path (tts_core.runtime): CUDA graphs for decode, prefill, flow and HiFT. None =
+    # auto: on for CUDA. The flow computes every mel frame once, batched across streams, from a
+    # context pool on the device (tts_core.flow.pooled): exact for the first `flow_context_s` seconds
+    # of each text segment (memory: ~28 MB per second per stream slot in bf16), then it keeps the
+    # latest seconds. `flow_encoder_tokens`: None = auto (50 with graphs, every token without).
     graphs: bool | None = None
-    flow_window_tokens: int | None = None
+    flow_context_s: float = 14.0
+    flow_encoder_tokens: int | None = None
 
     @classmethod
     def from_config(cls, raw: Mapping[str, Any]) -> CosyVoice2Settings:
@@ -61,23 +63,29 @@ class CosyVoice2Settings:
         if dtype not in DTYPES:
             raise ValueError(f"engine.cosyvoice2.dtype: {dtype!r}; choose one of {', '.join(DTYPES)}")
         values["device"], values["dtype"] = device, DTYPES[dtype]
-        if values.get("flow_window_tokens") is not None and int(values["flow_window_tokens"]) < 0:
-            raise ValueError("engine.cosyvoice2.flow_window_tokens: must be >= 0 (0 = exact flow)")
+        if values.get("flow_encoder_tokens") is not None and int(values["flow_encoder_tokens"]) < 0:
+            raise ValueError("engine.cosyvoice2.flow_encoder_tokens: must be >= 0 (0 = every token, exact)")
+        if "flow_context_s" in values and not 1.0 <= float(values["flow_context_s"]) <= 300.0:
+            raise ValueError("engine.cosyvoice2.flow_context_s: must be between 1 and 300 seconds")
         for key in ("max_batch", "max_len", "hop_tokens", "max_hop_tokens"):
             if key in values and int(values[key]) <= 0:
                 raise ValueError(f"engine.cosyvoice2.{key}: must be positive")
         return cls(**values)
 
     def fast_path(self, device: str) -> tuple[bool, int | None]:
-        """(graphs, flow window in tokens or None for the exact flow) for the resolved device."""
+        """(graphs, encoder window in tokens or None for every token) for the resolved device."""
         on_cuda = device.startswith("cuda")
         graphs = on_cuda if self.graphs is None else self.graphs
         if graphs and not on_cuda:
             raise ValueError("engine.cosyvoice2.graphs: CUDA graphs need device cuda")
-        window = self.flow_window_tokens
+        window = self.flow_encoder_tokens
         if window is None:
-            window = DEFAULT_GPU_FLOW_WINDOW if graphs else 0
+            window = DEFAULT_GPU_ENCODER_TOKENS if graphs else 0
         return graphs, (window or None)
+
+    @property
+    def flow_context_frames(self) -> int:
+        return round(self.flow_context_s * MEL_FRAMES_PER_S)
 
     def resolve(self) -> tuple[str, Any]:
         """(device, torch dtype): auto device = cuda if available; auto dtype = bf16 on CUDA that has

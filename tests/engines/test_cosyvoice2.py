@@ -127,14 +127,17 @@ def test_settings_errors_name_the_key(tiny_model_dir: Path) -> None:
 
 
 def test_fast_path_is_on_for_cuda_and_off_for_cpu_by_default(tmp_path):
-    from engines.cosyvoice2.settings import DEFAULT_GPU_FLOW_WINDOW, CosyVoice2Settings
+    from engines.cosyvoice2.settings import DEFAULT_GPU_ENCODER_TOKENS, CosyVoice2Settings
 
     auto = CosyVoice2Settings.from_config({"model_dir": str(tmp_path)})
-    assert auto.fast_path("cpu") == (False, None)  # exact, official-equal flow
-    assert auto.fast_path("cuda") == (True, DEFAULT_GPU_FLOW_WINDOW)
-    exact_on_gpu = CosyVoice2Settings.from_config({"model_dir": str(tmp_path), "flow_window_tokens": 0})
+    assert auto.fast_path("cpu") == (False, None)  # every encoder token: exact, official-equal flow
+    assert auto.fast_path("cuda") == (True, DEFAULT_GPU_ENCODER_TOKENS)
+    exact_on_gpu = CosyVoice2Settings.from_config({"model_dir": str(tmp_path), "flow_encoder_tokens": 0})
     assert exact_on_gpu.fast_path("cuda") == (True, None)
+    assert CosyVoice2Settings.from_config({"model_dir": str(tmp_path), "flow_context_s": 10}).flow_context_frames == 500
     with pytest.raises(ValueError, match="engine.cosyvoice2.graphs"):
         CosyVoice2Settings.from_config({"model_dir": str(tmp_path), "graphs": True}).fast_path("cpu")
-    with pytest.raises(ValueError, match="flow_window_tokens"):
-        CosyVoice2Settings.from_config({"model_dir": str(tmp_path), "flow_window_tokens": -1})
+    with pytest.raises(ValueError, match="flow_encoder_tokens"):
+        CosyVoice2Settings.from_config({"model_dir": str(tmp_path), "flow_encoder_tokens": -1})
+    with pytest.raises(ValueError, match="flow_context_s"):
+        CosyVoice2Settings.from_config({"model_dir": str(tmp_path), "flow_context_s": 0})

@@ -1,8 +1,10 @@
 """The scheduler on the tiny model: segments in order in one stream, jobs joining a running batch,
-per-job failure isolation at prefill, and the timings benchmarks read."""
+per-job failure isolation (prefill, rendering), decoding that never waits for rendering,
+cancellation, the deferred fast path, and the timings benchmarks read."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from pathlib import Path
 
@@ -10,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from tts_core.runtime import CollectingSink, CosyVoice2Pipeline, JobOptions, SynthesisError
+from tts_core.runtime import (CollectingSink, CosyVoice2Pipeline, JobOptions, SchedulerSettings, SynthesisError,
+                              SynthesisJob)
 from tts_core.voices import Voice
 
 VOICE = "golden_speaker"
@@ -119,3 +122,121 @@ def test_scheduled_tokens_equal_the_one_request_reference(pipeline: CosyVoice2Pi
         expected = list(lm.generate(text_tokens, sampler, torch.Generator().manual_seed(seed), voice.prompt_text,
                                     voice.llm_prompt_speech_token))
         assert job.tokens == expected
+
+
+def _wait_lm_finished(job: SynthesisJob) -> threading.Event:
+    """An event set on the decode thread when `job`'s LM finishes (set before the job is submitted)."""
+    finished = threading.Event()
+    accept = job.accept_token
+
+    def accept_and_tell(token: int, speech_token_size: int) -> None:
+        accept(token, speech_token_size)
+        if job.lm_finished:
+            finished.set()
+
+    job.accept_token = accept_and_tell
+    return finished
+
+
+def test_decoding_goes_on_while_a_chunk_renders(pipeline: CosyVoice2Pipeline, monkeypatch) -> None:
+    """The point of the decode/render split: a render call that takes long (a batched flow call on
+    a busy GPU) must not stall any stream's LM steps."""
+    entered, release = threading.Event(), threading.Event()
+
+    renderer = pipeline.scheduler.renderer
+    real_render = renderer.render
+
+    def held_render(items):
+        entered.set()
+        assert release.wait(60)
+        return real_render(items)
+
+    monkeypatch.setattr(renderer, "render", held_render)
+    first_sink, late_sink = CollectingSink(), CollectingSink()
+    try:
+        first = pipeline.synthesize("A long request.", VOICE, first_sink, _forced(150))
+        assert entered.wait(60)  # the render thread now holds `first`'s first chunk
+        held_at = len(first.tokens)
+        late = SynthesisJob("A short one.", pipeline.voices.get(VOICE), late_sink, _forced(60))
+        late_lm_done = _wait_lm_finished(late)
+        pipeline.scheduler.submit(late)
+        # A job submitted while the render is held is admitted, prefilled and decoded to its end.
+        assert late_lm_done.wait(60)
+        assert len(late.tokens) == 60 and len(first.tokens) > held_at
+        assert not release.is_set() and first_sink.chunks == [] and late_sink.chunks == []
+    finally:
+        release.set()
+    assert sum(map(len, first_sink.wait(60))) == 150 * SAMPLES_PER_TOKEN
+    assert sum(map(len, late_sink.wait(60))) == 60 * SAMPLES_PER_TOKEN
+
+
+class _CancelOnFirstChunk(CollectingSink):
+    """Hangs up as its first chunk arrives (on the render thread: no race with a later chunk)."""
+
+    def put(self, chunk: np.ndarray) -> None:
+        super().put(chunk)
+        self.cancel()
+
+
+def test_a_cancelled_job_frees_its_slot_and_gets_no_more_audio(pipeline: CosyVoice2Pipeline) -> None:
+    sink = _CancelOnFirstChunk()
+    job = pipeline.synthesize("A long request that the caller hangs up on.", VOICE, sink, _forced(400))
+    other_sink = CollectingSink()
+    # Submitted after the hang-up is possible; it streams 150 tokens, long enough for the cancelled
+    # job's next chunks to have been due had it kept going.
+    other = SynthesisJob("Another call.", pipeline.voices.get(VOICE), other_sink, _forced(150))
+    other_started = _wait_lm_finished(other)
+    pipeline.scheduler.submit(other)
+    assert other_started.wait(60)
+    other_sink.wait(60)
+    assert len(sink.chunks) == 1 and sink.error is None
+    assert job.slot is None and len(job.tokens) < 400
+    assert pipeline.scheduler.free_slots == 3
+
+
+def test_a_render_failure_fails_only_its_job(pipeline: CosyVoice2Pipeline, monkeypatch) -> None:
+    good = pipeline.voices.get(VOICE)
+    pipeline.voices.add(dataclasses.replace(good, name="breaks_at_chunk_1"))
+
+    renderer = pipeline.scheduler.renderer
+    real_render = renderer.render
+
+    def breaking_render(items):
+        bad = renderer.voice(pipeline.voices.get("breaks_at_chunk_1"))
+        if any(stream.flow.voice is bad and task.index == 1 for stream, _, task in items):
+            raise RuntimeError("flow blew up")
+        return real_render(items)
+
+    monkeypatch.setattr(renderer, "render", breaking_render)
+    bad_sink, good_sink = CollectingSink(), CollectingSink()
+    pipeline.synthesize("Hello there.", "breaks_at_chunk_1", bad_sink, _forced(120))
+    pipeline.synthesize("Hello there.", VOICE, good_sink, _forced(120))
+    with pytest.raises(SynthesisError, match="flow blew up"):
+        bad_sink.wait(60)
+    assert len(bad_sink.chunks) == 1  # its first chunk went out before the failure
+    assert sum(map(len, good_sink.wait(60))) == 120 * SAMPLES_PER_TOKEN
+    assert pipeline.scheduler.free_slots == 3
+
+
+def test_fast_path_renders_deferred_chunks_when_their_slack_runs_low(tiny_model_dir: Path) -> None:
+    """Batched fast path: later chunks wait while their stream has more than `defer_slack_s` of audio
+    ahead; with nothing else running, only the render thread's timed wait can bring them out."""
+    # The tiny LM decodes a 50-token hop in far less than the 1 s of audio the first chunk holds, so
+    # an undeferred second chunk would go out with ~1 s ahead, well above this slack.
+    fast = SchedulerSettings(defer_slack_s=0.3)
+    pipeline = CosyVoice2Pipeline.load(tiny_model_dir, max_batch=2, max_len=1024, fast=fast)
+    try:
+        sink = CollectingSink()
+        job = pipeline.synthesize("Fast path.", VOICE, sink, _forced(100))
+        assert sum(map(len, sink.wait(60))) == 100 * SAMPLES_PER_TOKEN
+        chunks = job.timings.chunks
+        assert len(chunks) >= 3 and sum(c.tokens for c in chunks) == 100
+        renders = list(pipeline.scheduler.renders)
+        assert sum(r.chunks for r in renders) >= len(chunks) and all(r.seconds > 0 for r in renders)
+        # A chunk that waited went out while the audio before it still played, with at most the slack left.
+        first_at = chunks[0].at_s
+        for i, c in enumerate(chunks[1:], 1):
+            ahead = first_at + sum(x.audio_s for x in chunks[:i]) - c.at_s
+            assert ahead <= fast.defer_slack_s + 0.05
+    finally:
+        pipeline.close()

@@ -36,7 +36,7 @@ import torch
 from tts_core.flow.context_pool import CallIndex, FlowContextPool, PooledStepContext, PoolShape
 from tts_core.flow.model import FlowModel
 from tts_core.flow.sampler import time_span
-from tts_core.flow.windowed import encode_grouped, encode_new_frames
+from tts_core.flow.encoder_window import encode_grouped, encode_new_frames
 
 log = structlog.get_logger(__name__)
 
@@ -70,7 +70,7 @@ class PooledStream:
 
 @dataclass(frozen=True)
 class PooledPlan:
-    """One row of a call (made by `PooledFlow.plan`); duck-types windowed.ChunkPlan for the encoder."""
+    """One row of a call (made by `PooledFlow.plan`); an `encoder_window.EncoderCall`."""
 
     row: tuple[int, ...]  # ROW_FIELDS values
     enc_tokens: torch.Tensor  # (1, n) all-token ids the encoder reads

@@ -1,87 +1,164 @@
-"""Render the due chunks of many jobs at once: one batched flow call per call shape, then each
-job's own vocoder (the fast path of the scheduler; `Token2WavStream` is the exact per-job path).
+"""Render the due chunks of many jobs at once: one batched pooled-flow call, then each job's own
+vocoder (the scheduler's fast path; `Token2WavStream` is the one-request path).
 
-Owns the voices' device-side flow prompts (built once per voice, shared by all its streams) and the
-captured flow/HiFT graphs. Driven only by the scheduler thread.
+Owns the flow's context pool (`tts_core.flow.pooled`: every frame computed once, exact up to
+`FlowPoolSettings.context_frames` of a segment's own speech), the voices registered in it, and the
+captured flow/HiFT graphs. Streams are opened on any thread (slot bookkeeping only); everything
+that runs the model runs on the rendering thread, or at start-up in `prepare`.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import structlog
 import torch
 
 from tts_core.flow import FlowModel
+from tts_core.flow.context_pool import PoolShape
+from tts_core.flow.pooled import PooledFlow, PooledStream, VoicePrefix
 from tts_core.hift import HiftGenerator
 from tts_core.runtime.chunk_vocoder import ChunkVocoder
-from tts_core.runtime.window_flow import FlowRequest, VoiceFlowPrompt, WindowFlowRunner, flow_window, steady_shapes
 from tts_core.streaming.chunk_schedule import ChunkSchedule, ChunkTask
 from tts_core.streaming.token2wav import RenderedChunk
 from tts_core.voices import Voice
 
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class FlowPoolSettings:
+    stream_slots: int  # streams rendering at once (one per job)
+    context_frames: int = 700  # own mel frames a segment keeps exactly (14 s); beyond, its latest
+    encoder_tokens: int | None = 50  # tokens the encoder re-reads before a chunk; None: all (exact)
+    voice_frames: int = 500  # shared prompt frames a voice can hold (10 s prompts)
+    batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)  # graph row buckets; also the largest call
+    context_buckets: int = 4  # context-capacity graph buckets between the prompt and the maximum
+
 
 @dataclass
-class WindowedStream:
-    """One job segment's state on the fast path: its voice prompt and its vocoder caches."""
+class PooledChunkStream:
+    """One job segment's state on the fast path: its pooled flow stream and its vocoder caches."""
 
-    prompt: VoiceFlowPrompt
+    flow: PooledStream
     vocoder: ChunkVocoder
     schedule: ChunkSchedule
+    renderer: ChunkRenderer
     finished: bool = False
+
+    def close(self) -> None:
+        """Give the flow slot back (idempotent; any thread)."""
+        self.renderer.close(self)
 
 
 class ChunkRenderer:
-    def __init__(self, flow: FlowModel, hift: HiftGenerator, window_tokens: int) -> None:
+    def __init__(self, flow: FlowModel, hift: HiftGenerator, settings: FlowPoolSettings) -> None:
         self.flow, self.hift = flow, hift
-        self.window_tokens = window_tokens
-        self.runner = WindowFlowRunner(flow)
+        self.settings = settings
+        chunk = flow.cfg.estimator.static_chunk_size
+        frames = -(-settings.context_frames // chunk) * chunk
+        voice_frames = -(-settings.voice_frames // chunk) * chunk
+        shape = PoolShape(settings.stream_slots, frames, voice_slots=8, voice_frames=voice_frames,
+                          prompt_frames=voice_frames + 2 * chunk)
+        self.pooled = PooledFlow(flow, shape, settings.encoder_tokens)
+        self.graphs = None  # PooledFlowGraphs, once captured
         self.hift_graphs: dict[tuple[int, int], object] = {}
-        self._prompts: dict[str, tuple[Voice, VoiceFlowPrompt]] = {}
+        self._voices: dict[str, tuple[Voice, VoicePrefix]] = {}
+        self._slots = threading.Lock()  # streams open/close on the decode thread, finish on the render thread
         self._hift_dtype = next(hift.parameters()).dtype
-        self._device = self.runner.device
+        self._device = self.pooled.device
+        log.info("flow_pool_allocated", gb=round(self.pooled.pool.nbytes() / 2**30, 2), stream_slots=shape.stream_slots,
+                 context_frames=frames, encoder_tokens=settings.encoder_tokens)
 
-    def prompt(self, voice: Voice) -> VoiceFlowPrompt:
-        known = self._prompts.get(voice.name)
+    def voice(self, voice: Voice) -> VoicePrefix:
+        known = self._voices.get(voice.name)
         if known is None or known[0] is not voice:
-            known = (voice, VoiceFlowPrompt.build(self.flow, voice))
-            self._prompts[voice.name] = known
+            with self._slots:
+                prefix = self.pooled.register_voice(
+                    torch.tensor([voice.flow_prompt_speech_token], dtype=torch.long),
+                    voice.prompt_speech_feat[None], voice.flow_embedding[None])
+            if self._device.type == "cuda":
+                # Registered outside `prepare` (a voice added later): make its frames visible to the
+                # rendering thread's stream before any stream of it renders.
+                torch.cuda.current_stream(self._device).synchronize()
+            known = (voice, prefix)
+            self._voices[voice.name] = known
         return known[1]
 
-    def stream(self, voice: Voice, schedule: ChunkSchedule, generator: torch.Generator | None) -> WindowedStream:
-        return WindowedStream(self.prompt(voice), ChunkVocoder(self.hift, generator, self.hift_graphs), schedule)
+    def stream(self, voice: Voice, schedule: ChunkSchedule, generator: torch.Generator | None) -> PooledChunkStream:
+        prefix = self.voice(voice)
+        with self._slots:
+            flow_stream = self.pooled.open_stream(prefix)
+        return PooledChunkStream(flow_stream, ChunkVocoder(self.hift, generator, self.hift_graphs), schedule, self)
 
-    def capture(self, voices: Sequence[Voice], schedule: ChunkSchedule, flow_batches: Sequence[int]) -> dict:
-        """Capture flow graphs for each voice prompt length and HiFT graphs for the steady chunk
-        sizes (CUDA start-up). Returns what was captured, for the start-up report."""
+    def close(self, stream: PooledChunkStream) -> None:
+        with self._slots:
+            self.pooled.close_stream(stream.flow)
+
+    def prepare(self, voices: Sequence[Voice], schedule: ChunkSchedule, graphs: bool) -> dict:
+        """Register the voices (their shared prompt frames, once) and, with `graphs`, capture the
+        flow and HiFT graphs the steady schedule uses (start-up). Returns the start-up report."""
+        started = time.perf_counter()
+        for voice in voices:
+            self.voice(voice)
+        report: dict = {"flow_voices_s": time.perf_counter() - started,
+                        "flow_pool_gb": self.pooled.pool.nbytes() / 2**30}
+        if not graphs:
+            return report
+        from tts_core.accel.flow_pool_graphs import PooledFlowGraphs
         from tts_core.accel.hift_graphs import GraphedHift
 
-        ratio = self.flow.cfg.token_mel_ratio
-        shapes: dict[int, list] = {}
-        for voice in voices:
-            p = len(voice.flow_prompt_speech_token)
-            if p in shapes:
-                continue
-            shapes[p] = steady_shapes(schedule, p, self.window_tokens, ratio)
-            self.runner.capture(self.prompt(voice), shapes[p], flow_batches)
-            # HiFT: first chunk (no caches) and later chunks (8 cached frames + a full hop).
-            first = shapes[p][0][0] - schedule.lookahead_tokens
-            for frames, cached in ((first * ratio, 0), (8 + schedule.max_hop_tokens * ratio, 8 * 480)):
-                if (frames, cached) not in self.hift_graphs:
-                    self.hift_graphs[(frames, cached)] = GraphedHift(self.hift, frames, cached)
-        return {"flow_shapes": {str(p): s for p, s in shapes.items()}, "flow_batches": list(flow_batches),
-                "flow_graphs": len(self.runner.graphs), "hift_graphs": sorted(self.hift_graphs)}
+        s, ratio, chunk = self.settings, self.flow.cfg.token_mel_ratio, self.pooled.chunk
+        prefix = max((p.prefix_frames for _, p in self._voices.values()), default=0)
+        prompt_tail = max((p.prompt_frames - p.prefix_frames for _, p in self._voices.values()), default=0)
+        own_max = self.pooled.pool.shape.stream_frames
+        step = -(-own_max // s.context_buckets // chunk) * chunk
+        ctx_caps = sorted({prefix} | {min(prefix + own_max, prefix + step * k) for k in range(1, s.context_buckets + 1)})
+        # New frames per call: the prompt's unshared tail + the first hop, or a hop + lookahead (a
+        # final call); a first hop off the chunk grid re-renders up to one chunk more next call.
+        hop = schedule.max_hop_tokens * ratio
+        first_hop = (schedule.first_hop_tokens or schedule.hop_tokens) * ratio
+        extra = chunk if schedule.first_hop_tokens else 0
+        new_caps = sorted({-(-(prompt_tail + first_hop + extra) // 16) * 16,
+                           -(-(hop + schedule.lookahead_tokens * ratio + extra) // 16) * 16})
+        t0 = time.perf_counter()
+        self.graphs = PooledFlowGraphs(self.pooled)
+        self.graphs.capture(s.batches, ctx_caps, new_caps)
+        if s.encoder_tokens is not None:
+            # Every non-final call of the default schedule reads a chunk-aligned window + a hop +
+            # lookahead and renders a hop of frames (the first call too, for a 150-token prompt).
+            self.graphs.capture_encoder(s.batches, s.encoder_tokens + schedule.max_hop_tokens + schedule.lookahead_tokens,
+                                        hop, False)
+        report["flow_capture_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        # HiFT: first chunk (no caches) and later chunks (8 cached frames + a full hop).
+        first = (schedule.first_hop_tokens or schedule.hop_tokens) * ratio
+        for frames, cached in ((first, 0), (8 + hop, 8 * 480)):
+            if (frames, cached) not in self.hift_graphs:
+                self.hift_graphs[(frames, cached)] = GraphedHift(self.hift, frames, cached)
+        report["hift_capture_s"] = time.perf_counter() - t0
+        report.update({"flow_ctx_caps": ctx_caps, "flow_new_caps": new_caps, "flow_batches": list(s.batches),
+                       "flow_graphs": len(self.graphs.solve_graphs), "hift_graphs": sorted(self.hift_graphs)})
+        return report
 
-    def render(self, items: Sequence[tuple[WindowedStream, Sequence[int], ChunkTask]]) -> list[RenderedChunk]:
+    @property
+    def max_batch(self) -> int:
+        return max(self.settings.batches)
+
+    def render(self, items: Sequence[tuple[PooledChunkStream, Sequence[int], ChunkTask]]) -> list[RenderedChunk]:
         """One chunk per item (stream, the segment's tokens so far, its task), in the same order.
-        The flow time is the batched call's, shared by all items."""
+        The flow time is the batched call's, shared by all items. A stream whose final chunk this is
+        gives its flow slot back."""
         started = time.perf_counter()
-        ratio = self.flow.cfg.token_mel_ratio
-        requests = [FlowRequest(s.prompt, tokens, flow_window(task, s.schedule, self.window_tokens, ratio))
-                    for s, tokens, task in items]
-        mels = self.runner.render(requests)
+        streams = [s.flow for s, _, _ in items]
+        tokens = [torch.tensor([list(t[:task.token_end])], dtype=torch.long) for _, t, task in items]
+        finalize = [task.finalize for _, _, task in items]
+        render = self.graphs.render if self.graphs is not None else self.pooled.render
+        mels = render(streams, tokens, finalize)
         flow_done = _synchronized(self._device)
         out = []
         for (stream, _, task), mel in zip(items, mels):
@@ -89,12 +166,15 @@ class ChunkRenderer:
             wav = stream.vocoder.push(mel.to(self._hift_dtype), finalize=task.finalize)
             audio = wav[0].float().cpu().numpy()
             stream.finished = task.finalize
+            if task.finalize:
+                stream.close()
             out.append(RenderedChunk(audio=np.ascontiguousarray(audio), mel=mel, flow_s=flow_done - started,
                                      hift_s=time.perf_counter() - t0))
         return out
 
 
 def _synchronized(device: torch.device) -> float:
+    """Wall time once this thread's stream is done (not the whole device: decode runs beside it)."""
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
+        torch.cuda.current_stream(device).synchronize()
     return time.perf_counter()

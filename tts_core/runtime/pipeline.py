@@ -1,7 +1,7 @@
 """CosyVoice2Pipeline: a loaded model directory, ready to stream (the `LLMEngine` role of nano-vllm).
 
 `load` builds every part from the model directory (text frontend, speech LM, flow, HiFT with
-weight norm folded, voices) on one device and starts the scheduler thread that owns them.
+weight norm folded, voices) on one device and starts the scheduler's threads that own them.
 `synthesize` is the thread-safe entry point: it wraps a text, a voice name and a sink in a
 `SynthesisJob` and submits it. Nothing here runs model code on the caller's thread except
 `warmup`, which waits for one short job to stream end to end.
@@ -63,8 +63,8 @@ class CosyVoice2Pipeline:
              voices_dir: str | Path | None = None, max_batch: int = 8, max_len: int = 2048,
              schedule: ChunkSchedule = ChunkSchedule(), fast: SchedulerSettings | None = None,
              normalize: bool = True) -> CosyVoice2Pipeline:
-        """`fast`: scheduler settings whose fast-path fields (flow window, graphs, buckets, render
-        budget) are used; max_batch/max_len/schedule come from the arguments. With graphs, every
+        """`fast`: scheduler settings whose fast-path fields (flow window, graphs, buckets, deferral
+        slack) are used; max_batch/max_len/schedule come from the arguments. With graphs, every
         graph is captured here, before the first request (the time is logged and kept in
         `scheduler.capture_report`)."""
         started = time.perf_counter()
@@ -92,7 +92,7 @@ class CosyVoice2Pipeline:
 
     def synthesize(self, text: str, voice: str, sink, options: JobOptions = JobOptions(),
                    call_id: str = "") -> SynthesisJob:
-        """Queue `text` in `voice`; audio arrives on `sink` from the scheduler thread. Thread-safe."""
+        """Queue `text` in `voice`; audio arrives on `sink` from the scheduler's render thread. Thread-safe."""
         job = SynthesisJob(text, self.voices.get(voice), sink, options, call_id)
         self.scheduler.submit(job)
         return job

@@ -1,27 +1,39 @@
 """SynthesisJob: one request's state while the scheduler serves it (nano-vllm's `Sequence` role).
 
 A job speaks its text segments in order within one audio stream: each segment is one LM
-generation (its own prefill in the job's KV slot, its own token history) and one
-`Token2WavStream`, as the official loop over normalised segments does. The job owns its random
+generation (its own prefill in the job's KV slot, its own token history) and one flow/vocoder
+stream (`chunk_render.PooledChunkStream`), as the official loop over normalised segments does. The job owns its random
 generators (seeded), its chunk planner and its timings; the scheduler owns everything shared.
 
-Only the scheduler thread touches a job after `submit`, except `sink.cancelled`, which the
-consumer sets from its own thread.
+After `submit` two scheduler threads share a job, each owning its half (see
+tts_core.runtime.scheduler):
+- the decode thread: `segments`, `segment`, `slot`, `tokens`, `kv_len`, `logp`, `lm_finished`, `lm_s`
+  (it appends tokens and sets `lm_finished` under the scheduler's lock, so that the render thread
+  reads both as one snapshot);
+- the render thread: `planner`, `pending_chunk`, `token2wav`, `audio_s`, chunk timings, and the
+  hand-over flags `segment_rendered` and `wake_render_at` (set under the lock).
+A segment changes hands twice: `start_segment` (decode, under the lock) gives it to the render
+thread, which gives it back by setting `segment_rendered` once its last chunk went out; the decode
+thread never starts a segment the render thread may still be rendering. The consumer's thread only
+sets `sink.cancelled`.
 """
 
 from __future__ import annotations
 
 import secrets
+import sys
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
 
 from tts_core.streaming.chunk_schedule import ChunkPlanner, ChunkSchedule, ChunkTask
-from tts_core.streaming.token2wav import Token2WavStream
 from tts_core.voices import Voice
+
+if TYPE_CHECKING:
+    from tts_core.runtime.chunk_render import PooledChunkStream
 
 
 class AudioSink(Protocol):
@@ -54,7 +66,7 @@ class ChunkTiming:
     segment: int
     index: int
     tokens: int  # tokens rendered by this chunk (its hop, or the rest when final)
-    lm_s: float  # decode/sampling wall time this job's steps took since its previous chunk
+    lm_s: float  # decode/sampling wall time of this job's steps since its previous chunk (both taken at render start)
     flow_s: float
     hift_s: float
     handoff_s: float
@@ -92,20 +104,24 @@ class SynthesisJob:
         # Sampling runs on the host over logp copied once per step; the generator lives there too.
         self.sampling_generator = torch.Generator().manual_seed(seed)
         self.timings = JobTimings()
-        # Filled by the scheduler:
+        # Filled by the scheduler's decode thread:
         self.segments: list[list[int]] = []  # text tokens per segment
         self.segment = -1  # index of the segment being spoken
         self.slot: int | None = None
-        self.tokens: list[int] = []  # speech tokens of the current segment
+        self.tokens: list[int] = []  # speech tokens of the current segment (a new list per segment)
         self.kv_len = 0  # cache positions written in this job's slot (host copy, for the decode bound)
         self.min_len = 0
         self.max_len = 0
         self.logp: torch.Tensor | None = None  # host logp awaiting a sample (None: nothing to sample)
         self.lm_finished = False
-        self.planner: ChunkPlanner | None = None
-        self.pending_chunk: ChunkTask | None = None  # issued by the planner, deferred by the render budget
-        self.token2wav: Token2WavStream | None = None  # or the fast path's WindowedStream
-        self.lm_s_since_chunk = 0.0
+        self.lm_s = 0.0  # decode/sampling wall time of this job's steps so far
+        # Filled by the scheduler's render thread:
+        self.planner: ChunkPlanner | None = None  # None: the segment's rendering is not set up yet
+        self.pending_chunk: ChunkTask | None = None  # issued by the planner, deferred (slack or batch size)
+        self.token2wav: PooledChunkStream | None = None  # the segment's flow slot + vocoder
+        self.segment_rendered = False  # the segment's last chunk went out: the decode thread may go on
+        self.wake_render_at = 0  # token count at which the decode thread wakes the render thread
+        self.lm_s_charged = 0.0  # the part of lm_s already attributed to chunks
         self.audio_s = 0.0
         self.done = False
 
@@ -142,23 +158,44 @@ class SynthesisJob:
         return self.timings.first_chunk + self.audio_s - now
 
     # ---- transitions ---------------------------------------------------------------------------
-    def start_segment(self, planner: ChunkPlanner, token2wav: Token2WavStream, min_len: int, max_len: int) -> None:
+    def start_segment(self, min_len: int, max_len: int) -> None:
+        """Decode thread, under the scheduler's lock: the next segment's LM side; its rendering is
+        set up by the render thread (`start_rendering`), whose device stream its tensors live on."""
         self.segment += 1
         self.tokens = []
         self.lm_finished = False
         self.logp = None
-        self.planner = planner
-        self.pending_chunk = None
-        self.token2wav = token2wav
         self.min_len, self.max_len = min_len, max_len
+        self.planner = None
+        self.pending_chunk = None
+        self.token2wav = None
+        self.segment_rendered = False
+        self.wake_render_at = 0
+
+    def start_rendering(self, planner: ChunkPlanner, token2wav: PooledChunkStream) -> None:
+        """Render thread: the current segment's chunk planner and token -> waveform stream."""
+        self.planner = planner
+        self.token2wav = token2wav
 
     @property
     def has_next_segment(self) -> bool:
         return self.segment + 1 < len(self.segments)
 
-    @property
-    def segment_done(self) -> bool:
-        return self.planner is not None and self.planner.done and self.pending_chunk is None
+    def plan_wake(self) -> None:
+        """Render thread, under the lock: the token count at which new tokens make a chunk plannable
+        (never, while a chunk waits on slack: the render thread wakes on its own clock for it)."""
+        if self.planner is None:
+            self.wake_render_at = 0
+        elif self.planner.done or self.pending_chunk is not None:
+            self.wake_render_at = sys.maxsize
+        else:
+            self.wake_render_at = self.planner.tokens_needed()
+
+    def take_lm_s(self) -> float:
+        """Render thread: decode time since the previous chunk's tokens were taken for rendering."""
+        total = self.lm_s
+        taken, self.lm_s_charged = total - self.lm_s_charged, total
+        return taken
 
     def accept_token(self, token: int, speech_token_size: int) -> None:
         """Take one sampled token; a stop token, or reaching max_len, ends the segment's LM."""
@@ -177,5 +214,4 @@ class SynthesisJob:
         if self.timings.first_chunk is None:
             self.timings.first_chunk = handed_at
         self.audio_s += timing.audio_s
-        self.lm_s_since_chunk = 0.0
         self.timings.chunks.append(timing)

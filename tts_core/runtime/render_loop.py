@@ -1,0 +1,223 @@
+"""RenderLoop: the scheduler's render thread, which turns the tokens that the decode thread produces
+into audio chunks (flow + HiFT) and hands them to the jobs' sinks.
+
+It owns the render side of every job (chunk planner, deferred chunk, token -> waveform stream) and
+its own CUDA stream. It waits on a condition until a chunk is due (the decode thread wakes it when
+a job's token count reaches `job.wake_render_at` or its LM finishes; a deferred chunk wakes it by
+a timed wait), then renders the due chunks most urgent first: jobs without audio yet, then the job
+whose emitted audio runs out soonest (`SynthesisJob.deadline`).
+
+It must never touch the LM, the KV cache or a job's slot (except through the scheduler's `fail`),
+never start or retire a segment (it sets `segment_rendered` and wakes the decode thread, which
+does), and never sleep to poll.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+
+import structlog
+import torch
+
+from tts_core.runtime.chunk_render import ChunkRenderer
+from tts_core.runtime.request import ChunkTiming, SynthesisJob
+from tts_core.streaming.chunk_schedule import ChunkPlanner, ChunkSchedule, ChunkTask
+from tts_core.streaming.token2wav import RenderedChunk
+
+log = structlog.get_logger(__name__)
+
+SAMPLE_RATE = 24_000
+
+
+@dataclass(frozen=True)
+class RenderTiming:
+    chunks: int  # chunks in one render call (one batched flow call, then each job's vocoder)
+    seconds: float
+
+
+@dataclass
+class _Due:
+    job: SynthesisJob
+    task: ChunkTask
+    tokens: list[int]  # the segment's tokens [0, task.token_end), copied under the lock
+    lm_s: float = 0.0  # the job's decode time since its previous chunk, taken when rendering starts
+
+
+def device_stream(device: torch.device, priority: int) -> AbstractContextManager:
+    """Enter a new CUDA stream of `priority` on `device` (nothing on CPU). It first waits for the
+    default stream, where the weights, caches and graphs were made before the threads started."""
+    if device.type != "cuda":
+        return nullcontext()
+    stream = torch.cuda.Stream(device, priority=priority)
+    stream.wait_stream(torch.cuda.default_stream(device))
+    return torch.cuda.stream(stream)
+
+
+class RenderLoop:
+    def __init__(self, lock: threading.RLock, jobs: list[SynthesisJob], decode_wake: threading.Condition,
+                 fail: Callable[[SynthesisJob, BaseException], None], renderer: ChunkRenderer,
+                 schedule: ChunkSchedule, defer_slack_s: float) -> None:
+        """`lock` guards `jobs` (the scheduler's active jobs) and every hand-over flag of a job;
+        `decode_wake` is the decode thread's condition on the same lock; `fail` fails one job."""
+        self._lock = lock
+        self._wake = threading.Condition(lock)
+        self._jobs = jobs
+        self._decode_wake = decode_wake
+        self._fail = fail
+        self.renderer = renderer
+        self.schedule = schedule
+        self._batch = renderer.max_batch
+        self._defer_slack_s = defer_slack_s
+        self._device = next(renderer.hift.parameters()).device
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.renders: deque[RenderTiming] = deque(maxlen=10_000)
+
+    # ---- other threads ---------------------------------------------------------------------------
+    def start(self) -> None:
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="tts-render", daemon=True)
+        self._thread.start()
+
+    def wake(self) -> None:
+        """A job gained tokens that may make a chunk due, or its LM finished, or a segment started."""
+        with self._wake:
+            self._wake.notify()
+
+    def stop(self, timeout: float | None) -> None:
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    # ---- the render thread -----------------------------------------------------------------------
+    def _run(self) -> None:
+        torch.set_grad_enabled(False)  # thread-local
+        # Priority 0, the lowest: the decode thread's stream goes first when both have work queued.
+        with device_stream(self._device, priority=0):
+            while True:
+                with self._wake:
+                    work = self._wait_for_work()
+                if work is None:
+                    return
+                setup, due = work
+                try:
+                    for job in setup:
+                        self._start_rendering(job)
+                    self._render_due(due)
+                except Exception as exc:  # a bug outside any one job: fail what it held, keep serving
+                    log.exception("tts_render_round_failed")
+                    for job in setup + [d.job for d in due]:
+                        self._fail(job, exc)
+
+    def _wait_for_work(self) -> tuple[list[SynthesisJob], list[_Due]] | None:
+        """Under the lock: the jobs whose rendering must be set up and the due chunks, sorted by
+        deadline; waits until there are some (None: stopping). A chunk deferred on slack sets the
+        wait's timeout to when its slack runs low."""
+        while not self._stopping:
+            now = time.perf_counter()
+            setup, due, wake_at, cancelled = [], [], None, False
+            for job in self._jobs:
+                if job.cancelled:
+                    cancelled = True  # the decode thread frees its slot; nothing more is rendered for it
+                    continue
+                if job.segment < 0 or job.segment_rendered:
+                    continue  # between segments: the decode thread's turn
+                if job.planner is None:
+                    setup.append(job)
+                    continue
+                task = job.next_chunk()
+                if task is not None:
+                    slack = job.slack(now)
+                    if slack > self._defer_slack_s:
+                        # Wait so that chunks of many streams share one batched flow call
+                        # (first chunks never wait: no slack before them).
+                        job.pending_chunk = task
+                        at = now + slack - self._defer_slack_s
+                        wake_at = at if wake_at is None else min(wake_at, at)
+                    else:
+                        due.append(_Due(job, task, job.tokens[:task.token_end]))
+                job.plan_wake()
+            if cancelled:
+                self._decode_wake.notify()
+            if setup or due:
+                due.sort(key=lambda d: d.job.deadline())
+                return setup, due
+            self._wake.wait(None if wake_at is None else max(0.0, wake_at - time.perf_counter()))
+        return None
+
+    def _start_rendering(self, job: SynthesisJob) -> None:
+        """The segment's planner and token -> waveform stream, made here so that the stream's device
+        tensors live on this thread's CUDA stream."""
+        try:
+            voice = job.voice
+            schedule = job.options.schedule or self.schedule
+            generator = torch.Generator(device=self._device).manual_seed(job.seed + job.segment + 1)
+            stream = self.renderer.stream(voice, schedule, generator)
+            planner = ChunkPlanner(schedule, len(voice.flow_prompt_speech_token))
+        except Exception as exc:
+            self._fail(job, exc)
+            return
+        with self._lock:
+            job.start_rendering(planner, stream)
+            job.plan_wake()
+
+    def _render_due(self, due: list[_Due]) -> None:
+        """Render the most urgent chunks (one job's on the exact path, up to the largest flow batch
+        on the fast path); the rest wait for the next round, re-sorted with whatever became due."""
+        # A job cancelled or failed since the lock was let go is dropped without rendering.
+        due = [d for d in due if d.job.slot is not None and not d.job.cancelled]
+        now, rest = due[:self._batch], due[self._batch:]
+        for d in rest:
+            d.job.pending_chunk = d.task
+        if not now:
+            return
+        for d in now:
+            d.lm_s = d.job.take_lm_s()
+        self._render_batch(now)
+
+    def _render_batch(self, due: list[_Due]) -> None:
+        started = time.perf_counter()
+        try:
+            outs = self.renderer.render([(d.job.token2wav, d.tokens, d.task) for d in due])
+        except Exception as exc:
+            if len(due) == 1:
+                self._fail(due[0].job, exc)
+                return
+            for one in due:  # alone, so one bad job fails alone
+                self._render_batch([one])
+            return
+        self.renders.append(RenderTiming(len(due), time.perf_counter() - started))
+        for d, out in zip(due, outs):
+            self._hand_off(d, out)
+
+    def _hand_off(self, d: _Due, out: RenderedChunk) -> None:
+        job, task = d.job, d.task
+        # Under the lock, so that no chunk reaches a sink after its job was cancelled, failed or
+        # released (sinks never block).
+        with self._lock:
+            if job.slot is None or job.cancelled:
+                return
+            try:
+                handed = time.perf_counter()
+                job.sink.put(out.audio)
+                now = time.perf_counter()
+            except Exception as exc:
+                self._fail(job, exc)
+                return
+            lookahead = 0 if task.finalize else job.planner.schedule.lookahead_tokens
+            job.record_chunk(ChunkTiming(segment=job.segment, index=task.index,
+                                         tokens=task.token_end - task.token_offset - lookahead, lm_s=d.lm_s,
+                                         flow_s=out.flow_s, hift_s=out.hift_s, handoff_s=now - handed,
+                                         audio_s=len(out.audio) / SAMPLE_RATE, at_s=now - job.timings.submitted),
+                             handed)
+            if task.finalize:
+                job.segment_rendered = True  # the decode thread starts the next segment or retires the job
+                self._decode_wake.notify()
