@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import faulthandler
 import json
 import platform
 import random
@@ -230,8 +231,11 @@ def main(argv: list[str] | None = None) -> int:
         report["rates"] = []
         for rate in args.rates:
             pipeline.scheduler.steps.clear()
+            # If a rate never finishes, every thread's stack says where it hangs.
+            faulthandler.dump_traceback_later(args.duration + args.timeout + 30, exit=False)
             pipeline.scheduler.renders.clear()
             r = run_rate(pipeline, voice, rate, args.duration, rng, args.min_tokens, args.max_tokens, args.timeout)
+            faulthandler.cancel_dump_traceback_later()
             r["passes"] = r["failed"] == 0 and r["underruns"] == 0 and r["first_chunk_ms"][95] <= 300.0
             report["rates"].append(r)
             _print_row(r)

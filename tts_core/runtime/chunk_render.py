@@ -36,7 +36,7 @@ class FlowPoolSettings:
     context_frames: int = 700  # own mel frames a segment keeps exactly (14 s); beyond, its latest
     encoder_tokens: int | None = 50  # tokens the encoder re-reads before a chunk; None: all (exact)
     voice_frames: int = 500  # shared prompt frames a voice can hold (10 s prompts)
-    batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)  # graph row buckets; also the largest call
+    batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32)  # graph row buckets; also the largest call
     context_buckets: int = 4  # context-capacity graph buckets between the prompt and the maximum
 
 

@@ -123,7 +123,7 @@ class RenderLoop:
         wait's timeout to when its slack runs low."""
         while not self._stopping:
             now = time.perf_counter()
-            setup, due, wake_at, cancelled = [], [], None, False
+            setup, due, deferred, wake_at, cancelled = [], [], [], None, False
             for job in self._jobs:
                 if job.cancelled:
                     cancelled = True  # the decode thread frees its slot; nothing more is rendered for it
@@ -140,6 +140,7 @@ class RenderLoop:
                         # Wait so that chunks of many streams share one batched flow call
                         # (first chunks never wait: no slack before them).
                         job.pending_chunk = task
+                        deferred.append((slack, job, task))
                         at = now + slack - self._defer_slack_s
                         wake_at = at if wake_at is None else min(wake_at, at)
                     else:
@@ -147,6 +148,15 @@ class RenderLoop:
                 job.plan_wake()
             if cancelled:
                 self._decode_wake.notify()
+            if due:
+                # A call is being made anyway: fill it with the deferred chunks closest to running
+                # dry. One call of B streams costs far less than B calls (its fixed launch cost is
+                # most of a small call), and a full call keeps the streams' chunks in step.
+                deferred.sort(key=lambda item: item[0])
+                for _, job, task in deferred[:max(0, self._batch - len(due))]:
+                    job.pending_chunk = None
+                    job.plan_wake()
+                    due.append(_Due(job, task, job.tokens[:task.token_end]))
             if setup or due:
                 due.sort(key=lambda d: d.job.deadline())
                 return setup, due

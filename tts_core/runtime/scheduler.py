@@ -62,7 +62,9 @@ class SchedulerSettings:
     graphs: bool = False  # CUDA only: captured decode (+ on-device sampling), prefill, flow and HiFT
     prefill_buckets: tuple[int, ...] = (128, 192, 256, 320, 384, 512)
     attend_buckets: tuple[int, ...] = (256, 512, 1024, 2048)
-    flow_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)  # graph buckets; the largest is the most per call
+    # Graph buckets of the batched flow call; the largest is the most chunks per call, which also
+    # bounds how long a new call's first chunk can wait behind a call in progress (~0.3 s at 32).
+    flow_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     # Fast path: a later chunk whose stream still has more than this much unplayed audio waits, so
     # that chunks of many streams gather into one batched flow call instead of many small ones
     # (first chunks never wait).
