@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         for rate in args.rates:
             pipeline.scheduler.steps.clear()
             # If a rate never finishes, every thread's stack says where it hangs.
-            faulthandler.dump_traceback_later(args.duration + args.timeout + 30, exit=False)
+            faulthandler.dump_traceback_later(args.duration + 25, exit=False)
             pipeline.scheduler.renders.clear()
             r = run_rate(pipeline, voice, rate, args.duration, rng, args.min_tokens, args.max_tokens, args.timeout)
             faulthandler.cancel_dump_traceback_later()

@@ -23,7 +23,7 @@ import structlog
 import torch
 
 from tts_core.accel.flow_graphs import device_position_tables
-from tts_core.accel.graph_capture import capture_graph
+from tts_core.accel.graph_capture import capture_graph, replay
 from tts_core.flow.model import FlowModel
 from tts_core.flow.pooled import PooledFlow, PooledPlan, PooledStream, pooled_solve
 from tts_core.flow.encoder_window import encode_grouped, encode_new_frames
@@ -43,7 +43,7 @@ class _SolveGraph:
     def replay(self, table: torch.Tensor, mu: torch.Tensor) -> torch.Tensor:
         self.table.copy_(table)
         self.mu.copy_(mu)
-        self.graph.replay()
+        replay(self.graph)
         return self.out
 
 
@@ -58,7 +58,7 @@ class _EncodeGraph:
 
     def replay(self, tokens: torch.Tensor) -> torch.Tensor:
         self.tokens[:tokens.size(0)].copy_(tokens)
-        self.graph.replay()
+        replay(self.graph)
         return self.out[:tokens.size(0)]
 
 

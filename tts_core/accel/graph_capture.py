@@ -1,13 +1,21 @@
-"""Record one call into a CUDA graph the way every graph here is recorded.
+"""Record one call into a CUDA graph the way every graph here is recorded, and replay graphs.
 
 The call first runs `warmup` times on a side stream, so lazy initialisation, allocator growth and
 cuBLAS workspace creation happen outside the capture (they are not capturable), then once inside it.
+
+Replays go through `replay`, which launches one graph at a time in the process: the decode and the
+render thread replay graphs concurrently, and in torch 2.11 a replay's prologue advances the shared
+CUDA generator's offset without a lock (pytorch/pytorch#176754), so two concurrent replays of
+graphs that draw random numbers (the decode sampler, HiFT's excitation) can race on it. The lock
+covers only the launch (microseconds); the graphs still run concurrently on their streams.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import TypeVar
+
+import threading
 
 import torch
 
@@ -25,3 +33,11 @@ def capture_graph(graph: torch.cuda.CUDAGraph, call: Callable[[], T], warmup: in
     torch.cuda.current_stream().wait_stream(side)
     with torch.cuda.graph(graph, pool=pool):
         return call()
+
+
+_LAUNCH = threading.Lock()  # process-wide on purpose: the generator it protects is process-wide
+
+
+def replay(graph: torch.cuda.CUDAGraph) -> None:
+    with _LAUNCH:
+        graph.replay()

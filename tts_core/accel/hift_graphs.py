@@ -15,7 +15,7 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
-from tts_core.accel.graph_capture import capture_graph
+from tts_core.accel.graph_capture import capture_graph, replay
 from tts_core.hift.generator import HiftGenerator
 
 
@@ -78,5 +78,5 @@ class GraphedHift:
             if cache_source is None or cache_source.shape[-1] != self.cache_samples:
                 raise ValueError(f"GraphedHift: captured for {self.cache_samples} cached source samples")
             self.cache_source.copy_(cache_source)
-        self._graph.replay()
+        replay(self._graph)
         return self._out

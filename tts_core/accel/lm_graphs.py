@@ -32,6 +32,8 @@ from collections.abc import Sequence
 import structlog
 import torch
 
+from tts_core.accel.graph_capture import replay
+
 from tts_core.accel.buckets import power_of_two_buckets, select_bucket
 from tts_core.accel.batched_sampler import BatchedRasSampler
 from tts_core.llm.speech_lm import SpeechTokenLM
@@ -129,7 +131,7 @@ class GraphedDecoder:
         self._slots[live:batch].fill_(self.scratch_slot)
         self._tokens[:live].copy_(tokens)
         graph, out = self._graphs[(batch, attend)]
-        graph.replay()
+        replay(graph)
         return live, out
 
     @torch.inference_mode()
@@ -213,5 +215,5 @@ class GraphedPrefill:
         self._slot.fill_(slot)
         self._length.fill_(length)
         graph, out = self._graphs[bucket]
-        graph.replay()
+        replay(graph)
         return out
