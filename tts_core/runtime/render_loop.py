@@ -48,10 +48,19 @@ class _Due:
     lm_s: float = 0.0  # the job's decode time since its previous chunk, taken when rendering starts
 
 
+# Measured on the H100 (torch 2.11, driver 580.159): with the decode and render threads' graphs
+# running concurrently on two streams, both streams stalled for tens of seconds at a time under load
+# (stacks: decode waiting in .tolist(), render in stream.synchronize(); docs/PERF_NOTES.md). Until
+# that is understood the threads share the default stream: host work overlaps, device work is
+# issued in order. Set True to measure the two-stream variant again.
+SEPARATE_STREAMS = False
+
+
 def device_stream(device: torch.device, priority: int) -> AbstractContextManager:
-    """Enter a new CUDA stream of `priority` on `device` (nothing on CPU). It first waits for the
-    default stream, where the weights, caches and graphs were made before the threads started."""
-    if device.type != "cuda":
+    """Enter a new CUDA stream of `priority` on `device` (nothing on CPU, or without separate
+    streams). It first waits for the default stream, where the weights, caches and graphs were
+    made before the threads started."""
+    if device.type != "cuda" or not SEPARATE_STREAMS:
         return nullcontext()
     stream = torch.cuda.Stream(device, priority=priority)
     stream.wait_stream(torch.cuda.default_stream(device))
