@@ -32,13 +32,13 @@ log = structlog.get_logger(__name__)
 
 
 class _SolveGraph:
-    def __init__(self, pooled: PooledFlow, rows: int, ctx_cap: int, new_cap: int, pool) -> None:
+    def __init__(self, pooled: PooledFlow, rows: int, ctx_cap: int, new_cap: int, pool, stream) -> None:
         mel = pooled.model.cfg.output_size
         self.table = torch.tensor([pooled.padding_row()] * rows, dtype=torch.long, device=pooled.device)
         self.mu = torch.zeros(rows, mel, new_cap, device=pooled.device, dtype=pooled.dtype)
         self.graph = torch.cuda.CUDAGraph()
         self.out = capture_graph(self.graph, lambda: pooled_solve(pooled.model, pooled.pool, self.table, self.mu,
-                                                                  ctx_cap), warmup=2, pool=pool)
+                                                                  ctx_cap), warmup=2, pool=pool, stream=stream)
 
     def replay(self, table: torch.Tensor, mu: torch.Tensor) -> torch.Tensor:
         self.table.copy_(table)
@@ -48,13 +48,14 @@ class _SolveGraph:
 
 
 class _EncodeGraph:
-    def __init__(self, model: FlowModel, rows: int, tokens: int, new_frames: int, finalize: bool, pool) -> None:
+    def __init__(self, model: FlowModel, rows: int, tokens: int, new_frames: int, finalize: bool, pool,
+                 stream) -> None:
         self.tokens = torch.zeros(rows, tokens, dtype=torch.long, device=model.input_embedding.weight.device)
         self.graph = torch.cuda.CUDAGraph()
         self._tables: dict = {}  # position tables the graph reads: must live as long as it
         with device_position_tables(self._tables):
             self.out = capture_graph(self.graph, lambda: encode_new_frames(model, self.tokens, finalize, new_frames),
-                                     warmup=2, pool=pool)
+                                     warmup=2, pool=pool, stream=stream)
 
     def replay(self, tokens: torch.Tensor) -> torch.Tensor:
         self.tokens[:tokens.size(0)].copy_(tokens)
@@ -68,6 +69,7 @@ class PooledFlowGraphs:
         self.solve_graphs: dict[tuple[int, int, int], _SolveGraph] = {}  # (rows, ctx_cap, new_cap)
         self.encode_graphs: dict[tuple[int, int, int, bool], _EncodeGraph] = {}  # (rows, tokens, new, final)
         self._pool = None
+        self._stream = None  # the capture stream of all these graphs (see graph_capture)
         self.eager_calls = 0  # calls that found no bucket (counted: each costs ~10x a replay)
 
     def _graph_pool(self):
@@ -75,6 +77,7 @@ class PooledFlowGraphs:
             raise RuntimeError("pooled flow graphs need the model on a CUDA device")
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
+            self._stream = torch.cuda.Stream(self.pooled.device)
         return self._pool
 
     def capture(self, rows: Sequence[int], ctx_caps: Sequence[int], new_caps: Sequence[int]) -> float:
@@ -85,7 +88,7 @@ class PooledFlowGraphs:
         for key in sorted(((r, c, n) for r in rows for c in ctx_caps for n in new_caps),
                           key=lambda k: k[0] * (k[1] + k[2]), reverse=True):
             if key not in self.solve_graphs:
-                self.solve_graphs[key] = _SolveGraph(self.pooled, *key, pool)
+                self.solve_graphs[key] = _SolveGraph(self.pooled, *key, pool, self._stream)
         seconds = time.perf_counter() - started
         log.info("flow_pool_graphs_captured", graphs=len(self.solve_graphs), rows=list(rows), ctx_caps=list(ctx_caps),
                  new_caps=list(new_caps), seconds=round(seconds, 2))
@@ -96,7 +99,8 @@ class PooledFlowGraphs:
         for r in sorted(rows, reverse=True):
             key = (r, tokens, new_frames, finalize)
             if key not in self.encode_graphs:
-                self.encode_graphs[key] = _EncodeGraph(self.pooled.model, r, tokens, new_frames, finalize, pool)
+                self.encode_graphs[key] = _EncodeGraph(self.pooled.model, r, tokens, new_frames, finalize, pool,
+                                                       self._stream)
 
     @property
     def max_rows(self) -> int:

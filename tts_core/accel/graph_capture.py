@@ -23,15 +23,19 @@ T = TypeVar("T")
 
 
 @torch.inference_mode()
-def capture_graph(graph: torch.cuda.CUDAGraph, call: Callable[[], T], warmup: int, pool=None) -> T:
-    """Warm `call` up, record it into `graph` and return the call's outputs (the graph's static outputs)."""
-    side = torch.cuda.Stream()
+def capture_graph(graph: torch.cuda.CUDAGraph, call: Callable[[], T], warmup: int, pool=None,
+                  stream: torch.cuda.Stream | None = None) -> T:
+    """Warm `call` up, record it into `graph` and return the call's outputs (the graph's static
+    outputs). `stream`: the stream to warm up and capture on (default: a fresh one). cuBLAS keeps a
+    workspace per (handle, stream) and a graph keeps the one it was captured with, so graphs that
+    may run at the same time as each other must be captured on different streams."""
+    side = stream if stream is not None else torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(warmup):
             call()
     torch.cuda.current_stream().wait_stream(side)
-    with torch.cuda.graph(graph, pool=pool):
+    with torch.cuda.graph(graph, pool=pool, stream=side):
         return call()
 
 

@@ -96,7 +96,8 @@ class GraphedDecoder:
     def _capture_all(self, warmup: int) -> None:
         pool = torch.cuda.graph_pool_handle()
         saved = self.cache.lengths.clone()
-        # Warm up on a side stream (cuBLAS handles, workspace) with every row on the scratch slot.
+        # Warm up and capture on a stream of the decoder's own (cuBLAS handles, workspace: see
+        # graph_capture.capture_graph) with every row on the scratch slot.
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -109,7 +110,7 @@ class GraphedDecoder:
         for batch in reversed(self.batch_buckets):
             for attend in reversed(self.attend_buckets):
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
+                with torch.cuda.graph(graph, pool=pool, stream=side):
                     out = self._step(batch, attend)
                 self._graphs[(batch, attend)] = (graph, out)
         self.cache.lengths.copy_(saved)
@@ -200,7 +201,7 @@ class GraphedPrefill:
         torch.cuda.current_stream().wait_stream(side)
         for length in reversed(self.length_buckets):
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
+            with torch.cuda.graph(graph, pool=pool, stream=side):
                 out = self._prefill(length)
             self._graphs[length] = (graph, out)
         self.cache.lengths.copy_(saved)

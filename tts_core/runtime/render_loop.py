@@ -48,19 +48,11 @@ class _Due:
     lm_s: float = 0.0  # the job's decode time since its previous chunk, taken when rendering starts
 
 
-# Measured on the H100 (torch 2.11, driver 580.159): with the decode and render threads' graphs
-# running concurrently on two streams, both streams stalled for tens of seconds at a time under load
-# (stacks: decode waiting in .tolist(), render in stream.synchronize(); docs/PERF_NOTES.md). Until
-# that is understood the threads share the default stream: host work overlaps, device work is
-# issued in order. Set True to measure the two-stream variant again.
-SEPARATE_STREAMS = False
-
-
-def device_stream(device: torch.device, priority: int) -> AbstractContextManager:
-    """Enter a new CUDA stream of `priority` on `device` (nothing on CPU, or without separate
-    streams). It first waits for the default stream, where the weights, caches and graphs were
-    made before the threads started."""
-    if device.type != "cuda" or not SEPARATE_STREAMS:
+def device_stream(device: torch.device, priority: int, separate: bool) -> AbstractContextManager:
+    """Enter a new CUDA stream of `priority` on `device`, which first waits for the default stream
+    (where the weights, caches and graphs were made before the threads started). Nothing on CPU or
+    without `separate`: the thread then issues on the default stream."""
+    if device.type != "cuda" or not separate:
         return nullcontext()
     stream = torch.cuda.Stream(device, priority=priority)
     stream.wait_stream(torch.cuda.default_stream(device))
@@ -70,7 +62,7 @@ def device_stream(device: torch.device, priority: int) -> AbstractContextManager
 class RenderLoop:
     def __init__(self, lock: threading.RLock, jobs: list[SynthesisJob], decode_wake: threading.Condition,
                  fail: Callable[[SynthesisJob, BaseException], None], renderer: ChunkRenderer,
-                 schedule: ChunkSchedule, defer_slack_s: float) -> None:
+                 schedule: ChunkSchedule, defer_slack_s: float, separate_streams: bool) -> None:
         """`lock` guards `jobs` (the scheduler's active jobs) and every hand-over flag of a job;
         `decode_wake` is the decode thread's condition on the same lock; `fail` fails one job."""
         self._lock = lock
@@ -82,6 +74,7 @@ class RenderLoop:
         self.schedule = schedule
         self._batch = renderer.max_batch
         self._defer_slack_s = defer_slack_s
+        self._separate_streams = separate_streams
         self._device = next(renderer.hift.parameters()).device
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -110,7 +103,7 @@ class RenderLoop:
     def _run(self) -> None:
         torch.set_grad_enabled(False)  # thread-local
         # Priority 0, the lowest: the decode thread's stream goes first when both have work queued.
-        with device_stream(self._device, priority=0):
+        with device_stream(self._device, priority=0, separate=self._separate_streams):
             while True:
                 with self._wake:
                     work = self._wait_for_work()

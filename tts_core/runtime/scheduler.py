@@ -69,6 +69,11 @@ class SchedulerSettings:
     # that chunks of many streams gather into one batched flow call instead of many small ones
     # (first chunks never wait).
     defer_slack_s: float = 0.8
+    # Decode and render threads on two CUDA streams (decode at the highest priority), so their
+    # device work overlaps; False: both issue on the default stream (host work still overlaps).
+    # Measured on the H100 (torch 2.11, driver 580.159) before each owner captured its graphs on
+    # its own stream: both streams stalled for tens of seconds under load (docs/PERF_NOTES.md).
+    separate_streams: bool = False
 
 
 @dataclass(frozen=True)
@@ -105,7 +110,7 @@ class SynthesisScheduler:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.render_loop = RenderLoop(self._lock, self._active, self._cond, self._fail, self.renderer,
-                                      settings.schedule, settings.defer_slack_s)
+                                      settings.schedule, settings.defer_slack_s, settings.separate_streams)
         self.steps: deque[StepTiming] = deque(maxlen=10_000)
 
     @property
@@ -186,7 +191,7 @@ class SynthesisScheduler:
         torch.set_grad_enabled(False)  # thread-local
         # The highest priority the device has: a decode step queued behind flow kernels goes first.
         high = min(torch.cuda.Stream.priority_range()) if self.cache.device.type == "cuda" else 0
-        with device_stream(self.cache.device, priority=high):
+        with device_stream(self.cache.device, priority=high, separate=self.settings.separate_streams):
             while True:
                 with self._cond:
                     while not self._stopping and not self._has_work():
