@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -124,18 +125,23 @@ def test_scheduled_tokens_equal_the_one_request_reference(pipeline: CosyVoice2Pi
         assert job.tokens == expected
 
 
-def _wait_lm_finished(job: SynthesisJob) -> threading.Event:
-    """An event set on the decode thread when `job`'s LM finishes (set before the job is submitted)."""
-    finished = threading.Event()
+def _wait_for(job: SynthesisJob, reached: Callable[[SynthesisJob], bool]) -> threading.Event:
+    """An event set on the decode thread once `reached(job)` holds after a token (hook it before
+    submitting the job)."""
+    event = threading.Event()
     accept = job.accept_token
 
     def accept_and_tell(token: int, speech_token_size: int) -> None:
         accept(token, speech_token_size)
-        if job.lm_finished:
-            finished.set()
+        if reached(job):
+            event.set()
 
     job.accept_token = accept_and_tell
-    return finished
+    return event
+
+
+def _wait_lm_finished(job: SynthesisJob) -> threading.Event:
+    return _wait_for(job, lambda j: j.lm_finished)
 
 
 def test_decoding_goes_on_while_a_chunk_renders(pipeline: CosyVoice2Pipeline, monkeypatch) -> None:
@@ -176,6 +182,44 @@ class _CancelOnFirstChunk(CollectingSink):
     def put(self, chunk: np.ndarray) -> None:
         super().put(chunk)
         self.cancel()
+
+
+def test_a_first_chunk_does_not_share_a_call_with_later_chunks(pipeline: CosyVoice2Pipeline, monkeypatch) -> None:
+    """A new call's first chunk must not wait for other streams' later chunks (long contexts) in
+    the same flow call: it goes alone, the later chunks in the next call."""
+    renderer = pipeline.scheduler.renderer
+    real_render = renderer.render
+    calls: list[list[tuple[object, int]]] = []
+    held, release = threading.Event(), threading.Event()
+
+    def recording_render(items):
+        calls.append([(stream, task.index) for stream, _, task in items])
+        if len(calls) == 2:  # A's second chunk: hold it while A runs ahead and B becomes due
+            held.set()
+            assert release.wait(60)
+        return real_render(items)
+
+    monkeypatch.setattr(renderer, "render", recording_render)
+    voice = pipeline.voices.get(VOICE)
+    a_sink, b_sink = CollectingSink(), CollectingSink()
+    a = SynthesisJob("A long request.", voice, a_sink, _forced(300))
+    a_third_due = _wait_for(a, lambda j: len(j.tokens) >= 25 + 50 + 50 + 3)  # tokens for A's third chunk exist
+    b = SynthesisJob("A short one.", voice, b_sink, _forced(60))
+    b_first_due = _wait_for(b, lambda j: len(j.tokens) >= 25 + 3)
+    try:
+        pipeline.scheduler.submit(a)
+        assert held.wait(60)
+        pipeline.scheduler.submit(b)
+        assert a_third_due.wait(60) and b_first_due.wait(60)
+    finally:
+        release.set()
+    a_sink.wait(60)
+    b_sink.wait(60)
+    b_first = next(n for n, call in enumerate(calls) if any(st is b.token2wav and i == 0 for st, i in call))
+    assert len(calls[b_first]) == 1
+    # A's third chunk, due (deferred) at the same moment, came in a later call.
+    a_third = next(n for n, call in enumerate(calls) if any(st is a.token2wav and i == 2 for st, i in call))
+    assert a_third > b_first
 
 
 def test_a_cancelled_job_frees_its_slot_and_gets_no_more_audio(pipeline: CosyVoice2Pipeline) -> None:

@@ -48,6 +48,11 @@ class _Due:
     lm_s: float = 0.0  # the job's decode time since its previous chunk, taken when rendering starts
 
 
+def _is_first(d: _Due) -> bool:
+    """The job's first audio: what the caller waits for in silence."""
+    return d.job.timings.first_chunk is None
+
+
 def device_stream(device: torch.device, priority: int, separate: bool) -> AbstractContextManager:
     """Enter a new CUDA stream of `priority` on `device`, which first waits for the default stream
     (where the weights, caches and graphs were made before the threads started). Nothing on CPU or
@@ -150,10 +155,11 @@ class RenderLoop:
                 job.plan_wake()
             if cancelled:
                 self._decode_wake.notify()
-            if due:
+            if due and not any(_is_first(d) for d in due):
                 # A call is being made anyway: fill it with the deferred chunks closest to running
                 # dry. One call of B streams costs far less than B calls (its fixed launch cost is
-                # most of a small call), and a full call keeps the streams' chunks in step.
+                # most of a small call), and a full call keeps the streams' chunks in step. Not
+                # when a first chunk is due: that call stays small (see _render_due).
                 deferred.sort(key=lambda item: item[0])
                 for _, job, task in deferred[:max(0, self._batch - len(due))]:
                     job.pending_chunk = None
@@ -186,7 +192,13 @@ class RenderLoop:
         on the fast path); the rest wait for the next round, re-sorted with whatever became due."""
         # A job cancelled or failed since the lock was let go is dropped without rendering.
         due = [d for d in due if d.job.slot is not None and not d.job.cancelled]
-        now, rest = due[:self._batch], due[self._batch:]
+        # First chunks go in a call of their own: a call costs about its widest row's context times
+        # its rows, so a first chunk (prompt context only) riding with 31 later chunks (long
+        # contexts) would arrive several times later than alone. The later chunks go next call.
+        firsts = [d for d in due if _is_first(d)]
+        now = (firsts or due)[:self._batch]
+        taken = {id(d) for d in now}
+        rest = [d for d in due if id(d) not in taken]
         for d in rest:
             d.job.pending_chunk = d.task
         if not now:

@@ -69,11 +69,11 @@ class SchedulerSettings:
     # that chunks of many streams gather into one batched flow call instead of many small ones
     # (first chunks never wait).
     defer_slack_s: float = 0.8
-    # Decode and render threads on two CUDA streams (decode at the highest priority), so their
-    # device work overlaps; False: both issue on the default stream (host work still overlaps).
-    # Measured on the H100 (torch 2.11, driver 580.159) before each owner captured its graphs on
-    # its own stream: both streams stalled for tens of seconds under load (docs/PERF_NOTES.md).
-    separate_streams: bool = False
+    # Decode and render threads on two CUDA streams (decode at the highest priority), so a decode
+    # step never queues behind a flow call. False: both issue on the default stream (host work still
+    # overlaps). H100, bench/results/load_2026-11-23_h100_pooled_*: at 14 req/s two streams kept
+    # p95 first chunk 1.8 s / 2 underruns where one stream gave 3.2 s / 185.
+    separate_streams: bool = True
 
 
 @dataclass(frozen=True)
