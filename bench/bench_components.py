@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import math
 import statistics
 import sys
 import time
@@ -30,6 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.full_model import build_full_model_dir  # noqa: E402
+from bench.gpu_timing import replay_ms, wall_ms  # noqa: E402
 from tts_core.accel.batched_sampler import BatchedRasSampler  # noqa: E402
 from tts_core.accel.flow_graphs import GraphedFlowCall  # noqa: E402
 from tts_core.accel.hift_graphs import GraphedHift  # noqa: E402
@@ -42,36 +42,6 @@ from tts_core.model_dir import load_speech_lm  # noqa: E402
 
 R: dict = {}
 BF16 = torch.bfloat16
-
-
-def wall_ms(fn, iters: int = 10, warmup: int = 2) -> float:
-    """Median host wall time of fn() with the device synchronized around it (what a caller waits)."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        out.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(out)
-
-
-def replay_ms(fn, iters: int = 50, rounds: int = 5) -> float:
-    """Median over rounds of the mean time per call of back-to-back calls (device events)."""
-    fn()
-    torch.cuda.synchronize()
-    per = []
-    for _ in range(rounds):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(iters):
-            fn()
-        e.record()
-        e.synchronize()
-        per.append(s.elapsed_time(e) / iters)
-    return statistics.median(per)
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 import traceback
@@ -38,6 +37,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.full_model import build_full_model_dir  # noqa: E402
+from bench.gpu_timing import replay_ms, wall_ms  # noqa: E402
 from tts_core.accel.batched_sampler import BatchedRasSampler  # noqa: E402
 from tts_core.accel.lm_graphs import GraphedDecoder  # noqa: E402
 from tts_core.llm.sampling import SamplingConfig  # noqa: E402
@@ -51,34 +51,6 @@ REFERENCE: dict[int, torch.Tensor] = {}  # float32 logp per batch size, same cac
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.double(), b.double()
     return float((a - b).norm() / b.norm())
-
-
-def replay_ms(fn: Callable[[], object], rewind: Callable[[], None], iters: int = 50, rounds: int = 5) -> float:
-    """Median over rounds of the mean device time per call of back-to-back calls."""
-    per = []
-    for _ in range(rounds):
-        rewind()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(iters):
-            fn()
-        e.record()
-        e.synchronize()
-        per.append(s.elapsed_time(e) / iters)
-    return statistics.median(per)
-
-
-def wall_ms(fn: Callable[[], object], rewind: Callable[[], None], iters: int = 20) -> float:
-    """Median host wall time of one synchronized call (what a caller waits for one step)."""
-    rewind()
-    out = []
-    for _ in range(iters):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        out.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(out)
 
 
 class Case:
@@ -111,7 +83,7 @@ def time_variant(name: str, dec: GraphedDecoder | None, lm, cases: dict[int, Cas
         if dec is None:
             out = lm.decode_step(case.slots_dev, case.tokens_dev, case.kv_len + 1).clone()
             step = lambda c=case: lm.decode_step(c.slots.tolist(), c.tokens.tolist(), c.kv_len + 1)  # noqa: E731
-            row[f"{name}_wall_ms"] = wall_ms(step, case.rewind, iters=5)
+            row[f"{name}_wall_ms"] = wall_ms(step, iters=5, rewind=case.rewind)
             if b in eager:  # a later eager variant (fused weights) is checked against the first
                 row[f"{name}_rel"] = rel(out, eager[b])
             else:
@@ -132,8 +104,8 @@ def time_variant(name: str, dec: GraphedDecoder | None, lm, cases: dict[int, Cas
         else:
             fast = lambda c=case: dec.step(c.slots_dev, c.tokens_dev, kv_len=c.kv_len)  # noqa: E731
             host = lambda c=case: dec.step(c.slots.tolist(), c.tokens.tolist(), kv_len=c.kv_len).cpu()  # noqa: E731
-        row[f"{name}_replay_ms"] = replay_ms(fast, case.rewind)
-        row[f"{name}_wall_ms"] = wall_ms(host, case.rewind)
+        row[f"{name}_replay_ms"] = replay_ms(fast, rewind=case.rewind)
+        row[f"{name}_wall_ms"] = wall_ms(host, iters=20, rewind=case.rewind)
 
 
 def fp32_reference(model_dir: Path, lm, cases: dict[int, Case], snap, eager: dict[int, torch.Tensor],
@@ -164,7 +136,7 @@ def attention_kernels(R_attn: dict) -> None:
                                                     attn_mask=mask.expand(b, 1, heads // kv, length))
     R_attn["rel"] = rel(folded().reshape(b, heads, 1, dim), gqa())
     for name, fn in (("enable_gqa", gqa), ("folded", folded)):
-        R_attn[f"{name}_ms"] = replay_ms(fn, lambda: None, iters=100)
+        R_attn[f"{name}_ms"] = replay_ms(fn, iters=100)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.full_model import build_full_model_dir  # noqa: E402
+from bench.gpu_timing import replay_ms, wall_ms  # noqa: E402
 from tts_core.accel.flow_pool_graphs import PooledFlowGraphs  # noqa: E402
 from tts_core.flow.context_pool import PoolShape  # noqa: E402
 from tts_core.flow.model import load_flow  # noqa: E402
@@ -38,33 +38,6 @@ CTX_OWN = (100, 300, 500)  # own frames already spoken before the measured chunk
 
 def calls() -> list[tuple[int, bool]]:
     return [(n, False) for n in range(FIRST, TOTAL, HOP)] + [(TOTAL, True)]
-
-
-def replay_ms(fn, iters: int = 20, rounds: int = 3) -> float:
-    fn()
-    torch.cuda.synchronize()
-    per = []
-    for _ in range(rounds):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(iters):
-            fn()
-        e.record()
-        e.synchronize()
-        per.append(s.elapsed_time(e) / iters)
-    return statistics.median(per)
-
-
-def wall_ms(fn, iters: int = 10) -> float:
-    fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        out.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(out)
 
 
 def diff(a: torch.Tensor, b: torch.Tensor) -> dict:
@@ -167,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             plan = pooled.plan(streams[0], tok, False)
             fits = [k for k in graphs.solve_graphs if k[0] >= b and k[1] >= plan.ctx_frames and k[2] >= plan.new_frames]
             key = min(fits, key=lambda k: (k[0] * (k[1] + k[2]), k[0])) if fits else None
-            solve = replay_ms(graphs.solve_graphs[key].graph.replay) if key else float("nan")
+            solve = replay_ms(graphs.solve_graphs[key].graph.replay, iters=20, rounds=3) if key else float("nan")
             for s in streams:
                 pooled.close_stream(s)
             row = {"own_frames": own, "batch": b, "context_frames": plan.ctx_frames, "new_frames": plan.new_frames,

@@ -23,23 +23,6 @@ from tts_core.model_config import load_model_yaml
 TOL = 1e-4
 
 
-@pytest.fixture(scope="module")
-def flow(tiny_model_dir: Path) -> FlowModel:
-    torch.set_num_threads(1)
-    return load_flow(tiny_model_dir, "cpu", torch.float32)
-
-
-@pytest.fixture(scope="module")
-def case(golden_dir: Path) -> dict:
-    return torch.load(golden_dir / "cases" / "flow.pt", weights_only=False)
-
-
-@pytest.fixture(scope="module")
-def speaker(tiny_model_dir: Path) -> dict:
-    spk2info = torch.load(tiny_model_dir / "spk2info.pt", weights_only=False)
-    return next(iter(spk2info.values()))
-
-
 def _render(flow: FlowModel, speaker: dict, tokens: torch.Tensor, streaming: bool, finalize: bool) -> torch.Tensor:
     prompt_token = speaker["flow_prompt_speech_token"]
     prompt_feat = speaker["prompt_speech_feat"]
@@ -54,50 +37,50 @@ def _max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.float() - b.float()).abs().max().item()
 
 
-def test_golden_noise_buffer_head(flow: FlowModel, case: dict) -> None:
-    head = case["rand_noise_head"]
+def test_golden_noise_buffer_head(flow: FlowModel, flow_case: dict) -> None:
+    head = flow_case["rand_noise_head"]
     assert torch.equal(flow.decoder.rand_noise[:, :, : head.size(2)], head)
 
 
-def test_golden_encoder_out(flow: FlowModel, case: dict, speaker: dict) -> None:
-    tokens = torch.cat([speaker["flow_prompt_speech_token"], case["tokens"]], dim=1)
+def test_golden_encoder_out(flow: FlowModel, flow_case: dict, speaker: dict) -> None:
+    tokens = torch.cat([speaker["flow_prompt_speech_token"], flow_case["tokens"]], dim=1)
     with torch.inference_mode():
         h = flow.encode(tokens, streaming=False, finalize=True)
-    assert _max_abs(h, case["encoder_out"]) <= TOL
+    assert _max_abs(h, flow_case["encoder_out"]) <= TOL
 
 
-def test_golden_estimator_output(flow: FlowModel, case: dict) -> None:
-    x, mask, mu, t, spks, cond = case["estimator_inputs"]
+def test_golden_estimator_output(flow: FlowModel, flow_case: dict) -> None:
+    x, mask, mu, t, spks, cond = flow_case["estimator_inputs"]
     with torch.inference_mode():
         out = flow.decoder.estimator(x, mask, mu, t, spks, cond, attn_mask=None)
-    assert _max_abs(out, case["estimator_output"]) <= TOL
+    assert _max_abs(out, flow_case["estimator_output"]) <= TOL
 
 
-def test_golden_mel_nonstream(flow: FlowModel, case: dict, speaker: dict) -> None:
-    mel = _render(flow, speaker, case["tokens"], streaming=False, finalize=True)
-    assert _max_abs(mel, case["mel_nonstream"]) <= TOL
+def test_golden_mel_nonstream(flow: FlowModel, flow_case: dict, speaker: dict) -> None:
+    mel = _render(flow, speaker, flow_case["tokens"], streaming=False, finalize=True)
+    assert _max_abs(mel, flow_case["mel_nonstream"]) <= TOL
 
 
-def _stream_calls(case: dict) -> list[tuple[str, int, bool]]:
+def _stream_calls(flow_case: dict) -> list[tuple[str, int, bool]]:
     # The official token2wav: first call once first_hop + lookahead tokens exist, then every hop,
     # then a final call with everything.
-    first = case["first_hop"] + case["pre_lookahead_len"]
-    return [("mel_stream_first", first, False), ("mel_stream_second", first + case["hop"], False),
-            ("mel_stream_final", case["tokens"].size(1), True)]
+    first = flow_case["first_hop"] + flow_case["pre_lookahead_len"]
+    return [("mel_stream_first", first, False), ("mel_stream_second", first + flow_case["hop"], False),
+            ("mel_stream_final", flow_case["tokens"].size(1), True)]
 
 
 @pytest.mark.parametrize("index", [0, 1, 2])
-def test_golden_mel_stream(flow: FlowModel, case: dict, speaker: dict, index: int) -> None:
-    key, n_tokens, finalize = _stream_calls(case)[index]
-    mel = _render(flow, speaker, case["tokens"][:, :n_tokens], streaming=True, finalize=finalize)
-    assert _max_abs(mel, case[key]) <= TOL
+def test_golden_mel_stream(flow: FlowModel, flow_case: dict, speaker: dict, index: int) -> None:
+    key, n_tokens, finalize = _stream_calls(flow_case)[index]
+    mel = _render(flow, speaker, flow_case["tokens"][:, :n_tokens], streaming=True, finalize=finalize)
+    assert _max_abs(mel, flow_case[key]) <= TOL
 
 
-def test_golden_streaming_lookahead_tokens_are_not_rendered(flow: FlowModel, case: dict, speaker: dict) -> None:
-    key, n_tokens, _ = _stream_calls(case)[0]
-    mel = _render(flow, speaker, case["tokens"][:, :n_tokens], streaming=True, finalize=False)
+def test_golden_streaming_lookahead_tokens_are_not_rendered(flow: FlowModel, flow_case: dict, speaker: dict) -> None:
+    key, n_tokens, _ = _stream_calls(flow_case)[0]
+    mel = _render(flow, speaker, flow_case["tokens"][:, :n_tokens], streaming=True, finalize=False)
     ratio, lookahead = flow.cfg.token_mel_ratio, flow.cfg.pre_lookahead_len
-    assert mel.size(2) == (n_tokens - lookahead) * ratio == case[key].size(2)
+    assert mel.size(2) == (n_tokens - lookahead) * ratio == flow_case[key].size(2)
 
 
 def test_golden_strict_loading_names_missing_key(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -117,7 +117,8 @@ class ChunkRenderer:
         prompt_tail = max((p.prompt_frames - p.prefix_frames for _, p in self._voices.values()), default=0)
         own_max = self.pooled.pool.shape.stream_frames
         step = -(-own_max // s.context_buckets // chunk) * chunk
-        ctx_caps = sorted({prefix} | {min(prefix + own_max, prefix + step * k) for k in range(1, s.context_buckets + 1)})
+        ctx_caps = sorted({prefix} | {min(prefix + own_max, prefix + step * k)
+                                      for k in range(1, s.context_buckets + 1)})
         # New frames per call: the prompt's unshared tail + the first hop, or a hop + lookahead (a
         # final call); a first hop off the chunk grid re-renders up to one chunk more next call.
         hop = schedule.max_hop_tokens * ratio
@@ -131,8 +132,8 @@ class ChunkRenderer:
         if s.encoder_tokens is not None:
             # Every non-final call of the default schedule reads a chunk-aligned window + a hop +
             # lookahead and renders a hop of frames (the first call too, for a 150-token prompt).
-            self.graphs.capture_encoder(s.batches, s.encoder_tokens + schedule.max_hop_tokens + schedule.lookahead_tokens,
-                                        hop, False)
+            window = s.encoder_tokens + schedule.max_hop_tokens + schedule.lookahead_tokens
+            self.graphs.capture_encoder(s.batches, window, hop, False)
         report["flow_capture_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         # HiFT: first chunk (no caches) and later chunks (8 cached frames + a full hop).
