@@ -112,3 +112,33 @@ def test_a_stream_longer_than_its_ring_keeps_its_latest_chunks(flow: FlowModel, 
     assert s.slid
     # The first two calls (context within the ring) are still exact.
     assert (outs[0] - flow_case["mel_stream_first"]).abs().max().item() <= TOL
+
+
+def test_padding_rows_and_larger_buckets_change_nothing(flow: FlowModel, flow_case: dict, speaker: dict) -> None:
+    # What a captured graph bucket does to a call: more context and new-frame capacity than the rows
+    # need, and padding rows that must read nothing and write only to the trash.
+    from tts_core.flow.encoder_window import encode_grouped
+    from tts_core.flow.pooled import pooled_solve
+
+    tokens = flow_case["tokens"]
+    results = []
+    for ctx_extra, new_extra, padding in ((0, 0, 0), (150, 30, 3)):
+        pooled, voice = _pooled(flow, speaker)
+        a, b = pooled.open_stream(voice), pooled.open_stream(voice)
+        pooled.render([a], [tokens[:, :28]], [False])  # a is one chunk ahead of b
+        plans = [pooled.plan(a, tokens[:, :53], False), pooled.plan(b, tokens[:, :28], False)]
+        mus = encode_grouped(flow, plans)
+        ctx = max(p.ctx_frames for p in plans) + ctx_extra
+        new = max(p.new_frames for p in plans) + new_extra
+        rows = [p.row for p in plans] + [pooled.padding_row()] * padding
+        table = torch.tensor(rows, dtype=torch.long)
+        with torch.inference_mode():
+            mel = pooled_solve(flow, pooled.pool, table, pooled.stack_mu(mus, len(rows), new), ctx)
+        assert torch.isfinite(mel).all()
+        outs = [pooled.finish(s, p, mel[i:i + 1, :, :p.new_frames]) for i, (s, p) in enumerate(zip((a, b), plans))]
+        # The frames the call kept in the pool must be the same too: render a's next chunk from them.
+        outs.append(pooled.render([a], [tokens[:, :78]], [False])[0])
+        results.append(outs)
+    for plain, bucketed in zip(*results):
+        assert plain.shape == bucketed.shape
+        assert (plain - bucketed).abs().max().item() <= TOL
