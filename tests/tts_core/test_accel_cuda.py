@@ -31,3 +31,32 @@ def test_graphed_decode_steps_equal_eager_steps(tiny_model_dir: Path) -> None:
         got = dec.step(live, t.tolist(), kv_len=kv)
         assert torch.allclose(got, expected, atol=1e-4)
     assert int(cache.lengths[dec.scratch_slot]) <= 8  # padding never runs the scratch row off the cache
+
+
+def test_pooled_flow_graphs_equal_the_golden_streaming_calls(tiny_model_dir: Path, golden_dir: Path,
+                                                             monkeypatch) -> None:
+    from tts_core.accel.flow_pool_graphs import PooledFlowGraphs
+    from tts_core.flow import load_flow
+    from tts_core.flow.context_pool import PoolShape
+    from tts_core.flow.pooled import PooledFlow
+
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)  # float32 convolutions, as the golden run
+    flow = load_flow(tiny_model_dir, "cuda", torch.float32)
+    case = torch.load(golden_dir / "cases" / "flow.pt", weights_only=False)
+    speaker = next(iter(torch.load(tiny_model_dir / "spk2info.pt", weights_only=False).values()))
+    pooled = PooledFlow(flow, PoolShape(stream_slots=4, stream_frames=400, voice_slots=1, voice_frames=100,
+                                        prompt_frames=200))
+    voice = pooled.register_voice(*(speaker[k].cuda() for k in ("flow_prompt_speech_token", "prompt_speech_feat",
+                                                                  "flow_embedding")))
+    graphs = PooledFlowGraphs(pooled)
+    graphs.capture(rows=(1, 4), ctx_caps=(50, 150, 250), new_caps=(112,))
+    streams = [pooled.open_stream(voice) for _ in range(3)]
+    first = case["first_hop"] + case["pre_lookahead_len"]
+    done = 0
+    for key, n, finalize in (("mel_stream_first", first, False), ("mel_stream_second", first + case["hop"], False),
+                             ("mel_stream_final", case["tokens"].size(1), True)):
+        outs = graphs.render(streams, [case["tokens"][:, :n].cuda()] * 3, [finalize] * 3)
+        for out in outs:
+            assert (out.cpu() - case[key][:, :, done:]).abs().max().item() <= 1e-4, key
+        done = case[key].size(2)
+    assert graphs.eager_calls == 0  # every call found a captured bucket (3 rows padded into 4)
