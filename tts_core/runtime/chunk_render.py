@@ -36,6 +36,7 @@ class FlowPoolSettings:
     context_frames: int = 700  # own mel frames a segment keeps exactly (14 s); beyond, its latest
     encoder_tokens: int | None = 50  # tokens the encoder re-reads before a chunk; None: all (exact)
     voice_frames: int = 500  # shared prompt frames a voice can hold (10 s prompts)
+    voice_slots: int = 8  # voices the pool can hold (each voice_frames x ~0.57 MB in bf16)
     batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32)  # graph row buckets; also the largest call
     context_buckets: int = 4  # context-capacity graph buckets between the prompt and the maximum
 
@@ -62,7 +63,7 @@ class ChunkRenderer:
         chunk = flow.cfg.estimator.static_chunk_size
         frames = -(-settings.context_frames // chunk) * chunk
         voice_frames = -(-settings.voice_frames // chunk) * chunk
-        shape = PoolShape(settings.stream_slots, frames, voice_slots=8, voice_frames=voice_frames,
+        shape = PoolShape(settings.stream_slots, frames, voice_slots=settings.voice_slots, voice_frames=voice_frames,
                           prompt_frames=voice_frames + 2 * chunk)
         self.pooled = PooledFlow(flow, shape, settings.encoder_tokens)
         self.graphs = None  # PooledFlowGraphs, once captured

@@ -78,7 +78,9 @@ class CosyVoice2Pipeline:
         # is a small share of the work.
         hift = load_hift(md.root, device, torch.float32, fold=True)
         voices = VoiceBank.load(md.root, voices_dir)
-        settings = replace(fast or SchedulerSettings(), max_batch=max_batch, max_len=max_len, schedule=schedule)
+        # The flow pool holds every voice of the bank, plus room for two registered later.
+        settings = replace(fast or SchedulerSettings(), max_batch=max_batch, max_len=max_len, schedule=schedule,
+                           flow_voice_slots=len(voices.names()) + 2)
         if settings.graphs and device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device")
         scheduler = SynthesisScheduler(lm, RasSampler(md.sampling, lm.speech_token_size), flow, hift, frontend,

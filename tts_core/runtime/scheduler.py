@@ -59,6 +59,7 @@ class SchedulerSettings:
     # streams; exact up to `flow_context_frames` of a segment's own speech, then its latest frames.
     flow_context_frames: int = 700
     flow_encoder_tokens: int | None = None  # None: the encoder reads every token (exact); N: a window
+    flow_voice_slots: int = 8  # voices whose shared prompt frames the flow pool holds
     graphs: bool = False  # CUDA only: captured decode (+ on-device sampling), prefill, flow and HiFT
     prefill_buckets: tuple[int, ...] = (128, 192, 256, 320, 384, 512)
     attend_buckets: tuple[int, ...] = (256, 512, 1024, 2048)
@@ -97,7 +98,8 @@ class SynthesisScheduler:
         self.cache = lm.setup_cache(settings.max_batch + (1 if settings.graphs else 0), settings.max_len)
         self.renderer = ChunkRenderer(flow, hift, FlowPoolSettings(
             stream_slots=settings.max_batch, context_frames=settings.flow_context_frames,
-            encoder_tokens=settings.flow_encoder_tokens, batches=settings.flow_batches))
+            encoder_tokens=settings.flow_encoder_tokens, batches=settings.flow_batches,
+            voice_slots=settings.flow_voice_slots))
         self.decoder = None  # GraphedDecoder, once captured
         self.prefiller = None  # GraphedPrefill, once captured
         self.capture_report: dict = {}
