@@ -9,7 +9,6 @@ from __future__ import annotations
 
 
 import pytest
-import torch
 
 from tts_core.flow import FlowModel
 from tts_core.flow.incremental import IncrementalFlow

@@ -131,7 +131,7 @@ def test_padding_rows_and_larger_buckets_change_nothing(flow: FlowModel, flow_ca
         ctx = max(p.ctx_frames for p in plans) + ctx_extra
         new = max(p.new_frames for p in plans) + new_extra
         rows = [p.row for p in plans] + [pooled.padding_row()] * padding
-        table = torch.tensor(rows, dtype=torch.long)
+        table = pooled.table(rows)
         with torch.inference_mode():
             mel = pooled_solve(flow, pooled.pool, table, pooled.stack_mu(mus, len(rows), new), ctx)
         assert torch.isfinite(mel).all()

@@ -138,9 +138,7 @@ class PooledFlowGraphs:
         fits = [k for k in self.solve_graphs if k[0] >= rows and k[1] >= ctx and k[2] >= new]
         if not fits:
             self.eager_calls += 1
-            table = torch.tensor([p.row for p in plans], dtype=torch.long).to(pooled.device, non_blocking=True)
-            return pooled_solve(pooled.model, pooled.pool, table, pooled.stack_mu(mus, rows, new), ctx)
+            return pooled.solve(plans, mus)
         key = min(fits, key=lambda k: (k[0] * (k[1] + k[2]), k[0]))
-        padded = [p.row for p in plans] + [pooled.padding_row()] * (key[0] - rows)
-        table = torch.tensor(padded, dtype=torch.long).to(pooled.device, non_blocking=True)
+        table = pooled.table([p.row for p in plans] + [pooled.padding_row()] * (key[0] - rows))
         return self.solve_graphs[key].replay(table, pooled.stack_mu(mus, key[0], key[2]))

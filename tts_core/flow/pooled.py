@@ -203,7 +203,7 @@ class PooledFlow:
         voice = VoicePrefix(slot, token, prompt_frames, prefix)
         if prefix:
             base = self.pool.voice_frame_base(slot)
-            table = self._table([self._row(voice, base, 0, base, 0, 0, 0, prefix, prefix, 0, shape.voice_frames,
+            table = self.table([self._row(voice, base, 0, base, 0, 0, 0, prefix, prefix, 0, shape.voice_frames,
                                            self.pool.zero_slot, self.pool.voice_conv_slot(slot))])
             mu = encode_new_frames(self.model, token, True, prompt_frames)[:, :, :prefix]
             pooled_solve(self.model, self.pool, table, mu, 0)
@@ -264,12 +264,14 @@ class PooledFlow:
                finalize: Sequence[bool]) -> list[torch.Tensor]:
         """One eager batched call: mel (1, 80, new) float32 per stream, in order."""
         plans = [self.plan(s, t, f) for s, t, f in zip(streams, tokens, finalize)]
-        mus = encode_grouped(self.model, plans)
-        ctx_cap = max(p.ctx_frames for p in plans)
-        new_cap = max(p.new_frames for p in plans)
-        mel = pooled_solve(self.model, self.pool, self._table([p.row for p in plans]),
-                           self.stack_mu(mus, len(plans), new_cap), ctx_cap)
+        mel = self.solve(plans, encode_grouped(self.model, plans))
         return [self.finish(s, p, mel[i:i + 1, :, :p.new_frames]) for i, (s, p) in enumerate(zip(streams, plans))]
+
+    def solve(self, plans: Sequence[PooledPlan], mus: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The eager solve of planned rows with their mu (80, n_i) -> mel (rows, 80, widest new)."""
+        new_cap = max(p.new_frames for p in plans)
+        return pooled_solve(self.model, self.pool, self.table([p.row for p in plans]),
+                            self.stack_mu(mus, len(plans), new_cap), max(p.ctx_frames for p in plans))
 
     def stack_mu(self, mus: Sequence[torch.Tensor], rows: int, new_cap: int) -> torch.Tensor:
         """mu (80, n_i) per row -> (rows, 80, new_cap), zero padded."""
@@ -290,5 +292,6 @@ class PooledFlow:
         return (p.trash_frame, 0, p.trash_frame, 0, 0, 0, 0, 0, 0, 1, p.zero_slot, p.trash_slot,
                 p.zero_cond_row, 0, 0)
 
-    def _table(self, rows: Sequence[tuple[int, ...]]) -> torch.Tensor:
+    def table(self, rows: Sequence[tuple[int, ...]]) -> torch.Tensor:
+        """Rows of ROW_FIELDS values (`PooledPlan.row`, `padding_row`) -> the device table."""
         return torch.tensor(rows, dtype=torch.long).to(self.device, non_blocking=True)

@@ -23,7 +23,7 @@ from tts_core.flow.context_pool import PoolShape
 from tts_core.flow.pooled import PooledFlow, PooledStream, VoicePrefix
 from tts_core.hift import HiftGenerator
 from tts_core.runtime.chunk_vocoder import ChunkVocoder
-from tts_core.streaming.chunk_schedule import ChunkSchedule, ChunkTask
+from tts_core.streaming.chunk_schedule import ChunkPlanner, ChunkSchedule, ChunkTask
 from tts_core.streaming.token2wav import RenderedChunk
 from tts_core.voices import Voice
 
@@ -115,18 +115,21 @@ class ChunkRenderer:
 
         s, ratio, chunk = self.settings, self.flow.cfg.token_mel_ratio, self.pooled.chunk
         prefix = max((p.prefix_frames for _, p in self._voices.values()), default=0)
-        prompt_tail = max((p.prompt_frames - p.prefix_frames for _, p in self._voices.values()), default=0)
+        # Per voice: its prompt's unshared tail and its first hop, padded as its ChunkPlanner pads it
+        # so that prompt + hop end on a chunk.
+        firsts = [(p.prompt_frames - p.prefix_frames, ChunkPlanner(schedule, p.prompt_token.size(1)).next_hop * ratio)
+                  for _, p in self._voices.values()]
+        first_hops = {first_hop for _, first_hop in firsts}
         own_max = self.pooled.pool.shape.stream_frames
         step = -(-own_max // s.context_buckets // chunk) * chunk
         ctx_caps = sorted({prefix} | {min(prefix + own_max, prefix + step * k)
                                       for k in range(1, s.context_buckets + 1)})
-        # New frames per call: the prompt's unshared tail + the first hop, or a hop + lookahead (a
-        # final call); a first hop off the chunk grid re-renders up to one chunk more next call.
+        # New frames per call: a voice's unshared tail + its first hop, or a hop + lookahead (a final
+        # call); a first hop off the chunk grid re-renders up to one chunk more next call.
         hop = schedule.max_hop_tokens * ratio
-        first_hop = (schedule.first_hop_tokens or schedule.hop_tokens) * ratio
         extra = chunk if schedule.first_hop_tokens else 0
-        new_caps = sorted({-(-(prompt_tail + first_hop + extra) // 16) * 16,
-                           -(-(hop + schedule.lookahead_tokens * ratio + extra) // 16) * 16})
+        new_caps = sorted({-(-(tail + first_hop + extra) // 16) * 16 for tail, first_hop in firsts}
+                          | {-(-(hop + schedule.lookahead_tokens * ratio + extra) // 16) * 16})
         t0 = time.perf_counter()
         self.graphs = PooledFlowGraphs(self.pooled)
         self.graphs.capture(s.batches, ctx_caps, new_caps)
@@ -137,9 +140,8 @@ class ChunkRenderer:
             self.graphs.capture_encoder(s.batches, window, hop, False)
         report["flow_capture_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        # HiFT: first chunk (no caches) and later chunks (8 cached frames + a full hop).
-        first = (schedule.first_hop_tokens or schedule.hop_tokens) * ratio
-        for frames, cached in ((first, 0), (8 + hop, 8 * 480)):
+        # HiFT: first chunks (no caches) and later chunks (8 cached frames + a full hop).
+        for frames, cached in [(first, 0) for first in sorted(first_hops)] + [(8 + hop, 8 * 480)]:
             if (frames, cached) not in self.hift_graphs:
                 self.hift_graphs[(frames, cached)] = GraphedHift(self.hift, frames, cached)
         report["hift_capture_s"] = time.perf_counter() - t0

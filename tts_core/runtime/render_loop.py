@@ -188,8 +188,8 @@ class RenderLoop:
             job.plan_wake()
 
     def _render_due(self, due: list[_Due]) -> None:
-        """Render the most urgent chunks (one job's on the exact path, up to the largest flow batch
-        on the fast path); the rest wait for the next round, re-sorted with whatever became due."""
+        """Render the most urgent chunks, up to the largest flow batch; the rest wait for the next
+        round, re-sorted with whatever became due."""
         # A job cancelled or failed since the lock was let go is dropped without rendering.
         due = [d for d in due if d.job.slot is not None and not d.job.cancelled]
         # First chunks go in a call of their own: a call costs about its widest row's context times

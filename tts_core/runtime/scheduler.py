@@ -66,7 +66,7 @@ class SchedulerSettings:
     # Graph buckets of the batched flow call; the largest is the most chunks per call, which also
     # bounds how long a new call's first chunk can wait behind a call in progress (~0.3 s at 32).
     flow_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
-    # Fast path: a later chunk whose stream still has more than this much unplayed audio waits, so
+    # A later chunk whose stream still has more than this much unplayed audio waits, so
     # that chunks of many streams gather into one batched flow call instead of many small ones
     # (first chunks never wait).
     defer_slack_s: float = 0.8
