@@ -90,6 +90,23 @@ def underruns(submitted: float, arrivals: list[tuple[float, int]]) -> int:
     return late
 
 
+def playout_end(arrivals: list[tuple[float, int]]) -> float:
+    """When the last sample has played (playout from chunk 0, resuming late chunks on arrival)."""
+    end = arrivals[0][0]
+    for at, samples in arrivals:
+        end = max(end, at) + samples / SAMPLE_RATE
+    return end
+
+
+def peak_overlap(spans: list[tuple[float, float]]) -> int:
+    edges = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
+    level = peak = 0
+    for _, step in edges:
+        level += step
+        peak = max(peak, level)
+    return peak
+
+
 def percentile(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 
@@ -122,7 +139,7 @@ def run_rate(pipeline, voice: str, rate: float, duration: float, rng: random.Ran
     for _, sink, _, _ in requests:
         sink.done.wait(max(0.0, deadline - time.perf_counter()))
     wall = time.perf_counter() - started
-    first, rtf, late, failed, busy = [], [], 0, 0, []
+    first, rtf, late, failed, busy, playing = [], [], 0, 0, [], []
     for job, sink, n, _ in requests:
         if sink.error is not None or not sink.done.is_set() or not sink.arrivals:
             failed += 1
@@ -133,9 +150,13 @@ def run_rate(pipeline, voice: str, rate: float, duration: float, rng: random.Ran
         rtf.append((sink.arrivals[-1][0] - submitted) / audio)
         late += underruns(submitted, sink.arrivals)
         busy.append((submitted, sink.arrivals[-1][0]))
+        playing.append((submitted, playout_end(sink.arrivals)))
     # Mean concurrency = total stream-seconds / span of the run; peak from the submit-time samples.
+    # "Streams" are requests being synthesised (submit -> last chunk); "playing" are calls from
+    # submit until their audio has played out (what a call center counts as calls speaking).
     span = (max(e for _, e in busy) - min(s for s, _ in busy)) if busy else 1.0
     mean_conc = sum(e - s for s, e in busy) / span if busy else 0.0
+    play_span = (max(e for _, e in playing) - min(s for s, _ in playing)) if playing else 1.0
     steps = list(pipeline.scheduler.steps)
     renders = list(pipeline.scheduler.renders)
     return {
@@ -143,13 +164,17 @@ def run_rate(pipeline, voice: str, rate: float, duration: float, rng: random.Ran
         "first_chunk_ms": {q: (percentile(first, q) or 0) * 1e3 for q in (50, 95, 99)},
         "underruns": late, "rtf_mean": float(np.mean(rtf)) if rtf else None, "rtf_max": max(rtf, default=None),
         "concurrency_mean": mean_conc, "concurrency_peak": max(active_samples, default=0),
+        "playing_mean": sum(e - s for s, e in playing) / play_span if playing else 0.0,
+        "playing_peak": peak_overlap(playing),
         "decode_batch_max": max((s.batch for s in steps), default=0),
         "steps": len(steps), "step_ms_mean": 1e3 * wall / max(1, len(steps)),
         "decode_ms_mean": 1e3 * float(np.mean([s.decode_s for s in steps])) if steps else None,
-        # The render thread runs beside the decode thread: the share of the wall time it rendered.
-        "render_busy_fraction": sum(r.seconds for r in renders) / wall,
-        "render_ms_mean": 1e3 * float(np.mean([r.seconds for r in renders])) if renders else None,
-        "chunks_per_render": sum(r.chunks for r in renders) / max(1, len(renders)),
+        # The render threads run beside the decode thread: per lane, the share of the wall time it rendered.
+        "render": {lane: {"busy_fraction": sum(r.seconds for r in mine) / wall,
+                          "ms_mean": 1e3 * float(np.mean([r.seconds for r in mine])),
+                          "calls": len(mine), "chunks_per_call": sum(r.chunks for r in mine) / len(mine)}
+                   for lane in sorted({r.lane for r in renders})
+                   for mine in [[r for r in renders if r.lane == lane]]},
         "gpu_mem_gb": torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else None,
     }
 
@@ -187,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--graphs", choices=("auto", "on", "off"), default="auto")
     p.add_argument("--defer-slack-s", type=float, default=0.8)
     p.add_argument("--one-stream", action="store_true", help="decode and render on the default CUDA stream")
+    p.add_argument("--no-first-lane", action="store_true", help="one render thread for first and later chunks")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for stragglers per rate")
@@ -211,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
             build_full_model_dir(model_dir, args.golden)
     fast = SchedulerSettings(flow_encoder_tokens=args.encoder_tokens or None, graphs=graphs,
                              flow_context_frames=args.context_frames,
-                             defer_slack_s=args.defer_slack_s, separate_streams=not args.one_stream)
+                             defer_slack_s=args.defer_slack_s, separate_streams=not args.one_stream,
+                             first_chunk_lane=not args.no_first_lane)
     t0 = time.perf_counter()
     pipeline = CosyVoice2Pipeline.load(model_dir, args.device, DTYPES[dtype], max_batch=args.max_batch,
                                        max_len=args.max_len, schedule=ChunkSchedule(first_hop_tokens=args.first_hop),
@@ -220,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict = {"device": torch.cuda.get_device_name() if cuda else platform.processor(), "dtype": dtype,
                     "torch": torch.__version__, "graphs": graphs, "encoder_tokens": args.encoder_tokens,
                     "context_frames": args.context_frames,
-                    "separate_streams": not args.one_stream,
+                    "separate_streams": not args.one_stream, "first_chunk_lane": not args.no_first_lane,
                     "first_hop_tokens": args.first_hop, "max_batch": args.max_batch,
                     "tokens_bounds": [args.min_tokens, args.max_tokens], "load_s": load_s,
                     "capture": pipeline.scheduler.capture_report}
@@ -246,8 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     passing = [r for r in report["rates"] if r["passes"]]
     best = max(passing, key=lambda r: r["concurrency_mean"], default=None)
     report["max_concurrency_passing"] = (
-        {"rate_per_s": best["rate_per_s"], "mean": best["concurrency_mean"], "peak": best["concurrency_peak"]}
-        if best else None)
+        {"rate_per_s": best["rate_per_s"], "mean": best["concurrency_mean"], "peak": best["concurrency_peak"],
+         "playing_mean": best["playing_mean"], "playing_peak": best["playing_peak"]} if best else None)
     _print(report)
     out = args.out or REPO / "bench" / "results" / f"load_{datetime.date.today().isoformat()}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -256,19 +283,20 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-HEADER = f"{'rate/s':>6} {'reqs':>5} {'fail':>4} {'conc':>6} {'peak':>5} {'p50ms':>7} {'p95ms':>7} {'p99ms':>7} " \
-         f"{'underr':>6} {'rtf':>6} {'memGB':>6} pass"
+HEADER = f"{'rate/s':>6} {'reqs':>5} {'fail':>4} {'conc':>6} {'peak':>5} {'play':>6} {'peak':>5} {'p50ms':>7} " \
+         f"{'p95ms':>7} {'p99ms':>7} {'underr':>6} {'rtf':>6} {'memGB':>6} pass"
 
 
 def _print_row(r: dict) -> None:
     f = r["first_chunk_ms"]
     mem = f"{r['gpu_mem_gb']:.1f}" if r["gpu_mem_gb"] is not None else "-"
     rtf = f"{r['rtf_mean']:.3f}" if r["rtf_mean"] is not None else "-"
+    lanes = "; ".join(f"{lane} busy {100 * x['busy_fraction']:.0f} %, {x['ms_mean']:.1f} ms/call, "
+                      f"{x['chunks_per_call']:.1f} chunks/call" for lane, x in r["render"].items())
     print(f"{r['rate_per_s']:>6g} {r['requests']:>5} {r['failed']:>4} {r['concurrency_mean']:>6.1f} "
-          f"{r['concurrency_peak']:>5} {f[50]:>7.1f} {f[95]:>7.1f} {f[99]:>7.1f} {r['underruns']:>6} {rtf:>6} "
-          f"{mem:>6} {r['passes']}  step {r['step_ms_mean']:.1f} ms (decode {r['decode_ms_mean'] or 0:.1f}, "
-          f"render busy {100 * r['render_busy_fraction']:.0f} %, {r['render_ms_mean'] or 0:.1f} ms/call, "
-          f"{r['chunks_per_render']:.1f} chunks/call)", flush=True)
+          f"{r['concurrency_peak']:>5} {r['playing_mean']:>6.1f} {r['playing_peak']:>5} {f[50]:>7.1f} {f[95]:>7.1f} "
+          f"{f[99]:>7.1f} {r['underruns']:>6} {rtf:>6} {mem:>6} {r['passes']}  step {r['step_ms_mean']:.1f} ms "
+          f"(decode {r['decode_ms_mean'] or 0:.1f}; render {lanes})", flush=True)
 
 
 def _print(report: dict) -> None:

@@ -152,10 +152,10 @@ def test_decoding_goes_on_while_a_chunk_renders(pipeline: CosyVoice2Pipeline, mo
     renderer = pipeline.scheduler.renderer
     real_render = renderer.render
 
-    def held_render(items):
+    def held_render(items, lane="later"):
         entered.set()
         assert release.wait(60)
-        return real_render(items)
+        return real_render(items, lane=lane)
 
     monkeypatch.setattr(renderer, "render", held_render)
     first_sink, late_sink = CollectingSink(), CollectingSink()
@@ -184,42 +184,44 @@ class _CancelOnFirstChunk(CollectingSink):
         self.cancel()
 
 
-def test_a_first_chunk_does_not_share_a_call_with_later_chunks(pipeline: CosyVoice2Pipeline, monkeypatch) -> None:
-    """A new call's first chunk must not wait for other streams' later chunks (long contexts) in
-    the same flow call: it goes alone, the later chunks in the next call."""
+def test_a_first_chunk_renders_while_a_later_chunk_call_is_held(pipeline: CosyVoice2Pipeline,
+                                                                monkeypatch) -> None:
+    """A new call's first chunk must not wait for other streams' later chunks: while a later-chunk
+    call is in progress (held here), the first chunk of a call submitted meanwhile is rendered and
+    handed to its sink, alone in its call, on the first-chunk lane."""
     renderer = pipeline.scheduler.renderer
     real_render = renderer.render
-    calls: list[list[tuple[object, int]]] = []
+    calls: list[tuple[str, list[tuple[object, int]]]] = []
     held, release = threading.Event(), threading.Event()
 
-    def recording_render(items):
-        calls.append([(stream, task.index) for stream, _, task in items])
-        if len(calls) == 2:  # A's second chunk: hold it while A runs ahead and B becomes due
+    def recording_render(items, lane="later"):
+        calls.append((lane, [(stream, task.index) for stream, _, task in items]))
+        if lane == "later" and not held.is_set():  # A's second chunk: hold the later lane
             held.set()
             assert release.wait(60)
-        return real_render(items)
+        return real_render(items, lane=lane)
 
     monkeypatch.setattr(renderer, "render", recording_render)
     voice = pipeline.voices.get(VOICE)
-    a_sink, b_sink = CollectingSink(), CollectingSink()
+    a_sink, b_sink = CollectingSink(), _FirstChunkSink()
     a = SynthesisJob("A long request.", voice, a_sink, _forced(300))
-    a_third_due = _wait_for(a, lambda j: len(j.tokens) >= 25 + 50 + 50 + 3)  # tokens for A's third chunk exist
     b = SynthesisJob("A short one.", voice, b_sink, _forced(60))
-    b_first_due = _wait_for(b, lambda j: len(j.tokens) >= 25 + 3)
     try:
         pipeline.scheduler.submit(a)
         assert held.wait(60)
         pipeline.scheduler.submit(b)
-        assert a_third_due.wait(60) and b_first_due.wait(60)
+        assert b_sink.first_chunk.wait(60)  # out while A's later-chunk call is still held
+        assert not release.is_set() and len(a_sink.chunks) == 1
     finally:
         release.set()
-    a_sink.wait(60)
-    b_sink.wait(60)
-    b_first = next(n for n, call in enumerate(calls) if any(st is b.token2wav and i == 0 for st, i in call))
-    assert len(calls[b_first]) == 1
-    # A's third chunk, due (deferred) at the same moment, came in a later call.
-    a_third = next(n for n, call in enumerate(calls) if any(st is a.token2wav and i == 2 for st, i in call))
-    assert a_third > b_first
+    assert sum(map(len, a_sink.wait(60))) == 300 * SAMPLES_PER_TOKEN
+    assert sum(map(len, b_sink.wait(60))) == 60 * SAMPLES_PER_TOKEN
+    lanes = {lane for lane, _ in calls}
+    assert lanes == {"first", "later"}
+    for lane, call in calls:  # every job's chunk 0 on "first", every other chunk on "later"
+        assert all((index == 0) == (lane == "first") for _, index in call)
+    b_first = next(call for lane, call in calls if any(st is b.token2wav and i == 0 for st, i in call))
+    assert len(b_first) == 1
 
 
 def test_a_cancelled_job_frees_its_slot_and_gets_no_more_audio(pipeline: CosyVoice2Pipeline) -> None:
@@ -245,11 +247,11 @@ def test_a_render_failure_fails_only_its_job(pipeline: CosyVoice2Pipeline, monke
     renderer = pipeline.scheduler.renderer
     real_render = renderer.render
 
-    def breaking_render(items):
+    def breaking_render(items, lane="later"):
         bad = renderer.voice(pipeline.voices.get("breaks_at_chunk_1"))
         if any(stream.flow.voice is bad and task.index == 1 for stream, _, task in items):
             raise RuntimeError("flow blew up")
-        return real_render(items)
+        return real_render(items, lane=lane)
 
     monkeypatch.setattr(renderer, "render", breaking_render)
     bad_sink, good_sink = CollectingSink(), CollectingSink()

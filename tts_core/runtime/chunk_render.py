@@ -4,7 +4,14 @@ vocoder (the scheduler's fast path; `Token2WavStream` is the one-request path).
 Owns the flow's context pool (`tts_core.flow.pooled`: every frame computed once, exact up to
 `FlowPoolSettings.context_frames` of a segment's own speech), the voices registered in it, and the
 captured flow/HiFT graphs. Streams are opened on any thread (slot bookkeeping only); everything
-that runs the model runs on the rendering thread, or at start-up in `prepare`.
+that runs the model runs on a rendering thread, or at start-up in `prepare`.
+
+Two lanes render at once, each on its own thread and CUDA stream (`render_loop`): "first" renders
+only the first chunks of new calls (small calls, prompt context only) and "later" everything else
+(large batched calls). A graph cannot replay while it is already running, and graphs captured into
+one memory pool share their scratch memory, so each lane replays graphs of its own (own pool, own
+capture stream); the context pool is shared, and the two lanes never touch the same stream slot at
+the same time (a job's first chunk is handed off before its later chunks are planned).
 """
 
 from __future__ import annotations
@@ -12,7 +19,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import structlog
@@ -41,6 +48,19 @@ class FlowPoolSettings:
     context_buckets: int = 4  # context-capacity graph buckets between the prompt and the maximum
 
 
+    first_batches: tuple[int, ...] = (1, 2, 4, 8)  # graph row buckets of the first-chunk lane
+
+
+@dataclass
+class RenderLane:
+    """What one rendering thread replays: its flow graphs and HiFT graphs (None/empty: eager)."""
+
+    name: str
+    graphs: object | None = None  # PooledFlowGraphs
+    hift_graphs: dict[tuple[int, int], object] = field(default_factory=dict)
+    max_batch: int = 1
+
+
 @dataclass
 class PooledChunkStream:
     """One job segment's state on the fast path: its pooled flow stream and its vocoder caches."""
@@ -50,6 +70,7 @@ class PooledChunkStream:
     schedule: ChunkSchedule
     renderer: ChunkRenderer
     finished: bool = False
+    cuda_stream: object | None = None  # the CUDA stream its vocoder caches were last written on
 
     def close(self) -> None:
         """Give the flow slot back (idempotent; any thread)."""
@@ -66,8 +87,8 @@ class ChunkRenderer:
         shape = PoolShape(settings.stream_slots, frames, voice_slots=settings.voice_slots, voice_frames=voice_frames,
                           prompt_frames=voice_frames + 2 * chunk)
         self.pooled = PooledFlow(flow, shape, settings.encoder_tokens)
-        self.graphs = None  # PooledFlowGraphs, once captured
-        self.hift_graphs: dict[tuple[int, int], object] = {}
+        self.lanes = {"first": RenderLane("first", max_batch=max(settings.first_batches)),
+                      "later": RenderLane("later", max_batch=max(settings.batches))}
         self._voices: dict[str, tuple[Voice, VoicePrefix]] = {}
         self._slots = threading.Lock()  # streams open/close on the decode thread, finish on the render thread
         self._hift_dtype = next(hift.parameters()).dtype
@@ -94,7 +115,7 @@ class ChunkRenderer:
         prefix = self.voice(voice)
         with self._slots:
             flow_stream = self.pooled.open_stream(prefix)
-        return PooledChunkStream(flow_stream, ChunkVocoder(self.hift, generator, self.hift_graphs), schedule, self)
+        return PooledChunkStream(flow_stream, ChunkVocoder(self.hift, generator, {}), schedule, self)
 
     def close(self, stream: PooledChunkStream) -> None:
         with self._slots:
@@ -128,45 +149,67 @@ class ChunkRenderer:
         # call); a first hop off the chunk grid re-renders up to one chunk more next call.
         hop = schedule.max_hop_tokens * ratio
         extra = chunk if schedule.first_hop_tokens else 0
-        new_caps = sorted({-(-(tail + first_hop + extra) // 16) * 16 for tail, first_hop in firsts}
-                          | {-(-(hop + schedule.lookahead_tokens * ratio + extra) // 16) * 16})
-        t0 = time.perf_counter()
-        self.graphs = PooledFlowGraphs(self.pooled)
-        self.graphs.capture(s.batches, ctx_caps, new_caps)
+        first_news = sorted({-(-(tail + first_hop + extra) // 16) * 16 for tail, first_hop in firsts})
+        new_caps = sorted(set(first_news) | {-(-(hop + schedule.lookahead_tokens * ratio + extra) // 16) * 16})
+        window = None
         if s.encoder_tokens is not None:
             # Every non-final call of the default schedule reads a chunk-aligned window + a hop +
             # lookahead and renders a hop of frames (the first call too, for a 150-token prompt).
             window = s.encoder_tokens + schedule.max_hop_tokens + schedule.lookahead_tokens
-            self.graphs.capture_encoder(s.batches, window, hop, False)
+        later, first = self.lanes["later"], self.lanes["first"]
+        t0 = time.perf_counter()
+        later.graphs = PooledFlowGraphs(self.pooled)
+        later.graphs.capture(s.batches, ctx_caps, new_caps)
+        # The first lane: first calls only, whose context is exactly their voice's shared prefix.
+        first.graphs = PooledFlowGraphs(self.pooled)
+        first.graphs.capture(s.first_batches, sorted({p.prefix_frames for _, p in self._voices.values()}),
+                             first_news)
+        if window is not None:
+            later.graphs.capture_encoder(s.batches, window, hop, False)
+            first.graphs.capture_encoder(s.first_batches, window, hop, False)
         report["flow_capture_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        # HiFT: first chunks (no caches) and later chunks (8 cached frames + a full hop).
-        for frames, cached in [(first, 0) for first in sorted(first_hops)] + [(8 + hop, 8 * 480)]:
-            if (frames, cached) not in self.hift_graphs:
-                self.hift_graphs[(frames, cached)] = GraphedHift(self.hift, frames, cached)
+        # HiFT: first chunks (no caches) on both lanes (a later segment's first chunk renders on
+        # "later"), later chunks (8 cached frames + a full hop) on "later"; one graph per lane each.
+        firsts_hift = [(first_hop, 0) for first_hop in sorted(first_hops)]
+        for lane, shapes in ((first, firsts_hift), (later, firsts_hift + [(8 + hop, 8 * 480)])):
+            for frames, cached in shapes:
+                if (frames, cached) not in lane.hift_graphs:
+                    lane.hift_graphs[(frames, cached)] = GraphedHift(self.hift, frames, cached)
         report["hift_capture_s"] = time.perf_counter() - t0
         report.update({"flow_ctx_caps": ctx_caps, "flow_new_caps": new_caps, "flow_batches": list(s.batches),
-                       "flow_graphs": len(self.graphs.solve_graphs), "hift_graphs": sorted(self.hift_graphs)})
+                       "flow_first_batches": list(s.first_batches),
+                       "flow_graphs": len(later.graphs.solve_graphs) + len(first.graphs.solve_graphs),
+                       "hift_graphs": sorted(later.hift_graphs)})
         return report
 
     @property
     def max_batch(self) -> int:
-        return max(self.settings.batches)
+        return self.lanes["later"].max_batch
 
-    def render(self, items: Sequence[tuple[PooledChunkStream, Sequence[int], ChunkTask]]) -> list[RenderedChunk]:
-        """One chunk per item (stream, the segment's tokens so far, its task), in the same order.
-        The flow time is the batched call's, shared by all items. A stream whose final chunk this is
-        gives its flow slot back."""
+    def render(self, items: Sequence[tuple[PooledChunkStream, Sequence[int], ChunkTask]],
+               lane: str = "later") -> list[RenderedChunk]:
+        """One chunk per item (stream, the segment's tokens so far, its task), in the same order,
+        on the calling thread's `lane`. The flow time is the batched call's, shared by all items. A
+        stream whose final chunk this is gives its flow slot back."""
         started = time.perf_counter()
+        replays = self.lanes[lane]
         streams = [s.flow for s, _, _ in items]
         tokens = [torch.tensor([list(t[:task.token_end])], dtype=torch.long) for _, t, task in items]
         finalize = [task.finalize for _, _, task in items]
-        render = self.graphs.render if self.graphs is not None else self.pooled.render
+        render = replays.graphs.render if replays.graphs is not None else self.pooled.render
         mels = render(streams, tokens, finalize)
         flow_done = _synchronized(self._device)
+        here = torch.cuda.current_stream(self._device) if self._device.type == "cuda" else None
         out = []
         for (stream, _, task), mel in zip(items, mels):
             t0 = time.perf_counter()
+            if here is not None and stream.cuda_stream is not None and stream.cuda_stream != here:
+                # Its caches were made on the other lane's stream: the allocator must not hand their
+                # memory back to that stream while this one still reads them.
+                stream.vocoder.record_stream(here)
+            stream.cuda_stream = here
+            stream.vocoder.graphs = replays.hift_graphs
             wav = stream.vocoder.push(mel.to(self._hift_dtype), finalize=task.finalize)
             audio = wav[0].float().cpu().numpy()
             stream.finished = task.finalize

@@ -18,7 +18,14 @@ class ChunkVocoder(HiftStream):
     def __init__(self, vocoder: HiftGenerator, generator: torch.Generator | None,
                  graphs: dict[tuple[int, int], object]) -> None:
         super().__init__(vocoder, generator)
-        self.graphs = graphs  # (mel frames incl. cache, cached source samples) -> GraphedHift
+        # (mel frames incl. cache, cached source samples) -> GraphedHift of the lane rendering now
+        self.graphs = graphs
+
+    def record_stream(self, stream: torch.cuda.Stream) -> None:
+        """Mark the caches as used on `stream` (another rendering lane takes this vocoder over)."""
+        for cached in (self._mel, self._source, self._speech):
+            if cached is not None:
+                cached.record_stream(stream)
 
     @torch.inference_mode()
     def push(self, mel_chunk: torch.Tensor, finalize: bool = False, source: torch.Tensor | None = None) -> torch.Tensor:

@@ -1,8 +1,16 @@
-"""RenderLoop: the scheduler's render thread, which turns the tokens that the decode thread produces
-into audio chunks (flow + HiFT) and hands them to the jobs' sinks.
+"""RenderLoop: a render thread of the scheduler, which turns the tokens that the decode thread
+produces into audio chunks (flow + HiFT) and hands them to the jobs' sinks.
 
-It owns the render side of every job (chunk planner, deferred chunk, token -> waveform stream) and
-its own CUDA stream. It waits on a condition until a chunk is due (the decode thread wakes it when
+The scheduler runs two, one per lane of `ChunkRenderer`: "first" renders the first chunk of every
+job (what a caller waits for in silence) and "later" every other chunk. A large batched later-chunk
+call costs 100-400 ms on a busy GPU; in one thread a new call's first chunk waited behind it (H100,
+bench/results/load_2026-11-23_h100_head_edc5a52.json: p95 first chunk 650 ms at 4 req/s). A job
+belongs to "first" until its first chunk is handed off, then to "later"; a lane never looks at
+another lane's jobs, so each job's render state has one owner at any time. Lane "all" (one thread)
+does both.
+
+A lane owns the render side of its jobs (chunk planner, deferred chunk, token -> waveform stream)
+and its own CUDA stream. It waits on a condition until a chunk is due (the decode thread wakes it when
 a job's token count reaches `job.wake_render_at` or its LM finishes; a deferred chunk wakes it by
 a timed wait), then renders the due chunks most urgent first: jobs without audio yet, then the job
 whose emitted audio runs out soonest (`SynthesisJob.deadline`).
@@ -38,6 +46,7 @@ SAMPLE_RATE = 24_000
 class RenderTiming:
     chunks: int  # chunks in one render call (one batched flow call, then each job's vocoder)
     seconds: float
+    lane: str = "all"
 
 
 @dataclass
@@ -67,39 +76,49 @@ def device_stream(device: torch.device, priority: int, separate: bool) -> Abstra
 class RenderLoop:
     def __init__(self, lock: threading.RLock, jobs: list[SynthesisJob], decode_wake: threading.Condition,
                  fail: Callable[[SynthesisJob, BaseException], None], renderer: ChunkRenderer,
-                 schedule: ChunkSchedule, defer_slack_s: float, separate_streams: bool) -> None:
+                 schedule: ChunkSchedule, defer_slack_s: float, separate_streams: bool, lane: str = "all",
+                 priority: int = 0, renders: deque[RenderTiming] | None = None,
+                 wake: threading.Condition | None = None) -> None:
         """`lock` guards `jobs` (the scheduler's active jobs) and every hand-over flag of a job;
-        `decode_wake` is the decode thread's condition on the same lock; `fail` fails one job."""
+        `decode_wake` is the decode thread's condition on the same lock; `fail` fails one job.
+        `lane`: "first", "later" or "all" (see the module); `priority`: its CUDA stream's;
+        `renders`: where render calls are recorded, `wake`: the condition (on `lock`) the lanes
+        wait on; both shared by the lanes, so that a job handed from one to the other is seen."""
+        if lane not in ("first", "later", "all"):
+            raise ValueError(f"render lane must be 'first', 'later' or 'all', not {lane!r}")
         self._lock = lock
-        self._wake = threading.Condition(lock)
+        self._wake = wake if wake is not None else threading.Condition(lock)
         self._jobs = jobs
         self._decode_wake = decode_wake
         self._fail = fail
         self.renderer = renderer
         self.schedule = schedule
-        self._batch = renderer.max_batch
+        self.lane = lane
+        self._replays = "later" if lane == "all" else lane  # which of the renderer's graph sets
+        self._batch = renderer.lanes[self._replays].max_batch
+        self._priority = priority
         self._defer_slack_s = defer_slack_s
         self._separate_streams = separate_streams
         self._device = next(renderer.hift.parameters()).device
         self._stopping = False
         self._thread: threading.Thread | None = None
-        self.renders: deque[RenderTiming] = deque(maxlen=10_000)
+        self.renders: deque[RenderTiming] = renders if renders is not None else deque(maxlen=10_000)
 
     # ---- other threads ---------------------------------------------------------------------------
     def start(self) -> None:
         self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="tts-render", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"tts-render-{self.lane}", daemon=True)
         self._thread.start()
 
     def wake(self) -> None:
         """A job gained tokens that may make a chunk due, or its LM finished, or a segment started."""
         with self._wake:
-            self._wake.notify()
+            self._wake.notify_all()
 
     def stop(self, timeout: float | None) -> None:
         with self._wake:
             self._stopping = True
-            self._wake.notify()
+            self._wake.notify_all()
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
@@ -107,8 +126,7 @@ class RenderLoop:
     # ---- the render thread -----------------------------------------------------------------------
     def _run(self) -> None:
         torch.set_grad_enabled(False)  # thread-local
-        # Priority 0, the lowest: the decode thread's stream goes first when both have work queued.
-        with device_stream(self._device, priority=0, separate=self._separate_streams):
+        with device_stream(self._device, priority=self._priority, separate=self._separate_streams):
             while True:
                 with self._wake:
                     work = self._wait_for_work()
@@ -135,6 +153,8 @@ class RenderLoop:
                 if job.cancelled:
                     cancelled = True  # the decode thread frees its slot; nothing more is rendered for it
                     continue
+                if not self._owns(job):
+                    continue
                 if job.segment < 0 or job.segment_rendered:
                     continue  # between segments: the decode thread's turn
                 if job.planner is None:
@@ -155,7 +175,7 @@ class RenderLoop:
                 job.plan_wake()
             if cancelled:
                 self._decode_wake.notify()
-            if due and not any(_is_first(d) for d in due):
+            if due and (self.lane == "later" or not any(_is_first(d) for d in due)):
                 # A call is being made anyway: fill it with the deferred chunks closest to running
                 # dry. One call of B streams costs far less than B calls (its fixed launch cost is
                 # most of a small call), and a full call keeps the streams' chunks in step. Not
@@ -170,6 +190,10 @@ class RenderLoop:
                 return setup, due
             self._wake.wait(None if wake_at is None else max(0.0, wake_at - time.perf_counter()))
         return None
+
+    def _owns(self, job: SynthesisJob) -> bool:
+        """Under the lock: whether this lane renders the job's next chunk."""
+        return self.lane == "all" or (self.lane == "first") == (job.timings.first_chunk is None)
 
     def _start_rendering(self, job: SynthesisJob) -> None:
         """The segment's planner and token -> waveform stream, made here so that the stream's device
@@ -195,6 +219,7 @@ class RenderLoop:
         # First chunks go in a call of their own: a call costs about its widest row's context times
         # its rows, so a first chunk (prompt context only) riding with 31 later chunks (long
         # contexts) would arrive several times later than alone. The later chunks go next call.
+        # (A "first" or "later" lane only holds one kind.)
         firsts = [d for d in due if _is_first(d)]
         now = (firsts or due)[:self._batch]
         taken = {id(d) for d in now}
@@ -210,7 +235,7 @@ class RenderLoop:
     def _render_batch(self, due: list[_Due]) -> None:
         started = time.perf_counter()
         try:
-            outs = self.renderer.render([(d.job.token2wav, d.tokens, d.task) for d in due])
+            outs = self.renderer.render([(d.job.token2wav, d.tokens, d.task) for d in due], lane=self._replays)
         except Exception as exc:
             if len(due) == 1:
                 self._fail(due[0].job, exc)
@@ -218,7 +243,7 @@ class RenderLoop:
             for one in due:  # alone, so one bad job fails alone
                 self._render_batch([one])
             return
-        self.renders.append(RenderTiming(len(due), time.perf_counter() - started))
+        self.renders.append(RenderTiming(len(due), time.perf_counter() - started, self.lane))
         for d, out in zip(due, outs):
             self._hand_off(d, out)
 
@@ -237,6 +262,8 @@ class RenderLoop:
                 self._fail(job, exc)
                 return
             lookahead = 0 if task.finalize else job.planner.schedule.lookahead_tokens
+            if self.lane == "first":
+                self._wake.notify_all()  # the job is "later"'s now
             job.record_chunk(ChunkTiming(segment=job.segment, index=task.index,
                                          tokens=task.token_end - task.token_offset - lookahead, lm_s=d.lm_s,
                                          flow_s=out.flow_s, hift_s=out.hift_s, handoff_s=now - handed,

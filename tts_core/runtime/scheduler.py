@@ -1,12 +1,13 @@
 """SynthesisScheduler: what runs next on the device, on two threads (nano-vllm's roles of scheduler
 and model runner, which stay small enough here to share a file).
 
-The decode thread (here) owns the LM and its KV cache; the render thread (`render_loop.RenderLoop`,
-started and stopped by the scheduler) owns flow + HiFT. Split so that LM decoding never waits for
-chunk rendering: a batched later-chunk flow call costs 5-60 ms on a GPU and, on one thread, stalled
-every stream's decode step (docs/PERF_NOTES.md). On CUDA each thread issues its work on its own
-stream, decode on the highest priority; only host ints (`job.tokens`) pass between them, so no
-device event crosses. Other threads only `submit` jobs and cancel them through their sinks.
+The decode thread (here) owns the LM and its KV cache; the render threads (`render_loop.RenderLoop`,
+one for first chunks and one for later chunks, started and stopped by the scheduler) own flow +
+HiFT. Split so that LM decoding never waits for chunk rendering: a batched later-chunk flow call
+costs 5-60 ms on a GPU and, on one thread, stalled every stream's decode step (docs/PERF_NOTES.md);
+and so that a new call's first chunk never waits for a later-chunk call. On CUDA each thread issues
+its work on its own stream, decode on the highest priority and later chunks on the lowest; only host
+ints (`job.tokens`) pass between them, so no device event crosses. Other threads only `submit` jobs and cancel them through their sinks.
 
 One decode iteration:
 1. drop cancelled jobs (their KV slot is free at once); retire the jobs whose last chunk the render
@@ -66,6 +67,10 @@ class SchedulerSettings:
     # Graph buckets of the batched flow call; the largest is the most chunks per call, which also
     # bounds how long a new call's first chunk can wait behind a call in progress (~0.3 s at 32).
     flow_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    # First chunks render on a lane (thread, CUDA stream, graphs) of their own, beside the later
+    # chunks' large calls (render_loop); its graph buckets. False: one render thread does both.
+    first_chunk_lane: bool = True
+    flow_first_batches: tuple[int, ...] = (1, 2, 4, 8)
     # A later chunk whose stream still has more than this much unplayed audio waits, so
     # that chunks of many streams gather into one batched flow call instead of many small ones
     # (first chunks never wait).
@@ -99,7 +104,7 @@ class SynthesisScheduler:
         self.renderer = ChunkRenderer(flow, hift, FlowPoolSettings(
             stream_slots=settings.max_batch, context_frames=settings.flow_context_frames,
             encoder_tokens=settings.flow_encoder_tokens, batches=settings.flow_batches,
-            voice_slots=settings.flow_voice_slots))
+            voice_slots=settings.flow_voice_slots, first_batches=settings.flow_first_batches))
         self.decoder = None  # GraphedDecoder, once captured
         self.prefiller = None  # GraphedPrefill, once captured
         self.capture_report: dict = {}
@@ -111,13 +116,23 @@ class SynthesisScheduler:
         self._free_slots = list(range(settings.max_batch))
         self._stopping = False
         self._thread: threading.Thread | None = None
-        self.render_loop = RenderLoop(self._lock, self._active, self._cond, self._fail, self.renderer,
-                                      settings.schedule, settings.defer_slack_s, settings.separate_streams)
+        # Decode at the device's highest stream priority, first chunks next, later chunks lowest: when
+        # several streams have kernels queued, the one a listener is waiting on goes first.
+        high = min(torch.cuda.Stream.priority_range()) if self.cache.device.type == "cuda" else 0
+        self._decode_priority = high
+        renders: deque[RenderTiming] = deque(maxlen=10_000)
+        wake = threading.Condition(self._lock)
+        lanes = [("first", high // 2), ("later", 0)] if settings.first_chunk_lane else [("all", 0)]
+        self.render_lanes = [RenderLoop(self._lock, self._active, self._cond, self._fail, self.renderer,
+                                        settings.schedule, settings.defer_slack_s, settings.separate_streams,
+                                        lane=lane, priority=priority, renders=renders, wake=wake)
+                             for lane, priority in lanes]
+        self._renders = renders
         self.steps: deque[StepTiming] = deque(maxlen=10_000)
 
     @property
     def renders(self) -> deque[RenderTiming]:
-        return self.render_loop.renders
+        return self._renders
 
     # ---- any thread ------------------------------------------------------------------------------
     def capture(self, voices: Sequence[Voice]) -> dict:
@@ -151,7 +166,8 @@ class SynthesisScheduler:
     def start(self) -> None:
         if self._thread is not None:
             return
-        self.render_loop.start()
+        for lane in self.render_lanes:
+            lane.start()
         self._thread = threading.Thread(target=self._run, name="tts-decode", daemon=True)
         self._thread.start()
 
@@ -167,7 +183,8 @@ class SynthesisScheduler:
         with self._cond:
             self._stopping = True
             self._cond.notify()
-        self.render_loop.stop(timeout)
+        for lane in self.render_lanes:
+            lane.stop(timeout)
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
@@ -188,12 +205,13 @@ class SynthesisScheduler:
         with self._cond:
             return len(self._free_slots)
 
+    def _wake_render(self) -> None:
+        self.render_lanes[0].wake()  # one condition for all lanes: wakes them all
+
     # ---- the decode thread -----------------------------------------------------------------------
     def _run(self) -> None:
         torch.set_grad_enabled(False)  # thread-local
-        # The highest priority the device has: a decode step queued behind flow kernels goes first.
-        high = min(torch.cuda.Stream.priority_range()) if self.cache.device.type == "cuda" else 0
-        with device_stream(self.cache.device, priority=high, separate=self.settings.separate_streams):
+        with device_stream(self.cache.device, priority=self._decode_priority, separate=self.settings.separate_streams):
             while True:
                 with self._cond:
                     while not self._stopping and not self._has_work():
@@ -329,7 +347,7 @@ class SynthesisScheduler:
             if slot is None:
                 raise SynthesisError("job was released before its segment started")
             job.start_segment(min(min_len, max_len), max(max_len, 1))
-        self.render_loop.wake()
+        self._wake_render()
         return job, slot, lm_input
 
     def _run_prefill(self, ready: list[tuple[SynthesisJob, int, torch.Tensor]]) -> None:
@@ -368,7 +386,7 @@ class SynthesisScheduler:
                 job.accept_token(token, self.lm.speech_token_size)
                 wake = wake or job.lm_finished or len(job.tokens) >= job.wake_render_at
         if wake:
-            self.render_loop.wake()
+            self._wake_render()
 
     def _decode(self) -> int:
         with self._cond:  # slots read once, under the lock (see _start_segment)
