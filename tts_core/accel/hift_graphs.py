@@ -50,18 +50,25 @@ def capturable_istft() -> Iterator[None]:
 
 
 class GraphedHift:
-    def __init__(self, vocoder: HiftGenerator, frames: int, cache_samples: int = 0, warmup: int = 2) -> None:
+    """Up to `rows` chunks of `frames` mel frames (cache included) in one replay; rows beyond the
+    call's are left over from earlier calls and their outputs ignored (every row is independent).
+    Graphs that share a memory `pool` must not run at once, and each caller copies what it keeps
+    of the outputs before the next replay of any of them."""
+
+    def __init__(self, vocoder: HiftGenerator, frames: int, cache_samples: int = 0, warmup: int = 2, rows: int = 1,
+                 pool=None, stream: torch.cuda.Stream | None = None) -> None:
         param = next(vocoder.parameters())
         if not param.is_cuda:
             raise RuntimeError("GraphedHift needs the vocoder on a CUDA device")
         self.vocoder = vocoder
+        self.rows, self.frames = rows, frames
         self.cache_samples = cache_samples
         device = param.device
-        self.mel = torch.zeros(1, vocoder.cfg.in_channels, frames, dtype=param.dtype, device=device)
-        self.cache_source = torch.zeros(1, 1, max(cache_samples, 1), dtype=param.dtype, device=device)
+        self.mel = torch.zeros(rows, vocoder.cfg.in_channels, frames, dtype=param.dtype, device=device)
+        self.cache_source = torch.zeros(rows, 1, max(cache_samples, 1), dtype=param.dtype, device=device)
         self._graph = torch.cuda.CUDAGraph()
         with capturable_istft():
-            self._out = capture_graph(self._graph, self._call, warmup)
+            self._out = capture_graph(self._graph, self._call, warmup, pool=pool, stream=stream)
 
     def _call(self) -> tuple[torch.Tensor, torch.Tensor]:
         v = self.vocoder
@@ -72,11 +79,17 @@ class GraphedHift:
 
     @torch.inference_mode()
     def inference(self, mel: torch.Tensor, cache_source: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(waveform (1, L), source (1, 1, L)), views valid until the next call of this graph."""
-        self.mel.copy_(mel)
+        """mel (r <= rows, 80, frames) -> (waveform (r, L), source (r, 1, L)), views valid until
+        the next replay of this graph (or of any graph sharing its pool)."""
+        r = mel.size(0)
+        if r > self.rows or mel.size(-1) != self.frames:
+            raise ValueError(f"GraphedHift: captured for <= {self.rows} rows of {self.frames} frames, "
+                             f"got {r} of {mel.size(-1)}")
+        self.mel[:r].copy_(mel)
         if self.cache_samples:
             if cache_source is None or cache_source.shape[-1] != self.cache_samples:
                 raise ValueError(f"GraphedHift: captured for {self.cache_samples} cached source samples")
-            self.cache_source.copy_(cache_source)
+            self.cache_source[:r].copy_(cache_source)
         replay(self._graph)
-        return self._out
+        wav, source = self._out
+        return wav[:r], source[:r]

@@ -29,7 +29,7 @@ from tts_core.flow import FlowModel
 from tts_core.flow.context_pool import PoolShape
 from tts_core.flow.pooled import PooledFlow, PooledStream, VoicePrefix
 from tts_core.hift import HiftGenerator
-from tts_core.runtime.chunk_vocoder import ChunkVocoder
+from tts_core.runtime.chunk_vocoder import ChunkVocoder, HiftGraphs, push_chunks
 from tts_core.streaming.chunk_schedule import ChunkPlanner, ChunkSchedule, ChunkTask
 from tts_core.streaming.token2wav import RenderedChunk
 from tts_core.voices import Voice
@@ -57,7 +57,7 @@ class RenderLane:
 
     name: str
     graphs: object | None = None  # PooledFlowGraphs
-    hift_graphs: dict[tuple[int, int], object] = field(default_factory=dict)
+    hift_graphs: HiftGraphs = field(default_factory=dict)
     max_batch: int = 1
 
 
@@ -169,18 +169,26 @@ class ChunkRenderer:
             first.graphs.capture_encoder(s.first_batches, window, hop, False)
         report["flow_capture_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        # HiFT: first chunks (no caches) on both lanes (a later segment's first chunk renders on
-        # "later"), later chunks (8 cached frames + a full hop) on "later"; one graph per lane each.
-        firsts_hift = [(first_hop, 0) for first_hop in sorted(first_hops)]
-        for lane, shapes in ((first, firsts_hift), (later, firsts_hift + [(8 + hop, 8 * 480)])):
-            for frames, cached in shapes:
-                if (frames, cached) not in lane.hift_graphs:
-                    lane.hift_graphs[(frames, cached)] = GraphedHift(self.hift, frames, cached)
+        # HiFT, per lane, one memory pool and capture stream each (a lane replays one at a time):
+        # first chunks (no caches; "later" renders a later segment's first chunk); on "later", later
+        # chunks (8 cached frames + a full hop) in every row bucket and final chunks (8 cached frames
+        # + 1..hop + lookahead tokens of frames) one row each, so no chunk of a steady schedule runs
+        # eagerly (a first chunk that is also the last, a short utterance, does).
+        cached = 8 * 480
+        finals = [(1, 8 + n * ratio, cached) for n in range(1, schedule.max_hop_tokens + schedule.lookahead_tokens + 1)]
+        firsts_hift = [(rows, first_hop, 0) for first_hop in sorted(first_hops) for rows in s.first_batches]
+        steady = [(rows, 8 + hop, cached) for rows in s.batches]
+        for lane, shapes in ((first, firsts_hift), (later, firsts_hift + steady + finals)):
+            pool, stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream(self._device)
+            for key in sorted(shapes, key=lambda k: k[0] * k[1], reverse=True):  # largest first: pool reuse
+                if key not in lane.hift_graphs:
+                    rows, frames, cache = key
+                    lane.hift_graphs[key] = GraphedHift(self.hift, frames, cache, rows=rows, pool=pool, stream=stream)
         report["hift_capture_s"] = time.perf_counter() - t0
         report.update({"flow_ctx_caps": ctx_caps, "flow_new_caps": new_caps, "flow_batches": list(s.batches),
                        "flow_first_batches": list(s.first_batches),
                        "flow_graphs": len(later.graphs.solve_graphs) + len(first.graphs.solve_graphs),
-                       "hift_graphs": sorted(later.hift_graphs)})
+                       "hift_graphs": len(later.hift_graphs) + len(first.hift_graphs)})
         return report
 
     @property
@@ -201,22 +209,26 @@ class ChunkRenderer:
         mels = render(streams, tokens, finalize)
         flow_done = _synchronized(self._device)
         here = torch.cuda.current_stream(self._device) if self._device.type == "cuda" else None
-        out = []
-        for (stream, _, task), mel in zip(items, mels):
-            t0 = time.perf_counter()
+        for stream, _, _ in items:
             if here is not None and stream.cuda_stream is not None and stream.cuda_stream != here:
                 # Its caches were made on the other lane's stream: the allocator must not hand their
                 # memory back to that stream while this one still reads them.
                 stream.vocoder.record_stream(here)
             stream.cuda_stream = here
-            stream.vocoder.graphs = replays.hift_graphs
-            wav = stream.vocoder.push(mel.to(self._hift_dtype), finalize=task.finalize)
-            audio = wav[0].float().cpu().numpy()
+        t0 = time.perf_counter()
+        wavs = push_chunks([s.vocoder for s, _, _ in items], [m.to(self._hift_dtype) for m in mels], finalize,
+                           replays.hift_graphs)
+        audio = [w[0].float() for w in wavs]
+        host = torch.cat(audio).cpu().numpy() if audio else np.zeros(0, np.float32)
+        hift_s = time.perf_counter() - t0  # shared by the call's chunks, like the flow time
+        out, at = [], 0
+        for (stream, _, task), mel, a in zip(items, mels, audio):
             stream.finished = task.finalize
             if task.finalize:
                 stream.close()
-            out.append(RenderedChunk(audio=np.ascontiguousarray(audio), mel=mel, flow_s=flow_done - started,
-                                     hift_s=time.perf_counter() - t0))
+            out.append(RenderedChunk(audio=np.ascontiguousarray(host[at:at + a.numel()]), mel=mel,
+                                     flow_s=flow_done - started, hift_s=hift_s))
+            at += a.numel()
         return out
 
 

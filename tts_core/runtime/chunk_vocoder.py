@@ -1,25 +1,33 @@
-"""A request's streaming vocoder that replays a captured HiFT graph when one fits the chunk.
+"""Requests' streaming vocoders that replay captured HiFT graphs, one chunk of many streams per replay.
 
 Same glue as `HiftStream` (8-frame mel cache, 3840-sample source cache, Hamming cross-fade, held-back
-tail); only the F0 + source + decode call is swapped for a `GraphedHift` of the chunk's frame count
-(the steady chunk shapes of a schedule are few: first chunk, later chunks; finals vary and run
-eagerly). A graph draws its excitation noise from the device's default generator, not the job's
-seeded one: graphed chunks are not reproducible by seed (the eager path is).
+tail); only the F0 + source + decode call is swapped for a `GraphedHift`. A lane's graphs are keyed
+(rows, mel frames incl. cache, cached source samples): `push_chunks` stacks the chunks of one shape
+(the steady later chunk of every stream in a call) into one replay of the smallest bucket that
+holds them, and runs the rest one by one, graphed where a one-row graph of their shape exists (first
+chunks, final chunks by length) and eagerly otherwise. Every row of HiFT is independent of the
+others, so a batched replay gives each stream what its own call would.
+
+A graph draws its excitation noise from the device's default generator, not the job's seeded one:
+graphed chunks are not reproducible by seed (the eager path is).
 """
 
 from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
 
 import torch
 
 from tts_core.hift import HiftGenerator, HiftStream
 
+HiftGraphs = dict[tuple[int, int, int], object]  # (rows, frames incl. cache, cached samples) -> GraphedHift
+
 
 class ChunkVocoder(HiftStream):
-    def __init__(self, vocoder: HiftGenerator, generator: torch.Generator | None,
-                 graphs: dict[tuple[int, int], object]) -> None:
+    def __init__(self, vocoder: HiftGenerator, generator: torch.Generator | None, graphs: HiftGraphs) -> None:
         super().__init__(vocoder, generator)
-        # (mel frames incl. cache, cached source samples) -> GraphedHift of the lane rendering now
-        self.graphs = graphs
+        self.graphs = graphs  # the graphs of the lane rendering now (set by the lane before each push)
 
     def record_stream(self, stream: torch.cuda.Stream) -> None:
         """Mark the caches as used on `stream` (another rendering lane takes this vocoder over)."""
@@ -27,22 +35,60 @@ class ChunkVocoder(HiftStream):
             if cached is not None:
                 cached.record_stream(stream)
 
-    @torch.inference_mode()
-    def push(self, mel_chunk: torch.Tensor, finalize: bool = False, source: torch.Tensor | None = None) -> torch.Tensor:
-        cached = 0 if self._source is None else self._source.shape[-1]
-        graph = self.graphs.get((mel_chunk.shape[-1] + (0 if self._mel is None else self._mel.shape[-1]), cached))
-        if graph is None or source is not None:
-            return super().push(mel_chunk, finalize, source)
-        mel = mel_chunk if self._mel is None else torch.cat([self._mel, mel_chunk], dim=2)
-        wav, source = graph.inference(mel, self._source)
+    def shape(self, new_frames: int) -> tuple[int, int]:
+        """(mel frames incl. the cache, cached source samples) of a chunk of `new_frames`."""
+        cached_frames = 0 if self._mel is None else self._mel.shape[-1]
+        return new_frames + cached_frames, 0 if self._source is None else self._source.shape[-1]
+
+    def with_cache(self, mel_chunk: torch.Tensor) -> torch.Tensor:
+        return mel_chunk if self._mel is None else torch.cat([self._mel, mel_chunk], dim=2)
+
+    def settle(self, mel: torch.Tensor, wav: torch.Tensor, source: torch.Tensor, finalize: bool) -> torch.Tensor:
+        """After the vocoder call on `mel` (cache included): cross-fade, keep the caches, return the
+        final part. Copies everything it keeps: `wav`/`source` may be a graph's outputs, which the
+        next replay overwrites."""
         if self._speech is not None:
             wav = self._cross_fade(wav, self._speech)
         if finalize:
             self.finished = True
             self._mel = self._source = self._speech = None
             return wav.clone()
-        # Copies: the graph's outputs are overwritten by its next replay (another stream's chunk).
         self._mel = mel[..., -self.mel_cache_frames:].clone()
         self._source = source[..., -self.source_cache_samples:].clone()
         self._speech = wav[..., -self.source_cache_samples:].clone()
         return wav[..., :-self.source_cache_samples].clone()
+
+    @torch.inference_mode()
+    def push(self, mel_chunk: torch.Tensor, finalize: bool = False, source: torch.Tensor | None = None) -> torch.Tensor:
+        graph = self.graphs.get((1, *self.shape(mel_chunk.shape[-1])))
+        if graph is None or source is not None:
+            return super().push(mel_chunk, finalize, source)
+        mel = self.with_cache(mel_chunk)
+        wav, source = graph.inference(mel, self._source)
+        return self.settle(mel, wav, source, finalize)
+
+
+@torch.inference_mode()
+def push_chunks(vocoders: Sequence[ChunkVocoder], mel_chunks: Sequence[torch.Tensor], finalize: Sequence[bool],
+                graphs: HiftGraphs) -> list[torch.Tensor]:
+    """One chunk (1, 80, T_i) per vocoder (distinct streams) -> each one's final waveform, in order."""
+    out: list[torch.Tensor | None] = [None] * len(vocoders)
+    by_shape: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for i, (vocoder, mel) in enumerate(zip(vocoders, mel_chunks)):
+        vocoder.graphs = graphs
+        by_shape[vocoder.shape(mel.shape[-1])].append(i)
+    for shape, rows in by_shape.items():
+        buckets = sorted(r for r, *key in graphs if tuple(key) == shape and r > 1)
+        while len(rows) > 1 and buckets:
+            fit = [b for b in buckets if b >= len(rows)]
+            size = fit[0] if fit else buckets[-1]
+            part, rows = rows[:size], rows[size:]
+            mels = [vocoders[i].with_cache(mel_chunks[i]) for i in part]
+            caches = [vocoders[i]._source for i in part]
+            wav, source = graphs[(size, *shape)].inference(torch.cat(mels), None if caches[0] is None
+                                                            else torch.cat(caches))
+            for row, i in enumerate(part):
+                out[i] = vocoders[i].settle(mels[row], wav[row:row + 1], source[row:row + 1], finalize[i])
+        for i in rows:
+            out[i] = vocoders[i].push(mel_chunks[i], finalize[i])
+    return out
