@@ -172,11 +172,21 @@ def run_rate(pipeline, voice: str, rate: float, duration: float, rng: random.Ran
         # The render threads run beside the decode thread: per lane, the share of the wall time it rendered.
         "render": {lane: {"busy_fraction": sum(r.seconds for r in mine) / wall,
                           "ms_mean": 1e3 * float(np.mean([r.seconds for r in mine])),
+                          "flow_ms_mean": 1e3 * float(np.mean([r.flow_s for r in mine])),
+                          "hift_ms_mean": 1e3 * float(np.mean([r.hift_s for r in mine])),
                           "calls": len(mine), "chunks_per_call": sum(r.chunks for r in mine) / len(mine)}
                    for lane in sorted({r.lane for r in renders})
                    for mine in [[r for r in renders if r.lane == lane]]},
         "gpu_mem_gb": torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else None,
+        "eager_flow_calls": eager_flow_calls(pipeline),
     }
+
+
+def eager_flow_calls(pipeline) -> dict:
+    """Per lane, flow solves and encoder calls so far that found no captured graph (graphs only)."""
+    lanes = pipeline.scheduler.renderer.lanes
+    return {name: {"solve": lane.graphs.eager_calls, "encoder": lane.graphs.eager_encodes}
+            for name, lane in lanes.items() if lane.graphs is not None}
 
 
 def first_chunk_split(pipeline, voice: str, tokens: int) -> dict:
@@ -291,8 +301,9 @@ def _print_row(r: dict) -> None:
     f = r["first_chunk_ms"]
     mem = f"{r['gpu_mem_gb']:.1f}" if r["gpu_mem_gb"] is not None else "-"
     rtf = f"{r['rtf_mean']:.3f}" if r["rtf_mean"] is not None else "-"
-    lanes = "; ".join(f"{lane} busy {100 * x['busy_fraction']:.0f} %, {x['ms_mean']:.1f} ms/call, "
-                      f"{x['chunks_per_call']:.1f} chunks/call" for lane, x in r["render"].items())
+    lanes = "; ".join(f"{lane} busy {100 * x['busy_fraction']:.0f} %, {x['ms_mean']:.1f} ms/call (flow "
+                      f"{x['flow_ms_mean']:.1f}, hift {x['hift_ms_mean']:.1f}), {x['chunks_per_call']:.1f} chunks/call"
+                      for lane, x in r["render"].items())
     print(f"{r['rate_per_s']:>6g} {r['requests']:>5} {r['failed']:>4} {r['concurrency_mean']:>6.1f} "
           f"{r['concurrency_peak']:>5} {r['playing_mean']:>6.1f} {r['playing_peak']:>5} {f[50]:>7.1f} {f[95]:>7.1f} "
           f"{f[99]:>7.1f} {r['underruns']:>6} {rtf:>6} {mem:>6} {r['passes']}  step {r['step_ms_mean']:.1f} ms "

@@ -70,7 +70,8 @@ class PooledFlowGraphs:
         self.encode_graphs: dict[tuple[int, int, int, bool], _EncodeGraph] = {}  # (rows, tokens, new, final)
         self._pool = None
         self._stream = None  # the capture stream of all these graphs (see graph_capture)
-        self.eager_calls = 0  # calls that found no bucket (counted: each costs ~10x a replay)
+        self.eager_calls = 0  # solves that found no bucket (counted: each costs ~10x a replay)
+        self.eager_encodes = 0  # encoder calls that found no graph
 
     def _graph_pool(self):
         if self.pooled.device.type != "cuda":
@@ -127,6 +128,7 @@ class PooledFlowGraphs:
         rows, n = enc_tokens.shape
         fits = [k for k in self.encode_graphs if k[1:] == (n, new_frames, fin) and k[0] >= rows]
         if not fits:
+            self.eager_encodes += 1
             return encode_new_frames(model, enc_tokens, fin, new_frames)
         return self.encode_graphs[min(fits)].replay(enc_tokens).clone()
 

@@ -167,6 +167,14 @@ class ChunkRenderer:
         if window is not None:
             later.graphs.capture_encoder(s.batches, window, hop, False)
             first.graphs.capture_encoder(s.first_batches, window, hop, False)
+            # Final calls, one row each, by their uncommitted tokens u: the window starts a whole
+            # number of encoder chunks before the last commit, so a final reads u + that many tokens
+            # and renders u * ratio frames.
+            token_chunk = self.pooled.token_chunk
+            before = -(-s.encoder_tokens // token_chunk) * token_chunk
+            extra_tokens = token_chunk if schedule.first_hop_tokens else 0
+            for u in range(1, schedule.max_hop_tokens + schedule.lookahead_tokens + extra_tokens + 1):
+                later.graphs.capture_encoder((1,), before + u, u * ratio, True)
         report["flow_capture_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         # HiFT, per lane, one memory pool and capture stream each (a lane replays one at a time):

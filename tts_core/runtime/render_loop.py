@@ -47,6 +47,8 @@ class RenderTiming:
     chunks: int  # chunks in one render call (one batched flow call, then each job's vocoder)
     seconds: float
     lane: str = "all"
+    flow_s: float = 0.0  # of `seconds`: the batched flow call (encoder + solve, until its stream is done)
+    hift_s: float = 0.0  # of `seconds`: the vocoder calls and the copy to the host
 
 
 @dataclass
@@ -243,7 +245,8 @@ class RenderLoop:
             for one in due:  # alone, so one bad job fails alone
                 self._render_batch([one])
             return
-        self.renders.append(RenderTiming(len(due), time.perf_counter() - started, self.lane))
+        self.renders.append(RenderTiming(len(due), time.perf_counter() - started, self.lane,
+                                         outs[0].flow_s if outs else 0.0, outs[0].hift_s if outs else 0.0))
         for d, out in zip(due, outs):
             self._hand_off(d, out)
 

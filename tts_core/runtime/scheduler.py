@@ -25,6 +25,7 @@ one job (prefill, sampling, rendering, its sink) fails that job's sink only, fro
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections import deque
@@ -47,6 +48,8 @@ from tts_core.voices import Voice
 log = structlog.get_logger(__name__)
 
 ATTEND_BUCKET = 256  # KV columns read per decode step are a multiple of this
+
+GIL_SWITCH_INTERVAL_S = 0.001  # as the gateway's packet clock sets it (gateway/app.py)
 
 TextFrontend = Callable[[str], list[list[int]]]  # text -> text tokens per segment
 
@@ -166,6 +169,12 @@ class SynthesisScheduler:
     def start(self) -> None:
         if self._thread is not None:
             return
+        if sys.getswitchinterval() > GIL_SWITCH_INTERVAL_S:
+            # The decode thread comes back from each step's device sync needing the GIL while the
+            # render threads run Python (planning, tables, vocoder glue); at CPython's default 5 ms
+            # it can wait that long every step, and a first chunk takes ~28 steps.
+            sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+            log.info("tts_gil_switch_interval_set", seconds=GIL_SWITCH_INTERVAL_S)
         for lane in self.render_lanes:
             lane.start()
         self._thread = threading.Thread(target=self._run, name="tts-decode", daemon=True)
