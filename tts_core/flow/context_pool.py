@@ -22,7 +22,7 @@ belongs to the one thread that renders.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -52,6 +52,9 @@ class CallIndex:
     left_src: torch.Tensor  # (B,) conv-state slot read before the new frames
     left_dst: torch.Tensor  # (B,) conv-state slot written with the state at the commit point
     commit: torch.Tensor  # (2B, 1, 1) new frames kept (the conv state is taken just before them)
+    # Per left-state width n: where the conv state at the commit point sits in [left | new], made
+    # once per call (every causal conv of every Euler step reads it; see conv_input).
+    conv_at: dict[int, torch.Tensor] = field(default_factory=dict, compare=False)
 
 
 class FlowContextPool:
@@ -133,7 +136,9 @@ class PooledStepContext:
         left = states.index_select(1, self.index.left_src).reshape(2 * b, x.size(1), n)
         seq = torch.cat([left, x], dim=2)
         # The n input frames before the commit point: seq[commit : commit + n] (seq has n left frames).
-        at = self.index.commit + torch.arange(n, device=x.device)
+        at = self.index.conv_at.get(n)
+        if at is None:
+            at = self.index.conv_at[n] = self.index.commit + torch.arange(n, device=x.device)
         kept = seq.gather(2, at.expand(-1, x.size(1), -1))
         states.index_copy_(1, self.index.left_dst, kept.view(2, b, x.size(1), n))
         return seq

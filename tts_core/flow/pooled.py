@@ -125,6 +125,16 @@ def attention_mask(index: CallIndex, chunk: int, left_chunks: int) -> torch.Tens
     return torch.cat([ok, ok])
 
 
+def additive_mask(ok: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """bool (..., K) -> the same mask as 0 / -inf in `dtype`, each row 16-element aligned in memory.
+    Given a bool mask, scaled_dot_product_attention converts it (and the memory-efficient kernel pads
+    unaligned rows) in every call: 56 blocks x 10 steps per flow call. Converted once here instead;
+    the attention is the same."""
+    keys = ok.size(-1)
+    bias = torch.full((*ok.shape[:-1], -(-keys // 16) * 16), float("-inf"), dtype=dtype, device=ok.device)
+    return bias[..., :keys].masked_fill_(ok, 0.0)
+
+
 def pooled_solve(model: FlowModel, pool: FlowContextPool, table: torch.Tensor, mu: torch.Tensor,
                  ctx_cap: int) -> torch.Tensor:
     """The 10 guided Euler steps over the new frames of a batch: table (B, fields) long, mu (B, 80,
@@ -143,7 +153,7 @@ def pooled_solve(model: FlowModel, pool: FlowContextPool, table: torch.Tensor, m
     cond_rows = torch.where(in_prompt, table[:, COL["cond_row"]].unsqueeze(1) + pos, pool.zero_cond_row)
     cond = pool.cond.index_select(0, cond_rows.flatten()).view(rows, new_cap, -1).transpose(1, 2)
     spks = pool.spks.index_select(0, table[:, COL["voice"]])
-    attn = attention_mask(index, est.cfg.static_chunk_size, est.cfg.num_decoding_left_chunks)
+    attn = additive_mask(attention_mask(index, est.cfg.static_chunk_size, est.cfg.num_decoding_left_chunks), dtype)
     zeros = torch.zeros_like(mu)
     mask_in = torch.cat([frame_mask, frame_mask])
     mu_in = torch.cat([mu * frame_mask, zeros])
