@@ -63,6 +63,10 @@ class CausalResnetBlock(nn.Module):
 
 
 class SelfAttention(nn.Module):
+    """Multi-head self-attention. The q/k/v projections run as one matrix product of their stacked
+    weights where that costs no extra work (kernel launches dominate the flow's small calls); the
+    stacked weights are made on first use, so the weights must not change after loading."""
+
     def __init__(self, dim: int, heads: int, head_dim: int) -> None:
         super().__init__()
         inner = heads * head_dim
@@ -71,16 +75,41 @@ class SelfAttention(nn.Module):
         self.to_k = nn.Linear(dim, inner, bias=False)
         self.to_v = nn.Linear(dim, inner, bias=False)
         self.to_out = nn.ModuleList([nn.Linear(inner, dim), nn.Identity()])  # [1] was dropout
+        self._stacked: dict[tuple[str, ...], tuple[tuple, torch.Tensor]] = {}
+
+    def _project(self, x: torch.Tensor, names: tuple[str, ...]) -> tuple[torch.Tensor, ...]:
+        """x (B, T, dim) -> per named projection (B, heads, T, head_dim), one matrix product."""
+        weights = [getattr(self, name).weight for name in names]
+        key = tuple((w.data_ptr(), w.dtype, w.device) for w in weights)
+        known = self._stacked.get(names)
+        if known is None or known[0] != key:
+            known = self._stacked[names] = (key, torch.cat(weights).detach())
+        b, t, _ = x.shape
+        out = F.linear(x, known[1]).view(b, t, len(names), self.heads, -1)
+        return tuple(part.transpose(1, 2) for part in out.unbind(2))
 
     def keys_values(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x (B, T, dim) -> keys, values (B, heads, T, head_dim)."""
-        b, t, _ = x.shape
-        return tuple(proj(x).view(b, t, self.heads, -1).transpose(1, 2) for proj in (self.to_k, self.to_v))
+        """x (B, T, D) -> keys, values (B, heads, T, head_dim)."""
+        return self._project(x, ("to_k", "to_v"))
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, cache: FrameCache | None = None) -> torch.Tensor:
         b, t, _ = x.shape
-        q = self.to_q(x).view(b, t, self.heads, -1).transpose(1, 2)
-        k, v = self.keys_values(x) if cache is None else cache.attention_keys_values(self, x, self.keys_values)
+        if cache is None:
+            q, k, v = self._project(x, ("to_q", "to_k", "to_v"))
+        else:
+            queries: list[torch.Tensor] = []
+
+            def project(seq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                # seq = [earlier frames | x]: with little context, the queries of the earlier frames
+                # cost less than a separate product for x's; with much, they would not.
+                if seq.size(1) > 4 * t:
+                    return self.keys_values(seq)
+                q_all, k_all, v_all = self._project(seq, ("to_q", "to_k", "to_v"))
+                queries.append(q_all[:, :, -t:])
+                return k_all, v_all
+
+            k, v = cache.attention_keys_values(self, x, project)
+            q = queries[0] if queries else self._project(x, ("to_q",))[0]
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
         return self.to_out[0](out.transpose(1, 2).reshape(b, t, -1))
 
