@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--graphs", choices=("auto", "on", "off"), default="auto")
     p.add_argument("--defer-slack-s", type=float, default=0.8)
     p.add_argument("--one-stream", action="store_true", help="decode and render on the default CUDA stream")
-    p.add_argument("--no-first-lane", action="store_true", help="one render thread for first and later chunks")
+    p.add_argument("--first-lanes", type=int, default=2, help="first-chunk render lanes (0: one render thread)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for stragglers per rate")
@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     fast = SchedulerSettings(flow_encoder_tokens=args.encoder_tokens or None, graphs=graphs,
                              flow_context_frames=args.context_frames,
                              defer_slack_s=args.defer_slack_s, separate_streams=not args.one_stream,
-                             first_chunk_lane=not args.no_first_lane)
+                             first_chunk_lanes=args.first_lanes)
     t0 = time.perf_counter()
     pipeline = CosyVoice2Pipeline.load(model_dir, args.device, DTYPES[dtype], max_batch=args.max_batch,
                                        max_len=args.max_len, schedule=ChunkSchedule(first_hop_tokens=args.first_hop),
@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict = {"device": torch.cuda.get_device_name() if cuda else platform.processor(), "dtype": dtype,
                     "torch": torch.__version__, "graphs": graphs, "encoder_tokens": args.encoder_tokens,
                     "context_frames": args.context_frames,
-                    "separate_streams": not args.one_stream, "first_chunk_lane": not args.no_first_lane,
+                    "separate_streams": not args.one_stream, "first_chunk_lanes": args.first_lanes,
                     "first_hop_tokens": args.first_hop, "max_batch": args.max_batch,
                     "tokens_bounds": [args.min_tokens, args.max_tokens], "load_s": load_s,
                     "capture": pipeline.scheduler.capture_report}

@@ -216,12 +216,48 @@ def test_a_first_chunk_renders_while_a_later_chunk_call_is_held(pipeline: CosyVo
         release.set()
     assert sum(map(len, a_sink.wait(60))) == 300 * SAMPLES_PER_TOKEN
     assert sum(map(len, b_sink.wait(60))) == 60 * SAMPLES_PER_TOKEN
-    lanes = {lane for lane, _ in calls}
-    assert lanes == {"first", "later"}
-    for lane, call in calls:  # every job's chunk 0 on "first", every other chunk on "later"
-        assert all((index == 0) == (lane == "first") for _, index in call)
+    assert {lane.split("-")[0] for lane, _ in calls} == {"first", "later"}
+    for lane, call in calls:  # every job's chunk 0 on a first lane, every other chunk on "later"
+        assert all((index == 0) == lane.startswith("first-") for _, index in call)
     b_first = next(call for lane, call in calls if any(st is b.token2wav and i == 0 for st, i in call))
     assert len(b_first) == 1
+
+
+def test_first_chunks_of_a_burst_render_side_by_side(pipeline: CosyVoice2Pipeline, monkeypatch) -> None:
+    """While one first-chunk lane is busy (held here) with a call's first chunk, the next call's
+    first chunk goes out on another first lane; every chunk is rendered exactly once."""
+    renderer = pipeline.scheduler.renderer
+    assert len(renderer.first_lanes) == 2
+    real_render = renderer.render
+    calls: list[tuple[str, list[tuple[object, int]]]] = []
+    held, release = threading.Event(), threading.Event()
+
+    def recording_render(items, lane="later"):
+        calls.append((lane, [(stream, task.index) for stream, _, task in items]))
+        if lane.startswith("first-") and not held.is_set():  # the first call's first chunk
+            held.set()
+            assert release.wait(60)
+        return real_render(items, lane=lane)
+
+    monkeypatch.setattr(renderer, "render", recording_render)
+    voice = pipeline.voices.get(VOICE)
+    a_sink, b_sink = CollectingSink(), _FirstChunkSink()
+    a = SynthesisJob("A first call.", voice, a_sink, _forced(100))
+    b = SynthesisJob("A second call.", voice, b_sink, _forced(100))
+    try:
+        pipeline.scheduler.submit(a)
+        assert held.wait(60)
+        pipeline.scheduler.submit(b)
+        assert b_sink.first_chunk.wait(60)  # out while A's first chunk is still held
+        assert not release.is_set() and a_sink.chunks == []
+    finally:
+        release.set()
+    for sink in (a_sink, b_sink):
+        assert sum(map(len, sink.wait(60))) == 100 * SAMPLES_PER_TOKEN
+    first_lanes = {lane for lane, call in calls if any(i == 0 for _, i in call)}
+    assert len(first_lanes) == 2 and all(lane.startswith("first-") for lane in first_lanes)
+    rendered = [(stream, i) for _, call in calls for stream, i in call]
+    assert len(rendered) == len(set((id(st), i) for st, i in rendered))  # no chunk twice
 
 
 def test_a_cancelled_job_frees_its_slot_and_gets_no_more_audio(pipeline: CosyVoice2Pipeline) -> None:

@@ -6,12 +6,13 @@ Owns the flow's context pool (`tts_core.flow.pooled`: every frame computed once,
 captured flow/HiFT graphs. Streams are opened on any thread (slot bookkeeping only); everything
 that runs the model runs on a rendering thread, or at start-up in `prepare`.
 
-Two lanes render at once, each on its own thread and CUDA stream (`render_loop`): "first" renders
-only the first chunks of new calls (small calls, prompt context only) and "later" everything else
-(large batched calls). A graph cannot replay while it is already running, and graphs captured into
-one memory pool share their scratch memory, so each lane replays graphs of its own (own pool, own
-capture stream); the context pool is shared, and the two lanes never touch the same stream slot at
-the same time (a job's first chunk is handed off before its later chunks are planned).
+Lanes render at once, each on its own thread and CUDA stream (`render_loop`): "first-<i>" lanes
+render only the first chunks of new calls (small calls, prompt context only) and "later"
+everything else (large batched calls). A graph cannot replay while it is already running, and
+graphs captured into one memory pool share their scratch memory, so each lane replays graphs of
+its own (own pool, own capture stream); the context pool is shared, and no two lanes touch the same
+stream slot at the same time (a job is claimed by one lane per chunk, and its first chunk is handed
+off before its later chunks are planned).
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ class FlowPoolSettings:
     context_buckets: int = 4  # context-capacity graph buckets between the prompt and the maximum
 
 
-    first_batches: tuple[int, ...] = (1, 2, 4, 8)  # graph row buckets of the first-chunk lane
+    first_batches: tuple[int, ...] = (1, 2, 4, 8)  # graph row buckets of a first-chunk lane
+    first_lanes: int = 2  # first-chunk lanes (each its own graphs); 0: "later" renders first chunks too
 
 
 @dataclass
@@ -87,14 +89,18 @@ class ChunkRenderer:
         shape = PoolShape(settings.stream_slots, frames, voice_slots=settings.voice_slots, voice_frames=voice_frames,
                           prompt_frames=voice_frames + 2 * chunk)
         self.pooled = PooledFlow(flow, shape, settings.encoder_tokens)
-        self.lanes = {"first": RenderLane("first", max_batch=max(settings.first_batches)),
-                      "later": RenderLane("later", max_batch=max(settings.batches))}
+        self.lanes = {name: RenderLane(name, max_batch=max(settings.first_batches)) for name in self.first_lanes}
+        self.lanes["later"] = RenderLane("later", max_batch=max(settings.batches))
         self._voices: dict[str, tuple[Voice, VoicePrefix]] = {}
         self._slots = threading.Lock()  # streams open/close on the decode thread, finish on the render thread
         self._hift_dtype = next(hift.parameters()).dtype
         self._device = self.pooled.device
         log.info("flow_pool_allocated", gb=round(self.pooled.pool.nbytes() / 2**30, 2), stream_slots=shape.stream_slots,
                  context_frames=frames, encoder_tokens=settings.encoder_tokens)
+
+    @property
+    def first_lanes(self) -> list[str]:
+        return [f"first-{i}" for i in range(self.settings.first_lanes)]
 
     def voice(self, voice: Voice) -> VoicePrefix:
         known = self._voices.get(voice.name)
@@ -156,17 +162,19 @@ class ChunkRenderer:
             # Every non-final call of the default schedule reads a chunk-aligned window + a hop +
             # lookahead and renders a hop of frames (the first call too, for a 150-token prompt).
             window = s.encoder_tokens + schedule.max_hop_tokens + schedule.lookahead_tokens
-        later, first = self.lanes["later"], self.lanes["first"]
+        later, firsts_lanes = self.lanes["later"], [self.lanes[name] for name in self.first_lanes]
         t0 = time.perf_counter()
         later.graphs = PooledFlowGraphs(self.pooled)
         later.graphs.capture(s.batches, ctx_caps, new_caps)
-        # The first lane: first calls only, whose context is exactly their voice's shared prefix.
-        first.graphs = PooledFlowGraphs(self.pooled)
-        first.graphs.capture(s.first_batches, sorted({p.prefix_frames for _, p in self._voices.values()}),
-                             first_news)
+        # First lanes: first calls only, whose context is exactly their voice's shared prefix.
+        for first in firsts_lanes:
+            first.graphs = PooledFlowGraphs(self.pooled)
+            first.graphs.capture(s.first_batches, sorted({p.prefix_frames for _, p in self._voices.values()}),
+                                 first_news)
         if window is not None:
             later.graphs.capture_encoder(s.batches, window, hop, False)
-            first.graphs.capture_encoder(s.first_batches, window, hop, False)
+            for first in firsts_lanes:
+                first.graphs.capture_encoder(s.first_batches, window, hop, False)
             # Final calls, one row each, by their uncommitted tokens u: the window starts a whole
             # number of encoder chunks before the last commit, so a final reads u + that many tokens
             # and renders u * ratio frames.
@@ -186,7 +194,7 @@ class ChunkRenderer:
         finals = [(1, 8 + n * ratio, cached) for n in range(1, schedule.max_hop_tokens + schedule.lookahead_tokens + 1)]
         firsts_hift = [(rows, first_hop, 0) for first_hop in sorted(first_hops) for rows in s.first_batches]
         steady = [(rows, 8 + hop, cached) for rows in s.batches]
-        for lane, shapes in ((first, firsts_hift), (later, firsts_hift + steady + finals)):
+        for lane, shapes in [(first, firsts_hift) for first in firsts_lanes] + [(later, firsts_hift + steady + finals)]:
             pool, stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream(self._device)
             for key in sorted(shapes, key=lambda k: k[0] * k[1], reverse=True):  # largest first: pool reuse
                 if key not in lane.hift_graphs:
@@ -195,8 +203,9 @@ class ChunkRenderer:
         report["hift_capture_s"] = time.perf_counter() - t0
         report.update({"flow_ctx_caps": ctx_caps, "flow_new_caps": new_caps, "flow_batches": list(s.batches),
                        "flow_first_batches": list(s.first_batches),
-                       "flow_graphs": len(later.graphs.solve_graphs) + len(first.graphs.solve_graphs),
-                       "hift_graphs": len(later.hift_graphs) + len(first.hift_graphs)})
+                       "first_lanes": len(firsts_lanes),
+                       "flow_graphs": sum(len(lane.graphs.solve_graphs) for lane in self.lanes.values()),
+                       "hift_graphs": sum(len(lane.hift_graphs) for lane in self.lanes.values())})
         return report
 
     @property

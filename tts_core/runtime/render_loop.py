@@ -1,13 +1,16 @@
 """RenderLoop: a render thread of the scheduler, which turns the tokens that the decode thread
 produces into audio chunks (flow + HiFT) and hands them to the jobs' sinks.
 
-The scheduler runs two, one per lane of `ChunkRenderer`: "first" renders the first chunk of every
-job (what a caller waits for in silence) and "later" every other chunk. A large batched later-chunk
-call costs 100-400 ms on a busy GPU; in one thread a new call's first chunk waited behind it (H100,
-bench/results/load_2026-11-23_h100_head_edc5a52.json: p95 first chunk 650 ms at 4 req/s). A job
-belongs to "first" until its first chunk is handed off, then to "later"; a lane never looks at
-another lane's jobs, so each job's render state has one owner at any time. Lane "all" (one thread)
-does both.
+The scheduler runs one per lane of `ChunkRenderer`: "first" lanes render the first chunk of every
+job (what a caller waits for in silence) and the "later" lane every other chunk. A large batched
+later-chunk call costs 100-400 ms on a busy GPU; in one thread a new call's first chunk waited
+behind it (H100, bench/results/load_2026-11-23_h100_head_edc5a52.json: p95 first chunk 650 ms at 4
+req/s). A job is of kind "first" until its first chunk is handed off, then "later"; a lane looks
+only at jobs of its kind, and claims a job (`SynthesisJob.render_lane`, under the lock) from taking
+its chunk until handing it off, so each job's render state has one owner at any time even with
+several first lanes (a burst of new calls renders on them side by side: a small flow call is bound
+by kernel launches, so two run at once at nearly the speed of one). Kind "all" (one thread) does
+both.
 
 A lane owns the render side of its jobs (chunk planner, deferred chunk, token -> waveform stream)
 and its own CUDA stream. It waits on a condition until a chunk is due (the decode thread wakes it when
@@ -80,10 +83,11 @@ class RenderLoop:
                  fail: Callable[[SynthesisJob, BaseException], None], renderer: ChunkRenderer,
                  schedule: ChunkSchedule, defer_slack_s: float, separate_streams: bool, lane: str = "all",
                  priority: int = 0, renders: deque[RenderTiming] | None = None,
-                 wake: threading.Condition | None = None) -> None:
+                 wake: threading.Condition | None = None, replays: str | None = None) -> None:
         """`lock` guards `jobs` (the scheduler's active jobs) and every hand-over flag of a job;
         `decode_wake` is the decode thread's condition on the same lock; `fail` fails one job.
-        `lane`: "first", "later" or "all" (see the module); `priority`: its CUDA stream's;
+        `lane`: the kind, "first", "later" or "all" (see the module); `replays`: the renderer's lane
+        (graph set) it replays (default "later" for "later"/"all"); `priority`: its CUDA stream's;
         `renders`: where render calls are recorded, `wake`: the condition (on `lock`) the lanes
         wait on; both shared by the lanes, so that a job handed from one to the other is seen."""
         if lane not in ("first", "later", "all"):
@@ -96,7 +100,7 @@ class RenderLoop:
         self.renderer = renderer
         self.schedule = schedule
         self.lane = lane
-        self._replays = "later" if lane == "all" else lane  # which of the renderer's graph sets
+        self._replays = replays or ("later" if lane in ("later", "all") else lane)  # the renderer's graph set
         self._batch = renderer.lanes[self._replays].max_batch
         self._priority = priority
         self._defer_slack_s = defer_slack_s
@@ -109,7 +113,7 @@ class RenderLoop:
     # ---- other threads ---------------------------------------------------------------------------
     def start(self) -> None:
         self._stopping = False
-        self._thread = threading.Thread(target=self._run, name=f"tts-render-{self.lane}", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"tts-render-{self._replays}", daemon=True)
         self._thread.start()
 
     def wake(self) -> None:
@@ -160,6 +164,7 @@ class RenderLoop:
                 if job.segment < 0 or job.segment_rendered:
                     continue  # between segments: the decode thread's turn
                 if job.planner is None:
+                    job.render_lane = self  # released once set up (_start_rendering)
                     setup.append(job)
                     continue
                 task = job.next_chunk()
@@ -173,6 +178,7 @@ class RenderLoop:
                         at = now + slack - self._defer_slack_s
                         wake_at = at if wake_at is None else min(wake_at, at)
                     else:
+                        job.render_lane = self  # released at its hand-off
                         due.append(_Due(job, task, job.tokens[:task.token_end]))
                 job.plan_wake()
             if cancelled:
@@ -185,6 +191,7 @@ class RenderLoop:
                 deferred.sort(key=lambda item: item[0])
                 for _, job, task in deferred[:max(0, self._batch - len(due))]:
                     job.pending_chunk = None
+                    job.render_lane = self
                     job.plan_wake()
                     due.append(_Due(job, task, job.tokens[:task.token_end]))
             if setup or due:
@@ -194,7 +201,10 @@ class RenderLoop:
         return None
 
     def _owns(self, job: SynthesisJob) -> bool:
-        """Under the lock: whether this lane renders the job's next chunk."""
+        """Under the lock: whether this lane may render the job's next chunk (of its kind, and not
+        claimed by another lane)."""
+        if job.render_lane is not None and job.render_lane is not self:
+            return False
         return self.lane == "all" or (self.lane == "first") == (job.timings.first_chunk is None)
 
     def _start_rendering(self, job: SynthesisJob) -> None:
@@ -211,7 +221,9 @@ class RenderLoop:
             return
         with self._lock:
             job.start_rendering(planner, stream)
+            job.render_lane = None
             job.plan_wake()
+            self._wake.notify_all()  # another lane of its kind may render its first chunk
 
     def _render_due(self, due: list[_Due]) -> None:
         """Render the most urgent chunks, up to the largest flow batch; the rest wait for the next
@@ -226,8 +238,12 @@ class RenderLoop:
         now = (firsts or due)[:self._batch]
         taken = {id(d) for d in now}
         rest = [d for d in due if id(d) not in taken]
-        for d in rest:
-            d.job.pending_chunk = d.task
+        with self._lock:
+            for d in rest:
+                d.job.pending_chunk = d.task
+                d.job.render_lane = None
+            if rest:
+                self._wake.notify_all()  # another lane of their kind may take them now
         if not now:
             return
         for d in now:
@@ -245,7 +261,7 @@ class RenderLoop:
             for one in due:  # alone, so one bad job fails alone
                 self._render_batch([one])
             return
-        self.renders.append(RenderTiming(len(due), time.perf_counter() - started, self.lane,
+        self.renders.append(RenderTiming(len(due), time.perf_counter() - started, self._replays,
                                          outs[0].flow_s if outs else 0.0, outs[0].hift_s if outs else 0.0))
         for d, out in zip(due, outs):
             self._hand_off(d, out)
@@ -255,6 +271,7 @@ class RenderLoop:
         # Under the lock, so that no chunk reaches a sink after its job was cancelled, failed or
         # released (sinks never block).
         with self._lock:
+            job.render_lane = None
             if job.slot is None or job.cancelled:
                 return
             try:

@@ -119,6 +119,7 @@ class SynthesisJob:
         self.planner: ChunkPlanner | None = None  # None: the segment's rendering is not set up yet
         self.pending_chunk: ChunkTask | None = None  # issued by the planner, deferred (slack or batch size)
         self.token2wav: PooledChunkStream | None = None  # the segment's flow slot + vocoder
+        self.render_lane: object | None = None  # the RenderLoop that has claimed the job's next chunk
         self.segment_rendered = False  # the segment's last chunk went out: the decode thread may go on
         self.wake_render_at = 0  # token count at which the decode thread wakes the render thread
         self.lm_s_charged = 0.0  # the part of lm_s already attributed to chunks

@@ -70,9 +70,9 @@ class SchedulerSettings:
     # Graph buckets of the batched flow call; the largest is the most chunks per call, which also
     # bounds how long a new call's first chunk can wait behind a call in progress (~0.3 s at 32).
     flow_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
-    # First chunks render on a lane (thread, CUDA stream, graphs) of their own, beside the later
-    # chunks' large calls (render_loop); its graph buckets. False: one render thread does both.
-    first_chunk_lane: bool = True
+    # First chunks render on lanes (threads, CUDA streams, graphs) of their own, beside the later
+    # chunks' large calls (render_loop); their graph buckets. 0: one render thread does both.
+    first_chunk_lanes: int = 2
     flow_first_batches: tuple[int, ...] = (1, 2, 4, 8)
     # A later chunk whose stream still has more than this much unplayed audio waits, so
     # that chunks of many streams gather into one batched flow call instead of many small ones
@@ -107,7 +107,8 @@ class SynthesisScheduler:
         self.renderer = ChunkRenderer(flow, hift, FlowPoolSettings(
             stream_slots=settings.max_batch, context_frames=settings.flow_context_frames,
             encoder_tokens=settings.flow_encoder_tokens, batches=settings.flow_batches,
-            voice_slots=settings.flow_voice_slots, first_batches=settings.flow_first_batches))
+            voice_slots=settings.flow_voice_slots, first_batches=settings.flow_first_batches,
+            first_lanes=settings.first_chunk_lanes))
         self.decoder = None  # GraphedDecoder, once captured
         self.prefiller = None  # GraphedPrefill, once captured
         self.capture_report: dict = {}
@@ -125,11 +126,12 @@ class SynthesisScheduler:
         self._decode_priority = high
         renders: deque[RenderTiming] = deque(maxlen=10_000)
         wake = threading.Condition(self._lock)
-        lanes = [("first", high // 2), ("later", 0)] if settings.first_chunk_lane else [("all", 0)]
+        lanes = [("first", name, high // 2) for name in self.renderer.first_lanes]
+        lanes.append(("later", "later", 0) if lanes else ("all", "later", 0))
         self.render_lanes = [RenderLoop(self._lock, self._active, self._cond, self._fail, self.renderer,
                                         settings.schedule, settings.defer_slack_s, settings.separate_streams,
-                                        lane=lane, priority=priority, renders=renders, wake=wake)
-                             for lane, priority in lanes]
+                                        lane=kind, priority=priority, renders=renders, wake=wake, replays=name)
+                             for kind, name, priority in lanes]
         self._renders = renders
         self.steps: deque[StepTiming] = deque(maxlen=10_000)
 
