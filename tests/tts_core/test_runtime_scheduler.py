@@ -184,24 +184,32 @@ class _CancelOnFirstChunk(CollectingSink):
         self.cancel()
 
 
+class _HeldRenders:
+    """Records every render call (lane, [(stream, chunk index)]) and holds the first call on a lane
+    that `hold(lane)` picks until `release` is set."""
+
+    def __init__(self, pipeline: CosyVoice2Pipeline, monkeypatch, hold) -> None:
+        self.calls: list[tuple[str, list[tuple[object, int]]]] = []
+        self.held, self.release = threading.Event(), threading.Event()
+        real_render = pipeline.scheduler.renderer.render
+
+        def render(items, lane="later"):
+            self.calls.append((lane, [(stream, task.index) for stream, _, task in items]))
+            if hold(lane) and not self.held.is_set():
+                self.held.set()
+                assert self.release.wait(60)
+            return real_render(items, lane=lane)
+
+        monkeypatch.setattr(pipeline.scheduler.renderer, "render", render)
+
+
 def test_a_first_chunk_renders_while_a_later_chunk_call_is_held(pipeline: CosyVoice2Pipeline,
                                                                 monkeypatch) -> None:
     """A new call's first chunk must not wait for other streams' later chunks: while a later-chunk
     call is in progress (held here), the first chunk of a call submitted meanwhile is rendered and
     handed to its sink, alone in its call, on the first-chunk lane."""
-    renderer = pipeline.scheduler.renderer
-    real_render = renderer.render
-    calls: list[tuple[str, list[tuple[object, int]]]] = []
-    held, release = threading.Event(), threading.Event()
-
-    def recording_render(items, lane="later"):
-        calls.append((lane, [(stream, task.index) for stream, _, task in items]))
-        if lane == "later" and not held.is_set():  # A's second chunk: hold the later lane
-            held.set()
-            assert release.wait(60)
-        return real_render(items, lane=lane)
-
-    monkeypatch.setattr(renderer, "render", recording_render)
+    renders = _HeldRenders(pipeline, monkeypatch, lambda lane: lane == "later")  # A's second chunk
+    calls, held, release = renders.calls, renders.held, renders.release
     voice = pipeline.voices.get(VOICE)
     a_sink, b_sink = CollectingSink(), _FirstChunkSink()
     a = SynthesisJob("A long request.", voice, a_sink, _forced(300))
@@ -226,20 +234,10 @@ def test_a_first_chunk_renders_while_a_later_chunk_call_is_held(pipeline: CosyVo
 def test_first_chunks_of_a_burst_render_side_by_side(pipeline: CosyVoice2Pipeline, monkeypatch) -> None:
     """While one first-chunk lane is busy (held here) with a call's first chunk, the next call's
     first chunk goes out on another first lane; every chunk is rendered exactly once."""
-    renderer = pipeline.scheduler.renderer
-    assert len(renderer.first_lanes) == 2
-    real_render = renderer.render
-    calls: list[tuple[str, list[tuple[object, int]]]] = []
-    held, release = threading.Event(), threading.Event()
-
-    def recording_render(items, lane="later"):
-        calls.append((lane, [(stream, task.index) for stream, _, task in items]))
-        if lane.startswith("first-") and not held.is_set():  # the first call's first chunk
-            held.set()
-            assert release.wait(60)
-        return real_render(items, lane=lane)
-
-    monkeypatch.setattr(renderer, "render", recording_render)
+    assert len(pipeline.scheduler.renderer.first_lanes) == 2
+    # Holds the first call's first chunk.
+    renders = _HeldRenders(pipeline, monkeypatch, lambda lane: lane.startswith("first-"))
+    calls, held, release = renders.calls, renders.held, renders.release
     voice = pipeline.voices.get(VOICE)
     a_sink, b_sink = CollectingSink(), _FirstChunkSink()
     a = SynthesisJob("A first call.", voice, a_sink, _forced(100))
