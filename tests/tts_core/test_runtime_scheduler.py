@@ -255,7 +255,7 @@ def test_first_chunks_of_a_burst_render_side_by_side(pipeline: CosyVoice2Pipelin
     first_lanes = {lane for lane, call in calls if any(i == 0 for _, i in call)}
     assert len(first_lanes) == 2 and all(lane.startswith("first-") for lane in first_lanes)
     rendered = [(stream, i) for _, call in calls for stream, i in call]
-    assert len(rendered) == len(set((id(st), i) for st, i in rendered))  # no chunk twice
+    assert len(rendered) == len({(id(st), i) for st, i in rendered})  # no chunk twice
 
 
 def test_a_cancelled_job_frees_its_slot_and_gets_no_more_audio(pipeline: CosyVoice2Pipeline) -> None:
