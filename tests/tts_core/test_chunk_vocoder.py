@@ -65,7 +65,7 @@ def test_bucketed_chunks_equal_each_streams_own_vocoder(vocoder: HiftGenerator) 
     graphs = {(4, 20, 0): RowwiseHift(vocoder, 4, 20, 0), (1, 20, 0): RowwiseHift(vocoder, 1, 20, 0),
               (2, 20, 0): RowwiseHift(vocoder, 2, 20, 0),
               (4, 20, cache): RowwiseHift(vocoder, 4, 20, cache), (1, 14, cache): RowwiseHift(vocoder, 1, 14, cache)}
-    streams = [ChunkVocoder(vocoder, torch.Generator().manual_seed(0), {}) for _ in plans]
+    streams = [ChunkVocoder(vocoder, torch.Generator().manual_seed(0)) for _ in plans]
     got: list[list[torch.Tensor]] = [[] for _ in plans]
     for step in range(4):
         last = step == 3

@@ -47,8 +47,6 @@ class FlowPoolSettings:
     voice_slots: int = 8  # voices the pool can hold (each voice_frames x ~0.57 MB in bf16)
     batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32)  # graph row buckets; also the largest call
     context_buckets: int = 4  # context-capacity graph buckets between the prompt and the maximum
-
-
     first_batches: tuple[int, ...] = (1, 2, 4, 8)  # graph row buckets of a first-chunk lane
     first_lanes: int = 2  # first-chunk lanes (each its own graphs); 0: "later" renders first chunks too
 
@@ -121,7 +119,7 @@ class ChunkRenderer:
         prefix = self.voice(voice)
         with self._slots:
             flow_stream = self.pooled.open_stream(prefix)
-        return PooledChunkStream(flow_stream, ChunkVocoder(self.hift, generator, {}), schedule, self)
+        return PooledChunkStream(flow_stream, ChunkVocoder(self.hift, generator), schedule, self)
 
     def close(self, stream: PooledChunkStream) -> None:
         with self._slots:
@@ -162,39 +160,41 @@ class ChunkRenderer:
             # Every non-final call of the default schedule reads a chunk-aligned window + a hop +
             # lookahead and renders a hop of frames (the first call too, for a 150-token prompt).
             window = s.encoder_tokens + schedule.max_hop_tokens + schedule.lookahead_tokens
-        later, firsts_lanes = self.lanes["later"], [self.lanes[name] for name in self.first_lanes]
+        # A final call renders the tokens after the last commit: up to a hop + lookahead (+ one
+        # encoder chunk when the first hop is off the chunk grid).
+        final_tokens = range(1, schedule.max_hop_tokens + schedule.lookahead_tokens + extra // ratio + 1)
+        later, first_lanes = self.lanes["later"], [self.lanes[name] for name in self.first_lanes]
         t0 = time.perf_counter()
         later.graphs = PooledFlowGraphs(self.pooled)
         later.graphs.capture(s.batches, ctx_caps, new_caps)
         # First lanes: first calls only, whose context is exactly their voice's shared prefix.
-        for first in firsts_lanes:
+        for first in first_lanes:
             first.graphs = PooledFlowGraphs(self.pooled)
             first.graphs.capture(s.first_batches, sorted({p.prefix_frames for _, p in self._voices.values()}),
                                  first_news)
         if window is not None:
             later.graphs.capture_encoder(s.batches, window, hop, False)
-            for first in firsts_lanes:
+            for first in first_lanes:
                 first.graphs.capture_encoder(s.first_batches, window, hop, False)
             # Final calls, one row each, by their uncommitted tokens u: the window starts a whole
             # number of encoder chunks before the last commit, so a final reads u + that many tokens
             # and renders u * ratio frames.
             token_chunk = self.pooled.token_chunk
             before = -(-s.encoder_tokens // token_chunk) * token_chunk
-            extra_tokens = token_chunk if schedule.first_hop_tokens else 0
-            for u in range(1, schedule.max_hop_tokens + schedule.lookahead_tokens + extra_tokens + 1):
+            for u in final_tokens:
                 later.graphs.capture_encoder((1,), before + u, u * ratio, True)
         report["flow_capture_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         # HiFT, per lane, one memory pool and capture stream each (a lane replays one at a time):
         # first chunks (no caches; "later" renders a later segment's first chunk); on "later", later
         # chunks (8 cached frames + a full hop) in every row bucket and final chunks (8 cached frames
-        # + 1..hop + lookahead tokens of frames) one row each, so no chunk of a steady schedule runs
+        # + a final call's frames) one row each, so no chunk of a steady schedule runs
         # eagerly (a first chunk that is also the last, a short utterance, does).
         cached = 8 * 480
-        finals = [(1, 8 + n * ratio, cached) for n in range(1, schedule.max_hop_tokens + schedule.lookahead_tokens + 1)]
+        finals = [(1, 8 + n * ratio, cached) for n in final_tokens]
         firsts_hift = [(rows, first_hop, 0) for first_hop in sorted(first_hops) for rows in s.first_batches]
         steady = [(rows, 8 + hop, cached) for rows in s.batches]
-        for lane, shapes in [(first, firsts_hift) for first in firsts_lanes] + [(later, firsts_hift + steady + finals)]:
+        for lane, shapes in [(first, firsts_hift) for first in first_lanes] + [(later, firsts_hift + steady + finals)]:
             pool, stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream(self._device)
             for key in sorted(shapes, key=lambda k: k[0] * k[1], reverse=True):  # largest first: pool reuse
                 if key not in lane.hift_graphs:
@@ -203,7 +203,7 @@ class ChunkRenderer:
         report["hift_capture_s"] = time.perf_counter() - t0
         report.update({"flow_ctx_caps": ctx_caps, "flow_new_caps": new_caps, "flow_batches": list(s.batches),
                        "flow_first_batches": list(s.first_batches),
-                       "first_lanes": len(firsts_lanes),
+                       "first_lanes": len(first_lanes),
                        "flow_graphs": sum(len(lane.graphs.solve_graphs) for lane in self.lanes.values()),
                        "hift_graphs": sum(len(lane.hift_graphs) for lane in self.lanes.values())})
         return report

@@ -19,15 +19,13 @@ from collections.abc import Sequence
 
 import torch
 
-from tts_core.hift import HiftGenerator, HiftStream
+from tts_core.hift import HiftStream
 
 HiftGraphs = dict[tuple[int, int, int], object]  # (rows, frames incl. cache, cached samples) -> GraphedHift
 
 
 class ChunkVocoder(HiftStream):
-    def __init__(self, vocoder: HiftGenerator, generator: torch.Generator | None, graphs: HiftGraphs) -> None:
-        super().__init__(vocoder, generator)
-        self.graphs = graphs  # the graphs of the lane rendering now (set by the lane before each push)
+    """A HiftStream whose vocoder call `push_chunks` may replace by a row of a graph replay."""
 
     def record_stream(self, stream: torch.cuda.Stream) -> None:
         """Mark the caches as used on `stream` (another rendering lane takes this vocoder over)."""
@@ -58,24 +56,22 @@ class ChunkVocoder(HiftStream):
         self._speech = wav[..., -self.source_cache_samples:].clone()
         return wav[..., :-self.source_cache_samples].clone()
 
-    @torch.inference_mode()
-    def push(self, mel_chunk: torch.Tensor, finalize: bool = False, source: torch.Tensor | None = None) -> torch.Tensor:
-        graph = self.graphs.get((1, *self.shape(mel_chunk.shape[-1])))
-        if graph is None or source is not None:
-            return super().push(mel_chunk, finalize, source)
-        mel = self.with_cache(mel_chunk)
-        wav, source = graph.inference(mel, self._source)
-        return self.settle(mel, wav, source, finalize)
-
 
 @torch.inference_mode()
 def push_chunks(vocoders: Sequence[ChunkVocoder], mel_chunks: Sequence[torch.Tensor], finalize: Sequence[bool],
                 graphs: HiftGraphs) -> list[torch.Tensor]:
     """One chunk (1, 80, T_i) per vocoder (distinct streams) -> each one's final waveform, in order."""
     out: list[torch.Tensor | None] = [None] * len(vocoders)
+
+    def replay(part: list[int], key: tuple[int, int, int]) -> None:
+        mels = [vocoders[i].with_cache(mel_chunks[i]) for i in part]
+        caches = [vocoders[i]._source for i in part]
+        wav, source = graphs[key].inference(torch.cat(mels), None if caches[0] is None else torch.cat(caches))
+        for row, i in enumerate(part):
+            out[i] = vocoders[i].settle(mels[row], wav[row:row + 1], source[row:row + 1], finalize[i])
+
     by_shape: dict[tuple[int, int], list[int]] = defaultdict(list)
     for i, (vocoder, mel) in enumerate(zip(vocoders, mel_chunks)):
-        vocoder.graphs = graphs
         by_shape[vocoder.shape(mel.shape[-1])].append(i)
     for shape, rows in by_shape.items():
         buckets = sorted(r for r, *key in graphs if tuple(key) == shape and r > 1)
@@ -83,12 +79,10 @@ def push_chunks(vocoders: Sequence[ChunkVocoder], mel_chunks: Sequence[torch.Ten
             fit = [b for b in buckets if b >= len(rows)]
             size = fit[0] if fit else buckets[-1]
             part, rows = rows[:size], rows[size:]
-            mels = [vocoders[i].with_cache(mel_chunks[i]) for i in part]
-            caches = [vocoders[i]._source for i in part]
-            wav, source = graphs[(size, *shape)].inference(torch.cat(mels), None if caches[0] is None
-                                                            else torch.cat(caches))
-            for row, i in enumerate(part):
-                out[i] = vocoders[i].settle(mels[row], wav[row:row + 1], source[row:row + 1], finalize[i])
-        for i in rows:
-            out[i] = vocoders[i].push(mel_chunks[i], finalize[i])
-    return out
+            replay(part, (size, *shape))
+        for i in rows:  # alone: a one-row graph of its shape, else the eager vocoder
+            if (1, *shape) in graphs:
+                replay([i], (1, *shape))
+            else:
+                out[i] = vocoders[i].push(mel_chunks[i], finalize[i])
+    return out  # type: ignore[return-value]
