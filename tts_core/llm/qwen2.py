@@ -14,6 +14,7 @@ and never syncs with the host, so one decode step can be captured in a CUDA grap
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +23,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from tts_core.llm.kv_cache import StaticKVCache
+
+Projection = Callable[[torch.Tensor], torch.Tensor]
+# (weight (N, K), bias (N,) or None) -> a projection computing x @ weight.T + bias another way (FP8)
+ProjectionFactory = Callable[[torch.Tensor, torch.Tensor | None], Projection]
 
 
 @dataclass(frozen=True)
@@ -111,13 +116,22 @@ class Qwen2Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=True)
         self.v_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=True)
         self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=False)
-        self._qkv: tuple[torch.Tensor, torch.Tensor] | None = None
+        # Set by fuse/convert: plain attributes, not submodules, so the state dict keeps official keys.
+        self._qkv: Projection | None = None
+        self._out: Projection | None = None
 
     def fuse(self) -> None:
         """One q/k/v matmul instead of three (see `fuse_projections`)."""
         if self._qkv is None:
-            self._qkv = (_fuse_params(self.q_proj, self.k_proj, self.v_proj, "weight"),
-                         _fuse_params(self.q_proj, self.k_proj, self.v_proj, "bias"))
+            self._qkv = DenseProjection(_fuse_params(self.q_proj, self.k_proj, self.v_proj, "weight"),
+                                        _fuse_params(self.q_proj, self.k_proj, self.v_proj, "bias"))
+
+    def convert(self, make: ProjectionFactory) -> None:
+        """q/k/v (fused) and the output projection through `make` (see `convert_projections`)."""
+        _convert_once(self._out)
+        self.fuse()
+        self._qkv = make(*self._qkv.params())
+        self._out = make(self.o_proj.weight, None)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache: StaticKVCache,
                 slots: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -125,7 +139,7 @@ class Qwen2Attention(nn.Module):
         if self._qkv is None:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         else:
-            q, k, v = F.linear(x, *self._qkv).split(
+            q, k, v = self._qkv(x).split(
                 [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], dim=-1)
         q = q.reshape(b, t, self.heads, self.head_dim).transpose(1, 2)
         k = k.reshape(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
@@ -136,7 +150,26 @@ class Qwen2Attention(nn.Module):
         keys, values = cache.read(self.layer_idx, slots, mask.shape[-1])
         # The explicit mask carries both causality and each slot's own length (kv_cache.attention_mask).
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=self.kv_heads != self.heads)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+        out = out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim)
+        return self.o_proj(out) if self._out is None else self._out(out)
+
+
+class DenseProjection:
+    """x @ weight.T + bias in one matmul over a (possibly fused) weight the module's parameters view."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self.weight, self.bias = weight, bias
+
+    def params(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.weight, self.bias
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+def _convert_once(converted: Projection | None) -> None:
+    if converted is not None:
+        raise RuntimeError("Qwen2 projections were converted already; convert once, after loading")
 
 
 def _fuse_params(first: nn.Linear, second: nn.Linear, third: nn.Linear | None, name: str) -> torch.Tensor:
@@ -161,19 +194,28 @@ class Qwen2MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-        self._gate_up: torch.Tensor | None = None
+        self._gate_up: Projection | None = None  # set by fuse/convert, like Qwen2Attention's
+        self._down: Projection | None = None
 
     def fuse(self) -> None:
         """One gate/up matmul instead of two (see `fuse_projections`)."""
         if self._gate_up is None:
-            self._gate_up = _fuse_params(self.gate_proj, self.up_proj, None, "weight")
+            self._gate_up = DenseProjection(_fuse_params(self.gate_proj, self.up_proj, None, "weight"), None)
+
+    def convert(self, make: ProjectionFactory) -> None:
+        """gate/up (fused) and down through `make` (see `convert_projections`)."""
+        _convert_once(self._down)
+        self.fuse()
+        self._gate_up = make(*self._gate_up.params())
+        self._down = make(self.down_proj.weight, None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._gate_up is None:
             gate, up = self.gate_proj(x), self.up_proj(x)
         else:
-            gate, up = F.linear(x, self._gate_up).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+            gate, up = self._gate_up(x).chunk(2, dim=-1)
+        hidden = F.silu(gate) * up
+        return self.down_proj(hidden) if self._down is None else self._down(hidden)
 
 
 class Qwen2DecoderLayer(nn.Module):
@@ -223,6 +265,15 @@ class Qwen2Model(nn.Module):
         for layer in self.layers:
             layer.self_attn.fuse()
             layer.mlp.fuse()
+
+    def convert_projections(self, make: ProjectionFactory) -> None:
+        """Compute every layer's four projections (q/k/v and gate/up fused, o and down) with
+        `make(weight, bias)`, e.g. FP8 matmuls (tts_core.accel.fp8_linear). Embeddings, norms and
+        heads are untouched. Like `fuse_projections`: once, after loading and moving; the module's
+        parameters and state dict stay as loaded."""
+        for layer in self.layers:
+            layer.self_attn.convert(make)
+            layer.mlp.convert(make)
 
 
 class Qwen2ForCausalLM(nn.Module):

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from tts_core.llm.kv_cache import StaticKVCache
-from tts_core.llm.qwen2 import Qwen2Config, Qwen2Encoder
+from tts_core.llm.qwen2 import ProjectionFactory, Qwen2Config, Qwen2Encoder
 from tts_core.llm.sampling import RasSampler
 
 TokenIds = torch.Tensor | Sequence[int]
@@ -67,6 +67,11 @@ class SpeechTokenLM(nn.Module):
         """One q/k/v and one gate/up matmul per layer (see Qwen2Model.fuse_projections): call once
         after loading and moving the model; the state dict keeps its official keys."""
         self.llm.model.model.fuse_projections()
+
+    def convert_projections(self, make: ProjectionFactory) -> None:
+        """The decoder layers' linear projections through `make` (see Qwen2Model.convert_projections);
+        the speech head `llm_decoder` keeps the model dtype: it sets the sampling distribution."""
+        self.llm.model.model.convert_projections(make)
 
     # ---- inputs ------------------------------------------------------------------------------
     @torch.inference_mode()
