@@ -42,6 +42,10 @@ class CosyVoice2Settings:
     graphs: bool | None = None
     flow_context_s: float = 14.0
     flow_encoder_tokens: int | None = None
+    # The LM's decoder-layer weights in FP8 (e4m3; CPU, or CUDA of compute capability 8.9+). Off by
+    # default: on random full-size weights it moves the token distribution well beyond what bf16
+    # does (bench/bench_lm_precision.py); try it on your own fine-tuned weights and listen first.
+    llm_fp8: bool = False
 
     @classmethod
     def from_config(cls, raw: Mapping[str, Any]) -> CosyVoice2Settings:
@@ -67,6 +71,8 @@ class CosyVoice2Settings:
             raise ValueError("engine.cosyvoice2.flow_encoder_tokens: must be >= 0 (0 = every token, exact)")
         if "flow_context_s" in values and not 1.0 <= float(values["flow_context_s"]) <= 300.0:
             raise ValueError("engine.cosyvoice2.flow_context_s: must be between 1 and 300 seconds")
+        if not isinstance(values.get("llm_fp8", False), bool):
+            raise ValueError(f"engine.cosyvoice2.llm_fp8: {values['llm_fp8']!r}; use true or false")  # noqa: TRY004
         for key in ("max_batch", "max_len", "hop_tokens", "max_hop_tokens"):
             if key in values and int(values[key]) <= 0:
                 raise ValueError(f"engine.cosyvoice2.{key}: must be positive")
@@ -97,6 +103,12 @@ class CosyVoice2Settings:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise ValueError(f"engine.cosyvoice2.device: {device} requested but CUDA is not available")
+        if self.llm_fp8:
+            from tts_core.accel.fp8_linear import fp8_unsupported_reason
+
+            reason = fp8_unsupported_reason(device)
+            if reason is not None:
+                raise ValueError(f"engine.cosyvoice2.llm_fp8: {reason}")
         if self.dtype != "auto":
             return device, getattr(torch, self.dtype)
         if device.startswith("cuda"):

@@ -141,3 +141,22 @@ def test_fast_path_is_on_for_cuda_and_off_for_cpu_by_default(tmp_path):
         CosyVoice2Settings.from_config({"model_dir": str(tmp_path), "flow_encoder_tokens": -1})
     with pytest.raises(ValueError, match="flow_context_s"):
         CosyVoice2Settings.from_config({"model_dir": str(tmp_path), "flow_context_s": 0})
+    with pytest.raises(ValueError, match="engine.cosyvoice2.llm_fp8"):
+        CosyVoice2Settings.from_config({"model_dir": str(tmp_path), "llm_fp8": "yes"})
+
+
+async def test_fp8_lm_weights_stream_the_same_schedule(tiny_model_dir: Path) -> None:
+    fp8 = CosyVoice2Engine(model_dir=str(tiny_model_dir), device="cpu", max_batch=1, max_len=512, seed=1,
+                           warmup=False, llm_fp8=True)
+    await fp8.start()
+    try:
+        from tts_core.accel.fp8_linear import Fp8Projection
+
+        layer = fp8.pipeline.scheduler.lm.llm.model.model.layers[0]
+        assert isinstance(layer.self_attn._qkv, Fp8Projection) and isinstance(layer.mlp._down, Fp8Projection)
+        chunks = await asyncio.wait_for(_collect(fp8.open_stream(_request(78))), 60)
+    finally:
+        await fp8.close()
+    assert [len(c) for c in chunks] == [25 * SAMPLES_PER_TOKEN - 3840, 50 * SAMPLES_PER_TOKEN,
+                                        3 * SAMPLES_PER_TOKEN + 3840]
+    assert np.isfinite(np.concatenate(chunks)).all()

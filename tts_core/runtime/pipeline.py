@@ -16,6 +16,7 @@ from pathlib import Path
 import structlog
 import torch
 
+from tts_core.accel.fp8_linear import use_fp8_projections
 from tts_core.flow import load_flow
 from tts_core.hift import load_hift
 from tts_core.llm.sampling import RasSampler
@@ -62,9 +63,11 @@ class CosyVoice2Pipeline:
     def load(cls, model_dir: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
              voices_dir: str | Path | None = None, max_batch: int = 8, max_len: int = 2048,
              schedule: ChunkSchedule = ChunkSchedule(), fast: SchedulerSettings | None = None,
-             normalize: bool = True) -> CosyVoice2Pipeline:
+             normalize: bool = True, llm_fp8: bool = False) -> CosyVoice2Pipeline:
         """`fast`: scheduler settings whose fast-path fields (flow window, graphs, buckets, deferral
-        slack) are used; max_batch/max_len/schedule come from the arguments. With graphs, every
+        slack) are used; max_batch/max_len/schedule come from the arguments. `llm_fp8`: the LM's
+        decoder-layer projections in FP8 (tts_core/accel/fp8_linear.py; ValueError with the reason
+        where the device has no FP8 matmuls). With graphs, every
         graph is captured here, before the first request (the time is logged and kept in
         `scheduler.capture_report`)."""
         started = time.perf_counter()
@@ -73,6 +76,10 @@ class CosyVoice2Pipeline:
         tokenizer = TextTokenizer(md.qwen_dir)
         frontend = TextFrontend(tokenizer, TextNormalizer(tokenizer) if normalize else None)
         lm = load_speech_lm(md, device, dtype)
+        if llm_fp8:
+            fp8 = use_fp8_projections(lm)
+            log.info("tts_llm_fp8_weights", projections=fp8.projections, dense_mb=round(fp8.dense_bytes / 2**20),
+                     fp8_mb=round(fp8.fp8_bytes / 2**20))
         flow = load_flow(md.root, device, dtype)
         # HiFT stays float32: its ISTFT and source phases lose audible precision in 16-bit, and it
         # is a small share of the work.
@@ -87,7 +94,7 @@ class CosyVoice2Pipeline:
                                        settings)
         scheduler.capture([voices.get(name) for name in voices.names()])
         scheduler.start()
-        log.info("tts_pipeline_loaded", model_dir=str(md.root), device=str(device), dtype=str(dtype),
+        log.info("tts_pipeline_loaded", model_dir=str(md.root), device=str(device), dtype=str(dtype), llm_fp8=llm_fp8,
                  voices=len(voices), max_batch=max_batch, max_len=max_len,
                  seconds=round(time.perf_counter() - started, 3))
         return cls(md, frontend, voices, scheduler, device, dtype)
