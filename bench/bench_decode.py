@@ -8,6 +8,9 @@ keys/values, gives each live slot a random length in [kv_min, kv_max) and times,
   graph_fused      GraphedDecoder with fused q/k/v and gate/up weights
   compiled_fused   GraphedDecoder(compile=True), fused; construction time = compile + capture
   compiled_sample  as above with the batched sampler drawn inside the graph (step_sample)
+  compiled_fp8     compiled_fused with FP8 decoder-layer projections (tts_core/accel/fp8_linear.py);
+                   its rel is FP8 rounding, checked against a looser bound (agreement of the token
+                   distribution: bench/bench_lm_precision.py). `--variants` picks which run.
 
 Each graphed variant's first step is checked against the eager step from the same cache state:
 rel = ||logp - logp_eager|| / ||logp_eager|| must be under bf16 tolerance and NaN-free. Times are
@@ -39,11 +42,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.full_model import build_full_model_dir  # noqa: E402
 from bench.gpu_timing import replay_ms, wall_ms  # noqa: E402
 from tts_core.accel.batched_sampler import BatchedRasSampler  # noqa: E402
+from tts_core.accel.fp8_linear import use_fp8_projections  # noqa: E402
 from tts_core.accel.lm_graphs import GraphedDecoder  # noqa: E402
 from tts_core.llm.sampling import SamplingConfig  # noqa: E402
 from tts_core.model_dir import load_speech_lm  # noqa: E402
 
 REL_TOL = 2e-2  # bf16 logits through 24 layers: graph-vs-eager reorderings land near 1e-3
+FP8_REL_TOL = 0.3  # e4m3 weights and activations through 24 layers: a sanity bound (NaN, lost scale)
 R: dict = {"rows": {}, "errors": {}}
 REFERENCE: dict[int, torch.Tensor] = {}  # float32 logp per batch size, same cache state
 
@@ -74,7 +79,7 @@ class Case:
 
 
 def time_variant(name: str, dec: GraphedDecoder | None, lm, cases: dict[int, Case], eager: dict[int, torch.Tensor],
-                 snap, sample: bool = False) -> None:
+                 snap, sample: bool = False, tol: float = REL_TOL) -> None:
     cache = lm.kv_cache
     for b, case in cases.items():
         row = R["rows"].setdefault(str(b), {})
@@ -92,7 +97,7 @@ def time_variant(name: str, dec: GraphedDecoder | None, lm, cases: dict[int, Cas
         out = dec.step(case.slots_dev, case.tokens_dev, kv_len=case.kv_len).clone()
         error = rel(out, eager[b])
         row[f"{name}_rel"] = error
-        row[f"{name}_ok"] = bool(torch.isfinite(out).all()) and error < REL_TOL
+        row[f"{name}_ok"] = bool(torch.isfinite(out).all()) and error < tol
         if b in REFERENCE:
             row[f"{name}_rel_fp32"] = rel(out, REFERENCE[b])
         if sample:
@@ -150,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--attend", type=int, default=512)
     p.add_argument("--max-len", type=int, default=1024)
     p.add_argument("--no-compile", action="store_true")
+    p.add_argument("--variants", default="graph,graph_fused,compiled_fused,compiled_sample,compiled_fp8",
+                   help="graphed variants to run, comma-separated (eager always runs)")
     p.add_argument("--budget-s", type=float, default=220.0, help="skip the last compile after this many seconds")
     args = p.parse_args(argv)
     started = time.perf_counter()
@@ -186,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     attempt("eager", lambda: time_variant("eager", None, lm, cases, eager, snap))
     attempt("fp32_reference", lambda: fp32_reference(args.model_dir, lm, cases, snap, eager, REFERENCE))
 
-    def graphed(name: str, sample: bool = False, **kwargs) -> None:
+    def graphed(name: str, sample: bool = False, tol: float = REL_TOL, **kwargs) -> None:
         sampler = BatchedRasSampler(SamplingConfig(), lm.speech_token_size) if sample else None
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -194,21 +201,30 @@ def main(argv: list[str] | None = None) -> int:
         R[f"{name}_startup_s"] = time.perf_counter() - t0
         R[f"{name}_memory_mb"] = torch.cuda.memory_reserved() / 2**20
         save()
-        time_variant(name, dec, lm, cases, eager, snap, sample=sample)
+        time_variant(name, dec, lm, cases, eager, snap, sample=sample, tol=tol)
         del dec
         torch.cuda.empty_cache()
 
-    attempt("graph", lambda: graphed("graph", compile=False, fuse=False))
+    wanted = set(args.variants.split(","))
+    if "graph" in wanted:
+        attempt("graph", lambda: graphed("graph", compile=False, fuse=False))
     lm.fuse_projections()
     attempt("eager_fused", lambda: time_variant("eager_fused", None, lm, cases, eager, snap))
-    attempt("graph_fused", lambda: graphed("graph_fused", compile=False))
+    if "graph_fused" in wanted:
+        attempt("graph_fused", lambda: graphed("graph_fused", compile=False))
     if not args.no_compile:
-        attempt("compiled_fused", lambda: graphed("compiled_fused", compile=True))
+        if "compiled_fused" in wanted:
+            attempt("compiled_fused", lambda: graphed("compiled_fused", compile=True))
         # A second compile of the same graph mostly hits inductor's cache; skip it if time is short.
-        if time.perf_counter() - started < args.budget_s:
+        if "compiled_sample" in wanted and time.perf_counter() - started < args.budget_s:
             attempt("compiled_sample", lambda: graphed("compiled_sample", sample=True, compile=True))
+        if "compiled_fp8" in wanted:  # last: the conversion stays on the model
+            def fp8() -> None:
+                R["fp8_summary"] = vars(use_fp8_projections(lm))
+                graphed("compiled_fp8", compile=True, tol=FP8_REL_TOL)
+            attempt("compiled_fp8", fp8)
 
-    names = ["eager", "graph", "graph_fused", "compiled_fused", "compiled_sample"]
+    names = ["eager", "graph", "graph_fused", "compiled_fused", "compiled_sample", "compiled_fp8"]
     print(f"\ndecode step, {R['device']}, bf16, kv {args.kv_min}-{args.kv_max}, attend {args.attend}: "
           "replay ms (wall ms) [rel vs eager]")
     print("batch | " + " | ".join(names))

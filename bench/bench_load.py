@@ -223,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--defer-slack-s", type=float, default=0.8)
     p.add_argument("--one-stream", action="store_true", help="decode and render on the default CUDA stream")
     p.add_argument("--first-lanes", type=int, default=2, help="first-chunk render lanes (0: one render thread)")
+    p.add_argument("--llm-fp8", action="store_true", help="FP8 LM decoder-layer weights (tts_core/accel/fp8_linear.py)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for stragglers per rate")
@@ -252,9 +253,10 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     pipeline = CosyVoice2Pipeline.load(model_dir, args.device, DTYPES[dtype], max_batch=args.max_batch,
                                        max_len=args.max_len, schedule=ChunkSchedule(first_hop_tokens=args.first_hop),
-                                       fast=fast, normalize=False)
+                                       fast=fast, normalize=False, llm_fp8=args.llm_fp8)
     load_s = time.perf_counter() - t0
     report: dict = {"device": torch.cuda.get_device_name() if cuda else platform.processor(), "dtype": dtype,
+                    "llm_fp8": args.llm_fp8,
                     "torch": torch.__version__, "graphs": graphs, "encoder_tokens": args.encoder_tokens,
                     "context_frames": args.context_frames,
                     "separate_streams": not args.one_stream, "first_chunk_lanes": args.first_lanes,
@@ -311,7 +313,7 @@ def _print_row(r: dict) -> None:
 
 
 def _print(report: dict) -> None:
-    print(f"\n{report['device']} {report['dtype']} graphs={report['graphs']} encoder_tokens={report['encoder_tokens']} "
+    print(f"\n{report['device']} {report['dtype']}{' + fp8 LM' if report['llm_fp8'] else ''} graphs={report['graphs']} encoder_tokens={report['encoder_tokens']} "
           f"load {report['load_s']:.1f} s (capture {report['capture'].get('capture_s', 0):.1f} s) "
           f"warm-up {report['warmup_s']:.2f} s")
     s = report["first_chunk_split_1_stream"]

@@ -42,9 +42,29 @@ def _random_tensor(key: str, shape: list[int], gen: torch.Generator) -> torch.Te
     return torch.randn(shape, generator=gen) * std
 
 
+def _full_keys(golden: Path) -> dict[str, dict[str, list[int]]]:
+    return json.loads((golden / "full" / "full_keys.json").read_text())
+
+
+def full_speech_lm(golden: Path = GOLDEN, seed: int = 2026):
+    """The full-size SpeechTokenLM (float32, CPU) with the very weights `build_full_model_dir` writes to
+    llm.pt for the same seed (llm.pt is drawn first), built in memory: no 2.3 GB directory needed."""
+    from tts_core.checkpoint import load_strict
+    from tts_core.llm.qwen2 import Qwen2Config
+    from tts_core.llm.speech_lm import SpeechTokenLM
+
+    keys = _full_keys(golden)["llm"]
+    gen = torch.Generator().manual_seed(seed)
+    state = {k: _random_tensor(k, shape, gen) for k, shape in keys.items()}
+    speech_token_size = keys["llm_decoder.weight"][0] - 3  # speech tokens, eos and two bistream ids
+    lm = SpeechTokenLM(Qwen2Config.from_json(golden / "full" / "CosyVoice-BlankEN" / "config.json"), speech_token_size)
+    load_strict(lm, state, "full_keys.json (random)")
+    return lm.eval()
+
+
 def build_full_model_dir(out: Path, golden: Path = GOLDEN, seed: int = 2026, prompt_tokens: int = 150) -> Path:
     out.mkdir(parents=True, exist_ok=True)
-    keys = json.loads((golden / "full" / "full_keys.json").read_text())
+    keys = _full_keys(golden)
     gen = torch.Generator().manual_seed(seed)
     for part in ("llm", "flow", "hift"):
         state = {k: _random_tensor(k, shape, gen) for k, shape in keys[part].items()}

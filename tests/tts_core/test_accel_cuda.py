@@ -33,6 +33,30 @@ def test_graphed_decode_steps_equal_eager_steps(tiny_model_dir: Path) -> None:
     assert int(cache.lengths[dec.scratch_slot]) <= 8  # padding never runs the scratch row off the cache
 
 
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9),
+                    reason="FP8 matmuls need compute capability 8.9+")
+def test_compiled_fp8_decode_steps_equal_eager_fp8_steps(tiny_model_dir: Path) -> None:
+    from tts_core.accel.fp8_linear import use_fp8_projections
+    from tts_core.accel.lm_graphs import GraphedDecoder
+    from tts_core.model_dir import load_speech_lm
+
+    lm = load_speech_lm(tiny_model_dir, "cuda", torch.bfloat16)
+    use_fp8_projections(lm)
+    cache = lm.setup_cache(5, 64)
+    live = [2, 0]
+    gen = torch.Generator().manual_seed(1)
+    lm.prefill(live, [lm.build_prefill_input(torch.randint(0, 100, (6 + i,), generator=gen).tolist()) for i in live])
+    snap = cache.snapshot()
+    tokens = torch.randint(0, lm.speech_token_size, (3, len(live)), generator=gen)
+    eager = [lm.decode_step(live, t.tolist()).clone() for t in tokens]
+    dec = GraphedDecoder(lm, (1, 2, 4), (64,))  # compiled: inductor lowers _scaled_mm itself
+    cache.restore(snap)
+    for t, expected in zip(tokens, eager):
+        got = dec.step(live, t.tolist(), kv_len=int(cache.lengths[live].max()))
+        assert torch.isfinite(got).all()
+        assert float((got - expected).norm() / expected.norm()) < 2e-2
+
+
 def test_pooled_flow_graphs_equal_the_golden_streaming_calls(tiny_model_dir: Path, golden_dir: Path,
                                                              monkeypatch) -> None:
     from tts_core.accel.flow_pool_graphs import PooledFlowGraphs
