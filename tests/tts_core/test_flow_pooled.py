@@ -133,7 +133,7 @@ def test_padding_rows_and_larger_buckets_change_nothing(flow: FlowModel, flow_ca
         rows = [p.row for p in plans] + [pooled.padding_row()] * padding
         table = pooled.table(rows)
         with torch.inference_mode():
-            mel = pooled_solve(flow, pooled.pool, table, pooled.stack_mu(mus, len(rows), new), ctx)
+            mel = pooled_solve(flow, pooled.pool, table, pooled.stack_mu(mus, len(rows), new), ctx, pooled.steps)
         assert torch.isfinite(mel).all()
         outs = [pooled.finish(s, p, mel[i:i + 1, :, :p.new_frames]) for i, (s, p) in enumerate(zip((a, b), plans))]
         # The frames the call kept in the pool must be the same too: render a's next chunk from them.

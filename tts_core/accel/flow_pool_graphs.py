@@ -38,7 +38,8 @@ class _SolveGraph:
         self.mu = torch.zeros(rows, mel, new_cap, device=pooled.device, dtype=pooled.dtype)
         self.graph = torch.cuda.CUDAGraph()
         self.out = capture_graph(self.graph, lambda: pooled_solve(pooled.model, pooled.pool, self.table, self.mu,
-                                                                  ctx_cap), warmup=2, pool=pool, stream=stream)
+                                                                  ctx_cap, pooled.steps), warmup=2, pool=pool,
+                                 stream=stream)
 
     def replay(self, table: torch.Tensor, mu: torch.Tensor) -> torch.Tensor:
         self.table.copy_(table)

@@ -35,7 +35,7 @@ import torch
 
 from tts_core.flow.context_pool import CallIndex, FlowContextPool, PooledStepContext, PoolShape
 from tts_core.flow.model import FlowModel
-from tts_core.flow.sampler import time_span
+from tts_core.flow.sampler import euler_times
 from tts_core.flow.encoder_window import encode_grouped, encode_new_frames
 
 log = structlog.get_logger(__name__)
@@ -135,11 +135,28 @@ def additive_mask(ok: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return bias[..., :keys].masked_fill_(ok, 0.0)
 
 
+@dataclass(frozen=True)
+class EulerStep:
+    """One step of the solver with what depends only on its time, made once per model (`euler_steps`)."""
+
+    dt: torch.Tensor  # 0-d, the step's width
+    time_biases: tuple[torch.Tensor, ...]  # (1, channels) per estimator resnet: FlowEstimator.time_biases(t)
+
+
+@torch.no_grad()
+def euler_steps(model: FlowModel) -> tuple[EulerStep, ...]:
+    """The solver's steps for `model` as loaded (its weights must not change afterwards)."""
+    sampler = model.decoder
+    weight = model.input_embedding.weight
+    return tuple(EulerStep(dt, tuple(sampler.estimator.time_biases(t)))
+                 for t, dt in euler_times(sampler.n_timesteps, sampler.scheduler, weight.device, weight.dtype))
+
+
 def pooled_solve(model: FlowModel, pool: FlowContextPool, table: torch.Tensor, mu: torch.Tensor,
-                 ctx_cap: int) -> torch.Tensor:
+                 ctx_cap: int, steps: Sequence[EulerStep]) -> torch.Tensor:
     """The 10 guided Euler steps over the new frames of a batch: table (B, fields) long, mu (B, 80,
     N) -> mel (B, 80, N) float32. Reads the rows' context from the pool and writes their kept frames
-    back. No host syncs: capturable."""
+    back. No host syncs: capturable. `steps`: `euler_steps(model)`."""
     sampler = model.decoder
     est = sampler.estimator
     rows, new_cap, dtype = mu.size(0), mu.size(2), mu.dtype
@@ -155,21 +172,14 @@ def pooled_solve(model: FlowModel, pool: FlowContextPool, table: torch.Tensor, m
     spks = pool.spks.index_select(0, table[:, COL["voice"]])
     attn = additive_mask(attention_mask(index, est.cfg.static_chunk_size, est.cfg.num_decoding_left_chunks), dtype)
     zeros = torch.zeros_like(mu)
-    mask_in = torch.cat([frame_mask, frame_mask])
     mu_in = torch.cat([mu * frame_mask, zeros])
     cond_in = torch.cat([cond, zeros])
     spks_in = torch.cat([spks, torch.zeros_like(spks)])
-    span = time_span(sampler.n_timesteps, sampler.scheduler, mu.device, dtype)
-    # The official solver's accumulation order (t += dt; dt = t_{k+1} - t), as FlowSampler.solve.
-    t = span[0].unsqueeze(0)
-    dt = span[1] - span[0]
-    for step in range(1, len(span)):
-        context = PooledStepContext(pool, step - 1, index)
-        v = est(torch.cat([x, x]), mask_in, mu_in, t.expand(2 * rows), spks_in, cond_in, attn, context)
-        x = x + dt * ((1.0 + sampler.cfg_rate) * v[:rows] - sampler.cfg_rate * v[rows:])
-        t = t + dt
-        if step < len(span) - 1:
-            dt = span[step + 1] - t
+    for i, step in enumerate(steps):
+        context = PooledStepContext(pool, i, index)
+        # No frame mask: padding frames never reach valid ones and are dropped (FlowEstimator.forward).
+        v = est(torch.cat([x, x]), None, mu_in, None, spks_in, cond_in, attn, context, step.time_biases)
+        x = x + step.dt * ((1.0 + sampler.cfg_rate) * v[:rows] - sampler.cfg_rate * v[rows:])
     return x.float()
 
 
@@ -189,6 +199,7 @@ class PooledFlow:
         self.encoder_tokens = encoder_tokens
         self.pool = FlowContextPool(model.decoder.estimator, shape, cfg.n_timesteps, cfg.output_size,
                                     self.device, self.dtype)
+        self.steps = euler_steps(model)
 
     # ---- voices and streams (host side) ----------------------------------------------------------
     @torch.inference_mode()
@@ -216,7 +227,7 @@ class PooledFlow:
             table = self.table([self._row(voice, base, 0, base, 0, 0, 0, prefix, prefix, 0, shape.voice_frames,
                                            self.pool.zero_slot, self.pool.voice_conv_slot(slot))])
             mu = encode_new_frames(self.model, token, True, prompt_frames)[:, :, :prefix]
-            pooled_solve(self.model, self.pool, table, mu, 0)
+            pooled_solve(self.model, self.pool, table, mu, 0, self.steps)
         log.info("flow_voice_registered", slot=slot, prompt_frames=prompt_frames, shared_frames=prefix)
         return voice
 
@@ -281,7 +292,7 @@ class PooledFlow:
         """The eager solve of planned rows with their mu (80, n_i) -> mel (rows, 80, widest new)."""
         new_cap = max(p.new_frames for p in plans)
         return pooled_solve(self.model, self.pool, self.table([p.row for p in plans]),
-                            self.stack_mu(mus, len(plans), new_cap), max(p.ctx_frames for p in plans))
+                            self.stack_mu(mus, len(plans), new_cap), max(p.ctx_frames for p in plans), self.steps)
 
     def stack_mu(self, mus: Sequence[torch.Tensor], rows: int, new_cap: int) -> torch.Tensor:
         """mu (80, n_i) per row -> (rows, 80, new_cap), zero padded."""

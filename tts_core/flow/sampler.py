@@ -36,6 +36,21 @@ def time_span(n_timesteps: int, scheduler: str, device: torch.device, dtype: tor
     return span
 
 
+def euler_times(n_timesteps: int, scheduler: str, device: torch.device,
+                dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(t (1,), dt 0-d) of each Euler step in the official solver's accumulation order (t += dt;
+    dt = t_{k+1} - t), so the rounding in 16-bit dtypes matches it step for step."""
+    span = time_span(n_timesteps, scheduler, device, dtype)
+    t, dt = span[0].unsqueeze(0), span[1] - span[0]
+    steps = []
+    for step in range(1, len(span)):
+        steps.append((t, dt))
+        t = t + dt
+        if step < len(span) - 1:
+            dt = span[step + 1] - t
+    return steps
+
+
 def guided_velocity(estimator: FlowEstimator, x_in: torch.Tensor, mask_in: torch.Tensor, mu_in: torch.Tensor,
                     t_in: torch.Tensor, spks_in: torch.Tensor, cond_in: torch.Tensor,
                     attn_mask: torch.Tensor | None, cfg_rate: float, cache: FrameCache | None = None) -> torch.Tensor:
@@ -75,7 +90,6 @@ class FlowSampler(nn.Module):
         continue frames that earlier passes computed, and the caches advance with them."""
         if step_caches is not None and len(step_caches) != self.n_timesteps:
             raise ValueError(f"flow sampler: need {self.n_timesteps} step caches, got {len(step_caches)}")
-        span = time_span(self.n_timesteps, self.scheduler, mu.device, mu.dtype)
         frames = mu.size(2)
 
         # Per-call buffers: row 0 conditioned, row 1 unconditioned (mu/spks/cond stay zero).
@@ -90,18 +104,11 @@ class FlowSampler(nn.Module):
         cond_in = torch.zeros_like(x_in)
         cond_in[0] = cond[0]
 
-        # Same accumulation order as the official solver (t += dt; dt = t_{k+1} - t) so float32
-        # rounding matches step for step.
-        t = span[0].unsqueeze(0)
-        dt = span[1] - span[0]
-        for step in range(1, len(span)):
+        for step, (t, dt) in enumerate(euler_times(self.n_timesteps, self.scheduler, mu.device, mu.dtype)):
             x_in[:] = x
             t_in[:] = t
-            cache = step_caches[step - 1] if step_caches is not None else None
+            cache = step_caches[step] if step_caches is not None else None
             v = guided_velocity(self.estimator, x_in, mask_in, mu_in, t_in, spks_in, cond_in, attn_mask,
                                 self.cfg_rate, cache)
             x = x + dt * v
-            t = t + dt
-            if step < len(span) - 1:
-                dt = span[step + 1] - t
         return x.float()
