@@ -4,7 +4,7 @@ full-size CosyVoice2 flow (random weights), one process:
   accuracy: pooled vs `FlowModel.inference(streaming=True)` (the official full re-run) for every call
             of a 320-token utterance after a 150-token prompt (first call 50+3 tokens, hops of 50,
             final), fp32 (TF32 off) and bf16 (graphs) against the fp32 official
-  cost (bf16, CUDA graphs): one later chunk (50 tokens = 100 new frames) for B streams at once, at
+  cost (bf16, CUDA graphs; --compile: of the torch.compile'd estimator step): one later chunk (50 tokens = 100 new frames) for B streams at once, at
             several context lengths (own frames already spoken); first calls; device time of the
             graphed solve and encoder, host wall per call, pool memory, capture time
 
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.full_model import build_full_model_dir  # noqa: E402
 from bench.gpu_timing import replay_ms, wall_ms  # noqa: E402
-from tts_core.accel.flow_pool_graphs import PooledFlowGraphs  # noqa: E402
+from tts_core.accel.flow_pool_graphs import PooledFlowGraphs, compiled_estimator  # noqa: E402
 from tts_core.flow.context_pool import PoolShape  # noqa: E402
 from tts_core.flow.model import load_flow  # noqa: E402
 from tts_core.flow.pooled import PooledFlow  # noqa: E402
@@ -74,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--model-dir", type=Path, default=Path("/tmp/cosyvoice2_full"))
     parser.add_argument("--batches", default="1,4,16,32,64")
+    parser.add_argument("--compile", action="store_true",
+                        help="captured solves call the torch.compile'd estimator step (compile_flow)")
     args = parser.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -107,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     voice = pooled.register_voice(*voice_args(voice_raw))
     result["pool_gb"] = pooled.pool.nbytes() / 2**30
     result["pool_mb_per_stream_slot"] = pooled.pool.nbytes() / slots / 2**20
-    graphs = PooledFlowGraphs(pooled)
+    graphs = PooledFlowGraphs(pooled, compiled_estimator(flow.decoder.estimator) if args.compile else None)
+    result["compiled"] = args.compile
     # Context = the voice's shared frames + the prompt's last chunk (50) + what was spoken.
     ctx_caps = [voice.prefix_frames] + [voice.prefix_frames + 50 + c for c in CTX_OWN]
     result["capture_s"] = graphs.capture(batches, ctx_caps, [112, 160])

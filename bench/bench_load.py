@@ -223,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--defer-slack-s", type=float, default=0.8)
     p.add_argument("--one-stream", action="store_true", help="decode and render on the default CUDA stream")
     p.add_argument("--first-lanes", type=int, default=2, help="first-chunk render lanes (0: one render thread)")
+    p.add_argument("--compile-flow", action="store_true", help="torch.compile the captured flow solves' estimator")
     p.add_argument("--llm-fp8", action="store_true", help="FP8 LM decoder-layer weights (tts_core/accel/fp8_linear.py)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--threads", type=int, default=0)
@@ -249,14 +250,14 @@ def main(argv: list[str] | None = None) -> int:
     fast = SchedulerSettings(flow_encoder_tokens=args.encoder_tokens or None, graphs=graphs,
                              flow_context_frames=args.context_frames,
                              defer_slack_s=args.defer_slack_s, separate_streams=not args.one_stream,
-                             first_chunk_lanes=args.first_lanes)
+                             first_chunk_lanes=args.first_lanes, compile_flow=args.compile_flow)
     t0 = time.perf_counter()
     pipeline = CosyVoice2Pipeline.load(model_dir, args.device, DTYPES[dtype], max_batch=args.max_batch,
                                        max_len=args.max_len, schedule=ChunkSchedule(first_hop_tokens=args.first_hop),
                                        fast=fast, normalize=False, llm_fp8=args.llm_fp8)
     load_s = time.perf_counter() - t0
     report: dict = {"device": torch.cuda.get_device_name() if cuda else platform.processor(), "dtype": dtype,
-                    "llm_fp8": args.llm_fp8,
+                    "llm_fp8": args.llm_fp8, "compile_flow": args.compile_flow,
                     "torch": torch.__version__, "graphs": graphs, "encoder_tokens": args.encoder_tokens,
                     "context_frames": args.context_frames,
                     "separate_streams": not args.one_stream, "first_chunk_lanes": args.first_lanes,

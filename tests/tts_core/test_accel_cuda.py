@@ -57,9 +57,10 @@ def test_compiled_fp8_decode_steps_equal_eager_fp8_steps(tiny_model_dir: Path) -
         assert float((got - expected).norm() / expected.norm()) < 2e-2
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager-step", "compiled-step"])
 def test_pooled_flow_graphs_equal_the_golden_streaming_calls(tiny_model_dir: Path, golden_dir: Path,
-                                                             monkeypatch) -> None:
-    from tts_core.accel.flow_pool_graphs import PooledFlowGraphs
+                                                             monkeypatch, compiled: bool) -> None:
+    from tts_core.accel.flow_pool_graphs import PooledFlowGraphs, compiled_estimator
     from tts_core.flow import load_flow
     from tts_core.flow.context_pool import PoolShape
     from tts_core.flow.pooled import PooledFlow
@@ -72,7 +73,7 @@ def test_pooled_flow_graphs_equal_the_golden_streaming_calls(tiny_model_dir: Pat
                                         prompt_frames=200))
     voice = pooled.register_voice(*(speaker[k].cuda() for k in ("flow_prompt_speech_token", "prompt_speech_feat",
                                                                   "flow_embedding")))
-    graphs = PooledFlowGraphs(pooled)
+    graphs = PooledFlowGraphs(pooled, compiled_estimator(flow.decoder.estimator) if compiled else None)
     graphs.capture(rows=(1, 4), ctx_caps=(50, 150, 250), new_caps=(112,))
     streams = [pooled.open_stream(voice) for _ in range(3)]
     first = case["first_hop"] + case["pre_lookahead_len"]

@@ -142,3 +142,34 @@ def test_padding_rows_and_larger_buckets_change_nothing(flow: FlowModel, flow_ca
     for plain, bucketed in zip(*results):
         assert plain.shape == bucketed.shape
         assert (plain - bucketed).abs().max().item() <= TOL
+
+
+def test_a_compiled_estimator_step_serves_every_euler_step_and_changes_nothing(flow: FlowModel, flow_case: dict,
+                                                                              speaker: dict) -> None:
+    # What compile_flow does to a captured solve (accel/flow_pool_graphs), on CPU: the same mel and
+    # the same kept frames, from one compiled graph for all ten steps (a step told apart by anything
+    # but its tensors would recompile, which error_on_recompile turns into a failure).
+    from tts_core.accel.flow_pool_graphs import compiled_estimator
+    from tts_core.flow.encoder_window import encode_grouped
+    from tts_core.flow.pooled import pooled_solve
+
+    tokens = flow_case["tokens"]
+    compiled = compiled_estimator(flow.decoder.estimator)
+    results = []
+    for estimator in (None, compiled):
+        pooled, voice = _pooled(flow, speaker)
+        a, b = pooled.open_stream(voice), pooled.open_stream(voice)
+        pooled.render([a], [tokens[:, :28]], [False])
+        plans = [pooled.plan(a, tokens[:, :53], False), pooled.plan(b, tokens[:, :28], False)]
+        mus = encode_grouped(flow, plans)
+        new = max(p.new_frames for p in plans)
+        with torch.inference_mode(), torch._dynamo.config.patch(error_on_recompile=True):
+            mel = pooled_solve(flow, pooled.pool, pooled.table([p.row for p in plans]),
+                               pooled.stack_mu(mus, len(plans), new), max(p.ctx_frames for p in plans), pooled.steps,
+                               estimator)
+        outs = [pooled.finish(s, p, mel[i:i + 1, :, :p.new_frames]) for i, (s, p) in enumerate(zip((a, b), plans))]
+        outs.append(pooled.render([a], [tokens[:, :78]], [False])[0])  # eager, from the kept frames
+        results.append(outs)
+    for eager, fused in zip(*results):
+        assert eager.shape == fused.shape
+        assert (eager - fused).abs().max().item() <= TOL

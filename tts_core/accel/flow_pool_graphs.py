@@ -8,7 +8,7 @@ read nothing and write only to the pool's trash. Anything without a bucket runs 
 
 Use (the rendering thread only):
 
-    graphs = PooledFlowGraphs(pooled)
+    graphs = PooledFlowGraphs(pooled)      # or PooledFlowGraphs(pooled, compiled_estimator(...))
     graphs.capture(rows=(1, 4, 16, 32), ctx_caps=(300, 500, 850), new_caps=(56, 112))   # start-up
     graphs.capture_encoder(rows=(...), tokens=103, new_frames=100, finalize=False)      # start-up
     mels = graphs.render(streams, tokens, finalize)                                      # per call
@@ -17,13 +17,14 @@ Use (the rendering thread only):
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import structlog
 import torch
 
 from tts_core.accel.flow_graphs import device_position_tables
 from tts_core.accel.graph_capture import capture_graph, replay
+from tts_core.flow.estimator import FlowEstimator
 from tts_core.flow.model import FlowModel
 from tts_core.flow.pooled import PooledFlow, PooledPlan, PooledStream, pooled_solve
 from tts_core.flow.encoder_window import encode_grouped, encode_new_frames
@@ -31,15 +32,28 @@ from tts_core.flow.encoder_window import encode_grouped, encode_new_frames
 log = structlog.get_logger(__name__)
 
 
+def compiled_estimator(estimator: FlowEstimator) -> Callable:
+    """The estimator's step fused by torch.compile (inductor): one Euler step of a pooled call is
+    ~1000 small kernels eagerly (bench/count_flow_ops.py), most of them elementwise work around
+    the matmuls that inductor folds into fewer kernels. Shapes are not marked dynamic up front:
+    the first capture compiles for its bucket, a second bucket recompiles with the sizes that
+    changed made symbolic, and a one-row bucket compiles once more (size-1 specialization); every
+    later bucket reuses those. All of it happens in `capture`'s warm-up at start-up, none on a
+    request; the compiled code only ever runs inside graph capture (eager fallbacks use the
+    plain estimator)."""
+    return torch.compile(estimator, fullgraph=True)  # a graph break fails start-up loudly
+
+
 class _SolveGraph:
-    def __init__(self, pooled: PooledFlow, rows: int, ctx_cap: int, new_cap: int, pool, stream) -> None:
+    def __init__(self, pooled: PooledFlow, rows: int, ctx_cap: int, new_cap: int, pool, stream,
+                 estimator: Callable | None) -> None:
         mel = pooled.model.cfg.output_size
         self.table = torch.tensor([pooled.padding_row()] * rows, dtype=torch.long, device=pooled.device)
         self.mu = torch.zeros(rows, mel, new_cap, device=pooled.device, dtype=pooled.dtype)
         self.graph = torch.cuda.CUDAGraph()
         self.out = capture_graph(self.graph, lambda: pooled_solve(pooled.model, pooled.pool, self.table, self.mu,
-                                                                  ctx_cap, pooled.steps), warmup=2, pool=pool,
-                                 stream=stream)
+                                                                  ctx_cap, pooled.steps, estimator),
+                                 warmup=2, pool=pool, stream=stream)
 
     def replay(self, table: torch.Tensor, mu: torch.Tensor) -> torch.Tensor:
         self.table.copy_(table)
@@ -65,8 +79,11 @@ class _EncodeGraph:
 
 
 class PooledFlowGraphs:
-    def __init__(self, pooled: PooledFlow) -> None:
+    def __init__(self, pooled: PooledFlow, estimator: Callable | None = None) -> None:
+        """`estimator`: what the captured solves call per Euler step (default the model's own; or
+        `compiled_estimator(...)`, which lanes may share)."""
         self.pooled = pooled
+        self.estimator = estimator
         self.solve_graphs: dict[tuple[int, int, int], _SolveGraph] = {}  # (rows, ctx_cap, new_cap)
         self.encode_graphs: dict[tuple[int, int, int, bool], _EncodeGraph] = {}  # (rows, tokens, new, final)
         self._pool = None
@@ -90,7 +107,7 @@ class PooledFlowGraphs:
         for key in sorted(((r, c, n) for r in rows for c in ctx_caps for n in new_caps),
                           key=lambda k: k[0] * (k[1] + k[2]), reverse=True):
             if key not in self.solve_graphs:
-                self.solve_graphs[key] = _SolveGraph(self.pooled, *key, pool, self._stream)
+                self.solve_graphs[key] = _SolveGraph(self.pooled, *key, pool, self._stream, self.estimator)
         seconds = time.perf_counter() - started
         log.info("flow_pool_graphs_captured", graphs=len(self.solve_graphs), rows=list(rows), ctx_caps=list(ctx_caps),
                  new_caps=list(new_caps), seconds=round(seconds, 2))

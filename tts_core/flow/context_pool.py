@@ -16,7 +16,8 @@ live per slot: stream slots, voice slots, an all-zero slot (the sequence start) 
 
 A call reads and writes through `PooledStepContext` (one per Euler step), whose index tensors are
 built on the device from a small per-row table, so a whole batched call is capturable in one CUDA
-graph. The pool owns no parameters and never runs the model; slot bookkeeping is host-side and
+graph. Each step's memory is tensors of its own (`StepMemory`), so one compiled estimator step
+(torch.compile) serves every step: nothing it reads tells steps apart but its tensor arguments. The pool owns no parameters and never runs the model; slot bookkeeping is host-side and
 belongs to the one thread that renders.
 """
 
@@ -44,7 +45,6 @@ class PoolShape:
 class CallIndex:
     """Where one batched call (B rows, C context keys, N new frames) reads and writes in the pool."""
 
-    rows: int
     ctx_frames: torch.Tensor  # (B*C,) pool frame of each context key (trash for padding)
     key_pos: torch.Tensor  # (B, C+N) absolute frame position of each key, -1 for padding
     new_pos: torch.Tensor  # (B, N) absolute frame position of each new frame, -1 for padding
@@ -52,9 +52,17 @@ class CallIndex:
     left_src: torch.Tensor  # (B,) conv-state slot read before the new frames
     left_dst: torch.Tensor  # (B,) conv-state slot written with the state at the commit point
     commit: torch.Tensor  # (2B, 1, 1) new frames kept (the conv state is taken just before them)
-    # Per left-state width n: where the conv state at the commit point sits in [left | new], made
-    # once per call (every causal conv of every Euler step reads it; see conv_input).
-    conv_at: dict[int, torch.Tensor] = field(default_factory=dict, compare=False)
+    # Per left-state width n: where the conv state at the commit point sits in [left | new] (2B, 1,
+    # n), made once per call for every width the pool's convolutions have (see conv_input).
+    conv_at: dict[int, torch.Tensor] = field(compare=False)
+
+
+@dataclass(frozen=True)
+class StepMemory:
+    """One Euler step's share of the pool, rows [conditioned | unconditioned]."""
+
+    hidden: dict[nn.Module, torch.Tensor]  # per SelfAttention: (2, frames, D) block inputs
+    left: dict[nn.Module, torch.Tensor]  # per CausalConv1d: (2, slots, C, kernel - 1) input states
 
 
 class FlowContextPool:
@@ -71,12 +79,12 @@ class FlowContextPool:
         slots = shape.stream_slots + shape.voice_slots + 2
         self.zero_slot, self.trash_slot = slots - 2, slots - 1
         z = dict(device=device, dtype=dtype)
-        self.hidden: dict[nn.Module, torch.Tensor] = {
-            m: torch.zeros(steps, 2, self.frames, m.to_q.in_features, **z)
-            for m in estimator.modules() if isinstance(m, SelfAttention)}
-        self.left: dict[nn.Module, torch.Tensor] = {
-            m: torch.zeros(steps, 2, slots, m.in_channels, m.kernel_size[0] - 1, **z)
-            for m in estimator.modules() if isinstance(m, CausalConv1d)}
+        attention = [m for m in estimator.modules() if isinstance(m, SelfAttention)]
+        convs = [m for m in estimator.modules() if isinstance(m, CausalConv1d)]
+        self.conv_widths = sorted({m.kernel_size[0] - 1 for m in convs})
+        self.memory = [StepMemory({m: torch.zeros(2, self.frames, m.to_q.in_features, **z) for m in attention},
+                                  {m: torch.zeros(2, slots, m.in_channels, m.kernel_size[0] - 1, **z) for m in convs})
+                       for _ in range(steps)]
         # Per voice: prompt mel rows (the last row stays zero: frames past the prompt) and speaker.
         self.cond = torch.zeros(shape.voice_slots * shape.prompt_frames + 1, mel_bins, **z)
         self.spks = torch.zeros(shape.voice_slots, mel_bins, **z)
@@ -84,7 +92,7 @@ class FlowContextPool:
         self._free_voices = list(range(shape.voice_slots))
 
     def nbytes(self) -> int:
-        tensors = [*self.hidden.values(), *self.left.values(), self.cond, self.spks]
+        tensors = [t for m in self.memory for t in (*m.hidden.values(), *m.left.values())] + [self.cond, self.spks]
         return sum(t.numel() * t.element_size() for t in tensors)
 
     # ---- slots (host side) -------------------------------------------------------------------
@@ -127,26 +135,23 @@ class PooledStepContext:
     B each, in the estimator's (2B, ...) layout. Reads happen before writes in every layer, so a
     ring slot overwritten by this call is still read with its old content."""
 
-    def __init__(self, pool: FlowContextPool, step: int, index: CallIndex) -> None:
-        self.pool, self.step, self.index = pool, step, index
+    def __init__(self, memory: StepMemory, index: CallIndex) -> None:
+        self.memory, self.index = memory, index
 
     def conv_input(self, layer: nn.Module, x: torch.Tensor, n: int) -> torch.Tensor:
-        states = self.pool.left[layer][self.step]  # (2, slots, C, n)
-        b = self.index.rows
+        states = self.memory.left[layer]  # (2, slots, C, n)
+        b = self.index.left_src.size(0)  # a size, not an int field: symbolic under torch.compile
         left = states.index_select(1, self.index.left_src).reshape(2 * b, x.size(1), n)
         seq = torch.cat([left, x], dim=2)
         # The n input frames before the commit point: seq[commit : commit + n] (seq has n left frames).
-        at = self.index.conv_at.get(n)
-        if at is None:
-            at = self.index.conv_at[n] = self.index.commit + torch.arange(n, device=x.device)
-        kept = seq.gather(2, at.expand(-1, x.size(1), -1))
+        kept = seq.gather(2, self.index.conv_at[n].expand(-1, x.size(1), -1))
         states.index_copy_(1, self.index.left_dst, kept.view(2, b, x.size(1), n))
         return seq
 
     def attention_keys_values(self, layer: nn.Module, x: torch.Tensor,
                               project: KeysValues) -> tuple[torch.Tensor, torch.Tensor]:
-        hidden = self.pool.hidden[layer][self.step]  # (2, frames, D)
-        b, n, d = self.index.rows, x.size(1), x.size(2)
+        hidden = self.memory.hidden[layer]  # (2, frames, D)
+        b, n, d = self.index.left_src.size(0), x.size(1), x.size(2)
         context = hidden.index_select(1, self.index.ctx_frames).view(2 * b, -1, d)
         hidden.index_copy_(1, self.index.write_frames, x.reshape(2, b * n, d))
         return project(torch.cat([context, x], dim=1))

@@ -27,7 +27,7 @@ only then does it see less than the official call (logged once per stream).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import structlog
@@ -105,9 +105,11 @@ def call_index(pool: FlowContextPool, table: torch.Tensor, ctx_cap: int, new_cap
     write = torch.where(i < col["commit"], col["own_base"] + (col["write_first"] + i) % col["ring"],
                         pool.trash_frame)
     commit = col["commit"].view(-1, 1, 1)
-    return CallIndex(rows=table.size(0), ctx_frames=ctx_frames.flatten(), key_pos=torch.cat([ctx_pos, new_pos], 1),
+    commit = torch.cat([commit, commit])
+    return CallIndex(ctx_frames=ctx_frames.flatten(), key_pos=torch.cat([ctx_pos, new_pos], 1),
                      new_pos=new_pos, write_frames=write.flatten(), left_src=table[:, COL["left_src"]],
-                     left_dst=table[:, COL["left_dst"]], commit=torch.cat([commit, commit]))
+                     left_dst=table[:, COL["left_dst"]], commit=commit,
+                     conv_at={n: commit + torch.arange(n, device=dev) for n in pool.conv_widths})
 
 
 def attention_mask(index: CallIndex, chunk: int, left_chunks: int) -> torch.Tensor:
@@ -153,10 +155,11 @@ def euler_steps(model: FlowModel) -> tuple[EulerStep, ...]:
 
 
 def pooled_solve(model: FlowModel, pool: FlowContextPool, table: torch.Tensor, mu: torch.Tensor,
-                 ctx_cap: int, steps: Sequence[EulerStep]) -> torch.Tensor:
+                 ctx_cap: int, steps: Sequence[EulerStep], estimator: Callable | None = None) -> torch.Tensor:
     """The 10 guided Euler steps over the new frames of a batch: table (B, fields) long, mu (B, 80,
     N) -> mel (B, 80, N) float32. Reads the rows' context from the pool and writes their kept frames
-    back. No host syncs: capturable. `steps`: `euler_steps(model)`."""
+    back. No host syncs: capturable. `steps`: `euler_steps(model)`; `estimator`: the model's
+    estimator or a compiled version of it (accel/flow_pool_graphs)."""
     sampler = model.decoder
     est = sampler.estimator
     rows, new_cap, dtype = mu.size(0), mu.size(2), mu.dtype
@@ -175,10 +178,11 @@ def pooled_solve(model: FlowModel, pool: FlowContextPool, table: torch.Tensor, m
     mu_in = torch.cat([mu * frame_mask, zeros])
     cond_in = torch.cat([cond, zeros])
     spks_in = torch.cat([spks, torch.zeros_like(spks)])
-    for i, step in enumerate(steps):
-        context = PooledStepContext(pool, i, index)
+    estimator = est if estimator is None else estimator
+    for memory, step in zip(pool.memory, steps, strict=True):
         # No frame mask: padding frames never reach valid ones and are dropped (FlowEstimator.forward).
-        v = est(torch.cat([x, x]), None, mu_in, None, spks_in, cond_in, attn, context, step.time_biases)
+        v = estimator(torch.cat([x, x]), None, mu_in, None, spks_in, cond_in, attn, PooledStepContext(memory, index),
+                      step.time_biases)
         x = x + step.dt * ((1.0 + sampler.cfg_rate) * v[:rows] - sampler.cfg_rate * v[rows:])
     return x.float()
 

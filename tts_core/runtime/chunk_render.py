@@ -49,6 +49,7 @@ class FlowPoolSettings:
     context_buckets: int = 4  # context-capacity graph buckets between the prompt and the maximum
     first_batches: tuple[int, ...] = (1, 2, 4, 8)  # graph row buckets of a first-chunk lane
     first_lanes: int = 2  # first-chunk lanes (each its own graphs); 0: "later" renders first chunks too
+    compile: bool = False  # captured solves call a torch.compile'd estimator step (accel/flow_pool_graphs)
 
 
 @dataclass
@@ -135,7 +136,7 @@ class ChunkRenderer:
                         "flow_pool_gb": self.pooled.pool.nbytes() / 2**30}
         if not graphs:
             return report
-        from tts_core.accel.flow_pool_graphs import PooledFlowGraphs
+        from tts_core.accel.flow_pool_graphs import PooledFlowGraphs, compiled_estimator
         from tts_core.accel.hift_graphs import GraphedHift
 
         s, ratio, chunk = self.settings, self.flow.cfg.token_mel_ratio, self.pooled.chunk
@@ -165,11 +166,12 @@ class ChunkRenderer:
         final_tokens = range(1, schedule.max_hop_tokens + schedule.lookahead_tokens + extra // ratio + 1)
         later, first_lanes = self.lanes["later"], [self.lanes[name] for name in self.first_lanes]
         t0 = time.perf_counter()
-        later.graphs = PooledFlowGraphs(self.pooled)
+        estimator = compiled_estimator(self.flow.decoder.estimator) if s.compile else None
+        later.graphs = PooledFlowGraphs(self.pooled, estimator)
         later.graphs.capture(s.batches, ctx_caps, new_caps)
         # First lanes: first calls only, whose context is exactly their voice's shared prefix.
         for first in first_lanes:
-            first.graphs = PooledFlowGraphs(self.pooled)
+            first.graphs = PooledFlowGraphs(self.pooled, estimator)
             first.graphs.capture(s.first_batches, sorted({p.prefix_frames for _, p in self._voices.values()}),
                                  first_news)
         if window is not None:
@@ -203,7 +205,7 @@ class ChunkRenderer:
         report["hift_capture_s"] = time.perf_counter() - t0
         report.update({"flow_ctx_caps": ctx_caps, "flow_new_caps": new_caps, "flow_batches": list(s.batches),
                        "flow_first_batches": list(s.first_batches),
-                       "first_lanes": len(first_lanes),
+                       "first_lanes": len(first_lanes), "flow_compiled": s.compile,
                        "flow_graphs": sum(len(lane.graphs.solve_graphs) for lane in self.lanes.values()),
                        "hift_graphs": sum(len(lane.hift_graphs) for lane in self.lanes.values())})
         return report

@@ -74,6 +74,9 @@ class SchedulerSettings:
     # chunks' large calls (render_loop); their graph buckets. 0: one render thread does both.
     first_chunk_lanes: int = 2
     flow_first_batches: tuple[int, ...] = (1, 2, 4, 8)
+    # The captured flow solves call a torch.compile'd estimator step (fewer, fused kernels; compiled
+    # at start-up). Off until measured on the GPU (bench_load --compile-flow).
+    compile_flow: bool = False
     # A later chunk whose stream still has more than this much unplayed audio waits, so
     # that chunks of many streams gather into one batched flow call instead of many small ones
     # (first chunks never wait).
@@ -108,7 +111,7 @@ class SynthesisScheduler:
             stream_slots=settings.max_batch, context_frames=settings.flow_context_frames,
             encoder_tokens=settings.flow_encoder_tokens, batches=settings.flow_batches,
             voice_slots=settings.flow_voice_slots, first_batches=settings.flow_first_batches,
-            first_lanes=settings.first_chunk_lanes))
+            first_lanes=settings.first_chunk_lanes, compile=settings.compile_flow))
         self.decoder = None  # GraphedDecoder, once captured
         self.prefiller = None  # GraphedPrefill, once captured
         self.capture_report: dict = {}
