@@ -160,3 +160,15 @@ async def test_fp8_lm_weights_stream_the_same_schedule(tiny_model_dir: Path) -> 
     assert [len(c) for c in chunks] == [25 * SAMPLES_PER_TOKEN - 3840, 50 * SAMPLES_PER_TOKEN,
                                         3 * SAMPLES_PER_TOKEN + 3840]
     assert np.isfinite(np.concatenate(chunks)).all()
+
+
+async def test_a_dtype_whose_activations_overflow_is_refused_at_start(tiny_model_dir: Path) -> None:
+    # The tiny golden model's random weights drive the flow's activations to ~9400 before a
+    # convolution whose output passes float16's 65504: NaN audio. The warm-up request meets it and
+    # the engine refuses to start, naming the setting, instead of playing noise to callers.
+    from tts_core.runtime import SynthesisError
+
+    fp16 = CosyVoice2Engine(model_dir=str(tiny_model_dir), device="cpu", dtype="fp16", max_batch=1, max_len=512, seed=1)
+    with pytest.raises(SynthesisError, match=r"non-finite audio \(torch.float16\).*engine.cosyvoice2.dtype"):
+        await fp16.start()
+    assert fp16.pipeline is None

@@ -211,6 +211,11 @@ class ChunkRenderer:
         return report
 
     @property
+    def dtype(self) -> torch.dtype:
+        """The flow's dtype (HiFT runs in its own, float32)."""
+        return self.pooled.dtype
+
+    @property
     def max_batch(self) -> int:
         return self.lanes["later"].max_batch
 

@@ -32,17 +32,19 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
+import numpy as np
 import structlog
 import torch
 
 from tts_core.runtime.chunk_render import ChunkRenderer
-from tts_core.runtime.request import ChunkTiming, SynthesisJob
+from tts_core.runtime.request import ChunkTiming, SynthesisError, SynthesisJob
 from tts_core.streaming.chunk_schedule import ChunkPlanner, ChunkSchedule, ChunkTask
 from tts_core.streaming.token2wav import RenderedChunk
 
 log = structlog.get_logger(__name__)
 
 SAMPLE_RATE = 24_000
+FP16_OVERFLOW_HINT = ": this model's activations overflow float16; run it in bf16 or float32 (engine.cosyvoice2.dtype)"
 
 
 @dataclass(frozen=True)
@@ -273,6 +275,12 @@ class RenderLoop:
         with self._lock:
             job.render_lane = None
             if job.slot is None or job.cancelled:
+                return
+            if not np.isfinite(out.audio).all():
+                # NaN/inf would reach the caller as noise: end the call instead. In fp16 it is an
+                # activation overflow (fp16 tops out at 65504), so the message says what to change.
+                hint = FP16_OVERFLOW_HINT if self.renderer.dtype == torch.float16 else ""
+                self._fail(job, SynthesisError(f"the model produced non-finite audio ({self.renderer.dtype}){hint}"))
                 return
             try:
                 handed = time.perf_counter()
