@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import platform
 import sys
 import time
@@ -37,6 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.full_model import full_speech_lm  # noqa: E402
+from bench.report_file import write_report  # noqa: E402
 from tts_core.accel.fp8_linear import use_fp8_projections  # noqa: E402
 from tts_core.llm.sampling import RasSampler, SamplingConfig  # noqa: E402
 from tts_core.llm.speech_lm import SpeechTokenLM  # noqa: E402
@@ -145,10 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     print("comparison    | nucleus overlap | same top-1 | KL nats")
     for name, res in report["results"].items():
         print(f"{name:13} | {res['overlap']:15.4f} | {res['top1']:10.4f} | {res['kl']:.5f}")
-    out = args.out or REPO / "bench" / "results" / f"lm_precision_{time.strftime('%Y-%m-%d')}_{args.device.split(':')[0]}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1) + "\n")
-    print(f"wrote {out}")
+    write_report(report, args.out, "lm_precision", args.device.split(":")[0])
     return 0
 
 

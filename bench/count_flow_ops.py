@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import re
 import sys
 import time
@@ -33,11 +32,18 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.full_model import build_full_model_dir  # noqa: E402
+from bench.report_file import write_report  # noqa: E402
 from tts_core.accel.flow_pool_graphs import compiled_estimator  # noqa: E402
 from tts_core.flow.context_pool import PooledStepContext, PoolShape  # noqa: E402
 from tts_core.flow.encoder_window import encode_grouped  # noqa: E402
 from tts_core.flow.model import load_flow  # noqa: E402
-from tts_core.flow.pooled import PooledFlow, VoicePrefix, additive_mask, attention_mask, call_index  # noqa: E402
+from tts_core.flow.pooled import (  # noqa: E402
+    PooledFlow,
+    VoicePrefix,
+    additive_mask,
+    attention_mask,
+    call_index,
+)
 
 FIRST_TOKENS = 28  # the default schedule's first call: 25 tokens + 3 lookahead
 ALLOCATIONS = {"empty", "empty_like", "empty_strided", "detach", "lift_fresh"}
@@ -75,9 +81,9 @@ def count_generated_calls(sources: list[str]) -> dict[str, int]:
     for src in sources:
         body = src.split("def call(", 1)[-1].split("\ndef ", 1)[0]
         # CPU: cpp_fused_<ops>(...); CUDA: triton_<kind>_fused_<ops>_<n>.run(...)
-        fused += len(re.findall(r"^\s+(?:cpp_fused_\w+|triton_\w+\.run)\(", body, flags=re.M))
+        fused += len(re.findall(r"^\s+(?:cpp_fused_\w+|triton_\w+\.run)\(", body, flags=re.MULTILINE))
         extern += len(re.findall(r"^\s+(?:\w+ = )?(?:extern_kernels\.\w+|torch\.ops\.aten\.\w+\.\w+)\(", body,
-                                 flags=re.M))
+                                 flags=re.MULTILINE))
     return {"fused_kernels": fused, "extern_calls": extern, "total": fused + extern}
 
 
@@ -126,10 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         c = report["compiled_calls_per_step"]
         print(f"compiled: {c['total']} calls per Euler step ({c['fused_kernels']} fused kernels, "
               f"{c['extern_calls']} extern calls); compile {report['compile_s']:.0f} s", flush=True)
-    out = args.out or REPO / "bench" / "results" / f"flow_ops_{time.strftime('%Y-%m-%d')}_{args.device}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1) + "\n")
-    print(f"wrote {out}")
+    write_report(report, args.out, "flow_ops", args.device.split(":")[0])
     return 0
 
 
