@@ -298,6 +298,23 @@ def test_a_render_failure_fails_only_its_job(pipeline: CosyVoice2Pipeline, monke
     assert pipeline.scheduler.free_slots == 3
 
 
+def test_non_finite_audio_fails_only_its_call(pipeline: CosyVoice2Pipeline) -> None:
+    # A voice whose speaker vector is NaN makes NaN mel and audio; rendered in the same batched calls
+    # as a healthy job, it must fail alone and none of its samples may reach its sink.
+    good = pipeline.voices.get(VOICE)
+    pipeline.voices.add(dataclasses.replace(good, name="nan_speaker",
+                                            flow_embedding=torch.full_like(good.flow_embedding, float("nan"))))
+    bad_sink, good_sink = CollectingSink(), CollectingSink()
+    pipeline.synthesize("Hello there.", "nan_speaker", bad_sink, _forced(120))
+    pipeline.synthesize("Hello there.", VOICE, good_sink, _forced(120))
+    with pytest.raises(SynthesisError, match="non-finite audio"):
+        bad_sink.wait(60)
+    assert bad_sink.chunks == []
+    audio = np.concatenate(good_sink.wait(60))
+    assert len(audio) == 120 * SAMPLES_PER_TOKEN and np.isfinite(audio).all()
+    assert pipeline.scheduler.free_slots == 3
+
+
 def test_fast_path_renders_deferred_chunks_when_their_slack_runs_low(tiny_model_dir: Path) -> None:
     """Batched fast path: later chunks wait while their stream has more than `defer_slack_s` of audio
     ahead; with nothing else running, only the render thread's timed wait can bring them out."""
