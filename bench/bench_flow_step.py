@@ -44,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     flow = load_flow(args.model_dir, "cuda", torch.bfloat16)
     prompt = speaker["flow_prompt_speech_token"]
     pooled = PooledFlow(flow, PoolShape(stream_slots=max(args.rows), stream_frames=700, voice_slots=1,
-                                        voice_frames=300, prompt_frames=prompt.size(1) * 2), encoder_tokens=50)
+                                        voice_frames=300, prompt_frames=prompt.size(1) * flow.cfg.token_mel_ratio),
+                        encoder_tokens=50)
     voice = pooled.register_voice(*(speaker[k].cuda() for k in ("flow_prompt_speech_token", "prompt_speech_feat",
                                                                  "flow_embedding")))
     first = ChunkPlanner(ChunkSchedule(), prompt.size(1)).tokens_needed()

@@ -69,10 +69,10 @@ def step_inputs(pooled: PooledFlow, voice: VoicePrefix, tokens: torch.Tensor) ->
     est = pooled.model.decoder.estimator
     attn = additive_mask(attention_mask(index, est.cfg.static_chunk_size, est.cfg.num_decoding_left_chunks), mu.dtype)
     x = torch.randn_like(mu)
+    mu_in = torch.cat([mu, torch.zeros_like(mu)])
     spks = pooled.pool.spks[:1]
-    return (torch.cat([x, x]), None, torch.cat([mu, torch.zeros_like(mu)]), None,
-            torch.cat([spks, torch.zeros_like(spks)]), torch.zeros_like(torch.cat([mu, mu])), attn,
-            PooledStepContext(pooled.pool.memory[0], index), pooled.steps[0].time_biases)
+    return (torch.cat([x, x]), None, mu_in, None, torch.cat([spks, torch.zeros_like(spks)]), torch.zeros_like(mu_in),
+            attn, PooledStepContext(pooled.pool.memory[0], index), pooled.steps[0].time_biases)
 
 
 def count_generated_calls(sources: list[str]) -> dict[str, int]:

@@ -201,6 +201,20 @@ class _HeldRenders:
             return real_render(items, lane=lane)
 
         monkeypatch.setattr(pipeline.scheduler.renderer, "render", render)
+        self.scheduler = pipeline.scheduler
+
+    def submit_while_held(self, first: SynthesisJob, second: SynthesisJob) -> int:
+        """Submit `first`; once a call is held, submit `second` and wait for its first chunk; then
+        let the held call go. Returns how many chunks `first`'s sink had while its call was held."""
+        try:
+            self.scheduler.submit(first)
+            assert self.held.wait(60)
+            self.scheduler.submit(second)
+            assert second.sink.first_chunk.wait(60)  # out while the held call is still held
+            assert not self.release.is_set()
+            return len(first.sink.chunks)
+        finally:
+            self.release.set()
 
 
 def test_a_first_chunk_renders_while_a_later_chunk_call_is_held(pipeline: CosyVoice2Pipeline,
@@ -209,19 +223,12 @@ def test_a_first_chunk_renders_while_a_later_chunk_call_is_held(pipeline: CosyVo
     call is in progress (held here), the first chunk of a call submitted meanwhile is rendered and
     handed to its sink, alone in its call, on the first-chunk lane."""
     renders = _HeldRenders(pipeline, monkeypatch, lambda lane: lane == "later")  # A's second chunk
-    calls, held, release = renders.calls, renders.held, renders.release
+    calls = renders.calls
     voice = pipeline.voices.get(VOICE)
     a_sink, b_sink = CollectingSink(), _FirstChunkSink()
     a = SynthesisJob("A long request.", voice, a_sink, _forced(300))
     b = SynthesisJob("A short one.", voice, b_sink, _forced(60))
-    try:
-        pipeline.scheduler.submit(a)
-        assert held.wait(60)
-        pipeline.scheduler.submit(b)
-        assert b_sink.first_chunk.wait(60)  # out while A's later-chunk call is still held
-        assert not release.is_set() and len(a_sink.chunks) == 1
-    finally:
-        release.set()
+    assert renders.submit_while_held(a, b) == 1  # B's first chunk out while A's later-chunk call is held
     assert sum(map(len, a_sink.wait(60))) == 300 * SAMPLES_PER_TOKEN
     assert sum(map(len, b_sink.wait(60))) == 60 * SAMPLES_PER_TOKEN
     assert {lane.split("-")[0] for lane, _ in calls} == {"first", "later"}
@@ -237,19 +244,12 @@ def test_first_chunks_of_a_burst_render_side_by_side(pipeline: CosyVoice2Pipelin
     assert len(pipeline.scheduler.renderer.first_lanes) == 2
     # Holds the first call's first chunk.
     renders = _HeldRenders(pipeline, monkeypatch, lambda lane: lane.startswith("first-"))
-    calls, held, release = renders.calls, renders.held, renders.release
+    calls = renders.calls
     voice = pipeline.voices.get(VOICE)
     a_sink, b_sink = CollectingSink(), _FirstChunkSink()
     a = SynthesisJob("A first call.", voice, a_sink, _forced(100))
     b = SynthesisJob("A second call.", voice, b_sink, _forced(100))
-    try:
-        pipeline.scheduler.submit(a)
-        assert held.wait(60)
-        pipeline.scheduler.submit(b)
-        assert b_sink.first_chunk.wait(60)  # out while A's first chunk is still held
-        assert not release.is_set() and a_sink.chunks == []
-    finally:
-        release.set()
+    assert renders.submit_while_held(a, b) == 0  # B's first chunk out while A's first chunk is held
     for sink in (a_sink, b_sink):
         assert sum(map(len, sink.wait(60))) == 100 * SAMPLES_PER_TOKEN
     first_lanes = {lane for lane, call in calls if any(i == 0 for _, i in call)}

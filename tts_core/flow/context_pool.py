@@ -17,8 +17,9 @@ live per slot: stream slots, voice slots, an all-zero slot (the sequence start) 
 A call reads and writes through `PooledStepContext` (one per Euler step), whose index tensors are
 built on the device from a small per-row table, so a whole batched call is capturable in one CUDA
 graph. Each step's memory is tensors of its own (`StepMemory`), so one compiled estimator step
-(torch.compile) serves every step: nothing it reads tells steps apart but its tensor arguments. The pool owns no parameters and never runs the model; slot bookkeeping is host-side and
-belongs to the one thread that renders.
+(torch.compile) serves every step: nothing it reads tells steps apart but its tensor arguments.
+The pool owns no parameters and never runs the model; slot bookkeeping is host-side and belongs to
+the one thread that renders.
 """
 
 from __future__ import annotations
@@ -55,6 +56,11 @@ class CallIndex:
     # Per left-state width n: where the conv state at the commit point sits in [left | new] (2B, 1,
     # n), made once per call for every width the pool's convolutions have (see conv_input).
     conv_at: dict[int, torch.Tensor] = field(compare=False)
+
+    @property
+    def rows(self) -> int:
+        """B. Read from a tensor's size, not kept as an int: symbolic under torch.compile."""
+        return self.left_src.size(0)
 
 
 @dataclass(frozen=True)
@@ -140,7 +146,7 @@ class PooledStepContext:
 
     def conv_input(self, layer: nn.Module, x: torch.Tensor, n: int) -> torch.Tensor:
         states = self.memory.left[layer]  # (2, slots, C, n)
-        b = self.index.left_src.size(0)  # a size, not an int field: symbolic under torch.compile
+        b = self.index.rows
         left = states.index_select(1, self.index.left_src).reshape(2 * b, x.size(1), n)
         seq = torch.cat([left, x], dim=2)
         # The n input frames before the commit point: seq[commit : commit + n] (seq has n left frames).
@@ -151,7 +157,7 @@ class PooledStepContext:
     def attention_keys_values(self, layer: nn.Module, x: torch.Tensor,
                               project: KeysValues) -> tuple[torch.Tensor, torch.Tensor]:
         hidden = self.memory.hidden[layer]  # (2, frames, D)
-        b, n, d = self.index.left_src.size(0), x.size(1), x.size(2)
+        b, n, d = self.index.rows, x.size(1), x.size(2)
         context = hidden.index_select(1, self.index.ctx_frames).view(2 * b, -1, d)
         hidden.index_copy_(1, self.index.write_frames, x.reshape(2, b * n, d))
         return project(torch.cat([context, x], dim=1))
