@@ -159,6 +159,7 @@ def run_rate(pipeline, voice: str, rate: float, duration: float, rng: random.Ran
     play_span = (max(e for _, e in playing) - min(s for s, _ in playing)) if playing else 1.0
     steps = list(pipeline.scheduler.steps)
     renders = list(pipeline.scheduler.renders)
+    done = [job for job, sink, _, _ in requests if sink.error is None and sink.done.is_set() and sink.arrivals]
     return {
         "rate_per_s": rate, "requests": len(requests), "failed": failed, "wall_s": wall,
         "first_chunk_ms": {q: (percentile(first, q) or 0) * 1e3 for q in (50, 95, 99)},
@@ -169,6 +170,8 @@ def run_rate(pipeline, voice: str, rate: float, duration: float, rng: random.Ran
         "decode_batch_max": max((s.batch for s in steps), default=0),
         "steps": len(steps), "step_ms_mean": 1e3 * wall / max(1, len(steps)),
         "decode_ms_mean": 1e3 * float(np.mean([s.decode_s for s in steps])) if steps else None,
+        "decode_thread": decode_thread_split(steps),
+        "first_chunk_split": first_chunk_stages(done),
         # The render threads run beside the decode thread: per lane, the share of the wall time it rendered.
         "render": {lane: {"busy_fraction": sum(r.seconds for r in mine) / wall,
                           "ms_mean": 1e3 * float(np.mean([r.seconds for r in mine])),
@@ -180,6 +183,68 @@ def run_rate(pipeline, voice: str, rate: float, duration: float, rng: random.Ran
         "gpu_mem_gb": torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else None,
         "eager_flow_calls": eager_flow_calls(pipeline),
     }
+
+
+def decode_thread_split(steps) -> dict:
+    """Mean ms per decode-thread iteration that did work, by part: what a first chunk's 28 tokens
+    wait on, step after step."""
+    if not steps:
+        return {}
+    parts = {"iteration": [s.wall_s for s in steps], "prefill_admit": [s.prefill_s for s in steps],
+             "sample": [s.sample_s for s in steps], "decode": [s.decode_s for s in steps]}
+    out = {f"{k}_ms_mean": 1e3 * float(np.mean(v)) for k, v in parts.items()}
+    out["iteration_ms_p95"] = 1e3 * float(np.percentile(parts["iteration"], 95))
+    out["with_prefill"] = sum(1 for s in steps if s.prefills) / len(steps)
+    return out
+
+
+FIRST_CHUNK_STAGES = (  # (name, from, to): consecutive marks of JobTimings, submit to hand-off
+    ("queue", "submitted", "admitted"), ("frontend_prefill", "admitted", "prefill_done"),
+    ("decode", "prefill_done", "first_chunk_due"), ("render_wait", "first_chunk_due", "first_render_started"),
+    ("render", "first_render_started", "first_chunk"))
+
+
+def first_chunk_stages(jobs) -> dict:
+    """Where each request's first-chunk latency went, mean and p95 per stage (ms), and the mean
+    split of the slowest 5 % of requests."""
+    rows = []
+    for job in jobs:
+        t = job.timings
+        marks = [getattr(t, name) for _, name, _ in FIRST_CHUNK_STAGES] + [t.first_chunk]
+        if None in marks:
+            continue
+        rows.append([b - a for a, b in zip(marks, marks[1:])])
+    if not rows:
+        return {}
+    a = 1e3 * np.array(rows)
+    names = [name for name, _, _ in FIRST_CHUNK_STAGES]
+    slow = a[a.sum(1) >= np.percentile(a.sum(1), 95)]
+    return {"mean_ms": dict(zip(names, a.mean(0).round(1).tolist())),
+            "p95_ms": dict(zip(names, np.percentile(a, 95, axis=0).round(1).tolist())),
+            "slowest_5pct_mean_ms": dict(zip(names, slow.mean(0).round(1).tolist()))}
+
+
+def one_stream(pipeline, voice: str, requests: int, rng: random.Random, lo: int, hi: int) -> dict:
+    """Requests one at a time (each after the previous finished): first-chunk latency p50/p95 of a
+    lone stream, and the median time split (the goal is the p50, so one request is not enough)."""
+    from tts_core.runtime import CollectingSink, JobOptions
+
+    firsts, splits = [], []
+    for i in range(requests):
+        lang, text = make_text(rng)
+        n = token_count(lang, text, lo, hi)
+        sink = CollectingSink()
+        job = pipeline.synthesize(text, voice, sink, JobOptions(min_tokens=n, max_tokens=n), call_id=f"one{i}")
+        sink.wait(600)
+        t = job.timings
+        firsts.append(t.since_submit(t.first_chunk))
+        c = t.chunks[0]
+        splits.append({"frontend": t.frontend_s, "prefill": t.prefill_s, "decode": c.lm_s, "flow": c.flow_s,
+                       "hift": c.hift_s, "handoff": c.handoff_s})
+    ms = 1e3 * np.array(firsts)
+    return {"requests": requests, "first_chunk_ms": {q: float(np.percentile(ms, q)) for q in (50, 95)},
+            "first_chunk_ms_min": float(ms.min()), "first_chunk_ms_max": float(ms.max()),
+            "median_split_ms": {k: 1e3 * float(np.median([s[k] for s in splits])) for k in splits[0]}}
 
 
 def eager_flow_calls(pipeline) -> dict:
@@ -228,10 +293,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for stragglers per rate")
+    p.add_argument("--one-stream-requests", type=int, default=30,
+                   help="requests sent one at a time for the 1-stream first-chunk p50 (0: skip)")
+    p.add_argument("--switch-interval-ms", type=float, nargs="+", default=None,
+                   help="GIL switch intervals to run every rate at (default: the scheduler's 1 ms)")
     p.add_argument("--out", type=Path, help="JSON path (default bench/results/load_<date>.json)")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.switch_interval_ms is not None:
+        sys.setswitchinterval(max(args.switch_interval_ms) / 1e3)  # the scheduler only ever lowers it
     cuda = args.device.startswith("cuda")
     dtype = args.dtype or ("bfloat16" if cuda else "float32")
     graphs = args.graphs == "on" or (args.graphs == "auto" and cuda)
@@ -269,18 +340,30 @@ def main(argv: list[str] | None = None) -> int:
         voice = "bench_voice" if "bench_voice" in names else names[0]
         report["warmup_s"] = pipeline.warmup(voice)
         report["first_chunk_split_1_stream"] = first_chunk_split(pipeline, voice, args.min_tokens)
-        rng = random.Random(args.seed)
+        if args.one_stream_requests:
+            report["one_stream"] = one_stream(pipeline, voice, args.one_stream_requests, random.Random(args.seed),
+                                              args.min_tokens, args.max_tokens)
+            print("1 stream, one request at a time:", json.dumps(report["one_stream"]), flush=True)
         report["rates"] = []
-        for rate in args.rates:
+        out = args.out or REPO / "bench" / "results" / f"load_{datetime.date.today().isoformat()}.json"
+        intervals = args.switch_interval_ms or [sys.getswitchinterval() * 1e3]
+        for interval, rate in [(i, r) for i in intervals for r in args.rates]:
+            sys.setswitchinterval(interval / 1e3)
             pipeline.scheduler.steps.clear()
             # If a rate never finishes, every thread's stack says where it hangs.
             faulthandler.dump_traceback_later(args.duration + 25, exit=False)
             pipeline.scheduler.renders.clear()
+            # Seeded per rate: each switch interval sees the same arrivals and texts.
+            rng = random.Random(f"{args.seed}-{rate}")
             r = run_rate(pipeline, voice, rate, args.duration, rng, args.min_tokens, args.max_tokens, args.timeout)
             faulthandler.cancel_dump_traceback_later()
             r["passes"] = r["failed"] == 0 and r["underruns"] == 0 and r["first_chunk_ms"][95] <= 300.0
+            r["switch_interval_ms"] = interval
             report["rates"].append(r)
             _print_row(r)
+            print("  first chunk stages:", json.dumps(r["first_chunk_split"]), "\n  decode thread:",
+                  json.dumps(r["decode_thread"]), flush=True)
+            write_partial(out, report)  # a run cut short by a time limit keeps the rates it finished
     finally:
         pipeline.close()
     passing = [r for r in report["rates"] if r["passes"]]
@@ -289,11 +372,14 @@ def main(argv: list[str] | None = None) -> int:
         {"rate_per_s": best["rate_per_s"], "mean": best["concurrency_mean"], "peak": best["concurrency_peak"],
          "playing_mean": best["playing_mean"], "playing_peak": best["playing_peak"]} if best else None)
     _print(report)
-    out = args.out or REPO / "bench" / "results" / f"load_{datetime.date.today().isoformat()}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1) + "\n")
+    write_partial(out, report)
     print(f"wrote {out}")
     return 0
+
+
+def write_partial(out: Path, report: dict) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n")
 
 
 HEADER = f"{'rate/s':>6} {'reqs':>5} {'fail':>4} {'conc':>6} {'peak':>5} {'play':>6} {'peak':>5} {'p50ms':>7} " \
@@ -309,7 +395,8 @@ def _print_row(r: dict) -> None:
                       for lane, x in r["render"].items())
     print(f"{r['rate_per_s']:>6g} {r['requests']:>5} {r['failed']:>4} {r['concurrency_mean']:>6.1f} "
           f"{r['concurrency_peak']:>5} {r['playing_mean']:>6.1f} {r['playing_peak']:>5} {f[50]:>7.1f} {f[95]:>7.1f} "
-          f"{f[99]:>7.1f} {r['underruns']:>6} {rtf:>6} {mem:>6} {r['passes']}  step {r['step_ms_mean']:.1f} ms "
+          f"{f[99]:>7.1f} {r['underruns']:>6} {rtf:>6} {mem:>6} {r['passes']}  GIL {r.get('switch_interval_ms')} ms, "
+          f"step {r['step_ms_mean']:.1f} ms "
           f"(decode {r['decode_ms_mean'] or 0:.1f}; render {lanes})", flush=True)
 
 

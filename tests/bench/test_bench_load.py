@@ -14,7 +14,8 @@ def test_bench_load_runs_on_cpu_tiny(tiny_model_dir: Path, tmp_path: Path) -> No
     out = tmp_path / "load.json"
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_load.py"), "--model-dir", str(tiny_model_dir),
                            "--device", "cpu", "--threads", "1", "--rates", "3", "--duration", "1", "--max-batch", "8",
-                           "--min-tokens", "20", "--max-tokens", "40", "--out", str(out)],
+                           "--min-tokens", "20", "--max-tokens", "40", "--one-stream-requests", "3",
+                           "--out", str(out)],
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "largest passing concurrency" in proc.stdout
@@ -23,3 +24,10 @@ def test_bench_load_runs_on_cpu_tiny(tiny_model_dir: Path, tmp_path: Path) -> No
     assert rate["requests"] >= 1 and rate["failed"] == 0
     assert rate["first_chunk_ms"]["50"] > 0 and rate["underruns"] >= 0
     assert set(report["first_chunk_split_1_stream"]) >= {"prefill_ms", "decode_ms", "flow_ms", "hift_ms"}
+    one = report["one_stream"]
+    assert one["requests"] == 3 and one["first_chunk_ms_min"] <= one["first_chunk_ms"]["50"] <= one["first_chunk_ms_max"]
+    # The first-chunk stages are consecutive marks from submit to hand-off: none can be negative.
+    stages = rate["first_chunk_split"]["mean_ms"]
+    assert set(stages) == {"queue", "frontend_prefill", "decode", "render_wait", "render"}
+    assert all(v >= 0 for v in stages.values()) and stages["decode"] > 0 and stages["render"] > 0
+    assert rate["decode_thread"]["iteration_ms_mean"] >= rate["decode_thread"]["decode_ms_mean"] > 0

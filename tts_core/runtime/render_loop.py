@@ -254,6 +254,9 @@ class RenderLoop:
 
     def _render_batch(self, due: list[_Due]) -> None:
         started = time.perf_counter()
+        for d in due:
+            if d.job.timings.first_render_started is None:
+                d.job.timings.first_render_started = started
         try:
             outs = self.renderer.render([(d.job.token2wav, d.tokens, d.task) for d in due], lane=self._replays)
         except Exception as exc:

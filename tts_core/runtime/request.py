@@ -81,6 +81,8 @@ class JobTimings:
     frontend_s: float = 0.0  # text normalisation and tokenisation
     prefill_done: float | None = None
     first_token: float | None = None
+    first_chunk_due: float | None = None  # its first chunk's tokens were all drawn (or the LM ended)
+    first_render_started: float | None = None  # the render call of its first chunk began
     first_chunk: float | None = None
     finished: float | None = None
     prefill_s: float = 0.0
@@ -206,10 +208,14 @@ class SynthesisJob:
         self.logp = None
         if token >= speech_token_size:
             self.lm_finished = True
-            return
-        self.tokens.append(token)
-        if len(self.tokens) >= self.max_len:
-            self.lm_finished = True
+        else:
+            self.tokens.append(token)
+            if len(self.tokens) >= self.max_len:
+                self.lm_finished = True
+        timings = self.timings
+        if timings.first_chunk_due is None and self.planner is not None and (
+                self.lm_finished or len(self.tokens) >= self.wake_render_at):
+            timings.first_chunk_due = now
 
     def record_chunk(self, timing: ChunkTiming, handed_at: float) -> None:
         if self.timings.first_chunk is None:

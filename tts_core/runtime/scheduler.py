@@ -97,6 +97,7 @@ class StepTiming:
     prefill_s: float
     decode_s: float
     sample_s: float
+    wall_s: float  # the whole iteration (admission and frontend included)
 
 
 class SynthesisScheduler:
@@ -262,7 +263,7 @@ class SynthesisScheduler:
         batch = self._decode()
         t3 = time.perf_counter()
         if batch or prefilled:
-            self.steps.append(StepTiming(batch, prefilled, t1 - t0, t3 - t2, t2 - t1))
+            self.steps.append(StepTiming(batch, prefilled, t1 - t0, t3 - t2, t2 - t1, t3 - t0))
 
     def _drop_cancelled(self) -> None:
         for job in self._jobs():
