@@ -24,7 +24,7 @@ import torch
 
 from tts_core.accel.flow_graphs import device_position_tables
 from tts_core.accel.graph_capture import capture_graph, replay
-from tts_core.flow.estimator import FlowEstimator
+from tts_core.flow.estimator import FlowEstimator, SelfAttention
 from tts_core.flow.model import FlowModel
 from tts_core.flow.pooled import PooledFlow, PooledPlan, PooledStream, pooled_solve
 from tts_core.flow.encoder_window import encode_grouped, encode_new_frames
@@ -35,13 +35,17 @@ log = structlog.get_logger(__name__)
 def compiled_estimator(estimator: FlowEstimator) -> Callable:
     """The estimator's step fused by torch.compile (inductor): one Euler step of a pooled call is
     ~1000 small kernels eagerly (bench/count_flow_ops.py), most of them elementwise work around
-    the matmuls that inductor folds into fewer kernels. Shapes are not marked dynamic up front:
-    the first capture compiles for its bucket, a second bucket recompiles with the sizes that
-    changed made symbolic, and a one-row bucket compiles once more (size-1 specialization); every
-    later bucket reuses those. All of it happens in `capture`'s warm-up at start-up, none on a
-    request; the compiled code only ever runs inside graph capture (eager fallbacks use the
-    plain estimator)."""
-    return torch.compile(estimator, fullgraph=True)  # a graph break fails start-up loudly
+    the matmuls that inductor folds into fewer kernels. Compiled with every size symbolic from the
+    start: automatic dynamic shapes would recompile once per size that changes between buckets
+    (rows, context, new frames: ~6 compiles of minutes each, past the recompile limit), while
+    symbolic sizes compile once for all buckets of more than one row and once for one row (size-1
+    specialization), plus once per side of the attention's q/k/v split (`SelfAttention.forward`).
+    All of it happens in `capture`'s warm-up at start-up, none on a request; the compiled code only
+    ever runs inside graph capture (eager fallbacks use the plain estimator)."""
+    for module in estimator.modules():
+        if isinstance(module, SelfAttention):
+            module.stack_projections()
+    return torch.compile(estimator, fullgraph=True, dynamic=True)  # a graph break fails start-up loudly
 
 
 class _SolveGraph:

@@ -87,8 +87,15 @@ class SelfAttention(nn.Module):
         self.to_out = nn.ModuleList([nn.Linear(inner, dim), nn.Identity()])  # [1] was dropout
         self._stacked: dict[tuple[str, ...], tuple[tuple, torch.Tensor]] = {}
 
-    def _project(self, x: torch.Tensor, names: tuple[str, ...]) -> tuple[torch.Tensor, ...]:
-        """x (B, T, dim) -> per named projection (B, heads, T, head_dim), one matrix product."""
+    PROJECTIONS = (("to_q", "to_k", "to_v"), ("to_k", "to_v"), ("to_q",))
+
+    def stack_projections(self) -> None:
+        """Make every stacked weight now. torch.compile guards on this cache's contents: one filled
+        while tracing would fail the guard on the next call and recompile."""
+        for names in self.PROJECTIONS:
+            self._stacked_weight(names)
+
+    def _stacked_weight(self, names: tuple[str, ...]) -> torch.Tensor:
         weights = [getattr(self, name).weight for name in names]
         # Restacked when the module moves (`.to` keeps the parameter objects and swaps their data);
         # dtype/device, unlike data pointers, compare under torch.compile without a graph break.
@@ -96,8 +103,13 @@ class SelfAttention(nn.Module):
         known = self._stacked.get(names)
         if known is None or known[0] != key:
             known = self._stacked[names] = (key, torch.cat(weights).detach())
+        return known[1]
+
+    def _project(self, x: torch.Tensor, names: tuple[str, ...]) -> tuple[torch.Tensor, ...]:
+        """x (B, T, dim) -> per named projection (B, heads, T, head_dim), one matrix product."""
+        weight = self._stacked_weight(names)
         b, t, _ = x.shape
-        out = F.linear(x, known[1]).view(b, t, len(names), self.heads, -1)
+        out = F.linear(x, weight).view(b, t, len(names), self.heads, -1)
         return tuple(part.transpose(1, 2) for part in out.unbind(2))
 
     def keys_values(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,8 +125,9 @@ class SelfAttention(nn.Module):
 
             def project(seq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
                 # seq = [earlier frames | x]: with little context, the queries of the earlier frames
-                # cost less than a separate product for x's; with much, they would not.
-                if seq.size(1) > 4 * t:
+                # cost less than a separate product for x's; with much, they would not. Compiled,
+                # always the latter: a size-dependent choice would compile each side separately.
+                if torch.compiler.is_compiling() or seq.size(1) > 4 * t:
                     return self.keys_values(seq)
                 q_all, k_all, v_all = self._project(seq, ("to_q", "to_k", "to_v"))
                 queries.append(q_all[:, :, -t:])

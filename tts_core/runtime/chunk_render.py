@@ -186,6 +186,10 @@ class ChunkRenderer:
             for u in final_tokens:
                 later.graphs.capture_encoder((1,), before + u, u * ratio, True)
         report["flow_capture_s"] = time.perf_counter() - t0
+        if s.compile:
+            from torch._dynamo.utils import counters
+
+            report["flow_compiles"] = counters["stats"]["unique_graphs"]  # compiled graphs in this process
         t0 = time.perf_counter()
         # HiFT, per lane, one memory pool and capture stream each (a lane replays one at a time):
         # first chunks (no caches; "later" renders a later segment's first chunk); on "later", later
