@@ -20,6 +20,7 @@ splits one lone request's first chunk (frontend, prefill, decode, flow, HiFT, ha
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import faulthandler
 import json
@@ -297,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="requests sent one at a time for the 1-stream first-chunk p50 (0: skip)")
     p.add_argument("--switch-interval-ms", type=float, nargs="+", default=None,
                    help="GIL switch intervals to run every rate at (default: the scheduler's 1 ms)")
+    p.add_argument("--first-chunk-hold-ms", type=float, nargs="+", default=None,
+                   help="first_chunk_hold_s values (ms) to run everything at (default: the scheduler's)")
     p.add_argument("--out", type=Path, help="JSON path (default bench/results/load_<date>.json)")
     args = p.parse_args(argv)
     if args.threads:
@@ -340,15 +343,22 @@ def main(argv: list[str] | None = None) -> int:
         voice = "bench_voice" if "bench_voice" in names else names[0]
         report["warmup_s"] = pipeline.warmup(voice)
         report["first_chunk_split_1_stream"] = first_chunk_split(pipeline, voice, args.min_tokens)
-        if args.one_stream_requests:
-            report["one_stream"] = one_stream(pipeline, voice, args.one_stream_requests, random.Random(args.seed),
-                                              args.min_tokens, args.max_tokens)
-            print("1 stream, one request at a time:", json.dumps(report["one_stream"]), flush=True)
-        report["rates"] = []
+        report["rates"], report["one_stream"] = [], []
         out = args.out or REPO / "bench" / "results" / f"load_{datetime.date.today().isoformat()}.json"
         intervals = args.switch_interval_ms or [sys.getswitchinterval() * 1e3]
-        for interval, rate in [(i, r) for i in intervals for r in args.rates]:
+        holds = args.first_chunk_hold_ms or [pipeline.scheduler.settings.first_chunk_hold_s * 1e3]
+        for hold, interval, rate in [(h, i, r) for h in holds for i in intervals for r in [None, *args.rates]]:
+            # The scheduler reads its settings each step: variants share one start-up.
+            pipeline.scheduler.settings = dataclasses.replace(pipeline.scheduler.settings, first_chunk_hold_s=hold / 1e3)
             sys.setswitchinterval(interval / 1e3)
+            if rate is None:
+                if args.one_stream_requests:
+                    one = one_stream(pipeline, voice, args.one_stream_requests, random.Random(args.seed),
+                                     args.min_tokens, args.max_tokens)
+                    one.update(first_chunk_hold_ms=hold, switch_interval_ms=interval)
+                    report["one_stream"].append(one)
+                    print("1 stream, one request at a time:", json.dumps(one), flush=True)
+                continue
             pipeline.scheduler.steps.clear()
             # If a rate never finishes, every thread's stack says where it hangs.
             faulthandler.dump_traceback_later(args.duration + 25, exit=False)
@@ -358,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
             r = run_rate(pipeline, voice, rate, args.duration, rng, args.min_tokens, args.max_tokens, args.timeout)
             faulthandler.cancel_dump_traceback_later()
             r["passes"] = r["failed"] == 0 and r["underruns"] == 0 and r["first_chunk_ms"][95] <= 300.0
-            r["switch_interval_ms"] = interval
+            r["switch_interval_ms"], r["first_chunk_hold_ms"] = interval, hold
             report["rates"].append(r)
             _print_row(r)
             print("  first chunk stages:", json.dumps(r["first_chunk_split"]), "\n  decode thread:",
@@ -396,6 +406,7 @@ def _print_row(r: dict) -> None:
     print(f"{r['rate_per_s']:>6g} {r['requests']:>5} {r['failed']:>4} {r['concurrency_mean']:>6.1f} "
           f"{r['concurrency_peak']:>5} {r['playing_mean']:>6.1f} {r['playing_peak']:>5} {f[50]:>7.1f} {f[95]:>7.1f} "
           f"{f[99]:>7.1f} {r['underruns']:>6} {rtf:>6} {mem:>6} {r['passes']}  GIL {r.get('switch_interval_ms')} ms, "
+          f"hold {r.get('first_chunk_hold_ms')} ms, "
           f"step {r['step_ms_mean']:.1f} ms "
           f"(decode {r['decode_ms_mean'] or 0:.1f}; render {lanes})", flush=True)
 

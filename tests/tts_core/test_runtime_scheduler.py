@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -174,6 +175,64 @@ def test_decoding_goes_on_while_a_chunk_renders(pipeline: CosyVoice2Pipeline, mo
         release.set()
     assert sum(map(len, first_sink.wait(60))) == 150 * SAMPLES_PER_TOKEN
     assert sum(map(len, late_sink.wait(60))) == 60 * SAMPLES_PER_TOKEN
+
+
+def _hold_first_renders(pipeline: CosyVoice2Pipeline, monkeypatch) -> tuple[threading.Event, threading.Event]:
+    """(entered, release): every render call waits for `release`; `entered` is set by the first."""
+    entered, release = threading.Event(), threading.Event()
+    renderer = pipeline.scheduler.renderer
+    real_render = renderer.render
+
+    def held_render(items, lane="later"):
+        entered.set()
+        assert release.wait(60)
+        return real_render(items, lane=lane)
+
+    monkeypatch.setattr(renderer, "render", held_render)
+    return entered, release
+
+
+def test_a_job_waiting_for_its_first_chunk_holds_its_decoding(pipeline: CosyVoice2Pipeline, monkeypatch) -> None:
+    """first_chunk_hold_s: from the moment its first chunk's tokens are drawn until that chunk is
+    handed off, a job draws no more tokens (a job without a first chunk due decodes on), and it
+    speaks all of its tokens once the chunk is out."""
+    monkeypatch.setattr(pipeline.scheduler, "settings",
+                        dataclasses.replace(pipeline.scheduler.settings, first_chunk_hold_s=60.0))
+    entered, release = _hold_first_renders(pipeline, monkeypatch)
+    first_sink, late_sink = CollectingSink(), CollectingSink()
+    try:
+        first = pipeline.synthesize("A long request.", VOICE, first_sink, _forced(150))
+        assert entered.wait(60)
+        late = SynthesisJob("A short one.", pipeline.voices.get(VOICE), late_sink, _forced(60))
+        late_due = _wait_for(late, lambda j: j.timings.first_chunk_due is not None)
+        pipeline.scheduler.submit(late)
+        assert late_due.wait(60)  # decoded while `first` was held, up to its own first chunk
+        held_at = len(first.tokens)
+        assert first.timings.first_chunk_due is not None and held_at < 150
+        time.sleep(0.3)  # decode steps (for `late`) run meanwhile; none draws for `first`
+        assert len(first.tokens) == held_at
+    finally:
+        release.set()
+    assert sum(map(len, first_sink.wait(60))) == 150 * SAMPLES_PER_TOKEN
+    assert sum(map(len, late_sink.wait(60))) == 60 * SAMPLES_PER_TOKEN
+
+
+def test_a_first_chunk_hold_ends_after_its_limit(pipeline: CosyVoice2Pipeline, monkeypatch) -> None:
+    # A render that takes longer than the hold: decoding resumes on the decode thread's own timer.
+    monkeypatch.setattr(pipeline.scheduler, "settings",
+                        dataclasses.replace(pipeline.scheduler.settings, first_chunk_hold_s=0.2))
+    entered, release = _hold_first_renders(pipeline, monkeypatch)
+    sink = CollectingSink()
+    try:
+        job = SynthesisJob("A long request.", pipeline.voices.get(VOICE), sink, _forced(150))
+        lm_done = _wait_lm_finished(job)
+        pipeline.scheduler.submit(job)
+        assert entered.wait(60)
+        assert lm_done.wait(60)  # long before the render is let go
+        assert sink.chunks == []
+    finally:
+        release.set()
+    assert sum(map(len, sink.wait(60))) == 150 * SAMPLES_PER_TOKEN
 
 
 class _CancelOnFirstChunk(CollectingSink):

@@ -303,3 +303,5 @@ class RenderLoop:
             if task.finalize:
                 job.segment_rendered = True  # the decode thread starts the next segment or retires the job
                 self._decode_wake.notify()
+            elif len(job.timings.chunks) == 1:
+                self._decode_wake.notify()  # its decoding may have been held for this chunk

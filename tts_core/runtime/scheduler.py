@@ -86,6 +86,10 @@ class SchedulerSettings:
     # overlaps). H100, bench/results/load_2026-11-23_h100_pooled_*: at 14 req/s two streams kept
     # p95 first chunk 1.8 s / 2 underruns where one stream gave 3.2 s / 185.
     separate_streams: bool = True
+    # A job's decoding pauses from when its first chunk's tokens are drawn until that chunk is
+    # handed off, for at most this long (0: never): at one stream, its decode steps would run
+    # beside the first chunk's render and slow it (`SynthesisJob.held_for_first_chunk`).
+    first_chunk_hold_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -230,7 +234,7 @@ class SynthesisScheduler:
             while True:
                 with self._cond:
                     while not self._stopping and not self._has_work():
-                        self._cond.wait()
+                        self._cond.wait(self._hold_ends())
                     if self._stopping:
                         return
                 try:
@@ -241,11 +245,26 @@ class SynthesisScheduler:
                         self._fail(job, exc)
 
     def _has_work(self) -> bool:
-        """Under the lock. Jobs whose LM finished wait for the render thread, which wakes us."""
+        """Under the lock. Jobs whose LM finished wait for the render thread, which wakes us; so do
+        jobs held for their first chunk (or the hold's end, `_hold_ends`)."""
         if self._waiting and self._free_slots:
             return True
-        return any(job.cancelled or job.segment_rendered or job.logp is not None or job.generating
+        now = time.perf_counter()
+        return any(job.cancelled or job.segment_rendered or job.logp is not None or self._decodes(job, now)
                    for job in self._active)
+
+    def _decodes(self, job: SynthesisJob, now: float) -> bool:
+        hold = self.settings.first_chunk_hold_s
+        return job.generating and not (hold and job.held_for_first_chunk(now, hold))
+
+    def _hold_ends(self) -> float | None:
+        """Under the lock: seconds until the first hold of a generating job ends (None: no hold)."""
+        hold = self.settings.first_chunk_hold_s
+        if not hold:
+            return None
+        now = time.perf_counter()
+        left = [job.held_for_first_chunk(now, hold) for job in self._active if job.generating]
+        return min((x for x in left if x > 0), default=None)
 
     def _jobs(self) -> list[SynthesisJob]:
         """A snapshot of the active jobs: the render thread may release one while we iterate."""
@@ -404,8 +423,9 @@ class SynthesisScheduler:
             self._wake_render()
 
     def _decode(self) -> int:
+        now = time.perf_counter()
         with self._cond:  # slots read once, under the lock (see _start_segment)
-            batch = [(job, job.slot) for job in self._active if job.generating]
+            batch = [(job, job.slot) for job in self._active if self._decodes(job, now)]
         if not batch:
             return 0
         started = time.perf_counter()
