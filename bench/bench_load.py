@@ -23,6 +23,7 @@ import argparse
 import dataclasses
 import datetime
 import faulthandler
+import itertools
 import json
 import platform
 import random
@@ -214,7 +215,7 @@ def first_chunk_stages(jobs) -> dict:
         marks = [getattr(t, name) for _, name, _ in FIRST_CHUNK_STAGES] + [t.first_chunk]
         if None in marks:
             continue
-        rows.append([b - a for a, b in zip(marks, marks[1:])])
+        rows.append([b - a for a, b in itertools.pairwise(marks)])
     if not rows:
         return {}
     a = 1e3 * np.array(rows)

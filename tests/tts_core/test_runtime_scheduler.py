@@ -145,11 +145,9 @@ def _wait_lm_finished(job: SynthesisJob) -> threading.Event:
     return _wait_for(job, lambda j: j.lm_finished)
 
 
-def test_decoding_goes_on_while_a_chunk_renders(pipeline: CosyVoice2Pipeline, monkeypatch) -> None:
-    """The point of the decode/render split: a render call that takes long (a batched flow call on
-    a busy GPU) must not stall any stream's LM steps."""
+def _hold_renders(pipeline: CosyVoice2Pipeline, monkeypatch) -> tuple[threading.Event, threading.Event]:
+    """(entered, release): every render call waits for `release`; `entered` is set by the first."""
     entered, release = threading.Event(), threading.Event()
-
     renderer = pipeline.scheduler.renderer
     real_render = renderer.render
 
@@ -159,6 +157,13 @@ def test_decoding_goes_on_while_a_chunk_renders(pipeline: CosyVoice2Pipeline, mo
         return real_render(items, lane=lane)
 
     monkeypatch.setattr(renderer, "render", held_render)
+    return entered, release
+
+
+def test_decoding_goes_on_while_a_chunk_renders(pipeline: CosyVoice2Pipeline, monkeypatch) -> None:
+    """The point of the decode/render split: a render call that takes long (a batched flow call on
+    a busy GPU) must not stall any stream's LM steps."""
+    entered, release = _hold_renders(pipeline, monkeypatch)
     first_sink, late_sink = CollectingSink(), CollectingSink()
     try:
         first = pipeline.synthesize("A long request.", VOICE, first_sink, _forced(150))
@@ -177,28 +182,13 @@ def test_decoding_goes_on_while_a_chunk_renders(pipeline: CosyVoice2Pipeline, mo
     assert sum(map(len, late_sink.wait(60))) == 60 * SAMPLES_PER_TOKEN
 
 
-def _hold_first_renders(pipeline: CosyVoice2Pipeline, monkeypatch) -> tuple[threading.Event, threading.Event]:
-    """(entered, release): every render call waits for `release`; `entered` is set by the first."""
-    entered, release = threading.Event(), threading.Event()
-    renderer = pipeline.scheduler.renderer
-    real_render = renderer.render
-
-    def held_render(items, lane="later"):
-        entered.set()
-        assert release.wait(60)
-        return real_render(items, lane=lane)
-
-    monkeypatch.setattr(renderer, "render", held_render)
-    return entered, release
-
-
 def test_a_job_waiting_for_its_first_chunk_holds_its_decoding(pipeline: CosyVoice2Pipeline, monkeypatch) -> None:
     """first_chunk_hold_s: from the moment its first chunk's tokens are drawn until that chunk is
     handed off, a job draws no more tokens (a job without a first chunk due decodes on), and it
     speaks all of its tokens once the chunk is out."""
     monkeypatch.setattr(pipeline.scheduler, "settings",
                         dataclasses.replace(pipeline.scheduler.settings, first_chunk_hold_s=60.0))
-    entered, release = _hold_first_renders(pipeline, monkeypatch)
+    entered, release = _hold_renders(pipeline, monkeypatch)
     first_sink, late_sink = CollectingSink(), CollectingSink()
     try:
         first = pipeline.synthesize("A long request.", VOICE, first_sink, _forced(150))
@@ -221,7 +211,7 @@ def test_a_first_chunk_hold_ends_after_its_limit(pipeline: CosyVoice2Pipeline, m
     # A render that takes longer than the hold: decoding resumes on the decode thread's own timer.
     monkeypatch.setattr(pipeline.scheduler, "settings",
                         dataclasses.replace(pipeline.scheduler.settings, first_chunk_hold_s=0.2))
-    entered, release = _hold_first_renders(pipeline, monkeypatch)
+    entered, release = _hold_renders(pipeline, monkeypatch)
     sink = CollectingSink()
     try:
         job = SynthesisJob("A long request.", pipeline.voices.get(VOICE), sink, _forced(150))
