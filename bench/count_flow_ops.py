@@ -6,14 +6,15 @@ weights) after the bench voice's prompt:
 
   eager     aten ops dispatched per step, views excluded (each is about one CUDA kernel; the
             captured graph replays exactly these)
-  compiled  calls per step in the code inductor generates for the torch.compile'd estimator step
-            (compile_flow): fused kernels and extern calls (matmul, convolution, attention). On
-            CPU inductor fuses into C++ loops, on CUDA into Triton kernels; the grouping is close
-            but not identical, so read it as an estimate until a GPU run confirms it.
+  compiled  calls per step with compile_flow: the eager ops outside the transformer blocks plus,
+            per block, the calls in the code inductor generates for the compiled block (fused
+            kernels and extern calls: matmul, convolution, attention). On CPU inductor fuses into
+            C++ loops, on CUDA into Triton kernels; the grouping is close but not identical, so read
+            it as an estimate until a GPU run confirms it.
 
     python bench/count_flow_ops.py --golden .golden [--compiled] --out bench/results/flow_ops_<date>.json
 
-Runs on CPU (the default) in a few seconds eager; compiling the full-size step takes minutes there.
+Runs on CPU (the default) in a few seconds eager; compiling the full-size block takes ~10 s there.
 """
 
 from __future__ import annotations
@@ -113,11 +114,23 @@ def main(argv: list[str] | None = None) -> int:
     est = flow.decoder.estimator
     report: dict = {"device": args.device, "model_dir": str(model_dir), "first_tokens": FIRST_TOKENS,
                     "new_frames": inputs[0].size(2), "context_frames": inputs[6].size(-2)}
+    blocks: list[int] = []  # eager ops per transformer block call
+
+    def counted_block(block, h, attn_mask, context):
+        before = sum(counter.ops.values())
+        out = block(h, attn_mask, context)
+        blocks.append(sum(counter.ops.values()) - before)
+        return out
+
     with torch.inference_mode():
         est(*inputs)
         with DispatchCounter() as counter:
             est(*inputs)
+        with DispatchCounter() as counter:
+            est(*inputs, run_block=counted_block)
     report["eager_ops_per_step"] = sum(counter.ops.values())
+    report["eager_ops_outside_blocks"] = report["eager_ops_per_step"] - sum(blocks)
+    report["blocks_per_step"] = len(blocks)
     report["eager_ops_by_name"] = dict(counter.ops.most_common())
     print(f"eager: {report['eager_ops_per_step']} dispatched ops per Euler step "
           f"({', '.join(f'{k} {v}' for k, v in counter.ops.most_common(8))}, ...)", flush=True)
@@ -128,10 +141,17 @@ def main(argv: list[str] | None = None) -> int:
         with torch.inference_mode():
             _, sources = run_and_get_code(compiled_estimator(est), *inputs)
         report["compile_s"] = time.perf_counter() - started
-        report["compiled_calls_per_step"] = count_generated_calls(sources)
+        report["compiled_sources"] = len(sources)  # one: every block ran the same compiled code
+        block = count_generated_calls(sources)
+        report["compiled_calls_per_block"] = block
+        report["compiled_calls_per_step"] = {k: v * len(blocks) for k, v in block.items()}
         c = report["compiled_calls_per_step"]
-        print(f"compiled: {c['total']} calls per Euler step ({c['fused_kernels']} fused kernels, "
-              f"{c['extern_calls']} extern calls); compile {report['compile_s']:.0f} s", flush=True)
+        c["eager_outside_blocks"] = report["eager_ops_outside_blocks"]
+        c["total"] += c["eager_outside_blocks"]
+        print(f"compiled: {c['total']} calls per Euler step ({len(blocks)} blocks x {block['total']} "
+              f"({block['fused_kernels']} fused kernels, {block['extern_calls']} extern calls) + "
+              f"{c['eager_outside_blocks']} eager ops outside them; {len(sources)} compiled graph(s)); "
+              f"compile {report['compile_s']:.0f} s", flush=True)
     write_report(report, args.out, "flow_ops", args.device.split(":")[0])
     return 0
 

@@ -19,5 +19,8 @@ def test_count_flow_ops_runs_on_cpu_tiny(tiny_model_dir: Path, tmp_path: Path) -
     eager, compiled = report["eager_ops_per_step"], report["compiled_calls_per_step"]
     # Every transformer block and resnet dispatches its matmuls, norms and pool reads/writes...
     assert report["eager_ops_by_name"]["scaled_dot_product_attention"] >= 1 and eager > 50
-    # ...and inductor keeps the matmuls/convolutions/attention as calls but fuses the rest.
+    # ...and inductor keeps the matmuls/convolutions/attention as calls but fuses the rest, in one
+    # compiled block that every transformer block of the step runs.
     assert 0 < compiled["extern_calls"] < compiled["total"] < eager
+    assert report["compiled_sources"] == 1 and report["blocks_per_step"] == 4  # tiny: 1 + 2 mid + 1 levels
+    assert compiled["total"] == compiled["eager_outside_blocks"] + 4 * report["compiled_calls_per_block"]["total"]

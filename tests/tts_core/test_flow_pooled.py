@@ -147,8 +147,9 @@ def test_padding_rows_and_larger_buckets_change_nothing(flow: FlowModel, flow_ca
 def test_a_compiled_estimator_step_serves_every_euler_step_and_changes_nothing(flow: FlowModel, flow_case: dict,
                                                                               speaker: dict) -> None:
     # What compile_flow does to a captured solve (accel/flow_pool_graphs), on CPU: the same mel and
-    # the same kept frames, from one compiled graph for all ten steps (a step told apart by anything
-    # but its tensors would recompile, which error_on_recompile turns into a failure).
+    # the same kept frames, from one compiled block for every transformer block of all ten steps (a
+    # block or step told apart by anything but its tensors would recompile, which
+    # error_on_recompile turns into a failure).
     from tts_core.accel.flow_pool_graphs import compiled_estimator
     from tts_core.flow.encoder_window import encode_grouped
     from tts_core.flow.pooled import pooled_solve

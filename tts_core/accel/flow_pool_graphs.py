@@ -16,11 +16,13 @@ Use (the rendering thread only):
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 
 import structlog
 import torch
+from torch import nn
 
 from tts_core.accel.flow_graphs import device_position_tables
 from tts_core.accel.graph_capture import capture_graph, replay
@@ -32,20 +34,24 @@ from tts_core.flow.encoder_window import encode_grouped, encode_new_frames
 log = structlog.get_logger(__name__)
 
 
+def _run_block(block: nn.Module, h: torch.Tensor, attn_mask: torch.Tensor | None, context) -> torch.Tensor:
+    return block(h, attn_mask, context)
+
+
 def compiled_estimator(estimator: FlowEstimator) -> Callable:
-    """The estimator's step fused by torch.compile (inductor): one Euler step of a pooled call is
-    ~1000 small kernels eagerly (bench/count_flow_ops.py), most of them elementwise work around
-    the matmuls that inductor folds into fewer kernels. Compiled with every size symbolic from the
-    start: automatic dynamic shapes would recompile once per size that changes between buckets
-    (rows, context, new frames: ~6 compiles of minutes each, past the recompile limit), while
-    symbolic sizes compile once for all buckets of more than one row and once for one row (size-1
-    specialization), plus once per side of the attention's q/k/v split (`SelfAttention.forward`).
-    All of it happens in `capture`'s warm-up at start-up, none on a request; the compiled code only
-    ever runs inside graph capture (eager fallbacks use the plain estimator)."""
+    """The estimator step with its transformer blocks fused by torch.compile (inductor): ~1000
+    small kernels a step eagerly (bench/count_flow_ops.py), most of them elementwise work around the
+    matmuls. Compiled per block, not per step: all 56 blocks share one compiled function (their
+    weights and pool share are its inputs), so start-up compiles a small graph a few times (once per
+    size specialization: one row, more rows) instead of the whole ~1000-op step 5-7 times (the
+    whole-step compile did not finish capturing in 9.5 minutes on the H100). Sizes are symbolic from
+    the start. All of it happens in `capture`'s warm-up at start-up, none on a request; the compiled
+    code only ever runs inside graph capture (eager fallbacks use the plain estimator)."""
     for module in estimator.modules():
         if isinstance(module, SelfAttention):
             module.stack_projections()
-    return torch.compile(estimator, fullgraph=True, dynamic=True)  # a graph break fails start-up loudly
+    run_block = torch.compile(_run_block, fullgraph=True, dynamic=True)  # a graph break fails start-up loudly
+    return functools.partial(estimator, run_block=run_block)
 
 
 class _SolveGraph:

@@ -156,8 +156,24 @@ class PooledStepContext:
 
     def attention_keys_values(self, layer: nn.Module, x: torch.Tensor,
                               project: KeysValues) -> tuple[torch.Tensor, torch.Tensor]:
-        hidden = self.memory.hidden[layer]  # (2, frames, D)
+        return self.attention(layer).attention_keys_values(layer, x, project)
+
+    def attention(self, layer: nn.Module) -> AttentionContext:
+        """What one attention layer reads and writes, without the layer: a compiled transformer
+        block given this serves every block of its shape (accel/flow_pool_graphs)."""
+        return AttentionContext(self.memory.hidden[layer], self.index)
+
+
+@dataclass(frozen=True)
+class AttentionContext:
+    """One attention layer's share of a `PooledStepContext`: its block inputs (2, frames, D)."""
+
+    hidden: torch.Tensor
+    index: CallIndex
+
+    def attention_keys_values(self, layer: nn.Module, x: torch.Tensor,
+                              project: KeysValues) -> tuple[torch.Tensor, torch.Tensor]:
         b, n, d = self.index.rows, x.size(1), x.size(2)
-        context = hidden.index_select(1, self.index.ctx_frames).view(2 * b, -1, d)
-        hidden.index_copy_(1, self.index.write_frames, x.reshape(2, b * n, d))
+        context = self.hidden.index_select(1, self.index.ctx_frames).view(2 * b, -1, d)
+        self.hidden.index_copy_(1, self.index.write_frames, x.reshape(2, b * n, d))
         return project(torch.cat([context, x], dim=1))

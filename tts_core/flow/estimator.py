@@ -12,7 +12,7 @@ Parameter names follow the official checkpoint (`down_blocks.0.0.block1.block.0`
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -21,6 +21,9 @@ from torch.nn import functional as F
 from tts_core.flow.chunk_mask import chunk_attention_mask
 from tts_core.flow.config import EstimatorConfig
 from tts_core.flow.frame_cache import FrameCache
+
+# (block, h, attn_mask, that block's attention context) -> h: runs one TransformerBlock.
+RunBlock = Callable[[nn.Module, torch.Tensor, torch.Tensor | None, object], torch.Tensor]
 
 
 def _masked(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -225,10 +228,13 @@ class FlowEstimator(nn.Module):
 
     @staticmethod
     def _transformers(x: torch.Tensor, blocks: nn.ModuleList, attn_mask: torch.Tensor | None,
-                      cache: FrameCache | None) -> torch.Tensor:
+                      cache: FrameCache | None, run_block: RunBlock | None) -> torch.Tensor:
         h = x.transpose(1, 2)
         for block in blocks:
-            h = block(h, attn_mask, cache)
+            if run_block is None:
+                h = block(h, attn_mask, cache)
+            else:  # a pooled call's cache: each block gets its own share of it (accel/flow_pool_graphs)
+                h = run_block(block, h, attn_mask, cache.attention(block.attn1))
         return h.transpose(1, 2)
 
     def resnets(self) -> list[CausalResnetBlock]:
@@ -244,26 +250,29 @@ class FlowEstimator(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, mu: torch.Tensor, t: torch.Tensor | None,
                 spks: torch.Tensor, cond: torch.Tensor, attn_mask: torch.Tensor | None, cache: FrameCache | None = None,
-                time_biases: Sequence[torch.Tensor] | None = None) -> torch.Tensor:
+                time_biases: Sequence[torch.Tensor] | None = None, run_block: RunBlock | None = None) -> torch.Tensor:
         """x, mu, cond (B, 80, T); mask (B, 1, T); t (B,); spks (B, 80); attn_mask (T, T_keys) bool or
         None. With a cache the T frames continue the `cache.start` frames of earlier passes.
         `time_biases`: `time_biases(t)` made beforehand (rows broadcast); t is then unused.
 
         mask None: no frame is zeroed. Frames past a row's end then carry values, but a valid
         frame never sees them (causal convolutions; `attn_mask` hides them as keys), so a caller
-        that discards them (tts_core.flow.pooled) gets the same output for ~80 fewer kernels a step."""
+        that discards them (tts_core.flow.pooled) gets the same output for ~80 fewer kernels a step.
+
+        `run_block(block, h, attn_mask, cache.attention(block.attn1))` runs each transformer block
+        in place of `block(h, attn_mask, cache)` (a pooled call's compiled blocks)."""
         biases = iter(self.time_biases(t) if time_biases is None else time_biases)
         h = torch.cat([x, mu, spks.unsqueeze(-1).expand(-1, -1, x.size(-1)), cond], dim=1)
 
         resnet, blocks, conv = self.down_blocks[0]
-        h = self._transformers(resnet(h, mask, next(biases), cache), blocks, attn_mask, cache)
+        h = self._transformers(resnet(h, mask, next(biases), cache), blocks, attn_mask, cache, run_block)
         skip = h
         h = conv(_masked(h, mask), cache)
         for resnet, blocks in self.mid_blocks:
-            h = self._transformers(resnet(h, mask, next(biases), cache), blocks, attn_mask, cache)
+            h = self._transformers(resnet(h, mask, next(biases), cache), blocks, attn_mask, cache, run_block)
         resnet, blocks, conv = self.up_blocks[0]
         h = self._transformers(resnet(torch.cat([h, skip], dim=1), mask, next(biases), cache), blocks, attn_mask,
-                               cache)
+                               cache, run_block)
         h = conv(_masked(h, mask), cache)
         h = self.final_block(h, mask, cache)
         return _masked(self.final_proj(_masked(h, mask)), mask)

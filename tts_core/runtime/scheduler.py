@@ -74,9 +74,9 @@ class SchedulerSettings:
     # chunks' large calls (render_loop); their graph buckets. 0: one render thread does both.
     first_chunk_lanes: int = 2
     flow_first_batches: tuple[int, ...] = (1, 2, 4, 8)
-    # The captured flow solves call a torch.compile'd estimator step (fewer, fused kernels; compiled
-    # at start-up). Off: -16 % per first-chunk solve on the H100, but a cold start-up with it did not
-    # finish capturing within 9.5 minutes there (docs/PERF_NOTES.md, 2026-11-23 night).
+    # The captured flow solves run torch.compile'd transformer blocks (fewer, fused kernels; compiled
+    # at start-up, one compiled block for all 56). Off until measured on the GPU (docs/PERF_NOTES.md,
+    # 2026-11-23 night): the whole-step compile it replaces did not start up within 9.5 minutes.
     compile_flow: bool = False
     # A later chunk whose stream still has more than this much unplayed audio waits, so
     # that chunks of many streams gather into one batched flow call instead of many small ones
