@@ -6,15 +6,15 @@ weights) after the bench voice's prompt:
 
   eager     aten ops dispatched per step, views excluded (each is about one CUDA kernel; the
             captured graph replays exactly these)
-  compiled  calls per step with compile_flow: the eager ops outside the transformer blocks plus,
-            per block, the calls in the code inductor generates for the compiled block (fused
-            kernels and extern calls: matmul, convolution, attention). On CPU inductor fuses into
+  compiled  calls per step with compile_flow: the eager ops outside the compiled regions (resnets
+            and transformer blocks) plus, per region call, the calls in the code inductor generates
+            for it (fused kernels and extern calls: matmul, convolution, attention). On CPU inductor fuses into
             C++ loops, on CUDA into Triton kernels; the grouping is close but not identical, so read
             it as an estimate until a GPU run confirms it.
 
     python bench/count_flow_ops.py --golden .golden [--compiled] --out bench/results/flow_ops_<date>.json
 
-Runs on CPU (the default) in a few seconds eager; compiling the full-size block takes ~10 s there.
+Runs on CPU (the default) in a few seconds eager; compiling the full-size regions takes a minute there.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from bench.report_file import write_report  # noqa: E402
 from tts_core.accel.flow_pool_graphs import compiled_estimator  # noqa: E402
 from tts_core.flow.context_pool import PooledStepContext, PoolShape  # noqa: E402
 from tts_core.flow.encoder_window import encode_grouped  # noqa: E402
+from tts_core.flow.estimator import Regions  # noqa: E402
 from tts_core.flow.model import load_flow  # noqa: E402
 from tts_core.flow.pooled import (  # noqa: E402
     PooledFlow,
@@ -114,23 +115,32 @@ def main(argv: list[str] | None = None) -> int:
     est = flow.decoder.estimator
     report: dict = {"device": args.device, "model_dir": str(model_dir), "first_tokens": FIRST_TOKENS,
                     "new_frames": inputs[0].size(2), "context_frames": inputs[6].size(-2)}
-    blocks: list[int] = []  # eager ops per transformer block call
+    # Per call of a compiled region, in call order: (its key, eager ops). A region compiles at its
+    # first call with a new key, so the compiled sources come in the order the keys first appear.
+    # The key is what dynamo specializes on here: the weights' shapes (input width) and, for a
+    # resnet, whether its input is a transposed view (a transformer block's output) or not.
+    regions: list[tuple[str, int]] = []
 
-    def counted_block(block, h, attn_mask, context):
-        before = sum(counter.ops.values())
-        out = block(h, attn_mask, context)
-        blocks.append(sum(counter.ops.values()) - before)
-        return out
+    def counted(kind: str, run):
+        def call(module, h, *rest):
+            before = sum(counter.ops.values())
+            out = run(module, h, *rest)
+            key = f"block{h.size(2)}" if kind == "block" else f"resnet{h.size(1)}{'' if h.is_contiguous() else 't'}"
+            regions.append((key, sum(counter.ops.values()) - before))
+            return out
+        return call
 
+    counting = Regions(block=counted("block", lambda m, h, mask, ctx: m(h, mask, ctx)),
+                       resnet=counted("resnet", lambda m, h, bias, a, b: m(h, None, bias, a, b)))
     with torch.inference_mode():
         est(*inputs)
         with DispatchCounter() as counter:
             est(*inputs)
         with DispatchCounter() as counter:
-            est(*inputs, run_block=counted_block)
+            est(*inputs, regions=counting)
     report["eager_ops_per_step"] = sum(counter.ops.values())
-    report["eager_ops_outside_blocks"] = report["eager_ops_per_step"] - sum(blocks)
-    report["blocks_per_step"] = len(blocks)
+    report["eager_ops_outside_regions"] = report["eager_ops_per_step"] - sum(n for _, n in regions)
+    report["region_calls_per_step"] = dict(collections.Counter(key for key, _ in regions))
     report["eager_ops_by_name"] = dict(counter.ops.most_common())
     print(f"eager: {report['eager_ops_per_step']} dispatched ops per Euler step "
           f"({', '.join(f'{k} {v}' for k, v in counter.ops.most_common(8))}, ...)", flush=True)
@@ -141,17 +151,19 @@ def main(argv: list[str] | None = None) -> int:
         with torch.inference_mode():
             _, sources = run_and_get_code(compiled_estimator(est), *inputs)
         report["compile_s"] = time.perf_counter() - started
-        report["compiled_sources"] = len(sources)  # one: every block ran the same compiled code
-        block = count_generated_calls(sources)
-        report["compiled_calls_per_block"] = block
-        report["compiled_calls_per_step"] = {k: v * len(blocks) for k, v in block.items()}
-        c = report["compiled_calls_per_step"]
-        c["eager_outside_blocks"] = report["eager_ops_outside_blocks"]
-        c["total"] += c["eager_outside_blocks"]
-        print(f"compiled: {c['total']} calls per Euler step ({len(blocks)} blocks x {block['total']} "
-              f"({block['fused_kernels']} fused kernels, {block['extern_calls']} extern calls) + "
-              f"{c['eager_outside_blocks']} eager ops outside them; {len(sources)} compiled graph(s)); "
-              f"compile {report['compile_s']:.0f} s", flush=True)
+        keys = list(dict.fromkeys(key for key, _ in regions))
+        if len(sources) != len(keys):
+            raise SystemExit(f"expected one compiled graph per region shape {keys}, got {len(sources)}")
+        per_key = {key: count_generated_calls([src]) for key, src in zip(keys, sources)}
+        report["compiled_calls_per_region"] = per_key
+        c = {name: sum(per_key[key][name] for key, _ in regions) for name in ("fused_kernels", "extern_calls")}
+        c["eager_outside_regions"] = report["eager_ops_outside_regions"]
+        c["total"] = sum(c.values())
+        report["compiled_calls_per_step"] = c
+        print(f"compiled: {c['total']} calls per Euler step ({c['fused_kernels']} fused kernels, "
+              f"{c['extern_calls']} extern calls in {len(regions)} compiled region calls, "
+              f"{c['eager_outside_regions']} eager ops outside them; {len(sources)} compiled graphs: "
+              f"{report['compiled_calls_per_region']}); compile {report['compile_s']:.0f} s", flush=True)
     write_report(report, args.out, "flow_ops", args.device.split(":")[0])
     return 0
 

@@ -147,9 +147,13 @@ def test_padding_rows_and_larger_buckets_change_nothing(flow: FlowModel, flow_ca
 def test_a_compiled_estimator_step_serves_every_euler_step_and_changes_nothing(flow: FlowModel, flow_case: dict,
                                                                               speaker: dict) -> None:
     # What compile_flow does to a captured solve (accel/flow_pool_graphs), on CPU: the same mel and
-    # the same kept frames, from one compiled block for every transformer block of all ten steps (a
-    # block or step told apart by anything but its tensors would recompile, which
-    # error_on_recompile turns into a failure).
+    # the same kept frames, from one compiled graph per module shape for all ten steps: the
+    # transformer blocks one, the resnets one per input width (down, middle, up) and one more for
+    # the middle ones' second input layout (the first middle resnet reads a convolution's output,
+    # the others a transformer block's, transposed). A module or step told apart by anything but
+    # its tensors' shapes would compile more.
+    from torch._dynamo.utils import counters
+
     from tts_core.accel.flow_pool_graphs import compiled_estimator
     from tts_core.flow.encoder_window import encode_grouped
     from tts_core.flow.pooled import pooled_solve
@@ -164,10 +168,13 @@ def test_a_compiled_estimator_step_serves_every_euler_step_and_changes_nothing(f
         plans = [pooled.plan(a, tokens[:, :53], False), pooled.plan(b, tokens[:, :28], False)]
         mus = encode_grouped(flow, plans)
         new = max(p.new_frames for p in plans)
-        with torch.inference_mode(), torch._dynamo.config.patch(error_on_recompile=True):
+        compiles = counters["stats"]["unique_graphs"]
+        with torch.inference_mode():
             mel = pooled_solve(flow, pooled.pool, pooled.table([p.row for p in plans]),
                                pooled.stack_mu(mus, len(plans), new), max(p.ctx_frames for p in plans), pooled.steps,
                                estimator)
+        widths = {r.block1.block[0].in_channels for r in flow.decoder.estimator.resnets()}
+        assert counters["stats"]["unique_graphs"] - compiles == (0 if estimator is None else 1 + len(widths) + 1)
         outs = [pooled.finish(s, p, mel[i:i + 1, :, :p.new_frames]) for i, (s, p) in enumerate(zip((a, b), plans))]
         outs.append(pooled.render([a], [tokens[:, :78]], [False])[0])  # eager, from the kept frames
         results.append(outs)

@@ -22,36 +22,46 @@ from collections.abc import Callable, Sequence
 
 import structlog
 import torch
+import torch.fx.experimental._config as fx_config
 from torch import nn
 
 from tts_core.accel.flow_graphs import device_position_tables
 from tts_core.accel.graph_capture import capture_graph, replay
-from tts_core.flow.estimator import FlowEstimator, SelfAttention
+from tts_core.flow.estimator import FlowEstimator, Regions, SelfAttention
 from tts_core.flow.model import FlowModel
 from tts_core.flow.pooled import PooledFlow, PooledPlan, PooledStream, pooled_solve
 from tts_core.flow.encoder_window import encode_grouped, encode_new_frames
 
 log = structlog.get_logger(__name__)
 
+COMPILE_LIMIT = 64  # compiles per compiled function during capture (see PooledFlowGraphs.capture)
+
 
 def _run_block(block: nn.Module, h: torch.Tensor, attn_mask: torch.Tensor | None, context) -> torch.Tensor:
     return block(h, attn_mask, context)
 
 
+def _run_resnet(resnet: nn.Module, h: torch.Tensor, time_bias: torch.Tensor, first, second) -> torch.Tensor:
+    return resnet(h, None, time_bias, first, second)
+
+
 def compiled_estimator(estimator: FlowEstimator) -> Callable:
-    """The estimator step with its transformer blocks fused by torch.compile (inductor): ~1000
-    small kernels a step eagerly (bench/count_flow_ops.py), most of them elementwise work around the
-    matmuls. Compiled per block, not per step: all 56 blocks share one compiled function (their
-    weights and pool share are its inputs), so start-up compiles a small graph a few times (once per
-    size specialization: one row, more rows) instead of the whole ~1000-op step 5-7 times (the
-    whole-step compile did not finish capturing in 9.5 minutes on the H100). Sizes are symbolic from
-    the start. All of it happens in `capture`'s warm-up at start-up, none on a request; the compiled
-    code only ever runs inside graph capture (eager fallbacks use the plain estimator)."""
+    """The estimator step with its resnets and transformer blocks fused by torch.compile (inductor):
+    ~1000 small kernels a step eagerly (bench/count_flow_ops.py), most of them elementwise work
+    around the matmuls. Compiled per module, not per step: each module gets only its own layers'
+    share of the pool as inputs (`estimator.Regions`), so all 56 blocks share one compiled graph and
+    the 14 resnets one per input width, and start-up compiles small graphs a few times (once per
+    size specialization: one row, more rows) instead of the whole ~1000-op step 5-7 times (that did
+    not finish capturing in 9.5 minutes on the H100). Sizes are symbolic from the start. All of it
+    happens in `capture`'s warm-up at start-up, none on a request; the compiled code only ever runs
+    inside graph capture (eager fallbacks use the plain estimator)."""
     for module in estimator.modules():
         if isinstance(module, SelfAttention):
             module.stack_projections()
-    run_block = torch.compile(_run_block, fullgraph=True, dynamic=True)  # a graph break fails start-up loudly
-    return functools.partial(estimator, run_block=run_block)
+    # fullgraph: a graph break fails start-up loudly.
+    regions = Regions(block=torch.compile(_run_block, fullgraph=True, dynamic=True),
+                      resnet=torch.compile(_run_resnet, fullgraph=True, dynamic=True))
+    return functools.partial(estimator, regions=regions)
 
 
 class _SolveGraph:
@@ -113,11 +123,17 @@ class PooledFlowGraphs:
         """Capture the solve for every (rows, ctx_cap, new_cap); returns the seconds it took."""
         started = time.perf_counter()
         pool = self._graph_pool()
-        # Largest first: later captures reuse its blocks of the shared graph memory pool.
-        for key in sorted(((r, c, n) for r in rows for c in ctx_caps for n in new_caps),
-                          key=lambda k: k[0] * (k[1] + k[2]), reverse=True):
-            if key not in self.solve_graphs:
-                self.solve_graphs[key] = _SolveGraph(self.pooled, *key, pool, self._stream, self.estimator)
+        # A compiled estimator compiles here and nowhere else (replays run no Python), per module
+        # shape a few size specializations each (compiled_estimator); dynamo's default limit (8 per
+        # function) is for code that may recompile forever while serving. Without duck shaping a
+        # row count that equals a channel count (2 x 32 rows = 64) is not specialized with it.
+        limit = max(COMPILE_LIMIT, torch._dynamo.config.recompile_limit)
+        with torch._dynamo.config.patch(recompile_limit=limit), fx_config.patch(use_duck_shape=False):
+            # Largest first: later captures reuse its blocks of the shared graph memory pool.
+            for key in sorted(((r, c, n) for r in rows for c in ctx_caps for n in new_caps),
+                              key=lambda k: k[0] * (k[1] + k[2]), reverse=True):
+                if key not in self.solve_graphs:
+                    self.solve_graphs[key] = _SolveGraph(self.pooled, *key, pool, self._stream, self.estimator)
         seconds = time.perf_counter() - started
         log.info("flow_pool_graphs_captured", graphs=len(self.solve_graphs), rows=list(rows), ctx_caps=list(ctx_caps),
                  new_caps=list(new_caps), seconds=round(seconds, 2))

@@ -145,23 +145,36 @@ class PooledStepContext:
         self.memory, self.index = memory, index
 
     def conv_input(self, layer: nn.Module, x: torch.Tensor, n: int) -> torch.Tensor:
-        states = self.memory.left[layer]  # (2, slots, C, n)
-        b = self.index.rows
-        left = states.index_select(1, self.index.left_src).reshape(2 * b, x.size(1), n)
-        seq = torch.cat([left, x], dim=2)
-        # The n input frames before the commit point: seq[commit : commit + n] (seq has n left frames).
-        kept = seq.gather(2, self.index.conv_at[n].expand(-1, x.size(1), -1))
-        states.index_copy_(1, self.index.left_dst, kept.view(2, b, x.size(1), n))
-        return seq
+        return self.conv(layer).conv_input(layer, x, n)
 
     def attention_keys_values(self, layer: nn.Module, x: torch.Tensor,
                               project: KeysValues) -> tuple[torch.Tensor, torch.Tensor]:
         return self.attention(layer).attention_keys_values(layer, x, project)
 
+    # One layer's share, without the layer: a compiled module given its layers' shares serves every
+    # module of its shape (estimator.Regions, accel/flow_pool_graphs).
+    def conv(self, layer: nn.Module) -> ConvContext:
+        return ConvContext(self.memory.left[layer], self.index)
+
     def attention(self, layer: nn.Module) -> AttentionContext:
-        """What one attention layer reads and writes, without the layer: a compiled transformer
-        block given this serves every block of its shape (accel/flow_pool_graphs)."""
         return AttentionContext(self.memory.hidden[layer], self.index)
+
+
+@dataclass(frozen=True)
+class ConvContext:
+    """One causal convolution's share of a `PooledStepContext`: its input states (2, slots, C, n)."""
+
+    states: torch.Tensor
+    index: CallIndex
+
+    def conv_input(self, layer: nn.Module, x: torch.Tensor, n: int) -> torch.Tensor:
+        b = self.index.rows
+        left = self.states.index_select(1, self.index.left_src).reshape(2 * b, x.size(1), n)
+        seq = torch.cat([left, x], dim=2)
+        # The n input frames before the commit point: seq[commit : commit + n] (seq has n left frames).
+        kept = seq.gather(2, self.index.conv_at[n].expand(-1, x.size(1), -1))
+        self.states.index_copy_(1, self.index.left_dst, kept.view(2, b, x.size(1), n))
+        return seq
 
 
 @dataclass(frozen=True)

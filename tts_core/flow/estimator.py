@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -22,8 +23,20 @@ from tts_core.flow.chunk_mask import chunk_attention_mask
 from tts_core.flow.config import EstimatorConfig
 from tts_core.flow.frame_cache import FrameCache
 
-# (block, h, attn_mask, that block's attention context) -> h: runs one TransformerBlock.
-RunBlock = Callable[[nn.Module, torch.Tensor, torch.Tensor | None, object], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Regions:
+    """Stand-ins for the estimator's repeated modules in a pooled call (accel/flow_pool_graphs
+    compiles them): each gets only its own layers' share of the pooled cache, so one compiled
+    function serves every instance of a shape.
+
+    block(block, h, attn_mask, cache.attention(block.attn1)) -> h, for `block(h, attn_mask, cache)`;
+    resnet(resnet, h, time_bias, cache.conv(conv 1), cache.conv(conv 2)) -> h, for
+    `resnet(h, None, time_bias, cache)`."""
+
+    block: Callable[..., torch.Tensor]
+    resnet: Callable[..., torch.Tensor]
 
 
 def _masked(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -69,10 +82,15 @@ class CausalResnetBlock(nn.Module):
         return self.mlp(time_emb)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, time_bias: torch.Tensor,
-                cache: FrameCache | None = None) -> torch.Tensor:
+                cache: FrameCache | None = None, second: FrameCache | None = None) -> torch.Tensor:
+        """`second`: block2's cache where it is not `cache` (`Regions`: one per convolution)."""
         h = self.block1(x, mask, cache) + time_bias.unsqueeze(-1)
-        h = self.block2(h, mask, cache)
+        h = self.block2(h, mask, cache if second is None else second)
         return h + self.res_conv(_masked(x, mask))
+
+    def convolutions(self) -> tuple[nn.Module, nn.Module]:
+        """The two convolutions with left context, in call order."""
+        return self.block1.block[0], self.block2.block[0]
 
 
 class SelfAttention(nn.Module):
@@ -227,14 +245,18 @@ class FlowEstimator(nn.Module):
         return full[start:]
 
     @staticmethod
-    def _transformers(x: torch.Tensor, blocks: nn.ModuleList, attn_mask: torch.Tensor | None,
-                      cache: FrameCache | None, run_block: RunBlock | None) -> torch.Tensor:
-        h = x.transpose(1, 2)
-        for block in blocks:
-            if run_block is None:
+    def _level(x: torch.Tensor, resnet: CausalResnetBlock, blocks: nn.ModuleList, mask: torch.Tensor | None,
+               time_bias: torch.Tensor, attn_mask: torch.Tensor | None, cache: FrameCache | None,
+               regions: Regions | None) -> torch.Tensor:
+        """A resnet, then its transformer blocks (over frames)."""
+        if regions is None:
+            h = resnet(x, mask, time_bias, cache).transpose(1, 2)
+            for block in blocks:
                 h = block(h, attn_mask, cache)
-            else:  # a pooled call's cache: each block gets its own share of it (accel/flow_pool_graphs)
-                h = run_block(block, h, attn_mask, cache.attention(block.attn1))
+        else:  # a pooled call's cache (mask None): each module gets its own share of it
+            h = regions.resnet(resnet, x, time_bias, *(cache.conv(c) for c in resnet.convolutions())).transpose(1, 2)
+            for block in blocks:
+                h = regions.block(block, h, attn_mask, cache.attention(block.attn1))
         return h.transpose(1, 2)
 
     def resnets(self) -> list[CausalResnetBlock]:
@@ -250,7 +272,7 @@ class FlowEstimator(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, mu: torch.Tensor, t: torch.Tensor | None,
                 spks: torch.Tensor, cond: torch.Tensor, attn_mask: torch.Tensor | None, cache: FrameCache | None = None,
-                time_biases: Sequence[torch.Tensor] | None = None, run_block: RunBlock | None = None) -> torch.Tensor:
+                time_biases: Sequence[torch.Tensor] | None = None, regions: Regions | None = None) -> torch.Tensor:
         """x, mu, cond (B, 80, T); mask (B, 1, T); t (B,); spks (B, 80); attn_mask (T, T_keys) bool or
         None. With a cache the T frames continue the `cache.start` frames of earlier passes.
         `time_biases`: `time_biases(t)` made beforehand (rows broadcast); t is then unused.
@@ -259,20 +281,19 @@ class FlowEstimator(nn.Module):
         frame never sees them (causal convolutions; `attn_mask` hides them as keys), so a caller
         that discards them (tts_core.flow.pooled) gets the same output for ~80 fewer kernels a step.
 
-        `run_block(block, h, attn_mask, cache.attention(block.attn1))` runs each transformer block
-        in place of `block(h, attn_mask, cache)` (a pooled call's compiled blocks)."""
+        `regions`: what runs the resnets and transformer blocks of a pooled call (its compiled
+        modules); needs mask None and a `PooledStepContext` cache."""
         biases = iter(self.time_biases(t) if time_biases is None else time_biases)
         h = torch.cat([x, mu, spks.unsqueeze(-1).expand(-1, -1, x.size(-1)), cond], dim=1)
 
         resnet, blocks, conv = self.down_blocks[0]
-        h = self._transformers(resnet(h, mask, next(biases), cache), blocks, attn_mask, cache, run_block)
+        h = self._level(h, resnet, blocks, mask, next(biases), attn_mask, cache, regions)
         skip = h
         h = conv(_masked(h, mask), cache)
         for resnet, blocks in self.mid_blocks:
-            h = self._transformers(resnet(h, mask, next(biases), cache), blocks, attn_mask, cache, run_block)
+            h = self._level(h, resnet, blocks, mask, next(biases), attn_mask, cache, regions)
         resnet, blocks, conv = self.up_blocks[0]
-        h = self._transformers(resnet(torch.cat([h, skip], dim=1), mask, next(biases), cache), blocks, attn_mask,
-                               cache, run_block)
+        h = self._level(torch.cat([h, skip], dim=1), resnet, blocks, mask, next(biases), attn_mask, cache, regions)
         h = conv(_masked(h, mask), cache)
         h = self.final_block(h, mask, cache)
         return _masked(self.final_proj(_masked(h, mask)), mask)
