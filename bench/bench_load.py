@@ -241,12 +241,16 @@ def one_stream(pipeline, voice: str, requests: int, rng: random.Random, lo: int,
         t = job.timings
         firsts.append(t.since_submit(t.first_chunk))
         c = t.chunks[0]
-        splits.append({"frontend": t.frontend_s, "prefill": t.prefill_s, "decode": c.lm_s, "flow": c.flow_s,
-                       "hift": c.hift_s, "handoff": c.handoff_s})
+        split = {"frontend": t.frontend_s, "prefill": t.prefill_s, "decode": c.lm_s, "flow": c.flow_s,
+                 "hift": c.hift_s, "handoff": c.handoff_s}
+        if c.flow_gpu_s is not None:  # of "flow": the encoder's and the solve's stream time
+            split["flow_encoder_gpu"], split["flow_solve_gpu"] = c.flow_gpu_s
+        splits.append(split)
     ms = 1e3 * np.array(firsts)
     return {"requests": requests, "first_chunk_ms": {q: float(np.percentile(ms, q)) for q in (50, 95)},
             "first_chunk_ms_min": float(ms.min()), "first_chunk_ms_max": float(ms.max()),
-            "median_split_ms": {k: 1e3 * float(np.median([s[k] for s in splits])) for k in splits[0]}}
+            "median_split_ms": {k: 1e3 * float(np.median([s[k] for s in splits if k in s]))
+                                for k in dict.fromkeys(k for s in splits for k in s)}}
 
 
 def eager_flow_calls(pipeline) -> dict:
@@ -331,6 +335,9 @@ def main(argv: list[str] | None = None) -> int:
                                        max_len=args.max_len, schedule=ChunkSchedule(first_hop_tokens=args.first_hop),
                                        fast=fast, normalize=False, llm_fp8=args.llm_fp8)
     load_s = time.perf_counter() - t0
+    for lane in pipeline.scheduler.renderer.lanes.values():
+        if lane.graphs is not None:
+            lane.graphs.time_gpu = True  # CUDA events around each flow call's encoder and solve
     report: dict = {"device": torch.cuda.get_device_name() if cuda else platform.processor(), "dtype": dtype,
                     "llm_fp8": args.llm_fp8, "compile_flow": args.compile_flow,
                     "torch": torch.__version__, "graphs": graphs, "encoder_tokens": args.encoder_tokens,

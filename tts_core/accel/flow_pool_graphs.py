@@ -110,6 +110,10 @@ class PooledFlowGraphs:
         self._stream = None  # the capture stream of all these graphs (see graph_capture)
         self.eager_calls = 0  # solves that found no bucket (counted: each costs ~10x a replay)
         self.eager_encodes = 0  # encoder calls that found no graph
+        # Diagnostics (benchmarks): with `time_gpu`, each render records CUDA events around its
+        # encoder and solve work; `gpu_split()` reads them once the caller has synchronized.
+        self.time_gpu = False
+        self._events: tuple[torch.cuda.Event, ...] | None = None
 
     def _graph_pool(self):
         if self.pooled.device.type != "cuda":
@@ -157,8 +161,14 @@ class PooledFlowGraphs:
         """Like `PooledFlow.render`, replaying captured graphs where a bucket fits; calls of more
         streams than the largest bucket are split."""
         pooled = self.pooled
+        events = tuple(torch.cuda.Event(enable_timing=True) for _ in range(3)) if self.time_gpu else None
+        self._events = events
+        if events:
+            events[0].record()
         plans = [pooled.plan(s, t, f) for s, t, f in zip(streams, tokens, finalize)]
         mus = encode_grouped(pooled.model, plans, self._encode)
+        if events:
+            events[1].record()
         largest = self.max_rows or len(plans)
         out: list[torch.Tensor] = []
         for a in range(0, len(plans), largest):
@@ -166,7 +176,17 @@ class PooledFlowGraphs:
             mel = self._solve(part, mus[a:a + largest])
             out += [pooled.finish(s, p, mel[i:i + 1, :, :p.new_frames].clone())
                     for i, (s, p) in enumerate(zip(streams[a:a + largest], part))]
+        if events:
+            events[2].record()
         return out
+
+    def gpu_split(self) -> tuple[float, float] | None:
+        """(encoder, solve) seconds of stream time of the last render, after the caller synchronized
+        its stream; None without `time_gpu`."""
+        if self._events is None:
+            return None
+        start, encoded, solved = self._events
+        return start.elapsed_time(encoded) / 1e3, encoded.elapsed_time(solved) / 1e3
 
     def _encode(self, model: FlowModel, enc_tokens: torch.Tensor, fin: bool, new_frames: int) -> torch.Tensor:
         rows, n = enc_tokens.shape

@@ -236,6 +236,7 @@ class ChunkRenderer:
         render = replays.graphs.render if replays.graphs is not None else self.pooled.render
         mels = render(streams, tokens, finalize)
         flow_done = _synchronized(self._device)
+        flow_gpu = replays.graphs.gpu_split() if replays.graphs is not None else None
         here = torch.cuda.current_stream(self._device) if self._device.type == "cuda" else None
         for stream, _, _ in items:
             if here is not None and stream.cuda_stream is not None and stream.cuda_stream != here:
@@ -255,7 +256,7 @@ class ChunkRenderer:
             if task.finalize:
                 stream.close()
             out.append(RenderedChunk(audio=np.ascontiguousarray(host[at:at + a.numel()]), mel=mel,
-                                     flow_s=flow_done - started, hift_s=hift_s))
+                                     flow_s=flow_done - started, hift_s=hift_s, flow_gpu_s=flow_gpu))
             at += a.numel()
         return out
 

@@ -298,7 +298,8 @@ class RenderLoop:
             job.record_chunk(ChunkTiming(segment=job.segment, index=task.index,
                                          tokens=task.token_end - task.token_offset - lookahead, lm_s=d.lm_s,
                                          flow_s=out.flow_s, hift_s=out.hift_s, handoff_s=now - handed,
-                                         audio_s=len(out.audio) / SAMPLE_RATE, at_s=now - job.timings.submitted),
+                                         audio_s=len(out.audio) / SAMPLE_RATE, at_s=now - job.timings.submitted,
+                                         flow_gpu_s=out.flow_gpu_s),
                              handed)
             if task.finalize:
                 job.segment_rendered = True  # the decode thread starts the next segment or retires the job

@@ -72,6 +72,7 @@ class ChunkTiming:
     handoff_s: float
     audio_s: float
     at_s: float  # when it was handed to the sink, seconds since submit
+    flow_gpu_s: tuple[float, float] | None = None  # the flow call's (encoder, solve) stream time, if timed
 
 
 @dataclass

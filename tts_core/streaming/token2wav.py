@@ -34,6 +34,8 @@ class RenderedChunk:
     mel: torch.Tensor  # (1, 80, new_frames) the flow's new frames, as the vocoder received them
     flow_s: float
     hift_s: float
+    # Stream time of the flow call's encoder and solve, where measured (PooledFlowGraphs.time_gpu).
+    flow_gpu_s: tuple[float, float] | None = None
 
 
 class Token2WavStream:
