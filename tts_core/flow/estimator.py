@@ -24,7 +24,6 @@ from tts_core.flow.config import EstimatorConfig
 from tts_core.flow.frame_cache import FrameCache
 
 
-
 @dataclass(frozen=True)
 class Regions:
     """Stand-ins for the estimator's repeated modules in a pooled call (accel/flow_pool_graphs
