@@ -238,13 +238,11 @@ def one_stream(pipeline, voice: str, requests: int, rng: random.Random, lo: int,
         sink = CollectingSink()
         job = pipeline.synthesize(text, voice, sink, JobOptions(min_tokens=n, max_tokens=n), call_id=f"one{i}")
         sink.wait(600)
-        t = job.timings
-        firsts.append(t.since_submit(t.first_chunk))
-        c = t.chunks[0]
-        split = {"frontend": t.frontend_s, "prefill": t.prefill_s, "decode": c.lm_s, "flow": c.flow_s,
-                 "hift": c.hift_s, "handoff": c.handoff_s}
-        if c.flow_gpu_s is not None:  # of "flow": the encoder's and the solve's stream time
-            split["flow_encoder_gpu"], split["flow_solve_gpu"] = c.flow_gpu_s
+        firsts.append(job.timings.since_submit(job.timings.first_chunk))
+        split = first_chunk_parts(job)
+        gpu = job.timings.chunks[0].flow_gpu_s
+        if gpu is not None:  # of "flow": the encoder's and the solve's stream time
+            split["flow_encoder_gpu"], split["flow_solve_gpu"] = gpu
         splits.append(split)
     ms = 1e3 * np.array(firsts)
     return {"requests": requests, "first_chunk_ms": {q: float(np.percentile(ms, q)) for q in (50, 95)},
@@ -267,12 +265,17 @@ def first_chunk_split(pipeline, voice: str, tokens: int) -> dict:
     job = pipeline.synthesize("Thank you for calling, please hold.", voice, sink,
                               JobOptions(min_tokens=tokens, max_tokens=tokens), call_id="split")
     sink.wait(600)
-    t, c = job.timings, job.timings.chunks[0]
-    first = t.since_submit(t.first_chunk)
-    split = {"frontend": t.frontend_s, "prefill": t.prefill_s, "decode": c.lm_s, "flow": c.flow_s,
-             "hift": c.hift_s, "handoff": c.handoff_s}
+    first = job.timings.since_submit(job.timings.first_chunk)
+    split = first_chunk_parts(job)
     split["other"] = first - sum(split.values())
     return {"first_chunk_ms": first * 1e3, **{f"{k}_ms": v * 1e3 for k, v in split.items()}}
+
+
+def first_chunk_parts(job) -> dict[str, float]:
+    """Seconds of a finished job's first chunk spent in each part of the pipeline."""
+    t, c = job.timings, job.timings.chunks[0]
+    return {"frontend": t.frontend_s, "prefill": t.prefill_s, "decode": c.lm_s, "flow": c.flow_s,
+            "hift": c.hift_s, "handoff": c.handoff_s}
 
 
 def main(argv: list[str] | None = None) -> int:

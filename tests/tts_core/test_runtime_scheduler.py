@@ -145,25 +145,44 @@ def _wait_lm_finished(job: SynthesisJob) -> threading.Event:
     return _wait_for(job, lambda j: j.lm_finished)
 
 
-def _hold_renders(pipeline: CosyVoice2Pipeline, monkeypatch) -> tuple[threading.Event, threading.Event]:
-    """(entered, release): every render call waits for `release`; `entered` is set by the first."""
-    entered, release = threading.Event(), threading.Event()
-    renderer = pipeline.scheduler.renderer
-    real_render = renderer.render
+class _HeldRenders:
+    """Records every render call (lane, [(stream, chunk index)]) and holds the first call on a lane
+    that `hold(lane)` picks (with `every`, each such call) until `release` is set."""
 
-    def held_render(items, lane="later"):
-        entered.set()
-        assert release.wait(60)
-        return real_render(items, lane=lane)
+    def __init__(self, pipeline: CosyVoice2Pipeline, monkeypatch, hold, every: bool = False) -> None:
+        self.calls: list[tuple[str, list[tuple[object, int]]]] = []
+        self.held, self.release = threading.Event(), threading.Event()
+        real_render = pipeline.scheduler.renderer.render
 
-    monkeypatch.setattr(renderer, "render", held_render)
-    return entered, release
+        def render(items, lane="later"):
+            self.calls.append((lane, [(stream, task.index) for stream, _, task in items]))
+            if hold(lane) and (every or not self.held.is_set()):
+                self.held.set()
+                assert self.release.wait(60)
+            return real_render(items, lane=lane)
+
+        monkeypatch.setattr(pipeline.scheduler.renderer, "render", render)
+        self.scheduler = pipeline.scheduler
+
+    def submit_while_held(self, first: SynthesisJob, second: SynthesisJob) -> int:
+        """Submit `first`; once a call is held, submit `second` and wait for its first chunk; then
+        let the held call go. Returns how many chunks `first`'s sink had while its call was held."""
+        try:
+            self.scheduler.submit(first)
+            assert self.held.wait(60)
+            self.scheduler.submit(second)
+            assert second.sink.first_chunk.wait(60)  # out while the held call is still held
+            assert not self.release.is_set()
+            return len(first.sink.chunks)
+        finally:
+            self.release.set()
 
 
 def test_decoding_goes_on_while_a_chunk_renders(pipeline: CosyVoice2Pipeline, monkeypatch) -> None:
     """The point of the decode/render split: a render call that takes long (a batched flow call on
     a busy GPU) must not stall any stream's LM steps."""
-    entered, release = _hold_renders(pipeline, monkeypatch)
+    renders = _HeldRenders(pipeline, monkeypatch, lambda lane: True, every=True)
+    entered, release = renders.held, renders.release
     first_sink, late_sink = CollectingSink(), CollectingSink()
     try:
         first = pipeline.synthesize("A long request.", VOICE, first_sink, _forced(150))
@@ -188,7 +207,8 @@ def test_a_job_waiting_for_its_first_chunk_holds_its_decoding(pipeline: CosyVoic
     speaks all of its tokens once the chunk is out."""
     monkeypatch.setattr(pipeline.scheduler, "settings",
                         dataclasses.replace(pipeline.scheduler.settings, first_chunk_hold_s=60.0))
-    entered, release = _hold_renders(pipeline, monkeypatch)
+    renders = _HeldRenders(pipeline, monkeypatch, lambda lane: True, every=True)
+    entered, release = renders.held, renders.release
     first_sink, late_sink = CollectingSink(), CollectingSink()
     try:
         first = pipeline.synthesize("A long request.", VOICE, first_sink, _forced(150))
@@ -211,7 +231,8 @@ def test_a_first_chunk_hold_ends_after_its_limit(pipeline: CosyVoice2Pipeline, m
     # A render that takes longer than the hold: decoding resumes on the decode thread's own timer.
     monkeypatch.setattr(pipeline.scheduler, "settings",
                         dataclasses.replace(pipeline.scheduler.settings, first_chunk_hold_s=0.2))
-    entered, release = _hold_renders(pipeline, monkeypatch)
+    renders = _HeldRenders(pipeline, monkeypatch, lambda lane: True, every=True)
+    entered, release = renders.held, renders.release
     sink = CollectingSink()
     try:
         job = SynthesisJob("A long request.", pipeline.voices.get(VOICE), sink, _forced(150))
@@ -231,39 +252,6 @@ class _CancelOnFirstChunk(CollectingSink):
     def put(self, chunk: np.ndarray) -> None:
         super().put(chunk)
         self.cancel()
-
-
-class _HeldRenders:
-    """Records every render call (lane, [(stream, chunk index)]) and holds the first call on a lane
-    that `hold(lane)` picks until `release` is set."""
-
-    def __init__(self, pipeline: CosyVoice2Pipeline, monkeypatch, hold) -> None:
-        self.calls: list[tuple[str, list[tuple[object, int]]]] = []
-        self.held, self.release = threading.Event(), threading.Event()
-        real_render = pipeline.scheduler.renderer.render
-
-        def render(items, lane="later"):
-            self.calls.append((lane, [(stream, task.index) for stream, _, task in items]))
-            if hold(lane) and not self.held.is_set():
-                self.held.set()
-                assert self.release.wait(60)
-            return real_render(items, lane=lane)
-
-        monkeypatch.setattr(pipeline.scheduler.renderer, "render", render)
-        self.scheduler = pipeline.scheduler
-
-    def submit_while_held(self, first: SynthesisJob, second: SynthesisJob) -> int:
-        """Submit `first`; once a call is held, submit `second` and wait for its first chunk; then
-        let the held call go. Returns how many chunks `first`'s sink had while its call was held."""
-        try:
-            self.scheduler.submit(first)
-            assert self.held.wait(60)
-            self.scheduler.submit(second)
-            assert second.sink.first_chunk.wait(60)  # out while the held call is still held
-            assert not self.release.is_set()
-            return len(first.sink.chunks)
-        finally:
-            self.release.set()
 
 
 def test_a_first_chunk_renders_while_a_later_chunk_call_is_held(pipeline: CosyVoice2Pipeline,
