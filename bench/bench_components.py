@@ -28,7 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.full_model import build_full_model_dir  # noqa: E402
+from bench.full_model import DEFAULT_DIR, build_full_model_dir  # noqa: E402
 from bench.gpu_timing import replay_ms, wall_ms  # noqa: E402
 from tts_core.accel.batched_sampler import BatchedRasSampler  # noqa: E402
 from tts_core.accel.flow_graphs import GraphedFlowCall  # noqa: E402
@@ -372,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     global OUT_PATH
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--golden", type=Path, required=True)
-    p.add_argument("--model-dir", type=Path, default=Path("/tmp/cosyvoice2_full"))
+    p.add_argument("--model-dir", type=Path, default=DEFAULT_DIR)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--buckets", default="1,2,4,8,16,32,64,128")
     p.add_argument("--attend", default="256,512")

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.full_model import build_full_model_dir  # noqa: E402
+from bench.full_model import DEFAULT_DIR, full_model_dir  # noqa: E402
 from bench.gpu_timing import replay_ms, wall_ms  # noqa: E402
 from tts_core.accel.batched_sampler import BatchedRasSampler  # noqa: E402
 from tts_core.accel.fp8_linear import use_fp8_projections  # noqa: E402
@@ -147,7 +147,7 @@ def attention_kernels(R_attn: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--golden", type=Path, required=True)
-    p.add_argument("--model-dir", type=Path, default=Path("/tmp/cosyvoice2_full"))
+    p.add_argument("--model-dir", type=Path, default=DEFAULT_DIR)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--batches", default="1,16,64,128")
     p.add_argument("--kv-min", type=int, default=200)
@@ -177,8 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         save()
         print(f"[{time.strftime('%X')}] {name} done", flush=True)
 
-    if not (args.model_dir / "llm.pt").exists():
-        build_full_model_dir(args.model_dir, args.golden)
+    full_model_dir(args.model_dir, args.golden)
     lm = load_speech_lm(args.model_dir, "cuda", torch.bfloat16)
     cache = lm.setup_cache(max(batches) + 1, args.max_len)
     gen = torch.Generator().manual_seed(7)

@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.full_model import build_full_model_dir  # noqa: E402
+from bench.full_model import DEFAULT_DIR, full_model_dir  # noqa: E402
 from bench.gpu_timing import replay_ms, wall_ms  # noqa: E402
 from tts_core.accel.flow_pool_graphs import PooledFlowGraphs, compiled_estimator  # noqa: E402
 from tts_core.flow.context_pool import PoolShape  # noqa: E402
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--golden", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--model-dir", type=Path, default=Path("/tmp/cosyvoice2_full"))
+    parser.add_argument("--model-dir", type=Path, default=DEFAULT_DIR)
     parser.add_argument("--batches", default="1,4,16,32,64")
     parser.add_argument("--compile", action="store_true",
                         help="captured solves call the torch.compile'd estimator step (compile_flow)")
@@ -80,8 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     batches = [int(b) for b in args.batches.split(",")]
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    if not (args.model_dir / "flow.pt").is_file():
-        build_full_model_dir(args.model_dir, args.golden)
+    full_model_dir(args.model_dir, args.golden)
     voice_raw = next(iter(torch.load(args.model_dir / "spk2info.pt", weights_only=False).values()))
     tokens = torch.randint(0, 6561, (1, TOTAL), generator=torch.Generator().manual_seed(7))
     result: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,

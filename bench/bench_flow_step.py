@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.full_model import build_full_model_dir  # noqa: E402
+from bench.full_model import DEFAULT_DIR, full_model_dir  # noqa: E402
 from bench.gpu_timing import replay_ms  # noqa: E402
 from bench.report_file import write_report  # noqa: E402
 from tts_core.accel.flow_pool_graphs import PooledFlowGraphs, compiled_estimator  # noqa: E402
@@ -34,12 +34,11 @@ from tts_core.streaming.chunk_schedule import ChunkPlanner, ChunkSchedule  # noq
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--golden", type=Path, required=True)
-    p.add_argument("--model-dir", type=Path, default=Path("/tmp/cosyvoice2_full"))
+    p.add_argument("--model-dir", type=Path, default=DEFAULT_DIR)
     p.add_argument("--rows", type=int, nargs="+", default=[1, 4])
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
-    if not (args.model_dir / "flow.pt").is_file():
-        build_full_model_dir(args.model_dir, args.golden)
+    full_model_dir(args.model_dir, args.golden)
     speaker = next(iter(torch.load(args.model_dir / "spk2info.pt", weights_only=False).values()))
     flow = load_flow(args.model_dir, "cuda", torch.bfloat16)
     prompt = speaker["flow_prompt_speech_token"]

@@ -324,11 +324,9 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = Path(args.model_dir) if args.model_dir else None
     if model_dir is None:
         sys.path.insert(0, str(REPO / "bench"))
-        from full_model import build_full_model_dir
+        from full_model import full_model_dir
 
-        model_dir = Path("/tmp/cosyvoice2_full_bench")
-        if not (model_dir / "spk2info.pt").is_file():
-            build_full_model_dir(model_dir, args.golden)
+        model_dir = full_model_dir(golden=args.golden)
     fast = SchedulerSettings(flow_encoder_tokens=args.encoder_tokens or None, graphs=graphs,
                              flow_context_frames=args.context_frames,
                              defer_slack_s=args.defer_slack_s, separate_streams=not args.one_stream,

@@ -32,7 +32,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.full_model import build_full_model_dir  # noqa: E402
+from bench.full_model import full_model_dir  # noqa: E402
 from bench.report_file import write_report  # noqa: E402
 from tts_core.accel.flow_pool_graphs import compiled_estimator  # noqa: E402
 from tts_core.flow.context_pool import PooledStepContext, PoolShape  # noqa: E402
@@ -99,9 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     model_dir = args.model_dir
     if model_dir is None:
-        model_dir = Path("/tmp/cosyvoice2_full_bench")
-        if not (model_dir / "spk2info.pt").is_file():
-            build_full_model_dir(model_dir, args.golden)
+        model_dir = full_model_dir(golden=args.golden)
     dtype = torch.float32 if args.device == "cpu" else torch.bfloat16
     flow = load_flow(model_dir, args.device, dtype)
     speaker = next(iter(torch.load(model_dir / "spk2info.pt", weights_only=False).values()))

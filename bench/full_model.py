@@ -6,7 +6,7 @@ N(0, 1/fan_in), norms 1, biases small, weight-norm gains 1, Snake alphas 1. The 
 tiny golden one (its ids are valid rows of the full embedding); a voice `bench_voice` with a 6 s
 prompt (150 speech tokens, 300 mel frames) is written to spk2info.pt.
 
-    python bench/full_model.py --out /tmp/cosyvoice2_full     (about 2.3 GB, a minute on a GPU host)
+    python bench/full_model.py --out /tmp/cosyvoice2_full_bench     (about 2.3 GB, a minute on a GPU host)
 
 Never commit the output.
 """
@@ -23,6 +23,8 @@ from pathlib import Path
 import torch
 
 GOLDEN = Path(__file__).resolve().parents[2] / "shared" / "golden"
+# One directory for every benchmark, so that a GPU host builds it once (2.3 GB, about a minute).
+DEFAULT_DIR = Path("/tmp/cosyvoice2_full_bench")
 
 
 def _random_tensor(key: str, shape: list[int], gen: torch.Generator) -> torch.Tensor:
@@ -87,6 +89,13 @@ def build_full_model_dir(out: Path, golden: Path = GOLDEN, seed: int = 2026, pro
         "llm_embedding": torch.randn((1, 192), generator=gen), "flow_embedding": torch.randn((1, 192), generator=gen),
     }
     torch.save({"bench_voice": voice}, out / "spk2info.pt")
+    return out
+
+
+def full_model_dir(out: Path = DEFAULT_DIR, golden: Path = GOLDEN) -> Path:
+    """`out`, built first unless a whole build is already there (spk2info.pt is written last)."""
+    if not (out / "spk2info.pt").is_file():
+        build_full_model_dir(out, golden)
     return out
 
 

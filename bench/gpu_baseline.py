@@ -37,12 +37,9 @@ def _model_dir(arg: str | None) -> Path:
     if arg:
         return Path(arg)
     sys.path.insert(0, str(REPO / "bench"))
-    from full_model import build_full_model_dir
+    from full_model import full_model_dir
 
-    out = Path("/tmp/cosyvoice2_full_bench")
-    if not (out / "spk2info.pt").is_file():
-        build_full_model_dir(out)
-    return out
+    return full_model_dir()
 
 
 def run(argv: list[str] | None = None) -> dict:
