@@ -201,10 +201,11 @@ def test_decoding_goes_on_while_a_chunk_renders(pipeline: CosyVoice2Pipeline, mo
     assert sum(map(len, late_sink.wait(60))) == 60 * SAMPLES_PER_TOKEN
 
 
-def test_a_job_waiting_for_its_first_chunk_holds_its_decoding(pipeline: CosyVoice2Pipeline, monkeypatch) -> None:
-    """first_chunk_hold_s: from the moment its first chunk's tokens are drawn until that chunk is
-    handed off, a job draws no more tokens (a job without a first chunk due decodes on), and it
-    speaks all of its tokens once the chunk is out."""
+def test_decoding_pauses_while_every_generating_job_waits_for_its_first_chunk(pipeline: CosyVoice2Pipeline,
+                                                                              monkeypatch) -> None:
+    """first_chunk_hold_s: while every generating job has drawn its first chunk's tokens and waits
+    for that chunk, no decode step runs (a lone call's first chunk renders with the GPU to itself);
+    a job that needs steps ends the pause for all of them; every job still speaks all its tokens."""
     monkeypatch.setattr(pipeline.scheduler, "settings",
                         dataclasses.replace(pipeline.scheduler.settings, first_chunk_hold_s=60.0))
     renders = _HeldRenders(pipeline, monkeypatch, lambda lane: True, every=True)
@@ -212,15 +213,19 @@ def test_a_job_waiting_for_its_first_chunk_holds_its_decoding(pipeline: CosyVoic
     first_sink, late_sink = CollectingSink(), CollectingSink()
     try:
         first = pipeline.synthesize("A long request.", VOICE, first_sink, _forced(150))
-        assert entered.wait(60)
+        assert entered.wait(60)  # its first chunk is rendering (held), its tokens all drawn
+        held_at = len(first.tokens)
+        assert first.timings.first_chunk_due is not None and held_at < 150
+        time.sleep(0.3)
+        assert len(first.tokens) == held_at  # alone: no step while its first chunk renders
         late = SynthesisJob("A short one.", pipeline.voices.get(VOICE), late_sink, _forced(60))
         late_due = _wait_for(late, lambda j: j.timings.first_chunk_due is not None)
         pipeline.scheduler.submit(late)
-        assert late_due.wait(60)  # decoded while `first` was held, up to its own first chunk
-        held_at = len(first.tokens)
-        assert first.timings.first_chunk_due is not None and held_at < 150
-        time.sleep(0.3)  # decode steps (for `late`) run meanwhile; none draws for `first`
-        assert len(first.tokens) == held_at
+        assert late_due.wait(60)  # `late` needed steps: they ran, and `first` took part in them
+        resumed_at = len(first.tokens)
+        assert resumed_at > held_at
+        time.sleep(0.3)  # now both wait for their first chunks: paused again
+        assert len(first.tokens) == resumed_at and len(late.tokens) < 60
     finally:
         release.set()
     assert sum(map(len, first_sink.wait(60))) == 150 * SAMPLES_PER_TOKEN

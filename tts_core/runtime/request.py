@@ -139,10 +139,11 @@ class SynthesisJob:
         return self.slot is not None and not self.lm_finished and self.logp is None and bool(self.tokens)
 
     def held_for_first_chunk(self, now: float, hold_s: float) -> float:
-        """Seconds this job's decoding stays held (0: not held). Held while its first chunk's tokens
-        are all drawn and that chunk is not handed off yet, for at most `hold_s`: the next tokens
-        are not needed until that chunk has played for a while, and decode steps drawn for them
-        would share the GPU with the chunk's render, which a caller is waiting on."""
+        """Seconds this job's hold lasts (0: not held; the scheduler pauses decoding only while
+        every generating job is held). Held while its first chunk's tokens are all drawn and that
+        chunk is not handed off yet, for at most `hold_s`: the next tokens are not needed until that
+        chunk has played for a while, and decode steps drawn for them would share the GPU with the
+        chunk's render, which a caller is waiting on."""
         due = self.timings.first_chunk_due
         if due is None or self.timings.first_chunk is not None:
             return 0.0

@@ -87,10 +87,14 @@ class SchedulerSettings:
     # overlaps). H100, bench/results/load_2026-11-23_h100_pooled_*: at 14 req/s two streams kept
     # p95 first chunk 1.8 s / 2 underruns where one stream gave 3.2 s / 185.
     separate_streams: bool = True
-    # A job's decoding pauses from when its first chunk's tokens are drawn until that chunk is
-    # handed off, for at most this long (0: never): at one stream, its decode steps would run
-    # beside the first chunk's render and slow it (`SynthesisJob.held_for_first_chunk`).
-    first_chunk_hold_s: float = 0.0
+    # While every generating job has drawn its first chunk's tokens and waits for that chunk, the
+    # decode thread pauses, for at most this long per job (0: never): its steps would run beside
+    # those first chunks' renders and slow them (`SynthesisJob.held_for_first_chunk`). Once any job
+    # needs a step, all decode: the step costs about the same with a few more rows, and a held row
+    # would only fall behind. H100, bench/results/load_2026-11-23_h100_hold_all_or_none.json: one
+    # stream's first chunk p50 99.7 ms held, 115.8 ms not (its flow solve 43 ms instead of 58 on the
+    # GPU); under load (11-17 req/s) p95 within -8..+7 % of not holding, 0 underruns either way.
+    first_chunk_hold_s: float = 0.3
 
 
 @dataclass(frozen=True)
@@ -250,22 +254,19 @@ class SynthesisScheduler:
         jobs held for their first chunk (or the hold's end, `_hold_ends`)."""
         if self._waiting and self._free_slots:
             return True
-        now = time.perf_counter()
-        return any(job.cancelled or job.segment_rendered or job.logp is not None or self._decodes(job, now)
-                   for job in self._active)
-
-    def _decodes(self, job: SynthesisJob, now: float) -> bool:
-        hold = self.settings.first_chunk_hold_s
-        return job.generating and not (hold and job.held_for_first_chunk(now, hold))
+        if any(job.cancelled or job.segment_rendered or job.logp is not None for job in self._active):
+            return True
+        return any(job.generating for job in self._active) and self._hold_ends() is None
 
     def _hold_ends(self) -> float | None:
-        """Under the lock: seconds until the first hold of a generating job ends (None: no hold)."""
+        """Under the lock: seconds until the decode hold ends (None: not held). Held while every
+        generating job is held for its first chunk; it ends when the first of their holds does."""
         hold = self.settings.first_chunk_hold_s
         if not hold:
             return None
         now = time.perf_counter()
         left = [job.held_for_first_chunk(now, hold) for job in self._active if job.generating]
-        return min((x for x in left if x > 0), default=None)
+        return min(left) if left and min(left) > 0 else None
 
     def _jobs(self) -> list[SynthesisJob]:
         """A snapshot of the active jobs: the render thread may release one while we iterate."""
@@ -424,9 +425,10 @@ class SynthesisScheduler:
             self._wake_render()
 
     def _decode(self) -> int:
-        now = time.perf_counter()
         with self._cond:  # slots read once, under the lock (see _start_segment)
-            batch = [(job, job.slot) for job in self._active if self._decodes(job, now)]
+            if self._hold_ends() is not None:
+                return 0
+            batch = [(job, job.slot) for job in self._active if job.generating]
         if not batch:
             return 0
         started = time.perf_counter()
