@@ -88,3 +88,38 @@ def test_pooled_flow_graphs_equal_the_golden_streaming_calls(tiny_model_dir: Pat
         assert 0 < encoder_s and 0 < solve_s
         done = case[key].size(2)
     assert graphs.eager_calls == 0  # every call found a captured bucket (3 rows padded into 4)
+
+
+def test_flow_graphs_captured_on_a_green_stream_equal_the_ordinary_ones(tiny_model_dir: Path) -> None:
+    """A graph captured on a stream of a green context (tts_core/accel/sm_partition.py) keeps that
+    context's SMs when replayed: it must still compute what the ordinary graph does."""
+    from tts_core.accel.flow_pool_graphs import PooledFlowGraphs
+    from tts_core.accel.sm_partition import SmPartitionUnavailable, green_stream
+    from tts_core.flow import load_flow
+    from tts_core.flow.context_pool import PoolShape
+    from tts_core.flow.pooled import PooledFlow
+
+    device = torch.device("cuda")
+    try:
+        stream = green_stream(16, device)
+    except SmPartitionUnavailable as exc:
+        pytest.skip(str(exc))
+    flow = load_flow(tiny_model_dir, "cuda", torch.float32)
+    speaker = next(iter(torch.load(tiny_model_dir / "spk2info.pt", weights_only=False).values()))
+    pooled = PooledFlow(flow, PoolShape(stream_slots=4, stream_frames=400, voice_slots=1, voice_frames=100,
+                                        prompt_frames=200))
+    voice = pooled.register_voice(*(speaker[k].cuda() for k in ("flow_prompt_speech_token", "prompt_speech_feat",
+                                                                  "flow_embedding")))
+    tokens = torch.randint(0, 6561, (1, 28), generator=torch.Generator().manual_seed(2)).cuda()
+    mels = []
+    for capture_stream in (None, stream):
+        graphs = PooledFlowGraphs(pooled, stream=capture_stream)
+        graphs.capture(rows=(2,), ctx_caps=(50,), new_caps=(64,))
+        streams = [pooled.open_stream(voice) for _ in range(2)]
+        with torch.cuda.stream(capture_stream or torch.cuda.current_stream()):
+            mels.append(torch.cat(graphs.render(streams, [tokens] * 2, [False] * 2)))
+        torch.cuda.synchronize()
+        assert graphs.eager_calls == 0
+        for s in streams:
+            pooled.close_stream(s)
+    assert torch.allclose(mels[0], mels[1], atol=1e-5)

@@ -99,15 +99,18 @@ class _EncodeGraph:
 
 
 class PooledFlowGraphs:
-    def __init__(self, pooled: PooledFlow, estimator: Callable | None = None) -> None:
+    def __init__(self, pooled: PooledFlow, estimator: Callable | None = None,
+                 stream: torch.cuda.Stream | None = None) -> None:
         """`estimator`: what the captured solves call per Euler step (default the model's own; or
-        `compiled_estimator(...)`, which lanes may share)."""
+        `compiled_estimator(...)`, which lanes may share). `stream`: the capture stream (default a
+        new one); a graph's kernels keep the SM partition of the stream it was captured on
+        (tts_core/accel/sm_partition.py)."""
         self.pooled = pooled
         self.estimator = estimator
         self.solve_graphs: dict[tuple[int, int, int], _SolveGraph] = {}  # (rows, ctx_cap, new_cap)
         self.encode_graphs: dict[tuple[int, int, int, bool], _EncodeGraph] = {}  # (rows, tokens, new, final)
         self._pool = None
-        self._stream = None  # the capture stream of all these graphs (see graph_capture)
+        self._stream = stream  # the capture stream of all these graphs (see graph_capture)
         self.eager_calls = 0  # solves that found no bucket (counted: each costs ~10x a replay)
         self.eager_encodes = 0  # encoder calls that found no graph
         # Diagnostics (benchmarks): with `time_gpu`, each render records CUDA events around its
@@ -120,7 +123,8 @@ class PooledFlowGraphs:
             raise RuntimeError("pooled flow graphs need the model on a CUDA device")
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-            self._stream = torch.cuda.Stream(self.pooled.device)
+            if self._stream is None:
+                self._stream = torch.cuda.Stream(self.pooled.device)
         return self._pool
 
     def capture(self, rows: Sequence[int], ctx_caps: Sequence[int], new_caps: Sequence[int]) -> float:
