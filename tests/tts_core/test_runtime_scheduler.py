@@ -379,3 +379,12 @@ def test_fast_path_renders_deferred_chunks_when_their_slack_runs_low(tiny_model_
             assert ahead <= fast.defer_slack_s + 0.05
     finally:
         pipeline.close()
+
+
+def test_an_sm_partition_off_cuda_fails_start_up_with_the_reason(tiny_model_dir: Path) -> None:
+    """later_lane_sms asks for a CUDA green context: on a CPU host the pipeline must not start with
+    the setting silently ignored."""
+    from tts_core.accel.sm_partition import SmPartitionUnavailable
+
+    with pytest.raises(SmPartitionUnavailable, match="needs a CUDA device"):
+        CosyVoice2Pipeline.load(tiny_model_dir, max_batch=2, max_len=512, fast=SchedulerSettings(later_lane_sms=100))

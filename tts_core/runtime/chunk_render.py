@@ -50,6 +50,10 @@ class FlowPoolSettings:
     first_batches: tuple[int, ...] = (1, 2, 4, 8)  # graph row buckets of a first-chunk lane
     first_lanes: int = 2  # first-chunk lanes (each its own graphs); 0: "later" renders first chunks too
     compile: bool = False  # captured solves call a torch.compile'd estimator step (accel/flow_pool_graphs)
+    # CUDA: the "later" lane's work (its graphs are captured there) runs on this many SMs only
+    # (a green context, tts_core/accel/sm_partition.py), leaving the rest to the decode step and
+    # the first chunks. 0: every lane may use every SM.
+    later_sms: int = 0
 
 
 @dataclass
@@ -60,6 +64,7 @@ class RenderLane:
     graphs: object | None = None  # PooledFlowGraphs
     hift_graphs: HiftGraphs = field(default_factory=dict)
     max_batch: int = 1
+    cuda_stream: object | None = None  # the stream it must render on (an SM partition's); None: any
 
 
 @dataclass
@@ -134,6 +139,11 @@ class ChunkRenderer:
             self.voice(voice)
         report: dict = {"flow_voices_s": time.perf_counter() - started,
                         "flow_pool_gb": self.pooled.pool.nbytes() / 2**30}
+        if self.settings.later_sms:
+            from tts_core.accel.sm_partition import green_stream
+
+            self.lanes["later"].cuda_stream = green_stream(self.settings.later_sms, self._device)
+            report["later_lane_sms"] = self.settings.later_sms
         if not graphs:
             return report
         from tts_core.accel.flow_pool_graphs import PooledFlowGraphs, compiled_estimator
@@ -167,7 +177,7 @@ class ChunkRenderer:
         later, first_lanes = self.lanes["later"], [self.lanes[name] for name in self.first_lanes]
         t0 = time.perf_counter()
         estimator = compiled_estimator(self.flow.decoder.estimator) if s.compile else None
-        later.graphs = PooledFlowGraphs(self.pooled, estimator)
+        later.graphs = PooledFlowGraphs(self.pooled, estimator, stream=later.cuda_stream)
         later.graphs.capture(s.batches, ctx_caps, new_caps)
         # First lanes: first calls only, whose context is exactly their voice's shared prefix.
         for first in first_lanes:
@@ -201,7 +211,7 @@ class ChunkRenderer:
         firsts_hift = [(rows, first_hop, 0) for first_hop in sorted(first_hops) for rows in s.first_batches]
         steady = [(rows, 8 + hop, cached) for rows in s.batches]
         for lane, shapes in [(first, firsts_hift) for first in first_lanes] + [(later, firsts_hift + steady + finals)]:
-            pool, stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream(self._device)
+            pool, stream = torch.cuda.graph_pool_handle(), lane.cuda_stream or torch.cuda.Stream(self._device)
             for key in sorted(shapes, key=lambda k: k[0] * k[1], reverse=True):  # largest first: pool reuse
                 if key not in lane.hift_graphs:
                     rows, frames, cache = key

@@ -69,13 +69,14 @@ def _is_first(d: _Due) -> bool:
     return d.job.timings.first_chunk is None
 
 
-def device_stream(device: torch.device, priority: int, separate: bool) -> AbstractContextManager:
-    """Enter a new CUDA stream of `priority` on `device`, which first waits for the default stream
-    (where the weights, caches and graphs were made before the threads started). Nothing on CPU or
-    without `separate`: the thread then issues on the default stream."""
+def device_stream(device: torch.device, priority: int, separate: bool,
+                  stream: torch.cuda.Stream | None = None) -> AbstractContextManager:
+    """Enter a new CUDA stream of `priority` on `device` (or `stream`, given), which first waits for
+    the default stream (where the weights, caches and graphs were made before the threads started).
+    Nothing on CPU or without `separate`: the thread then issues on the default stream."""
     if device.type != "cuda" or not separate:
         return nullcontext()
-    stream = torch.cuda.Stream(device, priority=priority)
+    stream = stream or torch.cuda.Stream(device, priority=priority)
     stream.wait_stream(torch.cuda.default_stream(device))
     return torch.cuda.stream(stream)
 
@@ -134,7 +135,8 @@ class RenderLoop:
     # ---- the render thread -----------------------------------------------------------------------
     def _run(self) -> None:
         torch.set_grad_enabled(False)  # thread-local
-        with device_stream(self._device, priority=self._priority, separate=self._separate_streams):
+        own = self.renderer.lanes[self._replays].cuda_stream  # an SM partition's: its graphs were captured there
+        with device_stream(self._device, priority=self._priority, separate=self._separate_streams, stream=own):
             while True:
                 with self._wake:
                     work = self._wait_for_work()

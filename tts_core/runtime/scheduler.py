@@ -78,6 +78,11 @@ class SchedulerSettings:
     # at start-up, one compiled block for all 56). Off until measured on the GPU (docs/PERF_NOTES.md,
     # 2026-11-23 night): the whole-step compile it replaces did not start up within 9.5 minutes.
     compile_flow: bool = False
+    # The later chunks' lane on this many SMs (0: all). Beside a 16-row flow solve on every SM a
+    # decode step took 2.48 ms (1.24 alone); with the flow on 100 of the H100's 132 SMs 1.91 ms,
+    # the solve 20 % slower (bench/results/sm_partition_2026-11-23_h100.json). Off until a load
+    # run measures the first chunks with it (bench_load --later-lane-sms).
+    later_lane_sms: int = 0
     # A later chunk whose stream still has more than this much unplayed audio waits, so
     # that chunks of many streams gather into one batched flow call instead of many small ones
     # (first chunks never wait).
@@ -121,7 +126,8 @@ class SynthesisScheduler:
             stream_slots=settings.max_batch, context_frames=settings.flow_context_frames,
             encoder_tokens=settings.flow_encoder_tokens, batches=settings.flow_batches,
             voice_slots=settings.flow_voice_slots, first_batches=settings.flow_first_batches,
-            first_lanes=settings.first_chunk_lanes, compile=settings.compile_flow))
+            first_lanes=settings.first_chunk_lanes, compile=settings.compile_flow,
+            later_sms=settings.later_lane_sms))
         self.decoder = None  # GraphedDecoder, once captured
         self.prefiller = None  # GraphedPrefill, once captured
         self.capture_report: dict = {}
