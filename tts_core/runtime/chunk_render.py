@@ -211,7 +211,8 @@ class ChunkRenderer:
         firsts_hift = [(rows, first_hop, 0) for first_hop in sorted(first_hops) for rows in s.first_batches]
         steady = [(rows, 8 + hop, cached) for rows in s.batches]
         for lane, shapes in [(first, firsts_hift) for first in first_lanes] + [(later, firsts_hift + steady + finals)]:
-            pool, stream = torch.cuda.graph_pool_handle(), lane.cuda_stream or torch.cuda.Stream(self._device)
+            pool = torch.cuda.graph_pool_handle()
+            stream = lane.cuda_stream if lane.cuda_stream is not None else torch.cuda.Stream(self._device)
             for key in sorted(shapes, key=lambda k: k[0] * k[1], reverse=True):  # largest first: pool reuse
                 if key not in lane.hift_graphs:
                     rows, frames, cache = key

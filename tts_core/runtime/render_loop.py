@@ -76,7 +76,8 @@ def device_stream(device: torch.device, priority: int, separate: bool,
     Nothing on CPU or without `separate`: the thread then issues on the default stream."""
     if device.type != "cuda" or not separate:
         return nullcontext()
-    stream = stream or torch.cuda.Stream(device, priority=priority)
+    if stream is None:
+        stream = torch.cuda.Stream(device, priority=priority)
     stream.wait_stream(torch.cuda.default_stream(device))
     return torch.cuda.stream(stream)
 
