@@ -98,7 +98,7 @@ class SchedulerSettings:
     # needs a step, all decode: the step costs about the same with a few more rows, and a held row
     # would only fall behind. H100, bench/results/load_2026-11-23_h100_hold_all_or_none.json: one
     # stream's first chunk p50 99.7 ms held, 115.8 ms not (its flow solve 43 ms instead of 58 on the
-    # GPU); under load (11-17 req/s) p95 within -8..+7 % of not holding, 0 underruns either way.
+    # GPU); under load (11-17 req/s) p95 within -9..+7 % of not holding, 0 underruns either way.
     first_chunk_hold_s: float = 0.3
 
 
