@@ -294,7 +294,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--context-frames", type=int, default=650, help="own mel frames a stream keeps exactly")
     p.add_argument("--first-hop", type=int, default=None, help="first_hop_tokens (default: official)")
     p.add_argument("--graphs", choices=("auto", "on", "off"), default="auto")
-    p.add_argument("--defer-slack-s", type=float, default=0.8)
+    p.add_argument("--defer-slack-s", type=float, nargs="+", default=[0.8],
+                   help="later chunks wait while their stream has more unplayed audio than this (s); "
+                        "several values: everything runs at each")
     p.add_argument("--one-stream", action="store_true", help="decode and render on the default CUDA stream")
     p.add_argument("--first-lanes", type=int, default=2, help="first-chunk render lanes (0: one render thread)")
     p.add_argument("--compile-flow", action="store_true", help="torch.compile the captured flow solves' estimator")
@@ -331,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         model_dir = full_model_dir(golden=args.golden)
     fast = SchedulerSettings(flow_encoder_tokens=args.encoder_tokens or None, graphs=graphs,
                              flow_context_frames=args.context_frames,
-                             defer_slack_s=args.defer_slack_s, separate_streams=not args.one_stream,
+                             defer_slack_s=args.defer_slack_s[0], separate_streams=not args.one_stream,
                              first_chunk_lanes=args.first_lanes, compile_flow=args.compile_flow,
                              later_lane_sms=args.later_lane_sms)
     t0 = time.perf_counter()
@@ -359,15 +361,19 @@ def main(argv: list[str] | None = None) -> int:
         out = args.out or REPO / "bench" / "results" / f"load_{datetime.date.today().isoformat()}.json"
         intervals = args.switch_interval_ms or [sys.getswitchinterval() * 1e3]
         holds = args.first_chunk_hold_ms or [pipeline.scheduler.settings.first_chunk_hold_s * 1e3]
-        for hold, interval, rate in [(h, i, r) for h in holds for i in intervals for r in [None, *args.rates]]:
-            # The scheduler reads its settings each step: variants share one start-up.
-            pipeline.scheduler.settings = dataclasses.replace(pipeline.scheduler.settings, first_chunk_hold_s=hold / 1e3)
+        variants = [(d, h, i) for d in args.defer_slack_s for h in holds for i in intervals]
+        for (slack, hold, interval), rate in [(v, r) for v in variants for r in [None, *args.rates]]:
+            # The scheduler and its render lanes read these each round: variants share one start-up.
+            pipeline.scheduler.settings = dataclasses.replace(pipeline.scheduler.settings, first_chunk_hold_s=hold / 1e3,
+                                                              defer_slack_s=slack)
+            for lane in pipeline.scheduler.render_lanes:
+                lane.defer_slack_s = slack
             sys.setswitchinterval(interval / 1e3)
             if rate is None:
                 if args.one_stream_requests:
                     one = one_stream(pipeline, voice, args.one_stream_requests, random.Random(args.seed),
                                      args.min_tokens, args.max_tokens)
-                    one.update(first_chunk_hold_ms=hold, switch_interval_ms=interval)
+                    one.update(first_chunk_hold_ms=hold, switch_interval_ms=interval, defer_slack_s=slack)
                     report["one_stream"].append(one)
                     print("1 stream, one request at a time:", json.dumps(one), flush=True)
                 continue
@@ -380,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
             r = run_rate(pipeline, voice, rate, args.duration, rng, args.min_tokens, args.max_tokens, args.timeout)
             faulthandler.cancel_dump_traceback_later()
             r["passes"] = r["failed"] == 0 and r["underruns"] == 0 and r["first_chunk_ms"][95] <= 300.0
-            r["switch_interval_ms"], r["first_chunk_hold_ms"] = interval, hold
+            r["switch_interval_ms"], r["first_chunk_hold_ms"], r["defer_slack_s"] = interval, hold, slack
             report["rates"].append(r)
             _print_row(r)
             print("  first chunk stages:", json.dumps(r["first_chunk_split"]), "\n  decode thread:",
@@ -418,7 +424,7 @@ def _print_row(r: dict) -> None:
     print(f"{r['rate_per_s']:>6g} {r['requests']:>5} {r['failed']:>4} {r['concurrency_mean']:>6.1f} "
           f"{r['concurrency_peak']:>5} {r['playing_mean']:>6.1f} {r['playing_peak']:>5} {f[50]:>7.1f} {f[95]:>7.1f} "
           f"{f[99]:>7.1f} {r['underruns']:>6} {rtf:>6} {mem:>6} {r['passes']}  GIL {r.get('switch_interval_ms')} ms, "
-          f"hold {r.get('first_chunk_hold_ms')} ms, "
+          f"hold {r.get('first_chunk_hold_ms')} ms, defer slack {r.get('defer_slack_s')} s, "
           f"step {r['step_ms_mean']:.1f} ms "
           f"(decode {r['decode_ms_mean'] or 0:.1f}; render {lanes})", flush=True)
 

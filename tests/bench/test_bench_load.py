@@ -15,15 +15,16 @@ def test_bench_load_runs_on_cpu_tiny(tiny_model_dir: Path, tmp_path: Path) -> No
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_load.py"), "--model-dir", str(tiny_model_dir),
                            "--device", "cpu", "--threads", "1", "--rates", "3", "--duration", "1", "--max-batch", "8",
                            "--min-tokens", "20", "--max-tokens", "40", "--one-stream-requests", "3",
-                           "--first-chunk-hold-ms", "0", "200",
+                           "--first-chunk-hold-ms", "0", "200", "--defer-slack-s", "0.8", "0.3",
                            "--out", str(out)],
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "largest passing concurrency" in proc.stdout
     report = json.loads(out.read_text())
     rate = report["rates"][0]
-    assert [(r["first_chunk_hold_ms"], o["first_chunk_hold_ms"]) for r, o in zip(report["rates"], report["one_stream"])] \
-        == [(0, 0), (200, 200)]  # every variant ran on the one start-up
+    variants = [(r["defer_slack_s"], r["first_chunk_hold_ms"]) for r in report["rates"]]
+    assert variants == [(0.8, 0), (0.8, 200), (0.3, 0), (0.3, 200)]  # every variant ran on the one start-up
+    assert [(o["defer_slack_s"], o["first_chunk_hold_ms"]) for o in report["one_stream"]] == variants
     assert rate["requests"] >= 1 and rate["failed"] == 0
     assert rate["first_chunk_ms"]["50"] > 0 and rate["underruns"] >= 0
     assert set(report["first_chunk_split_1_stream"]) >= {"prefill_ms", "decode_ms", "flow_ms", "hift_ms"}

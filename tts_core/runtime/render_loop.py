@@ -107,7 +107,7 @@ class RenderLoop:
         self._replays = replays or ("later" if lane in ("later", "all") else lane)  # the renderer's graph set
         self._batch = renderer.lanes[self._replays].max_batch
         self._priority = priority
-        self._defer_slack_s = defer_slack_s
+        self.defer_slack_s = defer_slack_s  # read every round: may be changed between runs (benchmarks)
         self._separate_streams = separate_streams
         self._device = next(renderer.hift.parameters()).device
         self._stopping = False
@@ -175,12 +175,12 @@ class RenderLoop:
                 task = job.next_chunk()
                 if task is not None:
                     slack = job.slack(now)
-                    if slack > self._defer_slack_s:
+                    if slack > self.defer_slack_s:
                         # Wait so that chunks of many streams share one batched flow call
                         # (first chunks never wait: no slack before them).
                         job.pending_chunk = task
                         deferred.append((slack, job, task))
-                        at = now + slack - self._defer_slack_s
+                        at = now + slack - self.defer_slack_s
                         wake_at = at if wake_at is None else min(wake_at, at)
                     else:
                         job.render_lane = self  # released at its hand-off
