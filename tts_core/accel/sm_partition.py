@@ -14,8 +14,6 @@ the decode stays on an ordinary one, which then owns the SMs the render lanes ca
 
 from __future__ import annotations
 
-import ctypes
-
 import torch
 
 _CONTEXTS: list = []  # a green context must outlive every stream made from it
@@ -48,25 +46,8 @@ def green_stream(num_sms: int, device: torch.device) -> torch.cuda.Stream:
         ctx = green_contexts.GreenContext.create(num_sms=num_sms, device_id=device.index or 0)
     except RuntimeError as exc:  # driver too old (green contexts: CUDA 12.4), MIG, ...
         raise SmPartitionUnavailable(f"could not create a green context of {num_sms} SMs: {exc}") from exc
+    if not hasattr(ctx, "Stream"):  # torch 2.10: green contexts, but no streams of their own
+        raise SmPartitionUnavailable(f"torch {torch.__version__} cannot make a stream of a green context "
+                                     "(GreenContext.Stream, torch 2.11+)")
     _CONTEXTS.append(ctx)
-    if hasattr(ctx, "Stream"):  # torch >= 2.12
-        return ctx.Stream()
-    return _stream_in(ctx, device)
-
-
-def _stream_in(ctx, device: torch.device) -> torch.cuda.Stream:
-    """torch 2.10/2.11 have no GreenContext.Stream(): make the green context current, create a
-    stream with the driver API (it belongs to the context current at creation) and hand it to torch."""
-    try:
-        driver = ctypes.CDLL("libcuda.so.1")
-    except OSError as exc:
-        raise SmPartitionUnavailable(f"no CUDA driver library to create a green stream with: {exc}") from exc
-    handle = ctypes.c_void_p()
-    ctx.set_context()
-    try:
-        status = driver.cuStreamCreate(ctypes.byref(handle), 1)  # CU_STREAM_NON_BLOCKING
-    finally:
-        ctx.pop_context()
-    if status != 0:
-        raise SmPartitionUnavailable(f"cuStreamCreate in the green context failed (CUresult {status})")
-    return torch.cuda.ExternalStream(handle.value, device=device)
+    return ctx.Stream()
