@@ -381,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
             # If a rate never finishes, every thread's stack says where it hangs.
             faulthandler.dump_traceback_later(args.duration + 25, exit=False)
             pipeline.scheduler.renders.clear()
-            # Seeded per rate: each switch interval sees the same arrivals and texts.
+            # Seeded per rate: every variant sees the same arrivals and texts.
             rng = random.Random(f"{args.seed}-{rate}")
             r = run_rate(pipeline, voice, rate, args.duration, rng, args.min_tokens, args.max_tokens, args.timeout)
             faulthandler.cancel_dump_traceback_later()
