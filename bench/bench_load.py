@@ -302,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compile-flow", action="store_true", help="torch.compile the captured flow solves' estimator")
     p.add_argument("--later-lane-sms", type=int, default=0,
                    help="CUDA: the later chunks' lane on this many SMs (tts_core/accel/sm_partition.py; 0: all)")
+    p.add_argument("--first-lane-sms", type=int, default=0,
+                   help="CUDA: each first-chunk lane on this many SMs (the same SMs as --later-lane-sms; 0: all)")
     p.add_argument("--llm-fp8", action="store_true", help="FP8 LM decoder-layer weights (tts_core/accel/fp8_linear.py)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--threads", type=int, default=0)
@@ -335,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
                              flow_context_frames=args.context_frames,
                              defer_slack_s=args.defer_slack_s[0], separate_streams=not args.one_stream,
                              first_chunk_lanes=args.first_lanes, compile_flow=args.compile_flow,
-                             later_lane_sms=args.later_lane_sms)
+                             later_lane_sms=args.later_lane_sms, first_lane_sms=args.first_lane_sms)
     t0 = time.perf_counter()
     pipeline = CosyVoice2Pipeline.load(model_dir, args.device, DTYPES[dtype], max_batch=args.max_batch,
                                        max_len=args.max_len, schedule=ChunkSchedule(first_hop_tokens=args.first_hop),
@@ -346,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
             lane.graphs.time_gpu = True  # CUDA events around each flow call's encoder and solve
     report: dict = {"device": torch.cuda.get_device_name() if cuda else platform.processor(), "dtype": dtype,
                     "llm_fp8": args.llm_fp8, "compile_flow": args.compile_flow, "later_lane_sms": args.later_lane_sms,
+                    "first_lane_sms": args.first_lane_sms,
                     "torch": torch.__version__, "graphs": graphs, "encoder_tokens": args.encoder_tokens,
                     "context_frames": args.context_frames,
                     "separate_streams": not args.one_stream, "first_chunk_lanes": args.first_lanes,

@@ -381,10 +381,11 @@ def test_fast_path_renders_deferred_chunks_when_their_slack_runs_low(tiny_model_
         pipeline.close()
 
 
-def test_an_sm_partition_off_cuda_fails_start_up_with_the_reason(tiny_model_dir: Path) -> None:
-    """later_lane_sms asks for a CUDA green context: on a CPU host the pipeline must not start with
+@pytest.mark.parametrize("setting", ["later_lane_sms", "first_lane_sms"])
+def test_an_sm_partition_off_cuda_fails_start_up_with_the_reason(tiny_model_dir: Path, setting: str) -> None:
+    """An SM partition asks for a CUDA green context: on a CPU host the pipeline must not start with
     the setting silently ignored."""
     from tts_core.accel.sm_partition import SmPartitionUnavailable
 
     with pytest.raises(SmPartitionUnavailable, match="needs a CUDA device"):
-        CosyVoice2Pipeline.load(tiny_model_dir, max_batch=2, max_len=512, fast=SchedulerSettings(later_lane_sms=100))
+        CosyVoice2Pipeline.load(tiny_model_dir, max_batch=2, max_len=512, fast=SchedulerSettings(**{setting: 100}))

@@ -54,6 +54,9 @@ class FlowPoolSettings:
     # (a green context, tts_core/accel/sm_partition.py), leaving the rest to the decode step and
     # the first chunks. 0: every lane may use every SM.
     later_sms: int = 0
+    # The same for each first-chunk lane. A green context of a given size always gets the same SMs,
+    # so with both set the render lanes share those SMs and the decode step alone owns the rest.
+    first_sms: int = 0
 
 
 @dataclass
@@ -139,11 +142,16 @@ class ChunkRenderer:
             self.voice(voice)
         report: dict = {"flow_voices_s": time.perf_counter() - started,
                         "flow_pool_gb": self.pooled.pool.nbytes() / 2**30}
-        if self.settings.later_sms:
+        if self.settings.later_sms or self.settings.first_sms:
             from tts_core.accel.sm_partition import green_stream
 
-            self.lanes["later"].cuda_stream = green_stream(self.settings.later_sms, self._device)
-            report["later_lane_sms"] = self.settings.later_sms
+            if self.settings.later_sms:
+                self.lanes["later"].cuda_stream = green_stream(self.settings.later_sms, self._device)
+                report["later_lane_sms"] = self.settings.later_sms
+            if self.settings.first_sms:
+                for name in self.first_lanes:
+                    self.lanes[name].cuda_stream = green_stream(self.settings.first_sms, self._device)
+                report["first_lane_sms"] = self.settings.first_sms
         if not graphs:
             return report
         from tts_core.accel.flow_pool_graphs import PooledFlowGraphs, compiled_estimator
@@ -181,7 +189,7 @@ class ChunkRenderer:
         later.graphs.capture(s.batches, ctx_caps, new_caps)
         # First lanes: first calls only, whose context is exactly their voice's shared prefix.
         for first in first_lanes:
-            first.graphs = PooledFlowGraphs(self.pooled, estimator)
+            first.graphs = PooledFlowGraphs(self.pooled, estimator, stream=first.cuda_stream)
             first.graphs.capture(s.first_batches, sorted({p.prefix_frames for _, p in self._voices.values()}),
                                  first_news)
         if window is not None:

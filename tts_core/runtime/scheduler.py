@@ -83,6 +83,10 @@ class SchedulerSettings:
     # the solve 20 % slower (bench/results/sm_partition_2026-11-23_h100.json). Off until a load
     # run measures the first chunks with it (bench_load --later-lane-sms).
     later_lane_sms: int = 0
+    # The first-chunk lanes on this many SMs (0: all). later_lane_sms=100 alone left the decode step
+    # as slow under load as before (3.8 ms mean at 11 req/s; load_2026-11-23_h100_later_sms100.json):
+    # the first lanes still held every SM. With both, the decode step owns the SMs left over.
+    first_lane_sms: int = 0
     # A later chunk whose stream still has more than this much unplayed audio waits, so
     # that chunks of many streams gather into one batched flow call instead of many small ones
     # (first chunks never wait).
@@ -127,7 +131,7 @@ class SynthesisScheduler:
             encoder_tokens=settings.flow_encoder_tokens, batches=settings.flow_batches,
             voice_slots=settings.flow_voice_slots, first_batches=settings.flow_first_batches,
             first_lanes=settings.first_chunk_lanes, compile=settings.compile_flow,
-            later_sms=settings.later_lane_sms))
+            later_sms=settings.later_lane_sms, first_sms=settings.first_lane_sms))
         self.decoder = None  # GraphedDecoder, once captured
         self.prefiller = None  # GraphedPrefill, once captured
         self.capture_report: dict = {}
