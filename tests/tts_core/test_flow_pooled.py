@@ -153,6 +153,7 @@ def test_a_compiled_estimator_step_serves_every_euler_step_and_changes_nothing(f
     # the others a transformer block's, transposed). A module or step told apart by anything but
     # its tensors' shapes would compile more.
     from torch._dynamo.utils import counters
+    from torch._inductor import config as inductor_config
 
     from tts_core.accel.flow_pool_graphs import compiled_estimator
     from tts_core.flow.encoder_window import encode_grouped
@@ -160,6 +161,7 @@ def test_a_compiled_estimator_step_serves_every_euler_step_and_changes_nothing(f
 
     tokens = flow_case["tokens"]
     compiled = compiled_estimator(flow.decoder.estimator)
+    graphs: list[torch.fx.Graph] = []
     results = []
     for estimator in (None, compiled):
         pooled, voice = _pooled(flow, speaker)
@@ -169,7 +171,7 @@ def test_a_compiled_estimator_step_serves_every_euler_step_and_changes_nothing(f
         mus = encode_grouped(flow, plans)
         new = max(p.new_frames for p in plans)
         compiles = counters["stats"]["unique_graphs"]
-        with torch.inference_mode():
+        with torch.inference_mode(), inductor_config.patch(post_grad_custom_post_pass=graphs.append):
             mel = pooled_solve(flow, pooled.pool, pooled.table([p.row for p in plans]),
                                pooled.stack_mu(mus, len(plans), new), max(p.ctx_frames for p in plans), pooled.steps,
                                estimator)
@@ -181,3 +183,15 @@ def test_a_compiled_estimator_step_serves_every_euler_step_and_changes_nothing(f
     for eager, fused in zip(*results):
         assert eager.shape == fused.shape
         assert (eager - fused).abs().max().item() <= TOL
+    # Every compiled graph reads a pool tensor before it writes it. A read left after a write makes
+    # inductor keep the old contents in a copy of the whole tensor: on the H100 that doubled the
+    # flow solve (docs/PERF_NOTES.md, "2026-11-23 (night, second)").
+    assert len(graphs) == 1 + len(widths) + 1
+    reads = (torch.ops.aten.index.Tensor, torch.ops.aten.index_select.default)
+    for graph in graphs:
+        nodes = list(graph.nodes)
+        for position, node in enumerate(nodes):
+            if node.target in (torch.ops.aten.index_put.default, torch.ops.aten.index_put_.default):
+                pool = node.args[0]
+                assert not [n for n in nodes[position:] if n.target in reads and n.args[0] is pool], \
+                    f"{pool} is read after it is written in\n{graph}"

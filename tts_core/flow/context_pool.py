@@ -188,5 +188,11 @@ class AttentionContext:
                               project: KeysValues) -> tuple[torch.Tensor, torch.Tensor]:
         b, n, d = self.index.rows, x.size(1), x.size(2)
         context = self.hidden.index_select(1, self.index.ctx_frames).view(2 * b, -1, d)
+        keys_values = project(torch.cat([context, x], dim=1))
+        # Written only after the last use of what was read. Compiled (compile_flow), a write placed
+        # between the read and its use made inductor read the old frames after the write, which
+        # it can only do from a copy of this layer's whole pool (2 x frames x D): 56 copies per
+        # Euler step, 102 ms of flow solve on the H100 where the eager step takes 43
+        # (bench/results/load_2026-11-23_h100_compile_flow_per_module.json).
         self.hidden.index_copy_(1, self.index.write_frames, x.reshape(2, b * n, d))
-        return project(torch.cat([context, x], dim=1))
+        return keys_values
