@@ -75,17 +75,18 @@ class SchedulerSettings:
     first_chunk_lanes: int = 2
     flow_first_batches: tuple[int, ...] = (1, 2, 4, 8)
     # The captured flow solves run torch.compile'd transformer blocks (fewer, fused kernels; compiled
-    # at start-up, one compiled block for all 56). Off until measured on the GPU (docs/PERF_NOTES.md,
-    # 2026-11-23 night): the whole-step compile it replaces did not start up within 9.5 minutes.
+    # at start-up, one compiled block for all 56). Off: its one H100 run made the solve 2.3x slower,
+    # from a pool copy per block since fixed in context_pool (docs/PERF_NOTES.md, "2026-11-23
+    # (night, second)"); the fixed version is not measured on a GPU yet.
     compile_flow: bool = False
-    # The later chunks' lane on this many SMs (0: all). Beside a 16-row flow solve on every SM a
-    # decode step took 2.48 ms (1.24 alone); with the flow on 100 of the H100's 132 SMs 1.91 ms,
-    # the solve 20 % slower (bench/results/sm_partition_2026-11-23_h100.json). Off until a load
-    # run measures the first chunks with it (bench_load --later-lane-sms).
+    # The later chunks' lane on this many SMs (0: all), and the first-chunk lanes (the same SMs
+    # when both are set: the decode step then owns the rest). Beside a 16-row flow solve on every SM
+    # a decode step took 2.48 ms, 1.24 alone, and 1.91 ms with the flow on 100 of the H100's 132 SMs
+    # (bench/results/sm_partition_2026-11-23_h100.json). Under load neither helped: with every
+    # render lane on 100 SMs the decode step got 10-15 % faster and the first chunks' renders as
+    # much slower, p95 unchanged (load_2026-11-23_h100_render_sms100.json, _later_sms100.json).
+    # Off; kept for GPUs and loads where the balance differs.
     later_lane_sms: int = 0
-    # The first-chunk lanes on this many SMs (0: all). later_lane_sms=100 alone left the decode step
-    # as slow under load as before (3.8 ms mean at 11 req/s; load_2026-11-23_h100_later_sms100.json):
-    # the first lanes still held every SM. With both, the decode step owns the SMs left over.
     first_lane_sms: int = 0
     # A later chunk whose stream still has more than this much unplayed audio waits, so
     # that chunks of many streams gather into one batched flow call instead of many small ones
