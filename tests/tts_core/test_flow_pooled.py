@@ -184,8 +184,8 @@ def test_a_compiled_estimator_step_serves_every_euler_step_and_changes_nothing(f
         assert eager.shape == fused.shape
         assert (eager - fused).abs().max().item() <= TOL
     # Every compiled graph reads a pool tensor before it writes it. A read left after a write makes
-    # inductor keep the old contents in a copy of the whole tensor: on the H100 that doubled the
-    # flow solve (docs/PERF_NOTES.md, "2026-11-23 (night, second)").
+    # inductor keep the old contents in a copy of the whole tensor: on the H100 that made the
+    # flow solve 2.3x slower (docs/PERF_NOTES.md, "2026-11-23 (night, second)").
     assert len(graphs) == 1 + len(widths) + 1
     reads = (torch.ops.aten.index.Tensor, torch.ops.aten.index_select.default)
     for graph in graphs:

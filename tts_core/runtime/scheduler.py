@@ -84,7 +84,7 @@ class SchedulerSettings:
     # a decode step took 2.48 ms, 1.24 alone, and 1.91 ms with the flow on 100 of the H100's 132 SMs
     # (bench/results/sm_partition_2026-11-23_h100.json). Under load neither helped: with every
     # render lane on 100 SMs the decode step got 10-15 % faster and the first chunks' renders as
-    # much slower, p95 unchanged (load_2026-11-23_h100_render_sms100.json, _later_sms100.json).
+    # much slower, p95 no better (load_2026-11-23_h100_render_sms100.json, _later_sms100.json).
     # Off; kept for GPUs and loads where the balance differs.
     later_lane_sms: int = 0
     first_lane_sms: int = 0
