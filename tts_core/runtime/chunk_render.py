@@ -56,7 +56,8 @@ class FlowPoolSettings:
     later_sms: int = 0
     # The same for each first-chunk lane. A green context of a given size always gets the same SMs,
     # so with both set the render lanes share those SMs and the decode step alone owns the rest.
-    # A green stream has the default priority: the first lanes' place above the later one is lost.
+    # green_stream asks for no priority (GreenContext.Stream takes none), so the first lanes lose
+    # their place above the later one.
     first_sms: int = 0
 
 
