@@ -26,6 +26,15 @@ def test_bench_load_runs_on_cpu_tiny(tiny_model_dir: Path, tmp_path: Path) -> No
     assert variants == [(0.8, 0), (0.8, 200), (0.3, 0), (0.3, 200)]  # every variant ran on the one start-up
     assert [(o["defer_slack_s"], o["first_chunk_hold_ms"]) for o in report["one_stream"]] == variants
     assert rate["requests"] >= 1 and rate["failed"] == 0
+    # The largest passing concurrency is taken over every variant, counted in calls playing.
+    passing = [r for r in report["rates"] if r["passes"]]
+    best = report["max_concurrency_passing"]
+    if passing:
+        assert best["playing_mean"] == max(r["playing_mean"] for r in passing)
+        assert (best["defer_slack_s"], best["first_chunk_hold_ms"]) in variants
+    else:
+        assert best is None
+    assert report["compile_flow"] is False  # no graphs on CPU, so nothing is compiled
     assert rate["first_chunk_ms"]["50"] > 0 and rate["underruns"] >= 0
     assert set(report["first_chunk_split_1_stream"]) >= {"prefill_ms", "decode_ms", "flow_ms", "hift_ms"}
     one = report["one_stream"][0]
