@@ -42,9 +42,14 @@ class CosyVoice2Settings:
     graphs: bool | None = None
     flow_context_s: float = 14.0
     flow_encoder_tokens: int | None = None
+    # With graphs: the flow's resnets and transformer blocks torch.compile'd before capture. Faster
+    # first chunks and more calls per GPU (tts_core.runtime.scheduler.SchedulerSettings.compile_flow);
+    # false saves about a minute of start-up.
+    compile_flow: bool = True
     # The LM's decoder-layer weights in FP8 (e4m3; CPU, or CUDA of compute capability 8.9+). Off by
     # default: on random full-size weights it moves the token distribution well beyond what bf16
-    # does (bench/bench_lm_precision.py); try it on your own fine-tuned weights and listen first.
+    # does (bench/bench_lm_precision.py), and on the H100 its decode steps are slower than bf16's
+    # (docs/PERF_NOTES.md); try it on your own fine-tuned weights and listen first.
     llm_fp8: bool = False
 
     @classmethod
@@ -71,8 +76,9 @@ class CosyVoice2Settings:
             raise ValueError("engine.cosyvoice2.flow_encoder_tokens: must be >= 0 (0 = every token, exact)")
         if "flow_context_s" in values and not 1.0 <= float(values["flow_context_s"]) <= 300.0:
             raise ValueError("engine.cosyvoice2.flow_context_s: must be between 1 and 300 seconds")
-        if not isinstance(values.get("llm_fp8", False), bool):
-            raise ValueError(f"engine.cosyvoice2.llm_fp8: {values['llm_fp8']!r}; use true or false")  # noqa: TRY004
+        for key in ("llm_fp8", "compile_flow"):
+            if key in values and not isinstance(values[key], bool):
+                raise ValueError(f"engine.cosyvoice2.{key}: {values[key]!r}; use true or false")  # noqa: TRY004
         for key in ("max_batch", "max_len", "hop_tokens", "max_hop_tokens"):
             if key in values and int(values[key]) <= 0:
                 raise ValueError(f"engine.cosyvoice2.{key}: must be positive")

@@ -108,8 +108,10 @@ async def test_a_failing_job_fails_only_its_stream(engine: CosyVoice2Engine) -> 
 
 
 async def test_close_fails_open_streams(tiny_model_dir: Path) -> None:
-    engine = CosyVoice2Engine(model_dir=str(tiny_model_dir), device="cpu", max_batch=1, max_len=1024, warmup=False)
+    engine = CosyVoice2Engine(model_dir=str(tiny_model_dir), device="cpu", max_batch=1, max_len=1024, warmup=False,
+                              compile_flow=False)
     await engine.start()
+    assert engine.pipeline.scheduler.settings.compile_flow is False  # the config key reaches the scheduler
     stream = engine.open_stream(_request(600))
     await asyncio.wait_for(anext(stream), 30)
     await engine.close()
@@ -143,6 +145,10 @@ def test_fast_path_is_on_for_cuda_and_off_for_cpu_by_default(tmp_path):
         CosyVoice2Settings.from_config({"model_dir": str(tmp_path), "flow_context_s": 0})
     with pytest.raises(ValueError, match="engine.cosyvoice2.llm_fp8"):
         CosyVoice2Settings.from_config({"model_dir": str(tmp_path), "llm_fp8": "yes"})
+    assert auto.compile_flow  # the compiled flow is the GPU default (only graphs compile it)
+    assert not CosyVoice2Settings.from_config({"model_dir": str(tmp_path), "compile_flow": False}).compile_flow
+    with pytest.raises(ValueError, match="engine.cosyvoice2.compile_flow"):
+        CosyVoice2Settings.from_config({"model_dir": str(tmp_path), "compile_flow": "no"})
 
 
 async def test_fp8_lm_weights_stream_the_same_schedule(tiny_model_dir: Path) -> None:

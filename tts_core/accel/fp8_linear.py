@@ -6,6 +6,9 @@ way per token at every call (dynamic scaling: no calibration data, and a loud to
 its quiet neighbours). `torch._scaled_mm` multiplies the e4m3 operands, accumulates in float32
 and applies both scales, so the error is the two roundings to e4m3's 3 mantissa bits. How far that
 moves the LM's token distribution from bf16 is measured by bench/bench_lm_precision.py.
+On the H100 it is also slower than bf16: a lone first chunk's 28 decode steps took 51 ms against
+42-46 (bench/results/load_2026-11-23_h100_compile_flow_fp8.json). Per step it quantizes every
+activation and calls `_scaled_mm` for a few rows; which of the two costs more is not profiled.
 
 The same op runs on CPU (tests and agreement runs) and on CUDA devices of compute capability 8.9+
 (Ada, Hopper), which have FP8 tensor cores; older GPUs are refused with a reason, never emulated.

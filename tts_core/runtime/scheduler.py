@@ -74,11 +74,13 @@ class SchedulerSettings:
     # chunks' large calls (render_loop); their graph buckets. 0: one render thread does both.
     first_chunk_lanes: int = 2
     flow_first_batches: tuple[int, ...] = (1, 2, 4, 8)
-    # The captured flow solves run torch.compile'd transformer blocks (fewer, fused kernels; compiled
-    # at start-up, one compiled block for all 56). Off: its one H100 run made the solve 2.3x slower,
-    # from a pool copy per block since fixed in context_pool (docs/PERF_NOTES.md, "2026-11-23
-    # (night, second)"); the fixed version is not measured on a GPU yet.
-    compile_flow: bool = False
+    # The captured flow solves run torch.compile'd resnets and transformer blocks (fewer, fused
+    # kernels; compiled at start-up, one compiled block for all 56). Only with `graphs`. H100,
+    # load_2026-11-23_h100_compile_flow_fixed*.json: a first chunk's solve 35 ms on the GPU against
+    # 43-45 eager, one stream p50 90 ms against 97-99; under load 14 req/s passes (p95 262 ms, 30 calls
+    # playing) where eager passed 8-11. It costs start-up: the flow capture takes ~105 s with a warm
+    # compiler cache and ~150 s cold, against 50-60 s eager (whole start-up ~3 minutes warm).
+    compile_flow: bool = True
     # The later chunks' lane on this many SMs (0: all), and the first-chunk lanes (the same SMs
     # when both are set: the decode step then owns the rest). Beside a 16-row flow solve on every SM
     # a decode step took 2.48 ms, 1.24 alone, and 1.91 ms with the flow on 100 of the H100's 132 SMs
