@@ -389,3 +389,10 @@ def test_an_sm_partition_off_cuda_fails_start_up_with_the_reason(tiny_model_dir:
 
     with pytest.raises(SmPartitionUnavailable, match="needs a CUDA device"):
         CosyVoice2Pipeline.load(tiny_model_dir, max_batch=2, max_len=512, fast=SchedulerSettings(**{setting: 100}))
+
+
+def test_an_sm_partition_without_separate_streams_is_refused() -> None:
+    """Without separate streams a lane's eager work would run on the default stream, outside its SMs."""
+    with pytest.raises(ValueError, match="need separate_streams"):
+        SchedulerSettings(later_lane_sms=100, separate_streams=False)
+    assert SchedulerSettings(later_lane_sms=100).separate_streams  # the default combination stands

@@ -108,6 +108,14 @@ class SchedulerSettings:
     # GPU); under load (11-17 req/s) p95 within -9..+7 % of not holding, 0 underruns either way.
     first_chunk_hold_s: float = 0.3
 
+    def __post_init__(self) -> None:
+        # A partitioned lane's graphs replay on its green stream, but without separate streams its
+        # eager work (whatever falls outside its captured graphs) would issue on the default stream,
+        # on every SM: the partition would hold for part of the work only.
+        if (self.later_lane_sms or self.first_lane_sms) and not self.separate_streams:
+            raise ValueError("SchedulerSettings: later_lane_sms/first_lane_sms need separate_streams=True "
+                             "(a partitioned lane issues all its work on its own CUDA stream)")
+
 
 @dataclass(frozen=True)
 class StepTiming:
