@@ -78,7 +78,7 @@ class CosyVoice2Settings:
             raise ValueError("engine.cosyvoice2.flow_context_s: must be between 1 and 300 seconds")
         for key in ("llm_fp8", "compile_flow"):
             if key in values and not isinstance(values[key], bool):
-                raise ValueError(f"engine.cosyvoice2.{key}: {values[key]!r}; use true or false")  # noqa: TRY004
+                raise ValueError(f"engine.cosyvoice2.{key}: {values[key]!r}; use true or false")
         for key in ("max_batch", "max_len", "hop_tokens", "max_hop_tokens"):
             if key in values and int(values[key]) <= 0:
                 raise ValueError(f"engine.cosyvoice2.{key}: must be positive")
