@@ -11,6 +11,9 @@ chunk handed over after the audio before it has finished playing, on a playout c
 that starts at its first chunk), per-stream RTF, mean/peak concurrent streams, GPU memory. The
 report names the largest concurrency whose p95 first chunk is <= 300 ms with zero underruns, and
 splits one lone request's first chunk (frontend, prefill, decode, flow, HiFT, hand-off).
+A call plays for several seconds, so a short `--duration` ends before the load reaches its steady
+state and flatters the result (H100: 14 req/s passes with 10 s of arrivals, 12 fails with 15 s;
+docs/PERF_NOTES.md). Compare runs only at equal durations.
 
     python bench/bench_load.py                        # CUDA, bf16, graphs, full-size model in /tmp
     python bench/bench_load.py --model-dir ../shared/golden/cosyvoice2_tiny --device cpu \\
