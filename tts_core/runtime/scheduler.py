@@ -78,8 +78,8 @@ class SchedulerSettings:
     # kernels; compiled at start-up, one compiled block for all 56). Only with `graphs`. H100,
     # load_2026-11-23_h100_compile_flow_fixed*.json: a first chunk's solve 35 ms on the GPU against
     # 43-45 eager, one stream p50 90 ms against 97-99; under load (10 s of arrivals) 14 req/s passes
-    # (p95 253-262 ms, 30 calls playing) where eager passed 8-11. It costs start-up: the flow capture takes ~105 s with a warm
-    # compiler cache and ~150 s cold, against 50-60 s eager (whole start-up ~3 minutes warm).
+    # (p95 253-262 ms, 30 calls playing) where eager passed 8-11. It costs start-up: the flow
+    # capture takes 73-109 s with a warm compiler cache and ~150 s cold, against 50-60 s eager.
     compile_flow: bool = True
     # The later chunks' lane on this many SMs (0: all), and the first-chunk lanes (the same SMs
     # when both are set: the decode step then owns the rest). Beside a 16-row flow solve on every SM
