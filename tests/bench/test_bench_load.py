@@ -15,7 +15,7 @@ def test_bench_load_runs_on_cpu_tiny(tiny_model_dir: Path, tmp_path: Path) -> No
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_load.py"), "--model-dir", str(tiny_model_dir),
                            "--device", "cpu", "--threads", "1", "--rates", "3", "--duration", "1", "--max-batch", "8",
                            "--min-tokens", "20", "--max-tokens", "40", "--one-stream-requests", "3",
-                           "--first-chunk-hold-ms", "0", "200", "--defer-slack-s", "0.8", "0.3",
+                           "--first-chunk-hold-ms", "0", "200", "--defer-slack-s", "0.8", "0.3", "--settle-s", "0.5",
                            "--out", str(out)],
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -35,6 +35,13 @@ def test_bench_load_runs_on_cpu_tiny(tiny_model_dir: Path, tmp_path: Path) -> No
     else:
         assert best is None
     assert report["compile_flow"] is False  # no graphs on CPU, so nothing is compiled
+    # The steady window: only requests that arrived after --settle-s, and a rate is judged on them.
+    for r in report["rates"]:
+        steady = r["steady"]
+        assert steady["from_s"] == 0.5 and steady["requests"] <= r["requests"]
+        assert steady["underruns"] <= r["underruns"] and steady["playing_peak"] <= r["playing_peak"]
+        judged_p95 = steady["first_chunk_ms"]["95"]
+        assert r["passes"] == (r["failed"] == 0 and r["underruns"] == 0 and judged_p95 <= 300.0)
     assert rate["first_chunk_ms"]["50"] > 0 and rate["underruns"] >= 0
     assert set(report["first_chunk_split_1_stream"]) >= {"prefill_ms", "decode_ms", "flow_ms", "hift_ms"}
     one = report["one_stream"][0]
@@ -44,3 +51,13 @@ def test_bench_load_runs_on_cpu_tiny(tiny_model_dir: Path, tmp_path: Path) -> No
     assert set(stages) == {"queue", "frontend_prefill", "decode", "render_wait", "render"}
     assert all(v >= 0 for v in stages.values()) and stages["decode"] > 0 and stages["render"] > 0
     assert rate["decode_thread"]["iteration_ms_mean"] >= rate["decode_thread"]["decode_ms_mean"] > 0
+
+
+def test_calls_playing_are_counted_inside_the_window_only() -> None:
+    sys.path.insert(0, str(REPO / "bench"))
+    from bench_load import in_window
+
+    spans = [(0.0, 2.0), (1.0, 3.0), (5.0, 6.0)]
+    assert in_window(spans, 1.0, 2.0) == (2.0, 2)  # both overlap the whole window
+    assert in_window(spans, 0.0, 4.0) == (1.0, 2)  # 2 + 2 call-seconds over 4 s; the third is outside
+    assert in_window(spans, 3.5, 4.5) == (0.0, 0)
