@@ -40,6 +40,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gpu_trace  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ZH = "您好欢迎致电客服中心请问有什么可以帮您的我们将尽快为您处理订单查询退款预约服务时间地址电话谢谢再见稍等正在转接人工"
@@ -127,7 +130,8 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 def run_rate(pipeline, voice: str, rate: float, duration: float, rng: random.Random, lo: int, hi: int,
-             timeout: float, settle: float = 0.0) -> dict:
+             timeout: float, settle: float = 0.0, profile: tuple[float, float] | None = None) -> dict:
+    """`profile` (from_s, seconds): record the GPU's kernels over that stretch of the arrivals."""
     from tts_core.runtime import JobOptions
 
     gaps, t = [], 0.0
@@ -140,6 +144,18 @@ def run_rate(pipeline, voice: str, rate: float, duration: float, rng: random.Ran
     wake = threading.Event()  # never set: waits until each arrival time without a busy loop
     started = time.perf_counter()
     active_samples = []
+    profiled: dict = {}
+    if profile is not None:
+        from_s, seconds = profile
+
+        def trace() -> None:
+            time.sleep(max(0.0, started + from_s - time.perf_counter()))
+            kernels, seen = gpu_trace.record(lambda: time.sleep(seconds))
+            profiled.update(gpu_trace.summarize(kernels), from_s=from_s, device_events=seen)
+
+        # CUPTI records every thread's streams, so the profiler may run beside the arrivals.
+        tracer = threading.Thread(target=trace, name="bench-gpu-trace", daemon=True)
+        tracer.start()
     for at in gaps:
         delay = started + at - time.perf_counter()
         if delay > 0:
@@ -154,6 +170,8 @@ def run_rate(pipeline, voice: str, rate: float, duration: float, rng: random.Ran
     for _, sink, _, _, _ in requests:
         sink.done.wait(max(0.0, deadline - time.perf_counter()))
     wall = time.perf_counter() - started
+    if profile is not None:
+        tracer.join()
     first, rtf, late, failed, busy, playing = [], [], 0, 0, [], []
     steady_first, steady_late = [], 0  # requests that arrived after `settle`
     for job, sink, n, _, at in requests:
@@ -206,6 +224,7 @@ def run_rate(pipeline, voice: str, rate: float, duration: float, rng: random.Ran
                    for mine in [[r for r in renders if r.lane == lane]]},
         "gpu_mem_gb": torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else None,
         "eager_flow_calls": eager_flow_calls(pipeline),
+        **({"gpu_trace": profiled} if profile is not None else {}),
     }
 
 
@@ -340,6 +359,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="GIL switch intervals to run every rate at (default: the scheduler's 1 ms)")
     p.add_argument("--first-chunk-hold-ms", type=float, nargs="+", default=None,
                    help="first_chunk_hold_s values (ms) to run everything at (default: the scheduler's)")
+    p.add_argument("--profile-rate", type=float, default=None,
+                   help="record the GPU's kernels per CUDA stream (bench/gpu_trace.py) for --profile-s seconds "
+                        "of this rate (its first variant; from --settle-s, else mid-run), and over one lone "
+                        "request; the profiled rate's latencies carry the profiler's overhead")
+    p.add_argument("--profile-s", type=float, default=2.0)
     p.add_argument("--out", type=Path, help="JSON path (default bench/results/load_<date>.json)")
     args = p.parse_args(argv)
     if args.threads:
@@ -355,7 +379,6 @@ def main(argv: list[str] | None = None) -> int:
 
     model_dir = Path(args.model_dir) if args.model_dir else None
     if model_dir is None:
-        sys.path.insert(0, str(REPO / "bench"))
         from full_model import full_model_dir
 
         model_dir = full_model_dir(golden=args.golden)
@@ -389,6 +412,11 @@ def main(argv: list[str] | None = None) -> int:
         voice = "bench_voice" if "bench_voice" in names else names[0]
         report["warmup_s"] = pipeline.warmup(voice)
         report["first_chunk_split_1_stream"] = first_chunk_split(pipeline, voice, args.min_tokens)
+        if args.profile_rate is not None:
+            kernels, seen = gpu_trace.record(lambda: one_stream(pipeline, voice, 1, random.Random(args.seed),
+                                                                args.min_tokens, args.max_tokens))
+            report["gpu_trace_alone"] = {**gpu_trace.summarize(kernels), "device_events": seen}
+            print("GPU trace, one lone request:", json.dumps(_trace_brief(report["gpu_trace_alone"])), flush=True)
         report["rates"], report["one_stream"] = [], []
         out = args.out or REPO / "bench" / "results" / f"load_{datetime.date.today().isoformat()}.json"
         intervals = args.switch_interval_ms or [sys.getswitchinterval() * 1e3]
@@ -415,8 +443,11 @@ def main(argv: list[str] | None = None) -> int:
             pipeline.scheduler.renders.clear()
             # Seeded per rate: every variant sees the same arrivals and texts.
             rng = random.Random(f"{args.seed}-{rate}")
+            profile = None
+            if rate == args.profile_rate and not any("gpu_trace" in done for done in report["rates"]):
+                profile = (args.settle_s or args.duration / 2, args.profile_s)
             r = run_rate(pipeline, voice, rate, args.duration, rng, args.min_tokens, args.max_tokens, args.timeout,
-                         args.settle_s)
+                         args.settle_s, profile)
             faulthandler.cancel_dump_traceback_later()
             # Underruns count from every request (one in the ramp is still a gap a caller heard).
             judged = r["steady"] if args.settle_s > 0 else r
@@ -426,6 +457,8 @@ def main(argv: list[str] | None = None) -> int:
             _print_row(r)
             if args.settle_s > 0:
                 print("  steady:", json.dumps(r["steady"]), flush=True)
+            if "gpu_trace" in r:
+                print("  GPU trace:", json.dumps(_trace_brief(r["gpu_trace"])), flush=True)
             print("  first chunk stages:", json.dumps(r["first_chunk_split"]), "\n  decode thread:",
                   json.dumps(r["decode_thread"]), flush=True)
             write_partial(out, report)  # a run cut short by a time limit keeps the rates it finished
@@ -453,6 +486,13 @@ def write_partial(out: Path, report: dict) -> None:
 
 HEADER = f"{'rate/s':>6} {'reqs':>5} {'fail':>4} {'conc':>6} {'peak':>5} {'play':>6} {'peak':>5} {'p50ms':>7} " \
          f"{'p95ms':>7} {'p99ms':>7} {'underr':>6} {'rtf':>6} {'memGB':>6} pass"
+
+
+def _trace_brief(trace: dict) -> dict:
+    """Per stream: kernels, ms of kernels, busy, overlapped by other streams, and short gaps."""
+    return {"span_ms": round(trace["span_ms"], 1), "device_events": trace.get("device_events"),
+            **{stream: {k: round(v, 2) if isinstance(v, float) else v for k, v in st.items() if k != "top"}
+               for stream, st in trace["streams"].items()}}
 
 
 def _print_row(r: dict) -> None:

@@ -16,6 +16,7 @@ def test_bench_load_runs_on_cpu_tiny(tiny_model_dir: Path, tmp_path: Path) -> No
                            "--device", "cpu", "--threads", "1", "--rates", "3", "--duration", "1", "--max-batch", "8",
                            "--min-tokens", "20", "--max-tokens", "40", "--one-stream-requests", "3",
                            "--first-chunk-hold-ms", "0", "200", "--defer-slack-s", "0.8", "0.3", "--settle-s", "0.5",
+                           "--profile-rate", "3", "--profile-s", "0.2",
                            "--out", str(out)],
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -35,6 +36,9 @@ def test_bench_load_runs_on_cpu_tiny(tiny_model_dir: Path, tmp_path: Path) -> No
     else:
         assert best is None
     assert report["compile_flow"] is False  # no graphs on CPU, so nothing is compiled
+    # Profiled: the first variant of the named rate, and one lone request (on CPU: no kernels).
+    assert [("gpu_trace" in r) for r in report["rates"]] == [True, False, False, False]
+    assert report["rates"][0]["gpu_trace"]["from_s"] == 0.5 and "streams" in report["gpu_trace_alone"]
     # The steady window: only requests that arrived after --settle-s, and a rate is judged on them.
     for r in report["rates"]:
         steady = r["steady"]

@@ -1,0 +1,106 @@
+"""What the GPU did, per CUDA stream, over a profiled stretch: for telling a decode step that waits
+between its kernels (for SMs held by other streams' blocks) from one whose kernels themselves run
+slower (sharing memory bandwidth), which call for different cures.
+
+`record(seconds_or_fn)` profiles CUDA activity only (CUPTI, process-wide: every thread's streams,
+kernels inside CUDA graph replays included) and returns the kernels as `Kernel`s; `summarize` turns
+them into per-stream figures:
+  kernels, kernel_ms      how many kernels ran on the stream and their summed durations
+  busy_ms                 the union of their intervals (what the stream occupied)
+  overlapped_ms           of busy_ms, the part during which another stream also ran a kernel
+  gap_ms                  the summed gaps between consecutive kernels shorter than `gap_limit_us`
+                          (inside one graph replay: the time a ready kernel waited to start)
+  top                     the kernel names with the most summed time, with count and mean us
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Kernel:
+    stream: int
+    name: str
+    start_us: float
+    dur_us: float
+
+    @property
+    def end_us(self) -> float:
+        return self.start_us + self.dur_us
+
+
+def record(work: Callable[[], object]) -> tuple[list[Kernel], dict[str, int]]:
+    """Run `work` under the profiler: the GPU kernels it saw (none without CUDA), and how many
+    device events of each activity type (kernels, copies, ...) it saw, for a check that it saw any."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CUDA] if torch.cuda.is_available() else [ProfilerActivity.CPU]
+    with profile(activities=activities) as prof:
+        work()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    kernels, seen = [], defaultdict(int)
+    for event in prof.profiler.kineto_results.events():
+        if event.device_type() != torch.autograd.DeviceType.CUDA:
+            continue
+        seen[event.activity_type()] += 1
+        if "kernel" in event.activity_type():
+            kernels.append(Kernel(stream=int(event.device_resource_id()), name=event.name(),
+                                  start_us=event.start_ns() / 1e3, dur_us=event.duration_ns() / 1e3))
+    return kernels, dict(seen)
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[tuple[float, float]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    """Length of the intersection of two unions of disjoint, sorted intervals."""
+    i = j = 0
+    total = 0.0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        total += max(0.0, hi - lo)
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def summarize(kernels: list[Kernel], gap_limit_us: float = 100.0, top: int = 12) -> dict:
+    by_stream: dict[int, list[Kernel]] = defaultdict(list)
+    for k in kernels:
+        by_stream[k.stream].append(k)
+    unions = {s: _union([(k.start_us, k.end_us) for k in ks]) for s, ks in by_stream.items()}
+    span = (max(k.end_us for k in kernels) - min(k.start_us for k in kernels)) if kernels else 0.0
+    streams = {}
+    for stream, ks in sorted(by_stream.items()):
+        ks.sort(key=lambda k: k.start_us)
+        others = _union([iv for s, u in unions.items() if s != stream for iv in u])
+        gaps = [b.start_us - a.end_us for a, b in zip(ks, ks[1:], strict=False)]
+        names: dict[str, list[float]] = defaultdict(list)
+        for k in ks:
+            names[k.name].append(k.dur_us)
+        ranked = sorted(names.items(), key=lambda item: -sum(item[1]))[:top]
+        streams[str(stream)] = {
+            "kernels": len(ks),
+            "kernel_ms": sum(k.dur_us for k in ks) / 1e3,
+            "busy_ms": sum(e - s for s, e in unions[stream]) / 1e3,
+            "overlapped_ms": _overlap(unions[stream], others) / 1e3,
+            "gap_ms": sum(g for g in gaps if 0 < g < gap_limit_us) / 1e3,
+            "top": [{"name": name[:120], "count": len(durs), "total_ms": sum(durs) / 1e3,
+                     "mean_us": sum(durs) / len(durs)} for name, durs in ranked],
+        }
+    return {"span_ms": span / 1e3, "gap_limit_us": gap_limit_us, "streams": streams}

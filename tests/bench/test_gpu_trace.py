@@ -1,0 +1,33 @@
+"""bench/gpu_trace.py: per-stream figures from a list of kernels (the profiler itself needs a GPU)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from gpu_trace import Kernel, summarize  # noqa: E402
+
+
+def test_streams_overlap_gaps_and_busy_time() -> None:
+    decode = [Kernel(1, "gemm", 0.0, 10.0), Kernel(1, "attention", 12.0, 8.0), Kernel(1, "gemm", 200.0, 10.0)]
+    flow = [Kernel(2, "conv", 5.0, 10.0)]
+    out = summarize(decode + flow, gap_limit_us=100.0)
+    assert out["span_ms"] == pytest.approx(0.210)
+    one, two = out["streams"]["1"], out["streams"]["2"]
+    assert one["kernels"] == 3 and one["kernel_ms"] == pytest.approx(0.028) and one["busy_ms"] == pytest.approx(0.028)
+    # The flow kernel (5-15 us) runs beside 5-10 and 12-15 of the decode stream's kernels.
+    assert one["overlapped_ms"] == pytest.approx(0.008) and two["overlapped_ms"] == pytest.approx(0.008)
+    # 10 -> 12 is a wait inside a step; 20 -> 200 is longer than the limit: between steps, not counted.
+    assert one["gap_ms"] == pytest.approx(0.002) and two["gap_ms"] == 0
+    assert [t["name"] for t in one["top"]] == ["gemm", "attention"]
+    assert one["top"][0]["count"] == 2 and one["top"][0]["mean_us"] == pytest.approx(10.0)
+
+
+def test_overlapping_kernels_of_one_stream_count_once_in_busy_time() -> None:
+    out = summarize([Kernel(3, "a", 0.0, 10.0), Kernel(3, "b", 5.0, 10.0)])
+    assert out["streams"]["3"]["busy_ms"] == pytest.approx(0.015)
+    assert out["streams"]["3"]["kernel_ms"] == pytest.approx(0.020)
+    assert summarize([]) == {"span_ms": 0.0, "gap_limit_us": 100.0, "streams": {}}
