@@ -16,6 +16,7 @@ them into per-stream figures:
 from __future__ import annotations
 
 from collections import defaultdict
+from itertools import pairwise
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -89,7 +90,7 @@ def summarize(kernels: list[Kernel], gap_limit_us: float = 100.0, top: int = 12)
     for stream, ks in sorted(by_stream.items()):
         ks.sort(key=lambda k: k.start_us)
         others = _union([iv for s, u in unions.items() if s != stream for iv in u])
-        gaps = [b.start_us - a.end_us for a, b in zip(ks, ks[1:], strict=False)]
+        gaps = [b.start_us - a.end_us for a, b in pairwise(ks)]
         names: dict[str, list[float]] = defaultdict(list)
         for k in ks:
             names[k.name].append(k.dur_us)

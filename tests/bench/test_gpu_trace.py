@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from gpu_trace import Kernel, summarize  # noqa: E402
+from gpu_trace import Kernel, summarize
 
 
 def test_streams_overlap_gaps_and_busy_time() -> None:
