@@ -16,9 +16,9 @@ them into per-stream figures:
 from __future__ import annotations
 
 from collections import defaultdict
-from itertools import pairwise
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import pairwise
 
 import torch
 
