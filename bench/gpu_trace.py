@@ -2,9 +2,9 @@
 between its kernels (for SMs held by other streams' blocks) from one whose kernels themselves run
 slower (sharing memory bandwidth), which call for different cures.
 
-`record(seconds_or_fn)` profiles CUDA activity only (CUPTI, process-wide: every thread's streams,
-kernels inside CUDA graph replays included) and returns the kernels as `Kernel`s; `summarize` turns
-them into per-stream figures:
+`record(work)` profiles CUDA activity only (CUPTI, process-wide: every thread's streams, kernels
+inside CUDA graph replays included) while `work` runs; `summary` (`kernels`, then `summarize`) turns
+what it saw into per-stream figures:
   kernels, kernel_ms      how many kernels ran on the stream and their summed durations
   busy_ms                 the union of their intervals (what the stream occupied)
   overlapped_ms           of busy_ms, the part during which another stream also ran a kernel
@@ -35,9 +35,9 @@ class Kernel:
         return self.start_us + self.dur_us
 
 
-def record(work: Callable[[], object]) -> tuple[list[Kernel], dict[str, int]]:
-    """Run `work` under the profiler: the GPU kernels it saw (none without CUDA), and how many
-    device events of each activity type (kernels, copies, ...) it saw, for a check that it saw any."""
+def record(work: Callable[[], object]):
+    """Run `work` under the profiler (CUDA activity only; CPU ops without CUDA) and return it.
+    Reading its events is slow Python work: do it (`kernels`) once the measured stretch is over."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CUDA] if torch.cuda.is_available() else [ProfilerActivity.CPU]
@@ -45,15 +45,27 @@ def record(work: Callable[[], object]) -> tuple[list[Kernel], dict[str, int]]:
         work()
         if torch.cuda.is_available():
             torch.cuda.synchronize()
-    kernels, seen = [], defaultdict(int)
+    return prof
+
+
+def kernels(prof) -> tuple[list[Kernel], dict[str, int]]:
+    """The GPU kernels a profile saw (none without CUDA), and how many device events of each
+    activity type (kernels, copies, ...) it saw, for a check that it saw any."""
+    found, seen = [], defaultdict(int)
     for event in prof.profiler.kineto_results.events():
         if event.device_type() != torch.autograd.DeviceType.CUDA:
             continue
         seen[event.activity_type()] += 1
         if "kernel" in event.activity_type():
-            kernels.append(Kernel(stream=int(event.device_resource_id()), name=event.name(),
-                                  start_us=event.start_ns() / 1e3, dur_us=event.duration_ns() / 1e3))
-    return kernels, dict(seen)
+            found.append(Kernel(stream=int(event.device_resource_id()), name=event.name(),
+                                start_us=event.start_ns() / 1e3, dur_us=event.duration_ns() / 1e3))
+    return found, dict(seen)
+
+
+def summary(prof) -> dict:
+    """`summarize` of a profile's kernels, with the device event counts."""
+    found, seen = kernels(prof)
+    return {**summarize(found), "device_events": seen}
 
 
 def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
