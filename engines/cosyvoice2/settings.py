@@ -44,7 +44,7 @@ class CosyVoice2Settings:
     flow_encoder_tokens: int | None = None
     # With graphs: the flow's resnets and transformer blocks torch.compile'd before capture. Faster
     # first chunks and more calls per GPU (tts_core.runtime.scheduler.SchedulerSettings.compile_flow);
-    # false saves about a minute of start-up.
+    # false saves 20-90 s of start-up (warm and cold compiler cache).
     compile_flow: bool = True
     # The LM's decoder-layer weights in FP8 (e4m3; CPU, or CUDA of compute capability 8.9+). Off by
     # default: on random full-size weights it moves the token distribution well beyond what bf16
