@@ -129,6 +129,11 @@ def percentile(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 
 
+def latency_ms(seconds: list[float]) -> dict[int, float]:
+    """p50/p95/p99 in ms (0 without values)."""
+    return {q: (percentile(seconds, q) or 0) * 1e3 for q in (50, 95, 99)}
+
+
 def run_rate(pipeline, voice: str, rate: float, duration: float, rng: random.Random, lo: int, hi: int,
              timeout: float, settle: float = 0.0, profile: tuple[float, float] | None = None) -> dict:
     """`profile` (from_s, seconds): record the GPU's kernels over that stretch of the arrivals."""
@@ -182,10 +187,11 @@ def run_rate(pipeline, voice: str, rate: float, duration: float, rng: random.Ran
         first.append(sink.arrivals[0][0] - submitted)
         audio = sum(s for _, s in sink.arrivals) / SAMPLE_RATE
         rtf.append((sink.arrivals[-1][0] - submitted) / audio)
-        late += underruns(submitted, sink.arrivals)
+        gaps_heard = underruns(submitted, sink.arrivals)
+        late += gaps_heard
         if at >= settle:
             steady_first.append(first[-1])
-            steady_late += underruns(submitted, sink.arrivals)
+            steady_late += gaps_heard
         busy.append((submitted, sink.arrivals[-1][0]))
         playing.append((submitted, playout_end(sink.arrivals)))
     steady_playing = in_window(playing, started + settle, started + duration)
@@ -200,14 +206,14 @@ def run_rate(pipeline, voice: str, rate: float, duration: float, rng: random.Ran
     done = [job for job, sink, _, _, _ in requests if sink.error is None and sink.done.is_set() and sink.arrivals]
     return {
         "rate_per_s": rate, "requests": len(requests), "failed": failed, "wall_s": wall,
-        "first_chunk_ms": {q: (percentile(first, q) or 0) * 1e3 for q in (50, 95, 99)},
+        "first_chunk_ms": latency_ms(first),
         "underruns": late, "rtf_mean": float(np.mean(rtf)) if rtf else None, "rtf_max": max(rtf, default=None),
         "concurrency_mean": mean_conc, "concurrency_peak": max(active_samples, default=0),
         "playing_mean": sum(e - s for s, e in playing) / play_span if playing else 0.0,
         "playing_peak": peak_overlap(playing),
         # From `settle` s into the rate's arrivals to their end: the load in its steady state.
         "steady": {"from_s": settle, "to_s": duration, "requests": len(steady_first),
-                   "first_chunk_ms": {q: (percentile(steady_first, q) or 0) * 1e3 for q in (50, 95, 99)},
+                   "first_chunk_ms": latency_ms(steady_first),
                    "underruns": steady_late, "playing_mean": steady_playing[0], "playing_peak": steady_playing[1]},
         "decode_batch_max": max((s.batch for s in steps), default=0),
         "steps": len(steps), "step_ms_mean": 1e3 * wall / max(1, len(steps)),
@@ -398,8 +404,8 @@ def main(argv: list[str] | None = None) -> int:
         if lane.graphs is not None:
             lane.graphs.time_gpu = True  # CUDA events around each flow call's encoder and solve
     report: dict = {"device": torch.cuda.get_device_name() if cuda else platform.processor(), "dtype": dtype,
-                    "llm_fp8": args.llm_fp8, "compile_flow": args.compile_flow and graphs, "later_lane_sms": args.later_lane_sms,
-                    "first_lane_sms": args.first_lane_sms,
+                    "llm_fp8": args.llm_fp8, "compile_flow": args.compile_flow and graphs,
+                    "later_lane_sms": args.later_lane_sms, "first_lane_sms": args.first_lane_sms,
                     "torch": torch.__version__, "graphs": graphs, "encoder_tokens": args.encoder_tokens,
                     "context_frames": args.context_frames,
                     "separate_streams": not args.one_stream, "first_chunk_lanes": args.first_lanes,
@@ -423,8 +429,8 @@ def main(argv: list[str] | None = None) -> int:
         variants = [(d, h, i) for d in args.defer_slack_s for h in holds for i in intervals]
         for (slack, hold, interval), rate in [(v, r) for v in variants for r in [None, *args.rates]]:
             # The scheduler and its render lanes read these each round: variants share one start-up.
-            pipeline.scheduler.settings = dataclasses.replace(pipeline.scheduler.settings, first_chunk_hold_s=hold / 1e3,
-                                                              defer_slack_s=slack)
+            pipeline.scheduler.settings = dataclasses.replace(pipeline.scheduler.settings,
+                                                              first_chunk_hold_s=hold / 1e3, defer_slack_s=slack)
             for lane in pipeline.scheduler.render_lanes:
                 lane.defer_slack_s = slack
             sys.setswitchinterval(interval / 1e3)

@@ -86,7 +86,8 @@ class CosyVoice2Engine(SpeechEngine):
             pipeline.close()
             raise
         log.info("cosyvoice2_engine_started", device=device, dtype=str(dtype), llm_fp8=s.llm_fp8, graphs=graphs,
-                 compile_flow=graphs and s.compile_flow, flow_encoder_tokens=encoder_tokens, flow_context_s=s.flow_context_s, load_s=round(load_s, 3),
+                 compile_flow=graphs and s.compile_flow, flow_encoder_tokens=encoder_tokens,
+                 flow_context_s=s.flow_context_s, load_s=round(load_s, 3),
                  warmup_s=self.warmup_s and round(self.warmup_s, 3), voices=len(pipeline.voices))
         return pipeline
 

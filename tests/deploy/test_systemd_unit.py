@@ -33,4 +33,3 @@ def test_the_compiler_cache_lives_in_the_units_cache_directory() -> None:
     for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
         assert var in env, f"{var} is not set: torch would cache under the private /tmp"
         assert Path(env[var]).is_relative_to(cache_root), f"{var}={env[var]} is outside {cache_root}"
-
