@@ -55,11 +55,21 @@ def kernels(prof) -> tuple[list[Kernel], dict[str, int]]:
     for event in prof.profiler.kineto_results.events():
         if event.device_type() != torch.autograd.DeviceType.CUDA:
             continue
-        seen[event.activity_type()] += 1
-        if "kernel" in event.activity_type():
+        kind = _activity(event)
+        seen[kind] += 1
+        if "kernel" in kind:
             found.append(Kernel(stream=int(event.device_resource_id()), name=event.name(),
                                 start_us=event.start_ns() / 1e3, dur_us=event.duration_ns() / 1e3))
     return found, dict(seen)
+
+
+def _activity(event) -> str:
+    """The event's activity type; torch before 2.12 has no `activity_type`, and then a device
+    event is a copy or a memset by its name (kineto's "Memcpy HtoD ...", "Memset ..."), else a kernel."""
+    if hasattr(event, "activity_type"):
+        return event.activity_type()
+    name = event.name().lower()
+    return "gpu_memcpy" if name.startswith("memcpy") else "gpu_memset" if name.startswith("memset") else "kernel"
 
 
 def summary(prof) -> dict:
