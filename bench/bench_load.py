@@ -240,7 +240,8 @@ def decode_thread_split(steps) -> dict:
     if not steps:
         return {}
     parts = {"iteration": [s.wall_s for s in steps], "prefill_admit": [s.prefill_s for s in steps],
-             "sample": [s.sample_s for s in steps], "decode": [s.decode_s for s in steps]}
+             "sample": [s.sample_s for s in steps], "decode": [s.decode_s for s in steps],
+             "decode_wait": [s.wait_s for s in steps]}
     out = {f"{k}_ms_mean": 1e3 * float(np.mean(v)) for k, v in parts.items()}
     out["iteration_ms_p95"] = 1e3 * float(np.percentile(parts["iteration"], 95))
     out["with_prefill"] = sum(1 for s in steps if s.prefills) / len(steps)
@@ -365,6 +366,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="GIL switch intervals to run every rate at (default: the scheduler's 1 ms)")
     p.add_argument("--first-chunk-hold-ms", type=float, nargs="+", default=None,
                    help="first_chunk_hold_s values (ms) to run everything at (default: the scheduler's)")
+    p.add_argument("--overlap-decode", choices=("on", "off"), nargs="+", default=None,
+                   help="carried decoder: launch step k+1 before reading step k's tokens, or not; several: "
+                        "everything runs at each (default: the scheduler's)")
     p.add_argument("--profile-rate", type=float, default=None,
                    help="record the GPU's kernels per CUDA stream (bench/gpu_trace.py) for --profile-s seconds "
                         "of this rate (its first variant; from --settle-s, else mid-run), and over one lone "
@@ -426,10 +430,12 @@ def main(argv: list[str] | None = None) -> int:
         out = args.out or REPO / "bench" / "results" / f"load_{datetime.date.today().isoformat()}.json"
         intervals = args.switch_interval_ms or [sys.getswitchinterval() * 1e3]
         holds = args.first_chunk_hold_ms or [pipeline.scheduler.settings.first_chunk_hold_s * 1e3]
-        variants = [(d, h, i) for d in args.defer_slack_s for h in holds for i in intervals]
-        for (slack, hold, interval), rate in [(v, r) for v in variants for r in [None, *args.rates]]:
+        overlaps = [o == "on" for o in args.overlap_decode] if args.overlap_decode else \
+            [pipeline.scheduler.settings.overlap_decode]
+        variants = [(d, h, i, o) for d in args.defer_slack_s for h in holds for i in intervals for o in overlaps]
+        for (slack, hold, interval, overlap), rate in [(v, r) for v in variants for r in [None, *args.rates]]:
             # The scheduler and its render lanes read these each round: variants share one start-up.
-            pipeline.scheduler.settings = dataclasses.replace(pipeline.scheduler.settings,
+            pipeline.scheduler.settings = dataclasses.replace(pipeline.scheduler.settings, overlap_decode=overlap,
                                                               first_chunk_hold_s=hold / 1e3, defer_slack_s=slack)
             for lane in pipeline.scheduler.render_lanes:
                 lane.defer_slack_s = slack
@@ -438,7 +444,8 @@ def main(argv: list[str] | None = None) -> int:
                 if args.one_stream_requests:
                     one = one_stream(pipeline, voice, args.one_stream_requests, random.Random(args.seed),
                                      args.min_tokens, args.max_tokens)
-                    one.update(first_chunk_hold_ms=hold, switch_interval_ms=interval, defer_slack_s=slack)
+                    one.update(first_chunk_hold_ms=hold, switch_interval_ms=interval, defer_slack_s=slack,
+                               overlap_decode=overlap)
                     report["one_stream"].append(one)
                     print("1 stream, one request at a time:", json.dumps(one), flush=True)
                 continue
@@ -458,6 +465,7 @@ def main(argv: list[str] | None = None) -> int:
             judged = r["steady"] if args.settle_s > 0 else r
             r["passes"] = r["failed"] == 0 and r["underruns"] == 0 and judged["first_chunk_ms"][95] <= 300.0
             r["switch_interval_ms"], r["first_chunk_hold_ms"], r["defer_slack_s"] = interval, hold, slack
+            r["overlap_decode"] = overlap
             report["rates"].append(r)
             _print_row(r)
             if args.settle_s > 0:
@@ -478,7 +486,8 @@ def main(argv: list[str] | None = None) -> int:
         {"rate_per_s": best["rate_per_s"], "mean": best["concurrency_mean"], "peak": best["concurrency_peak"],
          "playing_mean": best["playing_mean"], "playing_peak": best["playing_peak"],
          "steady_playing_mean": best["steady"]["playing_mean"], "steady_playing_peak": best["steady"]["playing_peak"],
-         **{k: best[k] for k in ("defer_slack_s", "first_chunk_hold_ms", "switch_interval_ms")}} if best else None)
+         **{k: best[k] for k in ("defer_slack_s", "first_chunk_hold_ms", "switch_interval_ms", "overlap_decode")}}
+        if best else None)
     _print(report)
     write_partial(out, report)
     print(f"wrote {out}")
@@ -512,6 +521,7 @@ def _print_row(r: dict) -> None:
           f"{r['concurrency_peak']:>5} {r['playing_mean']:>6.1f} {r['playing_peak']:>5} {f[50]:>7.1f} {f[95]:>7.1f} "
           f"{f[99]:>7.1f} {r['underruns']:>6} {rtf:>6} {mem:>6} {r['passes']}  GIL {r.get('switch_interval_ms')} ms, "
           f"hold {r.get('first_chunk_hold_ms')} ms, defer slack {r.get('defer_slack_s')} s, "
+          f"overlap {r.get('overlap_decode')}, "
           f"step {r['step_ms_mean']:.1f} ms "
           f"(decode {r['decode_ms_mean'] or 0:.1f}; render {lanes})", flush=True)
 

@@ -33,6 +33,64 @@ def test_graphed_decode_steps_equal_eager_steps(tiny_model_dir: Path) -> None:
     assert int(cache.lengths[dec.scratch_slot]) <= 8  # padding never runs the scratch row off the cache
 
 
+def test_carried_graphed_steps_draw_what_host_built_inputs_draw_and_overlap_changes_nothing(
+        tiny_model_dir: Path) -> None:
+    """GraphedDecoder(carry=True) against the graphed step fed host-built tokens and RAS windows
+    (step_sample), same CUDA generator seed; then the carried steps read one step behind
+    (launch k+1 before reading k, as the scheduler does): the same tokens each time."""
+    from tts_core.accel.batched_sampler import BatchedRasSampler
+    from tts_core.accel.lm_graphs import GraphedDecoder
+    from tts_core.llm.sampling import SamplingConfig
+    from tts_core.model_dir import load_speech_lm
+
+    lm = load_speech_lm(tiny_model_dir, "cuda", torch.float32)
+    cache = lm.setup_cache(9, 128)
+    live = [3, 0, 5]
+    gen = torch.Generator().manual_seed(2)
+    lm.prefill(live, [lm.build_prefill_input(torch.randint(0, 100, (5 + 3 * i,), generator=gen).tolist())
+                      for i in range(3)])
+    snap = cache.snapshot()
+    sampler = BatchedRasSampler(SamplingConfig(), lm.speech_token_size)
+    window = sampler.config.win_size
+    first = [[7], [8, 9], [10]]
+    plain = GraphedDecoder(lm, (1, 2, 4), (128,), sampler=sampler, compile=False)
+    carried = GraphedDecoder(lm, (1, 2, 4), (128,), sampler=sampler, compile=False, carry=True)
+
+    def host_built() -> list[list[int]]:
+        cache.restore(snap)
+        torch.cuda.manual_seed(5)
+        rows = [list(t) for t in first]
+        for _ in range(10):
+            history = torch.tensor([([-1] * window + r)[-window:] for r in rows], device="cuda")
+            drawn = plain.step_sample(live, [r[-1] for r in rows], history,
+                                      torch.ones(3, dtype=torch.bool, device="cuda"), kv_len=40).tolist()
+            for r, t in zip(rows, drawn):
+                r.append(t)
+        return rows
+
+    def carried_run(behind: bool) -> list[list[int]]:
+        cache.restore(snap)
+        torch.cuda.manual_seed(5)
+        carried.seed(live, first)
+        rows = [list(t) for t in first]
+        pending = None
+        for _ in range(10):
+            launched = carried.launch(live, [True] * 3, kv_len=40)
+            if behind:
+                pending, launched = launched, pending
+            if launched is not None:
+                for r, t in zip(rows, launched.result()):
+                    r.append(t)
+        if pending is not None:
+            for r, t in zip(rows, pending.result()):
+                r.append(t)
+        return rows
+
+    want = host_built()
+    assert carried_run(behind=False) == want
+    assert carried_run(behind=True) == want
+
+
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9),
                     reason="FP8 matmuls need compute capability 8.9+")
 def test_compiled_fp8_decode_steps_equal_eager_fp8_steps(tiny_model_dir: Path) -> None:

@@ -21,6 +21,11 @@ are unchanged).
 Outputs are views of the graph's static buffers: consume them before the next step. The scratch
 slot belongs to this runner; the scheduler must never assign it to a request.
 
+With `carry=True` (and a sampler) each slot's input token and RAS window stay on the device
+(`carried_decode.SlotTokens`): `seed` sets a slot's state when its segment starts, `launch` replays
+a step for some slots and returns their tokens as `PendingTokens`, copied to the host behind the
+step, so the caller can launch the next step before reading them (see tts_core/accel/carried_decode.py).
+
 `GraphedPrefill` does the same for `SpeechTokenLM.prefill` of one request, per input-length bucket.
 """
 
@@ -36,6 +41,7 @@ from tts_core.accel.graph_capture import replay
 
 from tts_core.accel.buckets import power_of_two_buckets, select_bucket
 from tts_core.accel.batched_sampler import BatchedRasSampler
+from tts_core.accel.carried_decode import PendingTokens, SlotTokens
 from tts_core.llm.speech_lm import SpeechTokenLM
 
 log = structlog.get_logger(__name__)
@@ -48,7 +54,7 @@ class GraphedDecoder:
     def __init__(self, lm: SpeechTokenLM, batch_buckets: Sequence[int] | None = None,
                  attend_buckets: Sequence[int] | None = None, scratch_slot: int | None = None,
                  sampler: BatchedRasSampler | None = None, compile: bool = True, warmup: int = 2,
-                 fuse: bool = True) -> None:
+                 fuse: bool = True, carry: bool = False) -> None:
         cache = lm.kv_cache
         if cache is None:
             raise RuntimeError("GraphedDecoder: call lm.setup_cache(max_batch, max_len) first")
@@ -66,12 +72,24 @@ class GraphedDecoder:
             raise ValueError(f"GraphedDecoder: attend bucket {self.attend_buckets[-1]} exceeds the cache length")
         device = cache.device
         largest = self.batch_buckets[-1]
-        self._slots = torch.full((largest,), self.scratch_slot, dtype=torch.long, device=device)
+        # Row inputs: the slots, then (carry) whether each row may stop; one host copy per step.
+        self._inputs = torch.full((2, largest), self.scratch_slot, dtype=torch.long, device=device)
+        self._slots = self._inputs[0]
         self._tokens = torch.zeros(largest, dtype=torch.long, device=device)
         self.sampler = sampler
         window = sampler.config.win_size if sampler is not None else 1
         self._history = torch.full((largest, window), -1, dtype=torch.long, device=device)
         self._allow_stop = torch.ones(largest, dtype=torch.bool, device=device)
+        if carry and sampler is None:
+            raise ValueError("GraphedDecoder: carry=True draws inside the graph and needs a sampler")
+        self.carry = carry
+        self.state = SlotTokens(cache.max_batch, window, device) if carry else None
+        # Pinned host buffers, used in turn: the inputs of a launch and its drawn tokens. A buffer
+        # is written again three launches later; by then the caller has read that step (it keeps
+        # at most one step unread when it launches), so its copies are done.
+        self._host_inputs = [torch.empty((2, largest), dtype=torch.long).pin_memory() for _ in range(3)] if carry else []
+        self._host_tokens = [torch.empty(largest, dtype=torch.long).pin_memory() for _ in range(3)] if carry else []
+        self._turn = 0
         if fuse:
             lm.fuse_projections()
         self._decode = torch.compile(_decode_step, dynamic=True) if compile else _decode_step
@@ -87,7 +105,14 @@ class GraphedDecoder:
         # Reset inside the graph: padding rows advance the scratch slot every replay.
         # A slice fill, not `lengths[i] = 0`: the latter copies a host scalar, which capture forbids.
         self.cache.lengths.narrow(0, self.scratch_slot, 1).zero_()
-        logp = self._decode(self.lm, self._slots[:batch], self._tokens[:batch], attend_len=attend)
+        slots = self._slots[:batch]
+        if self.state is not None:
+            tokens, history = self.state.gather(slots)
+            logp = self._decode(self.lm, slots, tokens, attend_len=attend)
+            drawn = self.sampler.sample(logp, history, self._inputs[1, :batch] != 0)
+            self.state.advance(slots, history, drawn)
+            return logp, drawn
+        logp = self._decode(self.lm, slots, self._tokens[:batch], attend_len=attend)
         if self.sampler is None:
             return (logp,)
         return logp, self.sampler.sample(logp, self._history[:batch], self._allow_stop[:batch])
@@ -96,6 +121,7 @@ class GraphedDecoder:
     def _capture_all(self, warmup: int) -> None:
         pool = torch.cuda.graph_pool_handle()
         saved = self.cache.lengths.clone()
+        saved_state = (self.state.last.clone(), self.state.history.clone()) if self.state is not None else None
         # Warm up and capture on a stream of the decoder's own (cuBLAS handles, workspace: see
         # graph_capture.capture_graph) with every row on the scratch slot.
         side = torch.cuda.Stream()
@@ -114,6 +140,9 @@ class GraphedDecoder:
                     out = self._step(batch, attend)
                 self._graphs[(batch, attend)] = (graph, out)
         self.cache.lengths.copy_(saved)
+        if saved_state is not None:
+            self.state.last.copy_(saved_state[0])
+            self.state.history.copy_(saved_state[1])
 
     def bucket(self, live: int, kv_len: int | None = None) -> tuple[int, int]:
         """(batch bucket, attend bucket) a step of `live` rows whose longest slot holds `kv_len`
@@ -155,6 +184,36 @@ class GraphedDecoder:
         self._allow_stop[:live].copy_(allow_stop, non_blocking=True)
         live, out = self._replay(slots, tokens, kv_len)
         return out[1][:live]
+
+    def seed(self, slots: Sequence[int], tokens: Sequence[Sequence[int]]) -> None:
+        """carry: set the slots' input token and RAS window from their tokens so far."""
+        self._carried().seed(slots, tokens)
+
+    @torch.inference_mode()
+    def launch(self, slots: Sequence[int], allow_stop: Sequence[bool], kv_len: int | None = None) -> PendingTokens:
+        """carry: one decode step and draw for `slots` (each from its carried state), whether each
+        row may draw a stop token; returns the drawn tokens, copied to the host behind the step."""
+        self._carried()
+        live = len(slots)
+        batch, attend = self.bucket(live, kv_len)
+        host = self._host_inputs[self._turn]
+        host[0, :live] = torch.as_tensor(list(slots), dtype=torch.long)
+        host[0, live:batch] = self.scratch_slot
+        host[1, :live] = torch.as_tensor(list(allow_stop), dtype=torch.long)
+        self._inputs[:, :batch].copy_(host[:, :batch], non_blocking=True)
+        graph, out = self._graphs[(batch, attend)]
+        replay(graph)
+        tokens = self._host_tokens[self._turn]
+        tokens[:live].copy_(out[1][:live], non_blocking=True)
+        self._turn = (self._turn + 1) % len(self._host_tokens)
+        event = torch.cuda.Event()
+        event.record()
+        return PendingTokens(tokens, live, event)
+
+    def _carried(self) -> SlotTokens:
+        if self.state is None:
+            raise RuntimeError("GraphedDecoder: built without carry=True")
+        return self.state
 
 
 class GraphedPrefill:

@@ -17,6 +17,10 @@ One decode iteration:
    the tokens under the lock, waking the render thread when a chunk may be due;
 3. one batched `decode_step` over all generating jobs (continuous batching: jobs join and leave
    at any step; each sits at its own position in its own cache row).
+With a carried decoder (the default with graphs; tts_core/accel/carried_decode.py) steps 2-3 draw
+on the device and each row's next input stays there: the iteration launches step k+1, then reads
+step k's tokens (`overlap_decode`), so the GPU does not wait for the host between steps. Only the
+first token of a segment, drawn from its prefill's logp, is sampled on the host.
 
 All shared state (the job lists, slots, the hand-over flags of `request.SynthesisJob`) is guarded
 by one lock, under which both threads' conditions wait; neither thread polls. A failure inside
@@ -35,6 +39,8 @@ from dataclasses import dataclass
 import structlog
 import torch
 
+from tts_core.accel.batched_sampler import BatchedRasSampler
+from tts_core.accel.carried_decode import EagerCarriedDecoder, PendingTokens
 from tts_core.flow import FlowModel
 from tts_core.hift import HiftGenerator
 from tts_core.llm.sampling import RasSampler
@@ -107,6 +113,17 @@ class SchedulerSettings:
     # stream's first chunk p50 99.7 ms held, 115.8 ms not (its flow solve 43 ms instead of 58 on the
     # GPU); under load (11-17 req/s) p95 within -9..+7 % of not holding, 0 underruns either way.
     first_chunk_hold_s: float = 0.3
+    # Draw tokens on the device, each slot's next input kept there (carried_decode). None: with
+    # graphs (always batched sampling there). True without graphs: the same, eagerly (CPU tests).
+    # Per-job sampling seeds then hold only for the first token of a segment.
+    carried_decode: bool | None = None
+    # Carried: launch step k+1 before reading step k's tokens. A row steps once more after the
+    # step that ends it (thrown away). Read every iteration (benchmarks compare both on one start-up).
+    overlap_decode: bool = True
+
+    @property
+    def carries(self) -> bool:
+        return self.graphs if self.carried_decode is None else self.carried_decode
 
     def __post_init__(self) -> None:
         # A partitioned lane's graphs replay on its green stream, but without separate streams its
@@ -127,6 +144,7 @@ class StepTiming:
     decode_s: float
     sample_s: float
     wall_s: float  # the whole iteration (admission and frontend included)
+    wait_s: float = 0.0  # of decode_s: waiting for a step's tokens (carried decoder)
 
 
 class SynthesisScheduler:
@@ -143,7 +161,13 @@ class SynthesisScheduler:
             voice_slots=settings.flow_voice_slots, first_batches=settings.flow_first_batches,
             first_lanes=settings.first_chunk_lanes, compile=settings.compile_flow,
             later_sms=settings.later_lane_sms, first_sms=settings.first_lane_sms))
-        self.decoder = None  # GraphedDecoder, once captured
+        self.decoder = None  # GraphedDecoder, once captured (or an EagerCarriedDecoder)
+        # The carried decoder's step in flight: its tokens, and the (job, segment) of each row.
+        self._pending: tuple[PendingTokens, list[tuple[SynthesisJob, int]]] | None = None
+        self._seeded: dict[int, tuple[SynthesisJob, int]] = {}  # slot -> the segment its carried state is
+        self._last_wait_s = 0.0
+        if settings.carries and not settings.graphs:
+            self.decoder = EagerCarriedDecoder(lm, BatchedRasSampler(sampler.config, lm.speech_token_size))
         self.prefiller = None  # GraphedPrefill, once captured
         self.capture_report: dict = {}
         # Re-entrant: a job failed by the render thread while it holds the lock releases under it too.
@@ -183,7 +207,6 @@ class SynthesisScheduler:
         if not s.graphs:
             self.capture_report = report
             return report
-        from tts_core.accel.batched_sampler import BatchedRasSampler
         from tts_core.accel.buckets import power_of_two_buckets
         from tts_core.accel.lm_graphs import GraphedDecoder, GraphedPrefill
 
@@ -191,7 +214,8 @@ class SynthesisScheduler:
         attend = tuple(b for b in s.attend_buckets if b < s.max_len) + (s.max_len,)
         self.decoder = GraphedDecoder(self.lm, power_of_two_buckets(s.max_batch), attend,
                                       scratch_slot=s.max_batch,
-                                      sampler=BatchedRasSampler(self.sampler.config, self.lm.speech_token_size))
+                                      sampler=BatchedRasSampler(self.sampler.config, self.lm.speech_token_size),
+                                      carry=s.carries)
         report["decode_capture_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         self.prefiller = GraphedPrefill(self.lm, tuple(b for b in s.prefill_buckets if b <= s.max_len))
@@ -275,6 +299,8 @@ class SynthesisScheduler:
         jobs held for their first chunk (or the hold's end, `_hold_ends`)."""
         if self._waiting and self._free_slots:
             return True
+        if self._pending is not None:  # a carried step whose tokens are not read yet
+            return True
         if any(job.cancelled or job.segment_rendered or job.logp is not None for job in self._active):
             return True
         return any(job.generating for job in self._active) and self._hold_ends() is None
@@ -302,10 +328,11 @@ class SynthesisScheduler:
         t1 = time.perf_counter()
         self._sample()
         t2 = time.perf_counter()
+        self._last_wait_s = 0.0
         batch = self._decode()
         t3 = time.perf_counter()
         if batch or prefilled:
-            self.steps.append(StepTiming(batch, prefilled, t1 - t0, t3 - t2, t2 - t1, t3 - t0))
+            self.steps.append(StepTiming(batch, prefilled, t1 - t0, t3 - t2, t2 - t1, t3 - t0, self._last_wait_s))
 
     def _drop_cancelled(self) -> None:
         for job in self._jobs():
@@ -446,6 +473,8 @@ class SynthesisScheduler:
             self._wake_render()
 
     def _decode(self) -> int:
+        if self.settings.carries:
+            return self._decode_carried()
         with self._cond:  # slots read once, under the lock (see _start_segment)
             if self._hold_ends() is not None:
                 return 0
@@ -484,6 +513,51 @@ class SynthesisScheduler:
         for job in jobs:
             job.kv_len += 1
         self._accept(list(zip(jobs, tokens)))
+
+    def _decode_carried(self) -> int:
+        """Launch a step for every generating job (unless held), then read the previous step's
+        tokens; with `overlap_decode` off, read this step's at once."""
+        pending = self._pending
+        in_flight = {id(job) for job, _ in pending[1]} if pending is not None else set()
+        with self._cond:  # slots read once, under the lock (see _start_segment)
+            held = self._hold_ends() is not None
+            # A row whose step in flight draws its last allowed token steps no further; a row whose
+            # step in flight draws a stop token steps once more, and that token is thrown away.
+            batch = [] if held else [(job, job.slot) for job in self._active if job.generating
+                                     and len(job.tokens) + (id(job) in in_flight) < job.max_len]
+        started = time.perf_counter()
+        launched = None
+        if batch:
+            jobs, slots = [job for job, _ in batch], [slot for _, slot in batch]
+            fresh = [(job, slot) for job, slot in batch if self._seeded.get(slot) != (job, job.segment)]
+            if fresh:
+                self.decoder.seed([slot for _, slot in fresh], [job.tokens for job, _ in fresh])
+                for job, slot in fresh:
+                    self._seeded[slot] = (job, job.segment)
+            allow_stop = [len(job.tokens) + (id(job) in in_flight) >= job.min_len for job in jobs]
+            tokens = self.decoder.launch(slots, allow_stop, kv_len=max(job.kv_len for job in jobs))
+            launched = (tokens, [(job, job.segment) for job in jobs])
+            for job in jobs:
+                job.kv_len += 1
+        self._pending = launched
+        if pending is not None:
+            self._read_tokens(pending)
+        if launched is not None and not self.settings.overlap_decode:
+            self._pending = None
+            self._read_tokens(launched)
+        elapsed = time.perf_counter() - started
+        for job, _ in batch:
+            job.lm_s += elapsed
+        return len(batch)
+
+    def _read_tokens(self, pending: tuple[PendingTokens, list[tuple[SynthesisJob, int]]]) -> None:
+        """Wait for a launched step and take its tokens, except for rows whose job has since
+        finished its segment's LM (the step after a stop token), moved on, or left."""
+        started = time.perf_counter()
+        tokens = pending[0].result()
+        self._last_wait_s += time.perf_counter() - started
+        self._accept([(job, token) for (job, segment), token in zip(pending[1], tokens)
+                      if job.slot is not None and job.segment == segment and not job.lm_finished])
 
     # ---- either thread ---------------------------------------------------------------------------
     def _fail(self, job: SynthesisJob, exc: BaseException) -> None:

@@ -1,0 +1,146 @@
+"""The carried decoder (tts_core/accel/carried_decode.py) on the tiny model, on CPU: the state it
+keeps per slot on the device draws what host-built inputs draw, and the scheduler's overlapped
+loop (step k+1 launched before step k's tokens are read) changes nothing but timing."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tts_core.accel.batched_sampler import BatchedRasSampler
+from tts_core.accel.carried_decode import EagerCarriedDecoder, SlotTokens
+from tts_core.runtime import (
+    CollectingSink,
+    CosyVoice2Pipeline,
+    JobOptions,
+    SchedulerSettings,
+    SynthesisJob,
+)
+
+VOICE = "golden_speaker"
+SAMPLES_PER_TOKEN = 960
+
+
+@pytest.fixture(scope="module")
+def pipeline(tiny_model_dir: Path):
+    torch.set_num_threads(1)
+    pipeline = CosyVoice2Pipeline.load(tiny_model_dir, max_batch=3, max_len=1024,
+                                       fast=SchedulerSettings(carried_decode=True))
+    yield pipeline
+    pipeline.close()
+
+
+def test_slot_state_seeds_windows_and_advances_by_slot() -> None:
+    state = SlotTokens(slots=4, window=3, device=torch.device("cpu"))
+    state.seed([2, 0], [[5], [1, 2, 3, 4]])
+    tokens, history = state.gather(torch.tensor([0, 2]))
+    assert tokens.tolist() == [4, 5]
+    assert history.tolist() == [[2, 3, 4], [-1, -1, 5]]
+    state.advance(torch.tensor([2, 0]), history.flip(0), torch.tensor([9, 8]))
+    tokens, history = state.gather(torch.tensor([0, 2, 1]))
+    assert tokens.tolist() == [8, 9, 0]
+    assert history.tolist() == [[3, 4, 8], [-1, 5, 9], [-1, -1, -1]]
+    with pytest.raises(ValueError, match="at least one token"):
+        state.seed([1], [[]])
+
+
+def test_carried_steps_draw_what_host_built_inputs_draw(pipeline: CosyVoice2Pipeline) -> None:
+    """Two slots of different lengths, 12 steps: the carried decoder against the same step fed
+    each row's last token and RAS window built on the host from its tokens (the old graphed
+    path), with the same generator state. Cache and lengths are restored between the two runs."""
+    lm = pipeline.scheduler.lm
+    cache = lm.kv_cache
+    sampler = BatchedRasSampler(pipeline.scheduler.sampler.config, lm.speech_token_size)
+    window = sampler.config.win_size
+    voice = pipeline.voices.get(VOICE)
+    slots = [0, 2]
+    inputs = [lm.build_prefill_input(text, voice.prompt_text, voice.llm_prompt_speech_token)
+              for text in ([11, 12, 13], [21, 22, 23, 24, 25, 26, 27])]
+    with torch.inference_mode():
+        lm.prefill(slots, inputs)
+    snapshot = cache.snapshot()
+    first = [[3], [40, 41]]
+
+    carried = EagerCarriedDecoder(lm, sampler, seed=7)
+    carried.seed(slots, first)
+    got = [list(t) for t in first]
+    for _ in range(12):
+        for row, token in enumerate(carried.launch(slots, [True, True], kv_len=60).result()):
+            got[row].append(token)
+
+    cache.restore(snapshot)
+    generator = torch.Generator().manual_seed(7)
+    want = [list(t) for t in first]
+    with torch.inference_mode():
+        for _ in range(12):
+            history = torch.tensor([([-1] * window + t)[-window:] for t in want])
+            logp = lm.decode_step(slots, [t[-1] for t in want], 256)
+            drawn = sampler.sample(logp, history, torch.tensor([True, True]), generator)
+            for row, token in enumerate(drawn.tolist()):
+                want[row].append(token)
+    assert got == want
+    assert len({tuple(t) for t in got}) == 2  # the two rows are not one row's copy
+
+
+@pytest.mark.parametrize("forced", [None, 70])
+def test_overlapped_steps_draw_what_one_step_at_a_time_draws(pipeline: CosyVoice2Pipeline, forced) -> None:
+    """A job alone, once reading each step's tokens before the next launch and once a step behind:
+    the same tokens, none after its stop token (None: the model's own stop; 70: a forced count,
+    which the overlapped loop must not overshoot) and the audio of exactly those tokens."""
+    scheduler = pipeline.scheduler
+    results = []
+    for overlap in (False, True):
+        scheduler.settings = dataclasses.replace(scheduler.settings, overlap_decode=overlap)
+        scheduler.decoder.generator.manual_seed(3)
+        sink = CollectingSink()
+        options = JobOptions(seed=4, min_tokens=forced, max_tokens=forced)
+        job = pipeline.synthesize("Please hold while we connect your call.", VOICE, sink, options)
+        audio = np.concatenate(sink.wait(120))
+        assert all(t < scheduler.lm.speech_token_size for t in job.tokens)
+        assert len(audio) == len(job.tokens) * SAMPLES_PER_TOKEN
+        results.append(job.tokens)
+    assert results[0] == results[1]
+    if forced is not None:
+        assert len(results[1]) == forced
+    else:
+        assert 0 < len(results[1]) < scheduler.lm.length_bounds(len(job.segments[0]))[1]  # it stopped itself
+
+
+def test_jobs_join_leave_and_cancel_while_steps_overlap(pipeline: CosyVoice2Pipeline) -> None:
+    """Three jobs of different lengths in one overlapped batch, one cancelled at its 100th token:
+    the others get exactly their forced tokens, the cancelled one no token after it left, and its
+    slot serves a new job."""
+    scheduler = pipeline.scheduler
+    scheduler.settings = dataclasses.replace(scheduler.settings, overlap_decode=True)
+    voice = pipeline.voices.get(VOICE)
+    sinks = [CollectingSink() for _ in range(3)]
+    counts = [40, 90, 300]
+    jobs = [SynthesisJob("Thank you for calling.", voice, sink, JobOptions(seed=i, min_tokens=n, max_tokens=n))
+            for i, (sink, n) in enumerate(zip(sinks, counts))]
+    accept = jobs[2].accept_token
+
+    def accept_and_hang_up(token: int, speech_token_size: int) -> None:
+        accept(token, speech_token_size)
+        if len(jobs[2].tokens) == 100:
+            sinks[2].cancel()
+
+    jobs[2].accept_token = accept_and_hang_up
+    for job in jobs:
+        scheduler.submit(job)
+    for sink, n in zip(sinks[:2], counts[:2]):
+        assert sum(map(len, sink.wait(120))) == n * SAMPLES_PER_TOKEN
+    deadline = time.monotonic() + 60
+    while jobs[2].slot is not None and time.monotonic() < deadline:  # the decode thread frees it
+        time.sleep(0.01)
+    assert jobs[2].slot is None
+    spoken = len(jobs[2].tokens)
+    late = CollectingSink()
+    pipeline.synthesize("Goodbye.", VOICE, late, JobOptions(seed=9, min_tokens=50, max_tokens=50))
+    assert sum(map(len, late.wait(120))) == 50 * SAMPLES_PER_TOKEN
+    assert spoken == 100 and len(jobs[2].tokens) == spoken
+    assert any(step.batch >= 2 for step in scheduler.steps)
