@@ -349,7 +349,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="later chunks wait while their stream has more unplayed audio than this (s); "
                         "several values: everything runs at each")
     p.add_argument("--one-stream", action="store_true", help="decode and render on the default CUDA stream")
-    p.add_argument("--first-lanes", type=int, default=2, help="first-chunk render lanes (0: one render thread)")
+    p.add_argument("--first-lanes", type=int, default=None,
+                   help="first-chunk render lanes (0: one render thread; default: the scheduler's)")
     p.add_argument("--compile-flow", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the captured flow solves' estimator (default: the scheduler's)")
     p.add_argument("--later-lane-sms", type=int, default=0,
@@ -394,6 +395,8 @@ def main(argv: list[str] | None = None) -> int:
         model_dir = full_model_dir(golden=args.golden)
     if args.compile_flow is None:
         args.compile_flow = SchedulerSettings.compile_flow
+    if args.first_lanes is None:
+        args.first_lanes = SchedulerSettings.first_chunk_lanes
     fast = SchedulerSettings(flow_encoder_tokens=args.encoder_tokens or None, graphs=graphs,
                              flow_context_frames=args.context_frames,
                              defer_slack_s=args.defer_slack_s[0], separate_streams=not args.one_stream,

@@ -87,28 +87,47 @@ def test_carried_steps_draw_what_host_built_inputs_draw(pipeline: CosyVoice2Pipe
     assert len({tuple(t) for t in got}) == 2  # the two rows are not one row's copy
 
 
-@pytest.mark.parametrize("forced", [None, 70])
-def test_overlapped_steps_draw_what_one_step_at_a_time_draws(pipeline: CosyVoice2Pipeline, forced) -> None:
+class _StopAt:
+    """The decoder's sampler, except that its `at`-th draw is a stop token for every row that may
+    stop (the tiny random model rarely draws one by itself)."""
+
+    def __init__(self, sampler: BatchedRasSampler, at: int) -> None:
+        self.sampler, self.at, self.calls = sampler, at, 0
+        self.config = sampler.config
+
+    def sample(self, logp, history, allow_stop, generator=None):
+        drawn = self.sampler.sample(logp, history, allow_stop, generator)
+        self.calls += 1
+        if self.calls == self.at:
+            drawn = torch.where(allow_stop, torch.full_like(drawn, self.sampler.speech_token_size), drawn)
+        return drawn
+
+
+@pytest.mark.parametrize("stop", ["stop-token", "forced-count"])
+def test_overlapped_steps_draw_what_one_step_at_a_time_draws(pipeline: CosyVoice2Pipeline, monkeypatch,
+                                                              stop: str) -> None:
     """A job alone, once reading each step's tokens before the next launch and once a step behind:
-    the same tokens, none after its stop token (None: the model's own stop; 70: a forced count,
-    which the overlapped loop must not overshoot) and the audio of exactly those tokens."""
+    the same tokens, none after the end (a stop token at the 40th draw, or a forced count of 70,
+    which the overlapped loop must not overshoot), and the audio of exactly those tokens."""
     scheduler = pipeline.scheduler
+    decoder = scheduler.decoder
     results = []
     for overlap in (False, True):
         scheduler.settings = dataclasses.replace(scheduler.settings, overlap_decode=overlap)
-        scheduler.decoder.generator.manual_seed(3)
+        decoder.generator.manual_seed(3)
+        forced = 70 if stop == "forced-count" else None
+        if stop == "stop-token":
+            monkeypatch.setattr(decoder, "sampler", _StopAt(BatchedRasSampler(decoder.sampler.config,
+                                                                               scheduler.lm.speech_token_size), 40))
         sink = CollectingSink()
-        options = JobOptions(seed=4, min_tokens=forced, max_tokens=forced)
+        options = JobOptions(seed=4, min_tokens=0 if forced is None else forced, max_tokens=forced)
         job = pipeline.synthesize("Please hold while we connect your call.", VOICE, sink, options)
         audio = np.concatenate(sink.wait(120))
         assert all(t < scheduler.lm.speech_token_size for t in job.tokens)
         assert len(audio) == len(job.tokens) * SAMPLES_PER_TOKEN
         results.append(job.tokens)
     assert results[0] == results[1]
-    if forced is not None:
-        assert len(results[1]) == forced
-    else:
-        assert 0 < len(results[1]) < scheduler.lm.length_bounds(len(job.segments[0]))[1]  # it stopped itself
+    assert len(results[1]) == (70 if stop == "forced-count" else 39)
 
 
 def test_jobs_join_leave_and_cancel_while_steps_overlap(pipeline: CosyVoice2Pipeline) -> None:

@@ -283,7 +283,7 @@ def test_a_first_chunk_renders_while_a_later_chunk_call_is_held(pipeline: CosyVo
 def test_first_chunks_of_a_burst_render_side_by_side(pipeline: CosyVoice2Pipeline, monkeypatch) -> None:
     """While one first-chunk lane is busy (held here) with a call's first chunk, the next call's
     first chunk goes out on another first lane; every chunk is rendered exactly once."""
-    assert len(pipeline.scheduler.renderer.first_lanes) == 2
+    assert len(pipeline.scheduler.renderer.first_lanes) >= 2
     # Holds the first call's first chunk.
     renders = _HeldRenders(pipeline, monkeypatch, lambda lane: lane.startswith("first-"))
     calls = renders.calls

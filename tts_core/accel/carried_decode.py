@@ -14,8 +14,9 @@ step is shorter than the step.
 
 A row keeps stepping until the host has read the token that ends it: the step after a stop token
 is drawn and thrown away (its cache write lands past the row's last position, which the next
-prefill of the slot overwrites). A slot's state is set from the host (`seed`) when its segment
-starts (the first token is drawn on the host from the prefill's logp).
+prefill of the slot overwrites). A slot's state is set when its segment starts: by `draw_first`
+on the device, from the prefill's logp (the scheduler runs prefills on a stream of their own, so a
+new call's prefill does not stall the steps of the calls already speaking), or from the host (`seed`).
 """
 
 from __future__ import annotations
@@ -66,6 +67,39 @@ class SlotTokens:
         self.history[slots] = torch.cat([history[:, 1:], drawn[:, None]], dim=1)
 
 
+def _pinned(values: Sequence[int] | Sequence[bool], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A small host list on `device`; from pinned memory on CUDA, so the copy never waits for the
+    work already queued on the stream."""
+    host = torch.tensor(list(values), dtype=dtype)
+    if device.type == "cuda":
+        host = host.pin_memory()
+    return host.to(device, non_blocking=True)
+
+
+def _to_host(drawn: torch.Tensor) -> PendingTokens:
+    """`drawn` copied to the host behind the work queued so far on the current stream."""
+    if drawn.device.type != "cuda":
+        return PendingTokens(drawn.cpu(), drawn.shape[0])
+    host = torch.empty(drawn.shape, dtype=drawn.dtype).pin_memory()
+    host.copy_(drawn, non_blocking=True)
+    event = torch.cuda.Event()
+    event.record()
+    return PendingTokens(host, drawn.shape[0], event)
+
+
+@torch.inference_mode()
+def draw_first(state: SlotTokens, sampler: BatchedRasSampler, logp: torch.Tensor, slots: Sequence[int],
+               allow_stop: Sequence[bool], generator: torch.Generator | None) -> PendingTokens:
+    """A segment's first token for each slot from its prefill's logp (B, V), drawn on the device
+    with an empty RAS window; it becomes the slot's carried state. On the current stream."""
+    device = state.last.device
+    index = _pinned(slots, torch.long, device)
+    history = torch.full((len(slots), state.history.shape[1]), -1, dtype=torch.long, device=device)
+    drawn = sampler.sample(logp, history, _pinned(allow_stop, torch.bool, device), generator)
+    state.advance(index, history, drawn)
+    return _to_host(drawn)
+
+
 class PendingTokens:
     """The drawn tokens of one launched step, on their way to the host."""
 
@@ -97,6 +131,9 @@ class EagerCarriedDecoder:
 
     def seed(self, slots: Sequence[int], tokens: Sequence[Sequence[int]]) -> None:
         self.state.seed(slots, tokens)
+
+    def draw_first(self, slots: Sequence[int], logp: torch.Tensor, allow_stop: Sequence[bool]) -> PendingTokens:
+        return draw_first(self.state, self.sampler, logp, slots, allow_stop, self.generator)
 
     @torch.inference_mode()
     def launch(self, slots: Sequence[int], allow_stop: Sequence[bool], kv_len: int) -> PendingTokens:

@@ -41,7 +41,7 @@ from tts_core.accel.graph_capture import replay
 
 from tts_core.accel.buckets import power_of_two_buckets, select_bucket
 from tts_core.accel.batched_sampler import BatchedRasSampler
-from tts_core.accel.carried_decode import PendingTokens, SlotTokens
+from tts_core.accel.carried_decode import PendingTokens, SlotTokens, draw_first
 from tts_core.llm.speech_lm import SpeechTokenLM
 
 log = structlog.get_logger(__name__)
@@ -90,6 +90,9 @@ class GraphedDecoder:
         self._host_inputs = [torch.empty((2, largest), dtype=torch.long).pin_memory() for _ in range(3)] if carry else []
         self._host_tokens = [torch.empty(largest, dtype=torch.long).pin_memory() for _ in range(3)] if carry else []
         self._turn = 0
+        # First draws run eagerly beside graph replays on other threads' streams: a generator of
+        # their own, so they never race a replay's prologue on the default one (graph_capture).
+        self._first_generator = torch.Generator(device=device).manual_seed(0) if carry else None
         if fuse:
             lm.fuse_projections()
         self._decode = torch.compile(_decode_step, dynamic=True) if compile else _decode_step
@@ -209,6 +212,11 @@ class GraphedDecoder:
         event = torch.cuda.Event()
         event.record()
         return PendingTokens(tokens, live, event)
+
+    def draw_first(self, slots: Sequence[int], logp: torch.Tensor, allow_stop: Sequence[bool]) -> PendingTokens:
+        """carry: each slot's first token from its prefill's logp, drawn on the current stream; it
+        becomes the slot's carried state (see carried_decode.draw_first)."""
+        return draw_first(self._carried(), self.sampler, logp, slots, allow_stop, self._first_generator)
 
     def _carried(self) -> SlotTokens:
         if self.state is None:

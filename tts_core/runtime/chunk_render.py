@@ -48,7 +48,7 @@ class FlowPoolSettings:
     batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32)  # graph row buckets; also the largest call
     context_buckets: int = 4  # context-capacity graph buckets between the prompt and the maximum
     first_batches: tuple[int, ...] = (1, 2, 4, 8)  # graph row buckets of a first-chunk lane
-    first_lanes: int = 2  # first-chunk lanes (each its own graphs); 0: "later" renders first chunks too
+    first_lanes: int = 3  # first-chunk lanes (each its own graphs); 0: "later" renders first chunks too
     compile: bool = False  # captured solves call a torch.compile'd estimator step (accel/flow_pool_graphs)
     # CUDA: the "later" lane's work (its graphs are captured there) runs on this many SMs only
     # (a green context, tts_core/accel/sm_partition.py), leaving the rest to the decode step and

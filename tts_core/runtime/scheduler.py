@@ -19,8 +19,9 @@ One decode iteration:
    at any step; each sits at its own position in its own cache row).
 With a carried decoder (the default with graphs; tts_core/accel/carried_decode.py) steps 2-3 draw
 on the device and each row's next input stays there: the iteration launches step k+1, then reads
-step k's tokens (`overlap_decode`), so the GPU does not wait for the host between steps. Only the
-first token of a segment, drawn from its prefill's logp, is sampled on the host.
+step k's tokens (`overlap_decode`), so the GPU does not wait for the host between steps. A
+segment's prefill and first draw run on a CUDA stream of their own; the job joins the steps once
+the host sees its first token (no step of the other jobs waits for a prefill).
 
 All shared state (the job lists, slots, the hand-over flags of `request.SynthesisJob`) is guarded
 by one lock, under which both threads' conditions wait; neither thread polls. A failure inside
@@ -34,6 +35,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import structlog
@@ -78,7 +80,11 @@ class SchedulerSettings:
     flow_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     # First chunks render on lanes (threads, CUDA streams, graphs) of their own, beside the later
     # chunks' large calls (render_loop); their graph buckets. 0: one render thread does both.
-    first_chunk_lanes: int = 2
+    # H100, 30 s of arrivals judged after 10 s: with 2 lanes a first chunk waited up to 46-72 ms
+    # (p95) for a lane at 12-14 req/s, with 3 up to 7.5 ms; 12 req/s passed with 3 and 4 lanes
+    # (p95 285 / 292 ms), not with 2 (327-334). 4 were no better than 3 at 14-15 req/s
+    # (bench/results/load_2026-11-23_h100_{prefill_stream,three_first_lanes,four_first_lanes}.json).
+    first_chunk_lanes: int = 3
     flow_first_batches: tuple[int, ...] = (1, 2, 4, 8)
     # The captured flow solves run torch.compile'd resnets and transformer blocks (fewer, fused
     # kernels; compiled at start-up, one compiled block for all 56). Only with `graphs`. H100,
@@ -166,6 +172,9 @@ class SynthesisScheduler:
         self._pending: tuple[PendingTokens, list[tuple[SynthesisJob, int]]] | None = None
         self._seeded: dict[int, tuple[SynthesisJob, int]] = {}  # slot -> the segment its carried state is
         self._last_wait_s = 0.0
+        # Carried: jobs whose prefill and first draw are launched, with their first token on its way.
+        self._prefilling: list[tuple[SynthesisJob, int, PendingTokens]] = []
+        self._prefill_stream = None  # carried on CUDA with separate streams: prefills run there
         if settings.carries and not settings.graphs:
             self.decoder = EagerCarriedDecoder(lm, BatchedRasSampler(sampler.config, lm.speech_token_size))
         self.prefiller = None  # GraphedPrefill, once captured
@@ -299,7 +308,7 @@ class SynthesisScheduler:
         jobs held for their first chunk (or the hold's end, `_hold_ends`)."""
         if self._waiting and self._free_slots:
             return True
-        if self._pending is not None:  # a carried step whose tokens are not read yet
+        if self._pending is not None or self._prefilling:  # carried tokens not read yet
             return True
         if any(job.cancelled or job.segment_rendered or job.logp is not None for job in self._active):
             return True
@@ -325,11 +334,15 @@ class SynthesisScheduler:
         self._drop_cancelled()
         starting = self._retire_rendered() + self._admit()
         prefilled = self._prefill(starting) if starting else 0
+        if self._prefilling:
+            self._take_first_tokens(wait=False)
         t1 = time.perf_counter()
         self._sample()
         t2 = time.perf_counter()
         self._last_wait_s = 0.0
         batch = self._decode()
+        if self._prefilling and not batch and self._pending is None:
+            self._take_first_tokens(wait=True)  # nothing else to do: wait for the oldest prefill
         t3 = time.perf_counter()
         if batch or prefilled:
             self.steps.append(StepTiming(batch, prefilled, t1 - t0, t3 - t2, t2 - t1, t3 - t0, self._last_wait_s))
@@ -383,6 +396,59 @@ class SynthesisScheduler:
         return admitted
 
     def _prefill(self, jobs: list[SynthesisJob]) -> int:
+        if self.settings.carries:
+            return self._launch_prefills(jobs)
+        return self._prefill_now(jobs)
+
+    def _launch_prefills(self, jobs: list[SynthesisJob]) -> int:
+        """Carried: each job's prefill and first draw, on the prefill stream (its LM input built
+        there too); the first tokens are taken once they reach the host (`_take_first_tokens`)."""
+        if self._prefill_stream is None and self.cache.device.type == "cuda" and self.settings.separate_streams:
+            self._prefill_stream = torch.cuda.Stream(self.cache.device, priority=self._decode_priority)
+            self._prefill_stream.wait_stream(torch.cuda.default_stream(self.cache.device))
+        context = torch.cuda.stream(self._prefill_stream) if self._prefill_stream is not None else nullcontext()
+        launched = 0
+        with context:
+            for job in jobs:
+                started = time.perf_counter()
+                try:
+                    _, slot, lm_input = self._start_segment(job)
+                    if self.prefiller is not None and lm_input.shape[0] <= self.prefiller.length_buckets[-1]:
+                        logp = self.prefiller.prefill(slot, lm_input)
+                    else:
+                        logp = self.lm.prefill([slot], [lm_input])
+                    first = self.decoder.draw_first([slot], logp, [job.min_len <= 0])
+                except Exception as exc:
+                    self._fail(job, exc)
+                    continue
+                job.kv_len = lm_input.shape[0]
+                job.timings.prefill_s += time.perf_counter() - started
+                self._prefilling.append((job, job.segment, first))
+                launched += 1
+        return launched
+
+    def _take_first_tokens(self, wait: bool) -> None:
+        """Carried: accept the first tokens that reached the host (with `wait`, the oldest at least);
+        their jobs then join the next step, their slots' carried state already set on the device."""
+        taken, left = [], []
+        for i, (job, segment, first) in enumerate(self._prefilling):
+            if (wait and i == 0) or first.ready():
+                started = time.perf_counter()
+                token = first.result()[0]
+                self._last_wait_s += time.perf_counter() - started
+                if job.slot is not None and job.segment == segment:
+                    self._seeded[job.slot] = (job, segment)
+                    taken.append((job, token))
+            else:
+                left.append((job, segment, first))
+        self._prefilling = left
+        now = time.perf_counter()
+        for job, _ in taken:
+            if job.timings.prefill_done is None:
+                job.timings.prefill_done = now
+        self._accept(taken)
+
+    def _prefill_now(self, jobs: list[SynthesisJob]) -> int:
         """One batched prefill for all `jobs`; if it fails, each job alone, so one bad job fails alone."""
         started = time.perf_counter()
         ready = []
