@@ -55,7 +55,9 @@ class SynthesisError(RuntimeError):
 
 @dataclass(frozen=True)
 class JobOptions:
-    seed: int | None = None  # None: a fresh random seed per job
+    # None: a fresh random seed per job. It seeds the flow and vocoder noise, and the token draws
+    # where they run on the host (without graphs); batched device draws use the batch's generator.
+    seed: int | None = None
     min_tokens: int | None = None  # per segment; None: the model's text-length bound
     max_tokens: int | None = None  # per segment; min_tokens == max_tokens forces the count (benchmarks)
     schedule: ChunkSchedule | None = None  # None: the scheduler's

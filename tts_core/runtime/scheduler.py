@@ -81,9 +81,10 @@ class SchedulerSettings:
     # First chunks render on lanes (threads, CUDA streams, graphs) of their own, beside the later
     # chunks' large calls (render_loop); their graph buckets. 0: one render thread does both.
     # H100, 30 s of arrivals judged after 10 s: with 2 lanes a first chunk waited up to 46-72 ms
-    # (p95) for a lane at 12-14 req/s, with 3 up to 7.5 ms; 12 req/s passed with 3 and 4 lanes
-    # (p95 285 / 292 ms), not with 2 (327-334). 4 were no better than 3 at 14-15 req/s
-    # (bench/results/load_2026-11-23_h100_{prefill_stream,three_first_lanes,four_first_lanes}.json).
+    # (p95) for a lane at 12-14 req/s, with 3 0.8-12 ms. p95 first chunk at 12 req/s: 327-334 ms
+    # with 2 lanes, 285 and 300.2 with 3 (13 req/s: 278), 292 with 4; 4 were no better than 3 at
+    # 14-15 req/s (bench/results/load_2026-11-23_h100_{prefill_stream,three_first_lanes,
+    # four_first_lanes,head_024200e}.json).
     first_chunk_lanes: int = 3
     flow_first_batches: tuple[int, ...] = (1, 2, 4, 8)
     # The captured flow solves run torch.compile'd resnets and transformer blocks (fewer, fused
@@ -121,7 +122,8 @@ class SchedulerSettings:
     first_chunk_hold_s: float = 0.3
     # Draw tokens on the device, each slot's next input kept there (carried_decode). None: with
     # graphs (always batched sampling there). True without graphs: the same, eagerly (CPU tests).
-    # Per-job sampling seeds then hold only for the first token of a segment.
+    # Token draws then come from the batch's device generator, not the job's seed (its flow and
+    # vocoder noise still follow the seed).
     carried_decode: bool | None = None
     # Carried: launch step k+1 before reading step k's tokens. A row steps once more after the
     # step that ends it (thrown away). Read every iteration (benchmarks compare both on one start-up).
