@@ -32,7 +32,9 @@ class CosyVoice2Settings:
     hop_tokens: int = 25
     max_hop_tokens: int = 50
     first_hop_tokens: int | None = None
-    seed: int | None = None  # fixed: every request replays the same draws (tests); None: random per request
+    # Fixed: every request replays the same draws (tests; on the GPU path the token draws are batched
+    # on the device and do not follow it, the flow and vocoder noise do); None: random per request.
+    seed: int | None = None
     warmup: bool = True
     # The GPU fast path (tts_core.runtime): CUDA graphs for decode, prefill, flow and HiFT. None =
     # auto: on for CUDA. The flow computes every mel frame once, batched across streams, from a
@@ -46,6 +48,11 @@ class CosyVoice2Settings:
     # first chunks and more calls per GPU (tts_core.runtime.scheduler.SchedulerSettings.compile_flow);
     # false saves 20-90 s of start-up (warm and cold compiler cache).
     compile_flow: bool = True
+    # With graphs: render lanes (threads, CUDA streams, graph sets) for first chunks only, beside the
+    # later chunks' lane. On the H100 three kept a first chunk's wait for a lane under 15 ms (p95)
+    # at 12-14 calls/s where two let it reach 46-72 ms (docs/PERF_NOTES.md); each lane costs its own
+    # flow and HiFT graphs. 0: one lane renders everything.
+    first_chunk_lanes: int = 3
     # The LM's decoder-layer weights in FP8 (e4m3; CPU, or CUDA of compute capability 8.9+). Off by
     # default: on random full-size weights it moves the token distribution well beyond what bf16
     # does (bench/bench_lm_precision.py), and on the H100 its decode steps are slower than bf16's
@@ -79,6 +86,11 @@ class CosyVoice2Settings:
         for key in ("llm_fp8", "compile_flow"):
             if key in values and not isinstance(values[key], bool):
                 raise ValueError(f"engine.cosyvoice2.{key}: {values[key]!r}; use true or false")
+        if "first_chunk_lanes" in values and (isinstance(values["first_chunk_lanes"], bool)
+                                              or not isinstance(values["first_chunk_lanes"], int)
+                                              or not 0 <= values["first_chunk_lanes"] <= 8):
+            raise ValueError(f"engine.cosyvoice2.first_chunk_lanes: {values['first_chunk_lanes']!r}; "
+                             "a whole number from 0 (one lane renders everything) to 8")
         for key in ("max_batch", "max_len", "hop_tokens", "max_hop_tokens"):
             if key in values and int(values[key]) <= 0:
                 raise ValueError(f"engine.cosyvoice2.{key}: must be positive")

@@ -109,9 +109,10 @@ async def test_a_failing_job_fails_only_its_stream(engine: CosyVoice2Engine) -> 
 
 async def test_close_fails_open_streams(tiny_model_dir: Path) -> None:
     engine = CosyVoice2Engine(model_dir=str(tiny_model_dir), device="cpu", max_batch=1, max_len=1024, warmup=False,
-                              compile_flow=False)
+                              compile_flow=False, first_chunk_lanes=1)
     await engine.start()
-    assert engine.pipeline.scheduler.settings.compile_flow is False  # the config key reaches the scheduler
+    assert engine.pipeline.scheduler.settings.compile_flow is False  # the config keys reach the scheduler
+    assert engine.pipeline.scheduler.renderer.first_lanes == ["first-0"]
     stream = engine.open_stream(_request(600))
     await asyncio.wait_for(anext(stream), 30)
     await engine.close()
@@ -149,6 +150,10 @@ def test_fast_path_is_on_for_cuda_and_off_for_cpu_by_default(tmp_path):
     assert not CosyVoice2Settings.from_config({"model_dir": str(tmp_path), "compile_flow": False}).compile_flow
     with pytest.raises(ValueError, match="engine.cosyvoice2.compile_flow"):
         CosyVoice2Settings.from_config({"model_dir": str(tmp_path), "compile_flow": "no"})
+    assert auto.first_chunk_lanes == 3
+    for bad in (-1, 9, 2.5, "3", True):
+        with pytest.raises(ValueError, match="engine.cosyvoice2.first_chunk_lanes"):
+            CosyVoice2Settings.from_config({"model_dir": str(tmp_path), "first_chunk_lanes": bad})
 
 
 async def test_fp8_lm_weights_stream_the_same_schedule(tiny_model_dir: Path) -> None:

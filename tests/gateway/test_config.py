@@ -35,6 +35,11 @@ def test_cosyvoice2_example_passes_engine_settings_through():
     settings = config.engine_settings()
     assert settings["model_dir"] == "/opt/models/CosyVoice2-0.5B"
     assert (settings["device"], settings["dtype"]) == ("cuda", "bf16")
+    # Every key the example sets is one the engine knows and accepts (it checks them at start).
+    from engines.cosyvoice2.settings import CosyVoice2Settings
+
+    engine = CosyVoice2Settings.from_config(settings)
+    assert (engine.first_chunk_lanes, engine.compile_flow, engine.llm_fp8) == (3, True, False)
 
 
 @pytest.mark.parametrize("overrides, expected", [
