@@ -5,6 +5,7 @@ loop (step k+1 launched before step k's tokens are read) changes nothing but tim
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from pathlib import Path
 
@@ -163,3 +164,61 @@ def test_jobs_join_leave_and_cancel_while_steps_overlap(pipeline: CosyVoice2Pipe
     assert sum(map(len, late.wait(120))) == 50 * SAMPLES_PER_TOKEN
     assert spoken == 100 and len(jobs[2].tokens) == spoken
     assert any(step.batch >= 2 for step in scheduler.steps)
+
+
+class _LateFirstToken:
+    """A first token that reaches the host only once `arrived` is set (a prefill still running
+    on its own stream, as on a GPU)."""
+
+    def __init__(self, tokens, arrived) -> None:
+        self.tokens, self.arrived = tokens, arrived
+
+    def ready(self) -> bool:
+        return self.arrived.is_set() and self.tokens.ready()
+
+    def result(self) -> list[int]:
+        assert self.arrived.wait(60)
+        return self.tokens.result()
+
+
+def test_a_prefill_in_flight_stalls_no_other_call(pipeline: CosyVoice2Pipeline, monkeypatch) -> None:
+    """While a new call's first token has not reached the host, the calls already speaking keep
+    stepping and the new call is in no step; once it arrives the new call joins and speaks exactly
+    its tokens."""
+    scheduler = pipeline.scheduler
+    scheduler.settings = dataclasses.replace(scheduler.settings, overlap_decode=True)
+    voice = pipeline.voices.get(VOICE)
+    early_sink, late_sink = CollectingSink(), CollectingSink()
+    early = SynthesisJob("A long request.", voice, early_sink, JobOptions(seed=1, min_tokens=400, max_tokens=400))
+    started = threading.Event()
+    accept = early.accept_token
+
+    def accept_and_tell(token: int, speech_token_size: int) -> None:
+        accept(token, speech_token_size)
+        if len(early.tokens) == 20:
+            started.set()
+
+    early.accept_token = accept_and_tell
+    scheduler.submit(early)
+    assert started.wait(60)
+
+    arrived = threading.Event()
+    real_draw_first = scheduler.decoder.draw_first
+    monkeypatch.setattr(scheduler.decoder, "draw_first",
+                        lambda *args: _LateFirstToken(real_draw_first(*args), arrived))
+    late = SynthesisJob("A short one.", voice, late_sink, JobOptions(seed=2, min_tokens=60, max_tokens=60))
+    try:
+        scheduler.submit(late)
+        deadline = time.monotonic() + 60
+        while late.kv_len == 0 and time.monotonic() < deadline:  # its prefill is launched
+            time.sleep(0.005)
+        at_launch = len(early.tokens)
+        steps_before = len(scheduler.steps)
+        time.sleep(0.3)
+        assert late.tokens == [] and late.timings.prefill_done is None
+        assert len(early.tokens) > at_launch or early.lm_finished  # the early call kept stepping
+        assert all(step.batch <= 1 for step in list(scheduler.steps)[steps_before:])  # without the late call
+    finally:
+        arrived.set()
+    assert sum(map(len, late_sink.wait(120))) == 60 * SAMPLES_PER_TOKEN
+    assert sum(map(len, early_sink.wait(120))) == 400 * SAMPLES_PER_TOKEN
