@@ -91,6 +91,37 @@ def test_carried_graphed_steps_draw_what_host_built_inputs_draw_and_overlap_chan
     assert carried_run(behind=True) == want
 
 
+def test_the_graphed_scheduler_speaks_every_forced_token_with_prefills_on_their_own_stream(
+        tiny_model_dir: Path) -> None:
+    """The whole GPU path as the gateway runs it (graphs, carried overlapped decode, prefills and
+    first draws on their own stream, two first lanes): three calls of different lengths in one
+    batch each get exactly their forced tokens' audio, and no stop token reaches a call."""
+    from tts_core.runtime import (
+        CollectingSink,
+        CosyVoice2Pipeline,
+        JobOptions,
+        SchedulerSettings,
+    )
+
+    pipeline = CosyVoice2Pipeline.load(tiny_model_dir, "cuda", torch.float32, max_batch=3, max_len=1024,
+                                       fast=SchedulerSettings(graphs=True, compile_flow=False, first_chunk_lanes=2))
+    try:
+        scheduler = pipeline.scheduler
+        assert scheduler.decoder.carry and scheduler.settings.overlap_decode
+        counts = [60, 130, 250]
+        sinks = [CollectingSink() for _ in counts]
+        jobs = [pipeline.synthesize("Thank you for calling.", "golden_speaker", sink,
+                                    JobOptions(seed=i, min_tokens=n, max_tokens=n))
+                for i, (sink, n) in enumerate(zip(sinks, counts))]
+        for sink, n in zip(sinks, counts):
+            assert sum(map(len, sink.wait(180))) == n * 960  # 960 samples per token at 24 kHz
+        assert scheduler._prefill_stream is not None
+        assert any(step.batch >= 2 for step in scheduler.steps)
+        assert all(t < scheduler.lm.speech_token_size for job in jobs for t in job.tokens)
+    finally:
+        pipeline.close()
+
+
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9),
                     reason="FP8 matmuls need compute capability 8.9+")
 def test_compiled_fp8_decode_steps_equal_eager_fp8_steps(tiny_model_dir: Path) -> None:
