@@ -408,7 +408,13 @@ class SynthesisScheduler:
         if self._prefill_stream is None and self.cache.device.type == "cuda" and self.settings.separate_streams:
             self._prefill_stream = torch.cuda.Stream(self.cache.device, priority=self._decode_priority)
             self._prefill_stream.wait_stream(torch.cuda.default_stream(self.cache.device))
-        context = torch.cuda.stream(self._prefill_stream) if self._prefill_stream is not None else nullcontext()
+        context = nullcontext()
+        if self._prefill_stream is not None:
+            # A slot freed by a hang-up may still be a row of the step in flight (its cache row,
+            # length and carried state): a prefill reusing it must come after that step. This
+            # delays the prefill by at most one step; the steps themselves never wait for it.
+            self._prefill_stream.wait_stream(torch.cuda.current_stream(self.cache.device))
+            context = torch.cuda.stream(self._prefill_stream)
         launched = 0
         with context:
             for job in jobs:
