@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from gpu_trace import Kernel, summarize
+from gpu_trace import Kernel, kernels, summarize
 
 
 def test_streams_overlap_gaps_and_busy_time() -> None:
@@ -31,3 +33,36 @@ def test_overlapping_kernels_of_one_stream_count_once_in_busy_time() -> None:
     assert out["streams"]["3"]["busy_ms"] == pytest.approx(0.015)
     assert out["streams"]["3"]["kernel_ms"] == pytest.approx(0.020)
     assert summarize([]) == {"span_ms": 0.0, "gap_limit_us": 100.0, "streams": {}}
+
+
+
+class _Event:
+    """A kineto event as torch 2.11 gives it: no `activity_type`."""
+
+    def __init__(self, name: str, stream: int, start_ns: int, dur_ns: int,
+                 device: torch.autograd.DeviceType = torch.autograd.DeviceType.CUDA) -> None:
+        self._name, self._stream, self._start, self._dur, self._device = name, stream, start_ns, dur_ns, device
+
+    def name(self) -> str:
+        return self._name
+
+    def device_type(self) -> torch.autograd.DeviceType:
+        return self._device
+
+    def device_resource_id(self) -> int:
+        return self._stream
+
+    def start_ns(self) -> int:
+        return self._start
+
+    def duration_ns(self) -> int:
+        return self._dur
+
+
+def test_events_without_an_activity_type_are_told_apart_by_name() -> None:
+    events = [_Event("nvjet_sm90_gemm", 7, 1000, 2000), _Event("Memcpy HtoD (Pinned -> Device)", 7, 0, 500),
+              _Event("Memset (Device)", 9, 0, 100), _Event("aten::mm", 0, 0, 10, torch.autograd.DeviceType.CPU)]
+    prof = SimpleNamespace(profiler=SimpleNamespace(kineto_results=SimpleNamespace(events=lambda: events)))
+    found, seen = kernels(prof)
+    assert seen == {"kernel": 1, "gpu_memcpy": 1, "gpu_memset": 1}  # the CPU op is no device event
+    assert found == [Kernel(stream=7, name="nvjet_sm90_gemm", start_us=1.0, dur_us=2.0)]
