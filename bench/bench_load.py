@@ -367,6 +367,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="GIL switch intervals to run every rate at (default: the scheduler's 1 ms)")
     p.add_argument("--first-chunk-hold-ms", type=float, nargs="+", default=None,
                    help="first_chunk_hold_s values (ms) to run everything at (default: the scheduler's)")
+    p.add_argument("--later-yield-s", type=float, nargs="+", default=None,
+                   help="later_yield_slack_s: the later lane waits while a first chunk renders unless a stream "
+                        "has this little audio left (0: never); several values: everything runs at each")
     p.add_argument("--overlap-decode", choices=("on", "off"), nargs="+", default=None,
                    help="carried decoder: launch step k+1 before reading step k's tokens, or not; several: "
                         "everything runs at each (default: the scheduler's)")
@@ -435,20 +438,25 @@ def main(argv: list[str] | None = None) -> int:
         holds = args.first_chunk_hold_ms or [pipeline.scheduler.settings.first_chunk_hold_s * 1e3]
         overlaps = [o == "on" for o in args.overlap_decode] if args.overlap_decode else \
             [pipeline.scheduler.settings.overlap_decode]
-        variants = [(d, h, i, o) for d in args.defer_slack_s for h in holds for i in intervals for o in overlaps]
-        for (slack, hold, interval, overlap), rate in [(v, r) for v in variants for r in [None, *args.rates]]:
+        yields = args.later_yield_s or [pipeline.scheduler.settings.later_yield_slack_s]
+        variants = [(d, h, i, o, y) for d in args.defer_slack_s for h in holds for i in intervals for o in overlaps
+                    for y in yields]
+        for (slack, hold, interval, overlap, later_yield), rate in [(v, r) for v in variants
+                                                                     for r in [None, *args.rates]]:
             # The scheduler and its render lanes read these each round: variants share one start-up.
             pipeline.scheduler.settings = dataclasses.replace(pipeline.scheduler.settings, overlap_decode=overlap,
-                                                              first_chunk_hold_s=hold / 1e3, defer_slack_s=slack)
+                                                              first_chunk_hold_s=hold / 1e3, defer_slack_s=slack,
+                                                              later_yield_slack_s=later_yield)
             for lane in pipeline.scheduler.render_lanes:
                 lane.defer_slack_s = slack
+                lane.yield_slack_s = later_yield
             sys.setswitchinterval(interval / 1e3)
             if rate is None:
                 if args.one_stream_requests:
                     one = one_stream(pipeline, voice, args.one_stream_requests, random.Random(args.seed),
                                      args.min_tokens, args.max_tokens)
                     one.update(first_chunk_hold_ms=hold, switch_interval_ms=interval, defer_slack_s=slack,
-                               overlap_decode=overlap)
+                               overlap_decode=overlap, later_yield_s=later_yield)
                     report["one_stream"].append(one)
                     print("1 stream, one request at a time:", json.dumps(one), flush=True)
                 continue
@@ -468,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
             judged = r["steady"] if args.settle_s > 0 else r
             r["passes"] = r["failed"] == 0 and r["underruns"] == 0 and judged["first_chunk_ms"][95] <= 300.0
             r["switch_interval_ms"], r["first_chunk_hold_ms"], r["defer_slack_s"] = interval, hold, slack
-            r["overlap_decode"] = overlap
+            r["overlap_decode"], r["later_yield_s"] = overlap, later_yield
             report["rates"].append(r)
             _print_row(r)
             if args.settle_s > 0:
@@ -489,7 +497,8 @@ def main(argv: list[str] | None = None) -> int:
         {"rate_per_s": best["rate_per_s"], "mean": best["concurrency_mean"], "peak": best["concurrency_peak"],
          "playing_mean": best["playing_mean"], "playing_peak": best["playing_peak"],
          "steady_playing_mean": best["steady"]["playing_mean"], "steady_playing_peak": best["steady"]["playing_peak"],
-         **{k: best[k] for k in ("defer_slack_s", "first_chunk_hold_ms", "switch_interval_ms", "overlap_decode")}}
+         **{k: best[k] for k in ("defer_slack_s", "first_chunk_hold_ms", "switch_interval_ms", "overlap_decode",
+                                 "later_yield_s")}}
         if best else None)
     _print(report)
     write_partial(out, report)
@@ -524,7 +533,7 @@ def _print_row(r: dict) -> None:
           f"{r['concurrency_peak']:>5} {r['playing_mean']:>6.1f} {r['playing_peak']:>5} {f[50]:>7.1f} {f[95]:>7.1f} "
           f"{f[99]:>7.1f} {r['underruns']:>6} {rtf:>6} {mem:>6} {r['passes']}  GIL {r.get('switch_interval_ms')} ms, "
           f"hold {r.get('first_chunk_hold_ms')} ms, defer slack {r.get('defer_slack_s')} s, "
-          f"overlap {r.get('overlap_decode')}, "
+          f"overlap {r.get('overlap_decode')}, later yield {r.get('later_yield_s')} s, "
           f"step {r['step_ms_mean']:.1f} ms "
           f"(decode {r['decode_ms_mean'] or 0:.1f}; render {lanes})", flush=True)
 

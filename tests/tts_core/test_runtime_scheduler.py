@@ -396,3 +396,35 @@ def test_an_sm_partition_without_separate_streams_is_refused() -> None:
     with pytest.raises(ValueError, match="need separate_streams"):
         SchedulerSettings(later_lane_sms=100, separate_streams=False)
     assert SchedulerSettings(later_lane_sms=100).separate_streams  # the default combination stands
+
+
+@pytest.mark.parametrize("yield_slack_s, waits", [(0.01, True), (1000.0, False)], ids=["yields", "too-little-left"])
+def test_the_later_lane_waits_while_a_first_chunk_renders(pipeline: CosyVoice2Pipeline, monkeypatch,
+                                                          yield_slack_s: float, waits: bool) -> None:
+    """later_yield_slack_s: while a new call's first chunk renders (held here), a speaking call's
+    due later chunks wait, unless its stream has no more than that much audio left to play (1000 s:
+    always too little, so they render); every chunk goes out once the first chunk is let go."""
+    for lane in pipeline.scheduler.render_lanes:
+        monkeypatch.setattr(lane, "defer_slack_s", 1000.0)  # every later chunk is due at once
+        monkeypatch.setattr(lane, "yield_slack_s", yield_slack_s)
+    voice = pipeline.voices.get(VOICE)
+    speaking_sink, new_sink = _FirstChunkSink(), _FirstChunkSink()
+    speaking = SynthesisJob("A long request.", voice, speaking_sink, _forced(500))
+    pipeline.scheduler.submit(speaking)
+    assert speaking_sink.first_chunk.wait(60)
+    renders = _HeldRenders(pipeline, monkeypatch, lambda lane: lane.startswith("first-"))
+    try:
+        pipeline.scheduler.submit(SynthesisJob("A second call.", voice, new_sink, _forced(60)))
+        assert renders.held.wait(60)  # the new call's first chunk is rendering
+        before = len(speaking_sink.chunks)
+        time.sleep(0.5)
+        later_during_hold = [call for lane, call in renders.calls if lane == "later"]
+        if waits:
+            assert later_during_hold == [] and len(speaking_sink.chunks) == before
+        else:
+            assert later_during_hold and len(speaking_sink.chunks) > before
+    finally:
+        renders.release.set()
+    assert sum(map(len, speaking_sink.wait(60))) == 500 * SAMPLES_PER_TOKEN
+    assert len(speaking_sink.chunks) > before  # it had chunks left to render when the hold began
+    assert sum(map(len, new_sink.wait(60))) == 60 * SAMPLES_PER_TOKEN

@@ -108,6 +108,10 @@ class RenderLoop:
         self._batch = renderer.lanes[self._replays].max_batch
         self._priority = priority
         self.defer_slack_s = defer_slack_s  # read every round: may be changed between runs (benchmarks)
+        # "later" lane: while some first chunk is rendering, due chunks whose streams all have more
+        # than this much unplayed audio wait for it (0: never), so that a first chunk, which a caller
+        # waits for in silence, shares the GPU with one call less. Read every round.
+        self.yield_slack_s = 0.0
         self._separate_streams = separate_streams
         self._device = next(renderer.hift.parameters()).device
         self._stopping = False
@@ -199,11 +203,34 @@ class RenderLoop:
                     job.render_lane = self
                     job.plan_wake()
                     due.append(_Due(job, task, job.tokens[:task.token_end]))
+            if due and not setup:
+                until = self._yield_for_first_chunks(due, now)
+                if until is not None:
+                    due = []
+                    wake_at = until if wake_at is None else min(wake_at, until)
             if setup or due:
                 due.sort(key=lambda d: d.job.deadline())
                 return setup, due
             self._wake.wait(None if wake_at is None else max(0.0, wake_at - time.perf_counter()))
         return None
+
+    def _yield_for_first_chunks(self, due: list[_Due], now: float) -> float | None:
+        """Under the lock, "later" lane with `yield_slack_s`: if a first chunk is rendering and every
+        due chunk's stream has more unplayed audio than `yield_slack_s`, hand the due chunks back
+        (deferred) and return when the first of them runs low; the first lane's hand-off wakes
+        this lane sooner. None: render them now."""
+        if self.lane != "later" or self.yield_slack_s <= 0:
+            return None
+        rendering = any(j.timings.first_chunk is None and j.timings.first_render_started is not None
+                        for j in self._jobs)
+        slack = min(d.job.slack(now) for d in due)
+        if not rendering or slack <= self.yield_slack_s:
+            return None
+        for d in due:
+            d.job.pending_chunk = d.task
+            d.job.render_lane = None
+            d.job.plan_wake()
+        return now + slack - self.yield_slack_s
 
     def _owns(self, job: SynthesisJob) -> bool:
         """Under the lock: whether this lane may render the job's next chunk (of its kind, and not

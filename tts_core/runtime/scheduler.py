@@ -107,6 +107,9 @@ class SchedulerSettings:
     # that chunks of many streams gather into one batched flow call instead of many small ones
     # (first chunks never wait).
     defer_slack_s: float = 0.8
+    # The later chunks' lane waits while a first chunk renders, unless a due chunk's stream has
+    # this little unplayed audio left (0: never waits; `RenderLoop.yield_slack_s`). Unmeasured: off.
+    later_yield_slack_s: float = 0.0
     # Decode and render threads on two CUDA streams (decode at the highest priority), so a decode
     # step never queues behind a flow call. False: both issue on the default stream (host work still
     # overlaps). H100, bench/results/load_2026-11-23_h100_pooled_*: at 14 req/s two streams kept
@@ -201,6 +204,8 @@ class SynthesisScheduler:
                                         settings.schedule, settings.defer_slack_s, settings.separate_streams,
                                         lane=kind, priority=priority, renders=renders, wake=wake, replays=name)
                              for kind, name, priority in lanes]
+        for lane in self.render_lanes:
+            lane.yield_slack_s = settings.later_yield_slack_s
         self._renders = renders
         self.steps: deque[StepTiming] = deque(maxlen=10_000)
 
