@@ -28,8 +28,6 @@ import torch
 from tts_core.accel.batched_sampler import BatchedRasSampler
 from tts_core.llm.speech_lm import SpeechTokenLM
 
-ATTEND_BUCKET = 256  # eager steps read a multiple of this many cache columns
-
 
 class SlotTokens:
     """Per cache slot, on the device: the last drawn token (the next step's input) and the last
@@ -47,12 +45,9 @@ class SlotTokens:
         if any(not t for t in tokens):
             raise ValueError("SlotTokens.seed: every slot needs at least one token")
         width = self.history.shape[1]
-        rows = torch.tensor([([-1] * width + list(t))[-width:] for t in tokens], dtype=torch.long)
-        index = torch.tensor(list(slots), dtype=torch.long)
         device = self.last.device
-        if device.type == "cuda":  # pinned: the copy does not wait for the step in flight
-            rows, index = rows.pin_memory(), index.pin_memory()
-        rows, index = rows.to(device, non_blocking=True), index.to(device, non_blocking=True)
+        rows = _pinned([([-1] * width + list(t))[-width:] for t in tokens], torch.long, device)
+        index = _pinned(slots, torch.long, device)
         self.history.index_copy_(0, index, rows)
         self.last.index_copy_(0, index, rows[:, -1].contiguous())
 
@@ -67,9 +62,9 @@ class SlotTokens:
         self.history[slots] = torch.cat([history[:, 1:], drawn[:, None]], dim=1)
 
 
-def _pinned(values: Sequence[int] | Sequence[bool], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A small host list on `device`; from pinned memory on CUDA, so the copy never waits for the
-    work already queued on the stream."""
+def _pinned(values: Sequence, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A small host list (of numbers, or of equal-length lists) on `device`; from pinned memory on
+    CUDA, so the copy never waits for the work already queued on the stream."""
     host = torch.tensor(list(values), dtype=dtype)
     if device.type == "cuda":
         host = host.pin_memory()
@@ -138,11 +133,10 @@ class EagerCarriedDecoder:
     @torch.inference_mode()
     def launch(self, slots: Sequence[int], allow_stop: Sequence[bool], kv_len: int) -> PendingTokens:
         device = self.cache.device
-        slots_t = torch.tensor(list(slots), dtype=torch.long, device=device)
-        allow = torch.tensor(list(allow_stop), dtype=torch.bool, device=device)
+        slots_t = _pinned(slots, torch.long, device)
+        allow = _pinned(allow_stop, torch.bool, device)
         tokens, history = self.state.gather(slots_t)
-        attend = min(self.cache.max_len, -(-(kv_len + 1) // ATTEND_BUCKET) * ATTEND_BUCKET)
-        logp = self.lm.decode_step(slots_t, tokens, attend)
+        logp = self.lm.decode_step(slots_t, tokens, self.cache.attend_len(kv_len))
         drawn = self.sampler.sample(logp, history, allow, self.generator)
         self.state.advance(slots_t, history, drawn)
         return PendingTokens(drawn.cpu(), len(slots_t))

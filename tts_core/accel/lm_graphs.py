@@ -273,6 +273,10 @@ class GraphedPrefill:
             self._graphs[length] = (graph, out)
         self.cache.lengths.copy_(saved)
 
+    def fits(self, length: int) -> bool:
+        """Whether an LM input of `length` positions has a captured bucket."""
+        return length <= self.length_buckets[-1]
+
     @torch.inference_mode()
     def prefill(self, slot: int, lm_input: torch.Tensor) -> torch.Tensor:
         """Start a request in cache row `slot` from its lm_input (T, D); returns logp (1, V) — a view

@@ -22,6 +22,8 @@ from torch import nn
 
 CacheSnapshot = tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], torch.Tensor]
 
+ATTEND_BUCKET = 256  # eager decode steps read a multiple of this many cache columns
+
 
 class StaticKVCache(nn.Module):
     def __init__(self, num_layers: int, max_batch: int, kv_heads: int, max_len: int, head_dim: int,
@@ -46,6 +48,12 @@ class StaticKVCache(nn.Module):
     @property
     def device(self) -> torch.device:
         return self.keys[0].device
+
+    def attend_len(self, longest: int) -> int:
+        """Cache columns an eager decode step reads when its longest row holds `longest` positions:
+        only the columns some row uses, rounded up to a bucket so the step keeps a few fixed shapes
+        (cheaper attention early on)."""
+        return min(self.max_len, -(-(longest + 1) // ATTEND_BUCKET) * ATTEND_BUCKET)
 
     def snapshot(self) -> CacheSnapshot:
         """A copy of every key, value and length, for `restore` (tests and benchmarks rewind with it)."""

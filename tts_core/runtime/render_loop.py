@@ -192,6 +192,11 @@ class RenderLoop:
                 job.plan_wake()
             if cancelled:
                 self._decode_wake.notify()
+            if due and not setup:
+                until = self._yield_for_first_chunks(due, now)
+                if until is not None:
+                    due = []
+                    wake_at = until if wake_at is None else min(wake_at, until)
             if due and (self.lane == "later" or not any(_is_first(d) for d in due)):
                 # A call is being made anyway: fill it with the deferred chunks closest to running
                 # dry. One call of B streams costs far less than B calls (its fixed launch cost is
@@ -203,11 +208,6 @@ class RenderLoop:
                     job.render_lane = self
                     job.plan_wake()
                     due.append(_Due(job, task, job.tokens[:task.token_end]))
-            if due and not setup:
-                until = self._yield_for_first_chunks(due, now)
-                if until is not None:
-                    due = []
-                    wake_at = until if wake_at is None else min(wake_at, until)
             if setup or due:
                 due.sort(key=lambda d: d.job.deadline())
                 return setup, due
@@ -226,11 +226,18 @@ class RenderLoop:
         slack = min(d.job.slack(now) for d in due)
         if not rendering or slack <= self.yield_slack_s:
             return None
+        self._hand_back(due)
+        for d in due:
+            d.job.plan_wake()  # deferred: this lane wakes on its own clock, or at a hand-off
+        return now + slack - self.yield_slack_s
+
+    @staticmethod
+    def _hand_back(due: list[_Due]) -> None:
+        """Under the lock: chunks this lane claimed and will not render now go back to their jobs,
+        deferred and unclaimed, for the next round (of any lane of their kind)."""
         for d in due:
             d.job.pending_chunk = d.task
             d.job.render_lane = None
-            d.job.plan_wake()
-        return now + slack - self.yield_slack_s
 
     def _owns(self, job: SynthesisJob) -> bool:
         """Under the lock: whether this lane may render the job's next chunk (of its kind, and not
@@ -271,9 +278,7 @@ class RenderLoop:
         taken = {id(d) for d in now}
         rest = [d for d in due if id(d) not in taken]
         with self._lock:
-            for d in rest:
-                d.job.pending_chunk = d.task
-                d.job.render_lane = None
+            self._hand_back(rest)
             if rest:
                 self._wake.notify_all()  # another lane of their kind may take them now
         if not now:

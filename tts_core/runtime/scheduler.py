@@ -55,8 +55,6 @@ from tts_core.voices import Voice
 
 log = structlog.get_logger(__name__)
 
-ATTEND_BUCKET = 256  # KV columns read per decode step are a multiple of this
-
 GIL_SWITCH_INTERVAL_S = 0.001  # as the gateway's packet clock sets it (gateway/app.py)
 
 TextFrontend = Callable[[str], list[list[int]]]  # text -> text tokens per segment
@@ -179,7 +177,6 @@ class SynthesisScheduler:
         self._last_wait_s = 0.0
         # Carried: jobs whose prefill and first draw are launched, with their first token on its way.
         self._prefilling: list[tuple[SynthesisJob, int, PendingTokens]] = []
-        self._prefill_stream = None  # carried on CUDA with separate streams: prefills run there
         if settings.carries and not settings.graphs:
             self.decoder = EagerCarriedDecoder(lm, BatchedRasSampler(sampler.config, lm.speech_token_size))
         self.prefiller = None  # GraphedPrefill, once captured
@@ -196,6 +193,10 @@ class SynthesisScheduler:
         # several streams have kernels queued, the one a listener is waiting on goes first.
         high = min(torch.cuda.Stream.priority_range()) if self.cache.device.type == "cuda" else 0
         self._decode_priority = high
+        # Carried, on CUDA with separate streams: prefills and first draws run here (each first
+        # waits for the decode stream, which waited for the default stream at the thread's start).
+        self._prefill_stream = (torch.cuda.Stream(self.cache.device, priority=high) if settings.carries
+                                and self.cache.device.type == "cuda" and settings.separate_streams else None)
         renders: deque[RenderTiming] = deque(maxlen=10_000)
         wake = threading.Condition(self._lock)
         lanes = [("first", name, high // 2) for name in self.renderer.first_lanes]
@@ -410,9 +411,6 @@ class SynthesisScheduler:
     def _launch_prefills(self, jobs: list[SynthesisJob]) -> int:
         """Carried: each job's prefill and first draw, on the prefill stream (its LM input built
         there too); the first tokens are taken once they reach the host (`_take_first_tokens`)."""
-        if self._prefill_stream is None and self.cache.device.type == "cuda" and self.settings.separate_streams:
-            self._prefill_stream = torch.cuda.Stream(self.cache.device, priority=self._decode_priority)
-            self._prefill_stream.wait_stream(torch.cuda.default_stream(self.cache.device))
         context = nullcontext()
         if self._prefill_stream is not None:
             # A slot freed by a hang-up may still be a row of the step in flight (its cache row,
@@ -426,7 +424,7 @@ class SynthesisScheduler:
                 started = time.perf_counter()
                 try:
                     _, slot, lm_input = self._start_segment(job)
-                    if self.prefiller is not None and lm_input.shape[0] <= self.prefiller.length_buckets[-1]:
+                    if self.prefiller is not None and self.prefiller.fits(lm_input.shape[0]):
                         logp = self.prefiller.prefill(slot, lm_input)
                     else:
                         logp = self.lm.prefill([slot], [lm_input])
@@ -446,9 +444,7 @@ class SynthesisScheduler:
         taken, left = [], []
         for i, (job, segment, first) in enumerate(self._prefilling):
             if (wait and i == 0) or first.ready():
-                started = time.perf_counter()
-                token = first.result()[0]
-                self._last_wait_s += time.perf_counter() - started
+                token = self._wait_for(first)[0]
                 if job.slot is not None and job.segment == segment:
                     self._seeded[job.slot] = (job, segment)
                     taken.append((job, token))
@@ -514,7 +510,7 @@ class SynthesisScheduler:
         return job, slot, lm_input
 
     def _run_prefill(self, ready: list[tuple[SynthesisJob, int, torch.Tensor]]) -> None:
-        if self.prefiller is not None and all(x.shape[0] <= self.prefiller.length_buckets[-1] for _, _, x in ready):
+        if self.prefiller is not None and all(self.prefiller.fits(x.shape[0]) for _, _, x in ready):
             # One graph replay per job (batch-1 graphs); the host copy waits for them all.
             rows = [self.prefiller.prefill(slot, x).clone() for _, slot, x in ready]
             logp = torch.cat(rows).float().cpu()
@@ -566,10 +562,7 @@ class SynthesisScheduler:
         if self.decoder is not None:
             self._decode_graphed(jobs, slots, longest)
         else:
-            # Read only the cache columns some job of the batch uses, rounded up to a bucket so the
-            # step keeps a few fixed shapes (cheaper attention early on; capturable per bucket).
-            attend_len = min(self.cache.max_len, -(-(longest + 1) // ATTEND_BUCKET) * ATTEND_BUCKET)
-            logp = self.lm.decode_step(slots, [job.tokens[-1] for job in jobs], attend_len)
+            logp = self.lm.decode_step(slots, [job.tokens[-1] for job in jobs], self.cache.attend_len(longest))
             logp = logp.float().cpu()  # the one host copy of the step
             for row, job in enumerate(jobs):
                 job.logp = logp[row]
@@ -632,11 +625,16 @@ class SynthesisScheduler:
     def _read_tokens(self, pending: tuple[PendingTokens, list[tuple[SynthesisJob, int]]]) -> None:
         """Wait for a launched step and take its tokens, except for rows whose job has since
         finished its segment's LM (the step after a stop token), moved on, or left."""
-        started = time.perf_counter()
-        tokens = pending[0].result()
-        self._last_wait_s += time.perf_counter() - started
+        tokens = self._wait_for(pending[0])
         self._accept([(job, token) for (job, segment), token in zip(pending[1], tokens)
                       if job.slot is not None and job.segment == segment and not job.lm_finished])
+
+    def _wait_for(self, tokens: PendingTokens) -> list[int]:
+        """Carried tokens on the host; the wait counts into the iteration's `StepTiming.wait_s`."""
+        started = time.perf_counter()
+        out = tokens.result()
+        self._last_wait_s += time.perf_counter() - started
+        return out
 
     # ---- either thread ---------------------------------------------------------------------------
     def _fail(self, job: SynthesisJob, exc: BaseException) -> None:
