@@ -10,6 +10,10 @@ what it saw into per-stream figures:
   overlapped_ms           of busy_ms, the part during which another stream also ran a kernel
   gap_ms                  the summed gaps between consecutive kernels shorter than `gap_limit_us`
                           (inside one graph replay: the time a ready kernel waited to start)
+  long_gaps, long_gap_ms  the gaps of at least `gap_limit_us`: how many, and their sum (the stream idle)
+  after_long_gap          the kernels that start after a long gap, by name and count: always a
+                          step's first kernel means the stream waited for its launch (the host);
+                          kernels from inside a step mean it waited for the GPU
   top                     the kernel names with the most summed time, with count and mean us
 """
 
@@ -117,12 +121,19 @@ def summarize(kernels: list[Kernel], gap_limit_us: float = 100.0, top: int = 12)
         for k in ks:
             names[k.name].append(k.dur_us)
         ranked = sorted(names.items(), key=lambda item: -sum(item[1]))[:top]
+        long_gaps = [(g, b.name) for g, b in zip(gaps, ks[1:]) if g >= gap_limit_us]
+        resumed: dict[str, int] = defaultdict(int)
+        for _, name in long_gaps:
+            resumed[name[:120]] += 1
         streams[str(stream)] = {
             "kernels": len(ks),
             "kernel_ms": sum(k.dur_us for k in ks) / 1e3,
             "busy_ms": sum(e - s for s, e in unions[stream]) / 1e3,
             "overlapped_ms": _overlap(unions[stream], others) / 1e3,
             "gap_ms": sum(g for g in gaps if 0 < g < gap_limit_us) / 1e3,
+            "long_gaps": len(long_gaps),
+            "long_gap_ms": sum(g for g, _ in long_gaps) / 1e3,
+            "after_long_gap": dict(sorted(resumed.items(), key=lambda item: -item[1])[:top]),
             "top": [{"name": name[:120], "count": len(durs), "total_ms": sum(durs) / 1e3,
                      "mean_us": sum(durs) / len(durs)} for name, durs in ranked],
         }

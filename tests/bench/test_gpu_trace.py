@@ -24,6 +24,9 @@ def test_streams_overlap_gaps_and_busy_time() -> None:
     assert one["overlapped_ms"] == pytest.approx(0.008) and two["overlapped_ms"] == pytest.approx(0.008)
     # 10 -> 12 is a wait inside a step; 20 -> 200 is longer than the limit: between steps, not counted.
     assert one["gap_ms"] == pytest.approx(0.002) and two["gap_ms"] == 0
+    # ... counted as the stream's idle time instead, with the kernel that ended it.
+    assert one["long_gaps"] == 1 and one["long_gap_ms"] == pytest.approx(0.180)
+    assert one["after_long_gap"] == {"gemm": 1} and two["long_gaps"] == 0 and two["after_long_gap"] == {}
     assert [t["name"] for t in one["top"]] == ["gemm", "attention"]
     assert one["top"][0]["count"] == 2 and one["top"][0]["mean_us"] == pytest.approx(10.0)
 
