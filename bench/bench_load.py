@@ -370,9 +370,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--later-yield-s", type=float, nargs="+", default=None,
                    help="later_yield_slack_s: the later lane waits while a first chunk renders unless a stream "
                         "has this little audio left (0: never); several values: everything runs at each")
-    p.add_argument("--overlap-decode", choices=("on", "off"), nargs="+", default=None,
-                   help="carried decoder: launch step k+1 before reading step k's tokens, or not; several: "
-                        "everything runs at each (default: the scheduler's)")
+    p.add_argument("--steps-ahead", type=int, nargs="+", default=None,
+                   help="carried decoder: decode steps launched and not yet read when an iteration ends "
+                        "(decode_steps_ahead: 0 reads each at once); several: everything runs at each "
+                        "(default: the scheduler's)")
     p.add_argument("--profile-rate", type=float, default=None,
                    help="record the GPU's kernels per CUDA stream (bench/gpu_trace.py) for --profile-s seconds "
                         "of this rate (its first variant; from --settle-s, else mid-run), and over one lone "
@@ -436,15 +437,15 @@ def main(argv: list[str] | None = None) -> int:
         out = args.out or REPO / "bench" / "results" / f"load_{datetime.date.today().isoformat()}.json"
         intervals = args.switch_interval_ms or [sys.getswitchinterval() * 1e3]
         holds = args.first_chunk_hold_ms or [pipeline.scheduler.settings.first_chunk_hold_s * 1e3]
-        overlaps = [o == "on" for o in args.overlap_decode] if args.overlap_decode else \
-            [pipeline.scheduler.settings.overlap_decode]
+        aheads = args.steps_ahead if args.steps_ahead is not None else \
+            [pipeline.scheduler.settings.decode_steps_ahead]
         yields = args.later_yield_s or [pipeline.scheduler.settings.later_yield_slack_s]
-        variants = [(d, h, i, o, y) for d in args.defer_slack_s for h in holds for i in intervals for o in overlaps
+        variants = [(d, h, i, a, y) for d in args.defer_slack_s for h in holds for i in intervals for a in aheads
                     for y in yields]
-        for (slack, hold, interval, overlap, later_yield), rate in [(v, r) for v in variants
-                                                                     for r in [None, *args.rates]]:
+        for (slack, hold, interval, ahead, later_yield), rate in [(v, r) for v in variants
+                                                                   for r in [None, *args.rates]]:
             # The scheduler and its render lanes read these each round: variants share one start-up.
-            pipeline.scheduler.settings = dataclasses.replace(pipeline.scheduler.settings, overlap_decode=overlap,
+            pipeline.scheduler.settings = dataclasses.replace(pipeline.scheduler.settings, decode_steps_ahead=ahead,
                                                               first_chunk_hold_s=hold / 1e3, defer_slack_s=slack,
                                                               later_yield_slack_s=later_yield)
             for lane in pipeline.scheduler.render_lanes:
@@ -456,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
                     one = one_stream(pipeline, voice, args.one_stream_requests, random.Random(args.seed),
                                      args.min_tokens, args.max_tokens)
                     one.update(first_chunk_hold_ms=hold, switch_interval_ms=interval, defer_slack_s=slack,
-                               overlap_decode=overlap, later_yield_s=later_yield)
+                               decode_steps_ahead=ahead, later_yield_s=later_yield)
                     report["one_stream"].append(one)
                     print("1 stream, one request at a time:", json.dumps(one), flush=True)
                 continue
@@ -476,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
             judged = r["steady"] if args.settle_s > 0 else r
             r["passes"] = r["failed"] == 0 and r["underruns"] == 0 and judged["first_chunk_ms"][95] <= 300.0
             r["switch_interval_ms"], r["first_chunk_hold_ms"], r["defer_slack_s"] = interval, hold, slack
-            r["overlap_decode"], r["later_yield_s"] = overlap, later_yield
+            r["decode_steps_ahead"], r["later_yield_s"] = ahead, later_yield
             report["rates"].append(r)
             _print_row(r)
             if args.settle_s > 0:
@@ -497,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
         {"rate_per_s": best["rate_per_s"], "mean": best["concurrency_mean"], "peak": best["concurrency_peak"],
          "playing_mean": best["playing_mean"], "playing_peak": best["playing_peak"],
          "steady_playing_mean": best["steady"]["playing_mean"], "steady_playing_peak": best["steady"]["playing_peak"],
-         **{k: best[k] for k in ("defer_slack_s", "first_chunk_hold_ms", "switch_interval_ms", "overlap_decode",
+         **{k: best[k] for k in ("defer_slack_s", "first_chunk_hold_ms", "switch_interval_ms", "decode_steps_ahead",
                                  "later_yield_s")}}
         if best else None)
     _print(report)
@@ -516,9 +517,12 @@ HEADER = f"{'rate/s':>6} {'reqs':>5} {'fail':>4} {'conc':>6} {'peak':>5} {'play'
 
 
 def _trace_brief(trace: dict) -> dict:
-    """Per stream: kernels, ms of kernels, busy, overlapped by other streams, and short gaps."""
+    """Per stream: kernels, ms of kernels, busy, overlapped by other streams, short and long gaps, and
+    the kernels most often found after a long gap."""
     return {"span_ms": round(trace["span_ms"], 1), "device_events": trace.get("device_events"),
-            **{stream: {k: round(v, 2) if isinstance(v, float) else v for k, v in st.items() if k != "top"}
+            **{stream: {**{k: round(v, 2) if isinstance(v, float) else v for k, v in st.items()
+                           if k not in ("top", "after_long_gap")},
+                        "after_long_gap": dict(list(st.get("after_long_gap", {}).items())[:3])}
                for stream, st in trace["streams"].items()}}
 
 
@@ -533,7 +537,7 @@ def _print_row(r: dict) -> None:
           f"{r['concurrency_peak']:>5} {r['playing_mean']:>6.1f} {r['playing_peak']:>5} {f[50]:>7.1f} {f[95]:>7.1f} "
           f"{f[99]:>7.1f} {r['underruns']:>6} {rtf:>6} {mem:>6} {r['passes']}  GIL {r.get('switch_interval_ms')} ms, "
           f"hold {r.get('first_chunk_hold_ms')} ms, defer slack {r.get('defer_slack_s')} s, "
-          f"overlap {r.get('overlap_decode')}, later yield {r.get('later_yield_s')} s, "
+          f"steps ahead {r.get('decode_steps_ahead')}, later yield {r.get('later_yield_s')} s, "
           f"step {r['step_ms_mean']:.1f} ms "
           f"(decode {r['decode_ms_mean'] or 0:.1f}; render {lanes})", flush=True)
 

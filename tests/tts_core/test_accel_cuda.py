@@ -109,7 +109,7 @@ def test_the_graphed_scheduler_speaks_every_forced_token_with_prefills_on_their_
                                        normalize=False)
     try:
         scheduler = pipeline.scheduler
-        assert scheduler.decoder.carry and scheduler.settings.overlap_decode
+        assert scheduler.decoder.carry and scheduler.settings.decode_steps_ahead >= 1
         counts = [60, 130, 250]
         sinks = [CollectingSink() for _ in counts]
         jobs = [pipeline.synthesize("Thank you for calling.", "golden_speaker", sink,

@@ -107,14 +107,14 @@ class _StopAt:
 @pytest.mark.parametrize("stop", ["stop-token", "forced-count"])
 def test_overlapped_steps_draw_what_one_step_at_a_time_draws(pipeline: CosyVoice2Pipeline, monkeypatch,
                                                               stop: str) -> None:
-    """A job alone, once reading each step's tokens before the next launch and once a step behind:
-    the same tokens, none after the end (a stop token at the 40th draw, or a forced count of 70,
-    which the overlapped loop must not overshoot), and the audio of exactly those tokens."""
+    """A job alone, reading each step's tokens before the next launch, one step behind and two
+    behind: the same tokens, none after the end (a stop token at the 40th draw, or a forced count
+    of 70, which the overlapped loop must not overshoot), and the audio of exactly those tokens."""
     scheduler = pipeline.scheduler
     decoder = scheduler.decoder
     results = []
-    for overlap in (False, True):
-        scheduler.settings = dataclasses.replace(scheduler.settings, overlap_decode=overlap)
+    for ahead in (0, 1, 2):
+        scheduler.settings = dataclasses.replace(scheduler.settings, decode_steps_ahead=ahead)
         decoder.generator.manual_seed(3)
         forced = 70 if stop == "forced-count" else None
         if stop == "stop-token":
@@ -127,16 +127,17 @@ def test_overlapped_steps_draw_what_one_step_at_a_time_draws(pipeline: CosyVoice
         assert all(t < scheduler.lm.speech_token_size for t in job.tokens)
         assert len(audio) == len(job.tokens) * SAMPLES_PER_TOKEN
         results.append(job.tokens)
-    assert results[0] == results[1]
-    assert len(results[1]) == (70 if stop == "forced-count" else 39)
+    assert results[0] == results[1] == results[2]
+    assert len(results[0]) == (70 if stop == "forced-count" else 39)
 
 
-def test_jobs_join_leave_and_cancel_while_steps_overlap(pipeline: CosyVoice2Pipeline) -> None:
+@pytest.mark.parametrize("ahead", [1, 2])
+def test_jobs_join_leave_and_cancel_while_steps_overlap(pipeline: CosyVoice2Pipeline, ahead: int) -> None:
     """Three jobs of different lengths in one overlapped batch, one cancelled at its 100th token:
     the others get exactly their forced tokens, the cancelled one no token after it left, and its
     slot serves a new job."""
     scheduler = pipeline.scheduler
-    scheduler.settings = dataclasses.replace(scheduler.settings, overlap_decode=True)
+    scheduler.settings = dataclasses.replace(scheduler.settings, decode_steps_ahead=ahead)
     voice = pipeline.voices.get(VOICE)
     sinks = [CollectingSink() for _ in range(3)]
     counts = [40, 90, 300]
@@ -186,7 +187,7 @@ def test_a_prefill_in_flight_stalls_no_other_call(pipeline: CosyVoice2Pipeline, 
     stepping and the new call is in no step; once it arrives the new call joins and speaks exactly
     its tokens."""
     scheduler = pipeline.scheduler
-    scheduler.settings = dataclasses.replace(scheduler.settings, overlap_decode=True)
+    scheduler.settings = dataclasses.replace(scheduler.settings, decode_steps_ahead=1)
     voice = pipeline.voices.get(VOICE)
     early_sink, late_sink = CollectingSink(), CollectingSink()
     early = SynthesisJob("A long request.", voice, early_sink, JobOptions(seed=1, min_tokens=400, max_tokens=400))
@@ -222,3 +223,4 @@ def test_a_prefill_in_flight_stalls_no_other_call(pipeline: CosyVoice2Pipeline, 
         arrived.set()
     assert sum(map(len, late_sink.wait(120))) == 60 * SAMPLES_PER_TOKEN
     assert sum(map(len, early_sink.wait(120))) == 400 * SAMPLES_PER_TOKEN
+

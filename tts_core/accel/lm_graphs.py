@@ -50,6 +50,8 @@ log = structlog.get_logger(__name__)
 _decode_step = SpeechTokenLM.decode_step.__wrapped__  # type: ignore[attr-defined]
 
 
+HOST_BUFFERS = 3  # carried launches whose pinned host buffers rotate (see GraphedDecoder.__init__)
+
 class GraphedDecoder:
     def __init__(self, lm: SpeechTokenLM, batch_buckets: Sequence[int] | None = None,
                  attend_buckets: Sequence[int] | None = None, scratch_slot: int | None = None,
@@ -85,10 +87,12 @@ class GraphedDecoder:
         self.carry = carry
         self.state = SlotTokens(cache.max_batch, window, device) if carry else None
         # Pinned host buffers, used in turn: the inputs of a launch and its drawn tokens. A buffer
-        # is written again three launches later; by then the caller has read that step (it keeps
-        # at most one step unread when it launches), so its copies are done.
-        self._host_inputs = [torch.empty((2, largest), dtype=torch.long).pin_memory() for _ in range(3)] if carry else []
-        self._host_tokens = [torch.empty(largest, dtype=torch.long).pin_memory() for _ in range(3)] if carry else []
+        # is written again HOST_BUFFERS launches later; by then the caller has read that step (it
+        # keeps at most HOST_BUFFERS - 1 steps unread when it launches), so its copies are done.
+        self._host_inputs = [torch.empty((2, largest), dtype=torch.long).pin_memory()
+                             for _ in range(HOST_BUFFERS)] if carry else []
+        self._host_tokens = [torch.empty(largest, dtype=torch.long).pin_memory()
+                             for _ in range(HOST_BUFFERS)] if carry else []
         self._turn = 0
         # First draws run eagerly beside graph replays on other threads' streams: a generator of
         # their own, so they never race a replay's prologue on the default one (graph_capture).

@@ -19,7 +19,7 @@ One decode iteration:
    at any step; each sits at its own position in its own cache row).
 With a carried decoder (the default with graphs; tts_core/accel/carried_decode.py) steps 2-3 draw
 on the device and each row's next input stays there: the iteration launches step k+1, then reads
-step k's tokens (`overlap_decode`), so the GPU does not wait for the host between steps. A
+step k's tokens (`decode_steps_ahead`), so the GPU does not wait for the host between steps. A
 segment's prefill and first draw run on a CUDA stream of their own; the job joins the steps once
 the host sees its first token (no step of the other jobs waits for a prefill).
 
@@ -43,6 +43,7 @@ import torch
 
 from tts_core.accel.batched_sampler import BatchedRasSampler
 from tts_core.accel.carried_decode import EagerCarriedDecoder, PendingTokens
+from tts_core.accel.lm_graphs import HOST_BUFFERS
 from tts_core.flow import FlowModel
 from tts_core.hift import HiftGenerator
 from tts_core.llm.sampling import RasSampler
@@ -55,6 +56,8 @@ from tts_core.voices import Voice
 
 log = structlog.get_logger(__name__)
 
+# Steps a carried decoder may have launched and unread when it launches another, less one.
+MAX_STEPS_AHEAD = HOST_BUFFERS - 1
 GIL_SWITCH_INTERVAL_S = 0.001  # as the gateway's packet clock sets it (gateway/app.py)
 
 TextFrontend = Callable[[str], list[list[int]]]  # text -> text tokens per segment
@@ -126,15 +129,22 @@ class SchedulerSettings:
     # Token draws then come from the batch's device generator, not the job's seed (its flow and
     # vocoder noise still follow the seed).
     carried_decode: bool | None = None
-    # Carried: launch step k+1 before reading step k's tokens. A row steps once more after the
-    # step that ends it (thrown away). Read every iteration (benchmarks compare both on one start-up).
-    overlap_decode: bool = True
+    # Carried: steps launched and not yet read when an iteration ends. 0: each step is read at once;
+    # 1: launch step k+1, then read step k; 2: launch k+2, then read k, so a host iteration that
+    # runs late (the GIL shared with the render threads) still finds a step queued on the GPU. A
+    # row steps up to this many times more after the step that draws its stop token (thrown away;
+    # steps in flight count against its token limit, so they stay inside its cache row). Read
+    # every iteration (benchmarks compare values on one start-up).
+    decode_steps_ahead: int = 1
 
     @property
     def carries(self) -> bool:
         return self.graphs if self.carried_decode is None else self.carried_decode
 
     def __post_init__(self) -> None:
+        if not 0 <= self.decode_steps_ahead <= MAX_STEPS_AHEAD:
+            raise ValueError(f"SchedulerSettings: decode_steps_ahead must be 0..{MAX_STEPS_AHEAD}, "
+                             f"got {self.decode_steps_ahead}")
         # A partitioned lane's graphs replay on its green stream, but without separate streams its
         # eager work (whatever falls outside its captured graphs) would issue on the default stream,
         # on every SM: the partition would hold for part of the work only.
@@ -171,8 +181,9 @@ class SynthesisScheduler:
             first_lanes=settings.first_chunk_lanes, compile=settings.compile_flow,
             later_sms=settings.later_lane_sms, first_sms=settings.first_lane_sms))
         self.decoder = None  # GraphedDecoder, once captured (or an EagerCarriedDecoder)
-        # The carried decoder's step in flight: its tokens, and the (job, segment) of each row.
-        self._pending: tuple[PendingTokens, list[tuple[SynthesisJob, int]]] | None = None
+        # The carried decoder's steps in flight, oldest first: tokens, the (job, segment) of each
+        # row, and the rows' slots (a row's job may have released its slot since).
+        self._pending: deque[tuple[PendingTokens, list[tuple[SynthesisJob, int]], list[int]]] = deque()
         self._seeded: dict[int, tuple[SynthesisJob, int]] = {}  # slot -> the segment its carried state is
         self._last_wait_s = 0.0
         # Carried: jobs whose prefill and first draw are launched, with their first token on its way.
@@ -298,6 +309,8 @@ class SynthesisScheduler:
     def _run(self) -> None:
         torch.set_grad_enabled(False)  # thread-local
         with device_stream(self.cache.device, priority=self._decode_priority, separate=self.settings.separate_streams):
+            if self._prefill_stream is not None:  # prefills come after everything before this thread
+                self._prefill_stream.wait_stream(torch.cuda.current_stream(self.cache.device))
             while True:
                 with self._cond:
                     while not self._stopping and not self._has_work():
@@ -316,7 +329,7 @@ class SynthesisScheduler:
         jobs held for their first chunk (or the hold's end, `_hold_ends`)."""
         if self._waiting and self._free_slots:
             return True
-        if self._pending is not None or self._prefilling:  # carried tokens not read yet
+        if self._pending or self._prefilling:  # carried tokens not read yet
             return True
         if any(job.cancelled or job.segment_rendered or job.logp is not None for job in self._active):
             return True
@@ -349,7 +362,7 @@ class SynthesisScheduler:
         t2 = time.perf_counter()
         self._last_wait_s = 0.0
         batch = self._decode()
-        if self._prefilling and not batch and self._pending is None:
+        if self._prefilling and not batch and not self._pending:
             self._take_first_tokens(wait=True)  # nothing else to do: wait for the oldest prefill
         t3 = time.perf_counter()
         if batch or prefilled:
@@ -413,10 +426,13 @@ class SynthesisScheduler:
         there too); the first tokens are taken once they reach the host (`_take_first_tokens`)."""
         context = nullcontext()
         if self._prefill_stream is not None:
-            # A slot freed by a hang-up may still be a row of the step in flight (its cache row,
-            # length and carried state): a prefill reusing it must come after that step. This
-            # delays the prefill by at most one step; the steps themselves never wait for it.
-            self._prefill_stream.wait_stream(torch.cuda.current_stream(self.cache.device))
+            # A slot may still be a row of a step in flight (freed by a hang-up, or the job's own
+            # previous segment stepping on past its stop token): its cache row, length and carried
+            # state. A prefill into it must come after those steps. Other slots' prefills need not
+            # wait: a step writes only its own rows' slots. The steps never wait for a prefill.
+            in_flight = {slot for _, _, slots in self._pending for slot in slots}
+            if any(job.slot in in_flight for job in jobs):
+                self._prefill_stream.wait_stream(torch.cuda.current_stream(self.cache.device))
             context = torch.cuda.stream(self._prefill_stream)
         launched = 0
         with context:
@@ -587,18 +603,20 @@ class SynthesisScheduler:
         self._accept(list(zip(jobs, tokens)))
 
     def _decode_carried(self) -> int:
-        """Launch a step for every generating job (unless held), then read the previous step's
-        tokens; with `overlap_decode` off, read this step's at once."""
+        """Launch a step for every generating job (unless held), then read the oldest steps until
+        only `decode_steps_ahead` are unread (all of them when nothing was launched)."""
         pending = self._pending
-        in_flight = {id(job) for job, _ in pending[1]} if pending is not None else set()
+        in_flight: dict[int, int] = {}  # id(job) -> its rows in the steps launched and not yet read
+        for _, rows, _ in pending:
+            for job, _ in rows:
+                in_flight[id(job)] = in_flight.get(id(job), 0) + 1
         with self._cond:  # slots read once, under the lock (see _start_segment)
             held = self._hold_ends() is not None
-            # A row whose step in flight draws its last allowed token steps no further; a row whose
-            # step in flight draws a stop token steps once more, and that token is thrown away.
+            # A row whose steps in flight draw its last allowed token steps no further; a row whose
+            # step in flight draws a stop token steps on until the host reads it (thrown away).
             batch = [] if held else [(job, job.slot) for job in self._active if job.generating
-                                     and len(job.tokens) + (id(job) in in_flight) < job.max_len]
+                                     and len(job.tokens) + in_flight.get(id(job), 0) < job.max_len]
         started = time.perf_counter()
-        launched = None
         if batch:
             jobs, slots = [job for job, _ in batch], [slot for _, slot in batch]
             fresh = [(job, slot) for job, slot in batch if self._seeded.get(slot) != (job, job.segment)]
@@ -606,23 +624,20 @@ class SynthesisScheduler:
                 self.decoder.seed([slot for _, slot in fresh], [job.tokens for job, _ in fresh])
                 for job, slot in fresh:
                     self._seeded[slot] = (job, job.segment)
-            allow_stop = [len(job.tokens) + (id(job) in in_flight) >= job.min_len for job in jobs]
+            allow_stop = [len(job.tokens) + in_flight.get(id(job), 0) >= job.min_len for job in jobs]
             tokens = self.decoder.launch(slots, allow_stop, kv_len=max(job.kv_len for job in jobs))
-            launched = (tokens, [(job, job.segment) for job in jobs])
+            pending.append((tokens, [(job, job.segment) for job in jobs], slots))
             for job in jobs:
                 job.kv_len += 1
-        self._pending = launched
-        if pending is not None:
-            self._read_tokens(pending)
-        if launched is not None and not self.settings.overlap_decode:
-            self._pending = None
-            self._read_tokens(launched)
+        keep = self.settings.decode_steps_ahead if batch else 0
+        while len(pending) > keep:
+            self._read_tokens(pending.popleft())
         elapsed = time.perf_counter() - started
         for job, _ in batch:
             job.lm_s += elapsed
         return len(batch)
 
-    def _read_tokens(self, pending: tuple[PendingTokens, list[tuple[SynthesisJob, int]]]) -> None:
+    def _read_tokens(self, pending: tuple[PendingTokens, list[tuple[SynthesisJob, int]], list[int]]) -> None:
         """Wait for a launched step and take its tokens, except for rows whose job has since
         finished its segment's LM (the step after a stop token), moved on, or left."""
         tokens = self._wait_for(pending[0])
