@@ -241,7 +241,7 @@ def decode_thread_split(steps) -> dict:
         return {}
     parts = {"iteration": [s.wall_s for s in steps], "prefill_admit": [s.prefill_s for s in steps],
              "sample": [s.sample_s for s in steps], "decode": [s.decode_s for s in steps],
-             "decode_wait": [s.wait_s for s in steps]}
+             "decode_wait": [s.wait_s for s in steps], "first_token_wait": [s.first_wait_s for s in steps]}
     out = {f"{k}_ms_mean": 1e3 * float(np.mean(v)) for k, v in parts.items()}
     out["iteration_ms_p95"] = 1e3 * float(np.percentile(parts["iteration"], 95))
     out["with_prefill"] = sum(1 for s in steps if s.prefills) / len(steps)

@@ -224,3 +224,39 @@ def test_a_prefill_in_flight_stalls_no_other_call(pipeline: CosyVoice2Pipeline, 
     assert sum(map(len, late_sink.wait(120))) == 60 * SAMPLES_PER_TOKEN
     assert sum(map(len, early_sink.wait(120))) == 400 * SAMPLES_PER_TOKEN
 
+
+
+def test_a_new_call_is_not_kept_waiting_behind_a_prefill_in_flight(pipeline: CosyVoice2Pipeline,
+                                                                    monkeypatch) -> None:
+    """Nothing is stepping and one call's first token has not reached the host: a call arriving
+    meanwhile is admitted, prefilled and spoken without waiting for that token."""
+    scheduler = pipeline.scheduler
+    scheduler.settings = dataclasses.replace(scheduler.settings, decode_steps_ahead=1)
+    voice = pipeline.voices.get(VOICE)
+    arrived = threading.Event()
+    real_draw_first = scheduler.decoder.draw_first
+    withheld = []
+
+    def draw_first(*args):
+        first = real_draw_first(*args)
+        if withheld:  # only the first call's token is held back
+            return first
+        withheld.append(first)
+        return _LateFirstToken(first, arrived)
+
+    monkeypatch.setattr(scheduler.decoder, "draw_first", draw_first)
+    held_sink, new_sink = CollectingSink(), CollectingSink()
+    held = SynthesisJob("A held call.", voice, held_sink, JobOptions(seed=1, min_tokens=40, max_tokens=40))
+    new = SynthesisJob("A new call.", voice, new_sink, JobOptions(seed=2, min_tokens=30, max_tokens=30))
+    try:
+        scheduler.submit(held)
+        deadline = time.monotonic() + 60
+        while not withheld and time.monotonic() < deadline:  # its prefill is launched
+            time.sleep(0.005)
+        assert withheld
+        scheduler.submit(new)
+        assert sum(map(len, new_sink.wait(60))) == 30 * SAMPLES_PER_TOKEN
+        assert held.tokens == []  # all of it while the held call's first token was still away
+    finally:
+        arrived.set()
+    assert sum(map(len, held_sink.wait(120))) == 40 * SAMPLES_PER_TOKEN

@@ -58,7 +58,8 @@ log = structlog.get_logger(__name__)
 
 # Steps a carried decoder may have launched and unread when it launches another, less one.
 MAX_STEPS_AHEAD = HOST_BUFFERS - 1
-GIL_SWITCH_INTERVAL_S = 0.001  # as the gateway's packet clock sets it (gateway/app.py)
+GIL_SWITCH_INTERVAL_S = 0.001
+FIRST_TOKEN_POLL_S = 0.0005  # how often an idle decode thread looks for a prefill's first token  # as the gateway's packet clock sets it (gateway/app.py)
 
 TextFrontend = Callable[[str], list[list[int]]]  # text -> text tokens per segment
 
@@ -164,6 +165,7 @@ class StepTiming:
     sample_s: float
     wall_s: float  # the whole iteration (admission and frontend included)
     wait_s: float = 0.0  # of decode_s: waiting for a step's tokens (carried decoder)
+    first_wait_s: float = 0.0  # after decode_s, nothing to step: waiting for a prefill's first token
 
 
 class SynthesisScheduler:
@@ -327,9 +329,11 @@ class SynthesisScheduler:
     def _has_work(self) -> bool:
         """Under the lock. Jobs whose LM finished wait for the render thread, which wakes us; so do
         jobs held for their first chunk (or the hold's end, `_hold_ends`)."""
+        return bool(self._pending or self._prefilling) or self._has_new_work()  # or carried tokens to read
+
+    def _has_new_work(self) -> bool:
+        """Under the lock: work besides reading tokens already on their way to the host."""
         if self._waiting and self._free_slots:
-            return True
-        if self._pending or self._prefilling:  # carried tokens not read yet
             return True
         if any(job.cancelled or job.segment_rendered or job.logp is not None for job in self._active):
             return True
@@ -356,17 +360,20 @@ class SynthesisScheduler:
         starting = self._retire_rendered() + self._admit()
         prefilled = self._prefill(starting) if starting else 0
         if self._prefilling:
-            self._take_first_tokens(wait=False)
+            self._take_first_tokens()
         t1 = time.perf_counter()
         self._sample()
         t2 = time.perf_counter()
         self._last_wait_s = 0.0
         batch = self._decode()
-        if self._prefilling and not batch and not self._pending:
-            self._take_first_tokens(wait=True)  # nothing else to do: wait for the oldest prefill
         t3 = time.perf_counter()
-        if batch or prefilled:
-            self.steps.append(StepTiming(batch, prefilled, t1 - t0, t3 - t2, t2 - t1, t3 - t0, self._last_wait_s))
+        idle = bool(self._prefilling) and not batch and not self._pending
+        if idle:
+            self._await_first_token()  # nothing else to do: wait for the oldest prefill, or a new call
+        t4 = time.perf_counter()
+        if batch or prefilled or idle:
+            self.steps.append(StepTiming(batch, prefilled, t1 - t0, t3 - t2, t2 - t1, t4 - t0, self._last_wait_s,
+                                         t4 - t3))
 
     def _drop_cancelled(self) -> None:
         for job in self._jobs():
@@ -454,12 +461,23 @@ class SynthesisScheduler:
                 launched += 1
         return launched
 
-    def _take_first_tokens(self, wait: bool) -> None:
-        """Carried: accept the first tokens that reached the host (with `wait`, the oldest at least);
-        their jobs then join the next step, their slots' carried state already set on the device."""
+    def _await_first_token(self) -> None:
+        """Wait until a prefill's first token is on the host or there is other work (a new call to
+        admit, whose prefill should not queue behind the others'; a segment to retire; the decode
+        hold's end), then take what arrived. Polled: a CUDA event cannot be waited on together with
+        the condition that `submit` and the render lanes notify."""
+        firsts = [first for _, _, first in self._prefilling]
+        with self._cond:
+            while not any(first.ready() for first in firsts) and not self._has_new_work() and not self._stopping:
+                self._cond.wait(FIRST_TOKEN_POLL_S)
+        self._take_first_tokens()
+
+    def _take_first_tokens(self) -> None:
+        """Carried: accept the first tokens that reached the host; their jobs then join the next
+        step, their slots' carried state already set on the device."""
         taken, left = [], []
-        for i, (job, segment, first) in enumerate(self._prefilling):
-            if (wait and i == 0) or first.ready():
+        for job, segment, first in self._prefilling:
+            if first.ready():
                 token = self._wait_for(first)[0]
                 if job.slot is not None and job.segment == segment:
                     self._seeded[job.slot] = (job, segment)
