@@ -11,6 +11,26 @@ import torch
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
+def test_a_prefill_input_is_built_without_waiting_for_the_work_queued_on_the_stream(tiny_model_dir: Path) -> None:
+    """The decode thread builds a new call's LM input while earlier prefills still run on the
+    prefill stream: the ids' copy must queue behind them, not make the host wait for them (a
+    pageable copy synchronizes the stream, and the decode steps stopped meanwhile)."""
+    from tts_core.host_copy import to_device
+    from tts_core.model_dir import load_speech_lm
+
+    lm = load_speech_lm(tiny_model_dir, "cuda", torch.float32)
+    text, prompt_text, prompt_speech = [5, 6, 7], (1, 2), (3, 4, 5, 6)
+    expected = lm.build_prefill_input(text, prompt_text, prompt_speech)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(2_000_000_000)  # about a second of GPU time queued ahead
+        got = lm.build_prefill_input(text, prompt_text, prompt_speech)
+        slots = to_device([3, 1], torch.long, torch.device("cuda"))
+        assert not stream.query()  # the host did not wait for the queued work
+    stream.synchronize()
+    assert torch.equal(got, expected) and slots.tolist() == [3, 1]
+
+
 def test_graphed_decode_steps_equal_eager_steps(tiny_model_dir: Path) -> None:
     from tts_core.accel.lm_graphs import GraphedDecoder
     from tts_core.model_dir import load_speech_lm

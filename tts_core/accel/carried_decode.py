@@ -26,6 +26,7 @@ from collections.abc import Sequence
 import torch
 
 from tts_core.accel.batched_sampler import BatchedRasSampler
+from tts_core.host_copy import to_device
 from tts_core.llm.speech_lm import SpeechTokenLM
 
 
@@ -46,8 +47,8 @@ class SlotTokens:
             raise ValueError("SlotTokens.seed: every slot needs at least one token")
         width = self.history.shape[1]
         device = self.last.device
-        rows = _pinned([([-1] * width + list(t))[-width:] for t in tokens], torch.long, device)
-        index = _pinned(slots, torch.long, device)
+        rows = to_device([([-1] * width + list(t))[-width:] for t in tokens], torch.long, device)
+        index = to_device(slots, torch.long, device)
         self.history.index_copy_(0, index, rows)
         self.last.index_copy_(0, index, rows[:, -1].contiguous())
 
@@ -60,15 +61,6 @@ class SlotTokens:
         Padding rows all name one scratch slot; whichever of them lands last is as good as any."""
         self.last[slots] = drawn
         self.history[slots] = torch.cat([history[:, 1:], drawn[:, None]], dim=1)
-
-
-def _pinned(values: Sequence, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A small host list (of numbers, or of equal-length lists) on `device`; from pinned memory on
-    CUDA, so the copy never waits for the work already queued on the stream."""
-    host = torch.tensor(list(values), dtype=dtype)
-    if device.type == "cuda":
-        host = host.pin_memory()
-    return host.to(device, non_blocking=True)
 
 
 def _to_host(drawn: torch.Tensor) -> PendingTokens:
@@ -88,9 +80,9 @@ def draw_first(state: SlotTokens, sampler: BatchedRasSampler, logp: torch.Tensor
     """A segment's first token for each slot from its prefill's logp (B, V), drawn on the device
     with an empty RAS window; it becomes the slot's carried state. On the current stream."""
     device = state.last.device
-    index = _pinned(slots, torch.long, device)
+    index = to_device(slots, torch.long, device)
     history = torch.full((len(slots), state.history.shape[1]), -1, dtype=torch.long, device=device)
-    drawn = sampler.sample(logp, history, _pinned(allow_stop, torch.bool, device), generator)
+    drawn = sampler.sample(logp, history, to_device(allow_stop, torch.bool, device), generator)
     state.advance(index, history, drawn)
     return _to_host(drawn)
 
@@ -133,8 +125,8 @@ class EagerCarriedDecoder:
     @torch.inference_mode()
     def launch(self, slots: Sequence[int], allow_stop: Sequence[bool], kv_len: int) -> PendingTokens:
         device = self.cache.device
-        slots_t = _pinned(slots, torch.long, device)
-        allow = _pinned(allow_stop, torch.bool, device)
+        slots_t = to_device(slots, torch.long, device)
+        allow = to_device(allow_stop, torch.bool, device)
         tokens, history = self.state.gather(slots_t)
         logp = self.lm.decode_step(slots_t, tokens, self.cache.attend_len(kv_len))
         drawn = self.sampler.sample(logp, history, allow, self.generator)

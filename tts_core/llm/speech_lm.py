@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import nn
 
+from tts_core.host_copy import to_device
 from tts_core.llm.kv_cache import StaticKVCache
 from tts_core.llm.qwen2 import ProjectionFactory, Qwen2Config, Qwen2Encoder
 from tts_core.llm.sampling import RasSampler
@@ -169,4 +170,6 @@ class SpeechTokenLM(nn.Module):
 
 
 def _ids(tokens: TokenIds, device: torch.device) -> torch.Tensor:
-    return torch.as_tensor(tokens, dtype=torch.long, device=device).reshape(-1)
+    # Without a host wait: on the decode thread a prefill's ids are built while earlier prefills
+    # still run on the same stream (tts_core/host_copy.py).
+    return to_device(tokens, torch.long, device).reshape(-1)
