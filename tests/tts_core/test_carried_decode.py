@@ -50,6 +50,14 @@ def test_slot_state_seeds_windows_and_advances_by_slot() -> None:
         state.seed([1], [[]])
 
 
+
+def test_steps_ahead_are_bounded_by_the_decoders_host_buffers() -> None:
+    """Three unread steps would reuse the pinned buffer of a step whose input copy may not have run."""
+    assert SchedulerSettings(decode_steps_ahead=2).decode_steps_ahead == 2
+    for bad in (-1, 3):
+        with pytest.raises(ValueError, match="decode_steps_ahead must be 0..2"):
+            SchedulerSettings(decode_steps_ahead=bad)
+
 def test_carried_steps_draw_what_host_built_inputs_draw(pipeline: CosyVoice2Pipeline) -> None:
     """Two slots of different lengths, 12 steps: the carried decoder against the same step fed
     each row's last token and RAS window built on the host from its tokens (the old graphed

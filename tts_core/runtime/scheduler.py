@@ -56,10 +56,11 @@ from tts_core.voices import Voice
 
 log = structlog.get_logger(__name__)
 
-# Steps a carried decoder may have launched and unread when it launches another, less one.
+# The most decode steps left unread: the graphed carried decoder rotates HOST_BUFFERS pinned
+# buffers, and the step being launched needs one besides those of the unread steps.
 MAX_STEPS_AHEAD = HOST_BUFFERS - 1
-GIL_SWITCH_INTERVAL_S = 0.001
-FIRST_TOKEN_POLL_S = 0.0005  # how often an idle decode thread looks for a prefill's first token  # as the gateway's packet clock sets it (gateway/app.py)
+GIL_SWITCH_INTERVAL_S = 0.001  # as the gateway's packet clock sets it (gateway/app.py)
+FIRST_TOKEN_POLL_S = 0.0005  # how often an idle decode thread looks for a prefill's first token
 
 TextFrontend = Callable[[str], list[list[int]]]  # text -> text tokens per segment
 
