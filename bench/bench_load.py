@@ -249,7 +249,9 @@ def decode_thread_split(steps) -> dict:
 
 
 FIRST_CHUNK_STAGES = (  # (name, from, to): consecutive marks of JobTimings, submit to hand-off
-    ("queue", "submitted", "admitted"), ("frontend_prefill", "admitted", "prefill_done"),
+    # "submit": the job made until it is in the waiting list (the scheduler's lock, the GIL);
+    # "queue": until the decode thread admits it (its iteration in progress).
+    ("submit", "submitted", "queued"), ("queue", "queued", "admitted"), ("frontend_prefill", "admitted", "prefill_done"),
     ("decode", "prefill_done", "first_chunk_due"), ("render_wait", "first_chunk_due", "first_render_started"),
     ("render", "first_render_started", "first_chunk"))
 

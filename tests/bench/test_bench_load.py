@@ -53,7 +53,7 @@ def test_bench_load_runs_on_cpu_tiny(tiny_model_dir: Path, tmp_path: Path) -> No
     assert one["requests"] == 3 and one["first_chunk_ms_min"] <= one["first_chunk_ms"]["50"] <= one["first_chunk_ms_max"]
     # The first-chunk stages are consecutive marks from submit to hand-off: none can be negative.
     stages = rate["first_chunk_split"]["mean_ms"]
-    assert set(stages) == {"queue", "frontend_prefill", "decode", "render_wait", "render"}
+    assert set(stages) == {"submit", "queue", "frontend_prefill", "decode", "render_wait", "render"}
     assert all(v >= 0 for v in stages.values()) and stages["decode"] > 0 and stages["render"] > 0
     assert rate["decode_thread"]["iteration_ms_mean"] >= rate["decode_thread"]["decode_ms_mean"] > 0
 

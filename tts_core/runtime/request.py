@@ -80,6 +80,7 @@ class ChunkTiming:
 @dataclass
 class JobTimings:
     submitted: float = field(default_factory=time.perf_counter)
+    queued: float | None = None  # in the scheduler's waiting list (its lock taken)
     admitted: float | None = None
     frontend_s: float = 0.0  # text normalisation and tokenisation
     prefill_done: float | None = None

@@ -275,6 +275,7 @@ class SynthesisScheduler:
         with self._cond:
             if self._stopping:
                 raise SynthesisError("synthesis scheduler is stopped")
+            job.timings.queued = time.perf_counter()
             self._waiting.append(job)
             self._cond.notify()
 
