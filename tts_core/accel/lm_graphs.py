@@ -52,6 +52,7 @@ _decode_step = SpeechTokenLM.decode_step.__wrapped__  # type: ignore[attr-define
 
 HOST_BUFFERS = 3  # carried launches whose pinned host buffers rotate (see GraphedDecoder.__init__)
 
+
 class GraphedDecoder:
     def __init__(self, lm: SpeechTokenLM, batch_buckets: Sequence[int] | None = None,
                  attend_buckets: Sequence[int] | None = None, scratch_slot: int | None = None,

@@ -33,7 +33,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -111,7 +111,9 @@ class SchedulerSettings:
     # (first chunks never wait).
     defer_slack_s: float = 0.8
     # The later chunks' lane waits while a first chunk renders, unless a due chunk's stream has
-    # this little unplayed audio left (0: never waits; `RenderLoop.yield_slack_s`). Unmeasured: off.
+    # this little unplayed audio left (0: never waits; `RenderLoop.yield_slack_s`). Off: on the H100
+    # 0.3 s cut p95 first chunk at 13 req/s (276 -> 259 ms) but made 6 chunks late at 14 req/s
+    # (bench/results/load_2026-11-24_h100_head_4441bb0_later_yield.json).
     later_yield_slack_s: float = 0.0
     # Decode and render threads on two CUDA streams (decode at the highest priority), so a decode
     # step never queues behind a flow call. False: both issue on the default stream (host work still
@@ -207,8 +209,9 @@ class SynthesisScheduler:
         # several streams have kernels queued, the one a listener is waiting on goes first.
         high = min(torch.cuda.Stream.priority_range()) if self.cache.device.type == "cuda" else 0
         self._decode_priority = high
-        # Carried, on CUDA with separate streams: prefills and first draws run here (each first
-        # waits for the decode stream, which waited for the default stream at the thread's start).
+        # Carried, on CUDA with separate streams: prefills and first draws run here. It waits for the
+        # default stream when the decode thread starts, and for the decode stream only before a
+        # prefill into a slot that a step in flight still uses (`_launch_prefills`).
         self._prefill_stream = (torch.cuda.Stream(self.cache.device, priority=high) if settings.carries
                                 and self.cache.device.type == "cuda" and settings.separate_streams else None)
         renders: deque[RenderTiming] = deque(maxlen=10_000)
@@ -371,7 +374,7 @@ class SynthesisScheduler:
         t3 = time.perf_counter()
         idle = bool(self._prefilling) and not batch and not self._pending
         if idle:
-            self._await_first_token()  # nothing else to do: wait for the oldest prefill, or a new call
+            self._await_first_token()  # nothing else to do: wait for a first token, or other work
         t4 = time.perf_counter()
         if batch or prefilled or idle:
             self.steps.append(StepTiming(batch, prefilled, t1 - t0, t3 - t2, t2 - t1, t4 - t0, self._last_wait_s,
@@ -626,16 +629,14 @@ class SynthesisScheduler:
         """Launch a step for every generating job (unless held), then read the oldest steps until
         only `decode_steps_ahead` are unread (all of them when nothing was launched)."""
         pending = self._pending
-        in_flight: dict[int, int] = {}  # id(job) -> its rows in the steps launched and not yet read
-        for _, rows, _ in pending:
-            for job, _ in rows:
-                in_flight[id(job)] = in_flight.get(id(job), 0) + 1
+        # id(job) -> its rows in the steps launched and not yet read
+        in_flight = Counter(id(job) for _, rows, _ in pending for job, _ in rows)
         with self._cond:  # slots read once, under the lock (see _start_segment)
             held = self._hold_ends() is not None
             # A row whose steps in flight draw its last allowed token steps no further; a row whose
             # step in flight draws a stop token steps on until the host reads it (thrown away).
             batch = [] if held else [(job, job.slot) for job in self._active if job.generating
-                                     and len(job.tokens) + in_flight.get(id(job), 0) < job.max_len]
+                                     and len(job.tokens) + in_flight[id(job)] < job.max_len]
         started = time.perf_counter()
         if batch:
             jobs, slots = [job for job, _ in batch], [slot for _, slot in batch]
@@ -644,7 +645,7 @@ class SynthesisScheduler:
                 self.decoder.seed([slot for _, slot in fresh], [job.tokens for job, _ in fresh])
                 for job, slot in fresh:
                     self._seeded[slot] = (job, job.segment)
-            allow_stop = [len(job.tokens) + in_flight.get(id(job), 0) >= job.min_len for job in jobs]
+            allow_stop = [len(job.tokens) + in_flight[id(job)] >= job.min_len for job in jobs]
             tokens = self.decoder.launch(slots, allow_stop, kv_len=max(job.kv_len for job in jobs))
             pending.append((tokens, [(job, job.segment) for job in jobs], slots))
             for job in jobs:
