@@ -74,7 +74,7 @@ def step_inputs(pooled: PooledFlow, voice: VoicePrefix, tokens: torch.Tensor) ->
     mu_in = torch.cat([mu, torch.zeros_like(mu)])
     spks = pooled.pool.spks[:1]
     return (torch.cat([x, x]), None, mu_in, None, torch.cat([spks, torch.zeros_like(spks)]), torch.zeros_like(mu_in),
-            attn, PooledStepContext(pooled.pool.memory[0], index), pooled.steps[0].time_biases)
+            attn, PooledStepContext(pooled.pool, index.at_step(pooled.pool, 0)), pooled.steps[0].time_biases)
 
 
 def count_generated_calls(sources: list[str]) -> dict[str, int]:

@@ -16,8 +16,10 @@ live per slot: stream slots, voice slots, an all-zero slot (the sequence start) 
 
 A call reads and writes through `PooledStepContext` (one per Euler step), whose index tensors are
 built on the device from a small per-row table, so a whole batched call is capturable in one CUDA
-graph. Each step's memory is tensors of its own (`StepMemory`), so one compiled estimator step
-(torch.compile) serves every step: nothing it reads tells steps apart but its tensor arguments.
+graph. Each layer keeps all Euler steps' memory in one tensor, rows (step, guidance half, frame or
+slot) flattened, and a step's index tensors point into its share: one compiled estimator step
+(torch.compile) serves every step, since nothing it reads tells steps apart but its tensor
+arguments, and the rows of one call may each be at a step of their own (tts_core.flow.stepped).
 The pool owns no parameters and never runs the model; slot bookkeeping is host-side and belongs to
 the one thread that renders.
 """
@@ -44,31 +46,48 @@ class PoolShape:
 
 @dataclass(frozen=True)
 class CallIndex:
-    """Where one batched call (B rows, C context keys, N new frames) reads and writes in the pool."""
+    """Where one batched call (B rows, C context keys, N new frames) reads and writes in the pool,
+    before a step is chosen: pool rows of step 0, per guidance half (g = 0 conditioned, 1 not)."""
 
-    ctx_frames: torch.Tensor  # (B*C,) pool frame of each context key (trash for padding)
+    ctx_frames: torch.Tensor  # (2, B, C) pool frame of each context key, + g * frames (trash for padding)
     key_pos: torch.Tensor  # (B, C+N) absolute frame position of each key, -1 for padding
     new_pos: torch.Tensor  # (B, N) absolute frame position of each new frame, -1 for padding
-    write_frames: torch.Tensor  # (B*N,) pool frame each new frame is kept in (trash if not kept)
-    left_src: torch.Tensor  # (B,) conv-state slot read before the new frames
-    left_dst: torch.Tensor  # (B,) conv-state slot written with the state at the commit point
+    write_frames: torch.Tensor  # (2, B, N) pool frame each new frame is kept in (trash if not kept), + g * frames
+    left_src: torch.Tensor  # (2, B) conv-state slot read before the new frames, + g * slots
+    left_dst: torch.Tensor  # (2, B) conv-state slot written with the state at the commit point, + g * slots
     commit: torch.Tensor  # (2B, 1, 1) new frames kept (the conv state is taken just before them)
     # Per left-state width n: where the conv state at the commit point sits in [left | new] (2B, 1,
     # n), made once per call for every width the pool's convolutions have (see conv_input).
     conv_at: dict[int, torch.Tensor] = field(compare=False)
 
-    @property
-    def rows(self) -> int:
-        """B. Read from a tensor's size, not kept as an int: symbolic under torch.compile."""
-        return self.left_src.size(0)
+    def at_step(self, pool: FlowContextPool, step: int | torch.Tensor) -> StepIndex:
+        """The pool rows of Euler step `step`: one int for every row, or (B,) long, a step per row."""
+        if isinstance(step, torch.Tensor):
+            step = step.view(1, -1, 1)
+        frames, slots = step * (2 * pool.frames), step * (2 * pool.slots)
+        if isinstance(slots, torch.Tensor):
+            slots = slots.view(1, -1)
+        return StepIndex(ctx_rows=(self.ctx_frames + frames).flatten(), write_rows=(self.write_frames + frames).flatten(),
+                         left_src=(self.left_src + slots).flatten(), left_dst=(self.left_dst + slots).flatten(),
+                         commit=self.commit, conv_at=self.conv_at)
 
 
 @dataclass(frozen=True)
-class StepMemory:
-    """One Euler step's share of the pool, rows [conditioned | unconditioned]."""
+class StepIndex:
+    """A `CallIndex` at one Euler step: flat rows of the pool's per-layer tensors, [conditioned |
+    unconditioned] halves of B rows each (the estimator's (2B, ...) layout)."""
 
-    hidden: dict[nn.Module, torch.Tensor]  # per SelfAttention: (2, frames, D) block inputs
-    left: dict[nn.Module, torch.Tensor]  # per CausalConv1d: (2, slots, C, kernel - 1) input states
+    ctx_rows: torch.Tensor  # (2*B*C,)
+    write_rows: torch.Tensor  # (2*B*N,)
+    left_src: torch.Tensor  # (2B,)
+    left_dst: torch.Tensor  # (2B,)
+    commit: torch.Tensor  # (2B, 1, 1)
+    conv_at: dict[int, torch.Tensor] = field(compare=False)
+
+    @property
+    def rows(self) -> int:
+        """B. Read from a tensor's size, not kept as an int: symbolic under torch.compile."""
+        return self.left_src.size(0) // 2
 
 
 class FlowContextPool:
@@ -87,10 +106,12 @@ class FlowContextPool:
         z = dict(device=device, dtype=dtype)
         attention = [m for m in estimator.modules() if isinstance(m, SelfAttention)]
         convs = [m for m in estimator.modules() if isinstance(m, CausalConv1d)]
+        self.slots = slots
         self.conv_widths = sorted({m.kernel_size[0] - 1 for m in convs})
-        self.memory = [StepMemory({m: torch.zeros(2, self.frames, m.to_q.in_features, **z) for m in attention},
-                                  {m: torch.zeros(2, slots, m.in_channels, m.kernel_size[0] - 1, **z) for m in convs})
-                       for _ in range(steps)]
+        # Per SelfAttention: block inputs, rows (step, g, frame); per CausalConv1d: input states,
+        # rows (step, g, slot). Step k's rows start at k * 2 * frames (slots): CallIndex.at_step.
+        self.hidden = {m: torch.zeros(steps * 2 * self.frames, m.to_q.in_features, **z) for m in attention}
+        self.left = {m: torch.zeros(steps * 2 * slots, m.in_channels, m.kernel_size[0] - 1, **z) for m in convs}
         # Per voice: prompt mel rows (the last row stays zero: frames past the prompt) and speaker.
         self.cond = torch.zeros(shape.voice_slots * shape.prompt_frames + 1, mel_bins, **z)
         self.spks = torch.zeros(shape.voice_slots, mel_bins, **z)
@@ -98,7 +119,7 @@ class FlowContextPool:
         self._free_voices = list(range(shape.voice_slots))
 
     def nbytes(self) -> int:
-        tensors = [t for m in self.memory for t in (*m.hidden.values(), *m.left.values())] + [self.cond, self.spks]
+        tensors = [*self.hidden.values(), *self.left.values(), self.cond, self.spks]
         return sum(t.numel() * t.element_size() for t in tensors)
 
     # ---- slots (host side) -------------------------------------------------------------------
@@ -141,8 +162,8 @@ class PooledStepContext:
     B each, in the estimator's (2B, ...) layout. Reads happen before writes in every layer, so a
     ring slot overwritten by this call is still read with its old content."""
 
-    def __init__(self, memory: StepMemory, index: CallIndex) -> None:
-        self.memory, self.index = memory, index
+    def __init__(self, pool: FlowContextPool, index: StepIndex) -> None:
+        self.pool, self.index = pool, index
 
     def conv_input(self, layer: nn.Module, x: torch.Tensor, n: int) -> torch.Tensor:
         return self.conv(layer).conv_input(layer, x, n)
@@ -154,45 +175,44 @@ class PooledStepContext:
     # One layer's share, without the layer: a compiled module given its layers' shares serves every
     # module of its shape (estimator.Regions, accel/flow_pool_graphs).
     def conv(self, layer: nn.Module) -> ConvContext:
-        return ConvContext(self.memory.left[layer], self.index)
+        return ConvContext(self.pool.left[layer], self.index)
 
     def attention(self, layer: nn.Module) -> AttentionContext:
-        return AttentionContext(self.memory.hidden[layer], self.index)
+        return AttentionContext(self.pool.hidden[layer], self.index)
 
 
 @dataclass(frozen=True)
 class ConvContext:
-    """One causal convolution's share of a `PooledStepContext`: its input states (2, slots, C, n)."""
+    """One causal convolution's share of a `PooledStepContext`: its input states (steps*2*slots, C, n)."""
 
     states: torch.Tensor
-    index: CallIndex
+    index: StepIndex
 
     def conv_input(self, layer: nn.Module, x: torch.Tensor, n: int) -> torch.Tensor:
-        b = self.index.rows
-        left = self.states.index_select(1, self.index.left_src).reshape(2 * b, x.size(1), n)
+        left = self.states.index_select(0, self.index.left_src)
         seq = torch.cat([left, x], dim=2)
         # The n input frames before the commit point: seq[commit : commit + n] (seq has n left frames).
         kept = seq.gather(2, self.index.conv_at[n].expand(-1, x.size(1), -1))
-        self.states.index_copy_(1, self.index.left_dst, kept.view(2, b, x.size(1), n))
+        self.states.index_copy_(0, self.index.left_dst, kept)
         return seq
 
 
 @dataclass(frozen=True)
 class AttentionContext:
-    """One attention layer's share of a `PooledStepContext`: its block inputs (2, frames, D)."""
+    """One attention layer's share of a `PooledStepContext`: its block inputs (steps*2*frames, D)."""
 
     hidden: torch.Tensor
-    index: CallIndex
+    index: StepIndex
 
     def attention_keys_values(self, layer: nn.Module, x: torch.Tensor,
                               project: KeysValues) -> tuple[torch.Tensor, torch.Tensor]:
         b, n, d = self.index.rows, x.size(1), x.size(2)
-        context = self.hidden.index_select(1, self.index.ctx_frames).view(2 * b, -1, d)
+        context = self.hidden.index_select(0, self.index.ctx_rows).view(2 * b, -1, d)
         keys_values = project(torch.cat([context, x], dim=1))
         # Written only after the last use of what was read. Compiled (compile_flow), a write placed
         # between the read and its use made inductor read the old frames after the write, which
-        # it can only do from a copy of this layer's whole pool (2 x frames x D): 56 copies per
-        # Euler step, 102 ms of flow solve on the H100 where the eager step takes 43
+        # it can only do from a copy of this layer's whole pool: 56 copies per Euler step, 102 ms
+        # of flow solve on the H100 where the eager step takes 43
         # (bench/results/load_2026-11-23_h100_compile_flow_per_module.json).
-        self.hidden.index_copy_(1, self.index.write_frames, x.reshape(2, b * n, d))
+        self.hidden.index_copy_(0, self.index.write_rows, x.reshape(2 * b * n, d))
         return keys_values

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import structlog
 import torch
 
-from tts_core.flow.context_pool import CallIndex, FlowContextPool, PooledStepContext, PoolShape
+from tts_core.flow.context_pool import CallIndex, FlowContextPool, PooledStepContext, PoolShape, StepIndex
 from tts_core.flow.model import FlowModel
 from tts_core.flow.sampler import euler_times
 from tts_core.flow.encoder_window import encode_grouped, encode_new_frames
@@ -106,10 +106,12 @@ def call_index(pool: FlowContextPool, table: torch.Tensor, ctx_cap: int, new_cap
                         pool.trash_frame)
     commit = col["commit"].view(-1, 1, 1)
     commit = torch.cat([commit, commit])
-    return CallIndex(ctx_frames=ctx_frames.flatten(), key_pos=torch.cat([ctx_pos, new_pos], 1),
-                     new_pos=new_pos, write_frames=write.flatten(), left_src=table[:, COL["left_src"]],
-                     left_dst=table[:, COL["left_dst"]], commit=commit,
-                     conv_at={n: commit + torch.arange(n, device=dev) for n in pool.conv_widths})
+    halves = torch.arange(2, device=dev)
+    frame_half, slot_half = (halves * pool.frames).view(2, 1, 1), (halves * pool.slots).view(2, 1)
+    return CallIndex(ctx_frames=ctx_frames + frame_half, key_pos=torch.cat([ctx_pos, new_pos], 1),
+                     new_pos=new_pos, write_frames=write + frame_half,
+                     left_src=table[:, COL["left_src"]] + slot_half, left_dst=table[:, COL["left_dst"]] + slot_half,
+                     commit=commit, conv_at={n: commit + torch.arange(n, device=dev) for n in pool.conv_widths})
 
 
 def attention_mask(index: CallIndex, chunk: int, left_chunks: int) -> torch.Tensor:
@@ -154,12 +156,38 @@ def euler_steps(model: FlowModel) -> tuple[EulerStep, ...]:
                  for t, dt in euler_times(sampler.n_timesteps, sampler.scheduler, weight.device, weight.dtype))
 
 
-def pooled_solve(model: FlowModel, pool: FlowContextPool, table: torch.Tensor, mu: torch.Tensor,
-                 ctx_cap: int, steps: Sequence[EulerStep], estimator: Callable | None = None) -> torch.Tensor:
-    """The 10 guided Euler steps over the new frames of a batch: table (B, fields) long, mu (B, 80,
-    N) -> mel (B, 80, N) float32. Reads the rows' context from the pool and writes their kept frames
-    back. No host syncs: capturable. `steps`: `euler_steps(model)`; `estimator`: the model's
-    estimator or a compiled version of it (accel/flow_pool_graphs)."""
+@dataclass(frozen=True)
+class StepTables:
+    """The solver's steps stacked by step number, for rows that are each at a step of their own."""
+
+    dt: torch.Tensor  # (steps,)
+    time_biases: tuple[torch.Tensor, ...]  # (steps, channels) per estimator resnet
+
+    @staticmethod
+    def of(steps: Sequence[EulerStep]) -> StepTables:
+        biases = zip(*(s.time_biases for s in steps), strict=True)
+        return StepTables(torch.cat([s.dt.reshape(1) for s in steps]), tuple(torch.cat(b) for b in biases))
+
+    @property
+    def steps(self) -> int:
+        return self.dt.size(0)
+
+
+@dataclass(frozen=True)
+class SolveInputs:
+    """What every Euler step of a batched call reads besides x; made once per call (capturable)."""
+
+    index: CallIndex
+    x0: torch.Tensor  # (B, 80, N) the starting noise, zero past each row's new frames
+    mu: torch.Tensor  # (2B, 80, N) [conditioned | unconditioned], likewise cond; spks (2B, 80)
+    cond: torch.Tensor
+    spks: torch.Tensor
+    attn: torch.Tensor  # additive attention mask (2B, 1, N, C+N)
+
+
+def solve_inputs(model: FlowModel, pool: FlowContextPool, table: torch.Tensor, mu: torch.Tensor,
+                 ctx_cap: int) -> SolveInputs:
+    """table (B, fields) long, mu (B, 80, N) -> the call's inputs to its Euler steps."""
     sampler = model.decoder
     est = sampler.estimator
     rows, new_cap, dtype = mu.size(0), mu.size(2), mu.dtype
@@ -168,23 +196,53 @@ def pooled_solve(model: FlowModel, pool: FlowContextPool, table: torch.Tensor, m
     frame_mask = valid.to(dtype).unsqueeze(1)  # (B, 1, N)
     pos = index.new_pos.clamp(min=0)
     noise = sampler.rand_noise[0].index_select(1, pos.flatten()).view(-1, rows, new_cap).transpose(0, 1)
-    x = noise.to(dtype) * frame_mask
     in_prompt = valid & (index.new_pos < table[:, COL["prompt_frames"]].unsqueeze(1))
     cond_rows = torch.where(in_prompt, table[:, COL["cond_row"]].unsqueeze(1) + pos, pool.zero_cond_row)
     cond = pool.cond.index_select(0, cond_rows.flatten()).view(rows, new_cap, -1).transpose(1, 2)
     spks = pool.spks.index_select(0, table[:, COL["voice"]])
     attn = additive_mask(attention_mask(index, est.cfg.static_chunk_size, est.cfg.num_decoding_left_chunks), dtype)
     zeros = torch.zeros_like(mu)
-    mu_in = torch.cat([mu * frame_mask, zeros])
-    cond_in = torch.cat([cond, zeros])
-    spks_in = torch.cat([spks, torch.zeros_like(spks)])
-    estimator = est if estimator is None else estimator
-    for memory, step in zip(pool.memory, steps, strict=True):
-        # No frame mask: padding frames never reach valid ones and are dropped (FlowEstimator.forward).
-        v = estimator(torch.cat([x, x]), None, mu_in, None, spks_in, cond_in, attn, PooledStepContext(memory, index),
-                      step.time_biases)
-        x = x + step.dt * ((1.0 + sampler.cfg_rate) * v[:rows] - sampler.cfg_rate * v[rows:])
+    return SolveInputs(index, noise.to(dtype) * frame_mask, torch.cat([mu * frame_mask, zeros]),
+                       torch.cat([cond, zeros]), torch.cat([spks, torch.zeros_like(spks)]), attn)
+
+
+def _euler_step(model: FlowModel, pool: FlowContextPool, inputs: SolveInputs, x: torch.Tensor, at: StepIndex,
+                time_biases: Sequence[torch.Tensor], dt: torch.Tensor, estimator: Callable) -> torch.Tensor:
+    sampler = model.decoder
+    rows = x.size(0)
+    # No frame mask: padding frames never reach valid ones and are dropped (FlowEstimator.forward).
+    v = estimator(torch.cat([x, x]), None, inputs.mu, None, inputs.spks, inputs.cond, inputs.attn,
+                  PooledStepContext(pool, at), time_biases)
+    return x + dt * ((1.0 + sampler.cfg_rate) * v[:rows] - sampler.cfg_rate * v[rows:])
+
+
+def pooled_solve(model: FlowModel, pool: FlowContextPool, table: torch.Tensor, mu: torch.Tensor,
+                 ctx_cap: int, steps: Sequence[EulerStep], estimator: Callable | None = None) -> torch.Tensor:
+    """The 10 guided Euler steps over the new frames of a batch: table (B, fields) long, mu (B, 80,
+    N) -> mel (B, 80, N) float32. Reads the rows' context from the pool and writes their kept frames
+    back. No host syncs: capturable. `steps`: `euler_steps(model)`; `estimator`: the model's
+    estimator or a compiled version of it (accel/flow_pool_graphs)."""
+    estimator = model.decoder.estimator if estimator is None else estimator
+    inputs = solve_inputs(model, pool, table, mu, ctx_cap)
+    x = inputs.x0
+    for k, step in enumerate(steps):
+        x = _euler_step(model, pool, inputs, x, inputs.index.at_step(pool, k), step.time_biases, step.dt, estimator)
     return x.float()
+
+
+def pooled_row_step(model: FlowModel, pool: FlowContextPool, table: torch.Tensor, mu: torch.Tensor, x: torch.Tensor,
+                    step: torch.Tensor, ctx_cap: int, tables: StepTables,
+                    estimator: Callable | None = None) -> torch.Tensor:
+    """One guided Euler step of a batch whose rows are each at their own step: step (B,) long in
+    [0, steps); a row at step 0 starts from its noise (its `x` is not read). x (B, 80, N) in the
+    flow's dtype -> x after the step, the same. Ten calls take a row where `pooled_solve` does, and
+    the pool ends the same: each row reads and writes its own step's memory. Capturable."""
+    estimator = model.decoder.estimator if estimator is None else estimator
+    inputs = solve_inputs(model, pool, table, mu, ctx_cap)
+    x = torch.where((step == 0).view(-1, 1, 1), inputs.x0, x)
+    biases = tuple(torch.cat([b, b]) for b in (t.index_select(0, step) for t in tables.time_biases))
+    dt = tables.dt.index_select(0, step).view(-1, 1, 1)
+    return _euler_step(model, pool, inputs, x, inputs.index.at_step(pool, step), biases, dt, estimator)
 
 
 class PooledFlow:
