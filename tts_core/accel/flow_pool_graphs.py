@@ -16,9 +16,10 @@ Use (the rendering thread only):
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import structlog
 import torch
@@ -30,6 +31,7 @@ from tts_core.accel.graph_capture import capture_graph, replay
 from tts_core.flow.estimator import FlowEstimator, Regions, SelfAttention
 from tts_core.flow.model import FlowModel
 from tts_core.flow.pooled import PooledFlow, PooledPlan, PooledStream, pooled_solve
+from tts_core.flow.stepped import SteppedFlow
 from tts_core.flow.encoder_window import encode_grouped, encode_new_frames
 
 log = structlog.get_logger(__name__)
@@ -62,6 +64,18 @@ def compiled_estimator(estimator: FlowEstimator) -> Callable:
     regions = Regions(block=torch.compile(_run_block, fullgraph=True, dynamic=True),
                       resnet=torch.compile(_run_resnet, fullgraph=True, dynamic=True))
     return functools.partial(estimator, regions=regions)
+
+
+@contextlib.contextmanager
+def _compiling_at_start_up() -> Iterator[None]:
+    """Where graphs are captured: a compiled estimator compiles here and nowhere else (replays run
+    no Python), per module shape a few size specializations each (compiled_estimator); dynamo's
+    default limit (8 per function) is for code that may recompile forever while serving. Without
+    duck shaping a row count that equals a channel count (2 x 32 rows = 64) is not specialized
+    with it."""
+    limit = max(COMPILE_LIMIT, torch._dynamo.config.recompile_limit)
+    with torch._dynamo.config.patch(recompile_limit=limit), fx_config.patch(use_duck_shape=False):
+        yield
 
 
 class _SolveGraph:
@@ -111,6 +125,7 @@ class PooledFlowGraphs:
         self.encode_graphs: dict[tuple[int, int, int, bool], _EncodeGraph] = {}  # (rows, tokens, new, final)
         self._pool = None
         self._stream = stream  # the capture stream of all these graphs (see graph_capture)
+        self.stepped: SteppedFlow | None = None  # capture_stepped's
         self.eager_calls = 0  # solves that found no bucket (counted: each costs ~10x a replay)
         self.eager_encodes = 0  # encoder calls that found no graph
         # Diagnostics (benchmarks): with `time_gpu`, each render records CUDA events around its
@@ -131,12 +146,7 @@ class PooledFlowGraphs:
         """Capture the solve for every (rows, ctx_cap, new_cap); returns the seconds it took."""
         started = time.perf_counter()
         pool = self._graph_pool()
-        # A compiled estimator compiles here and nowhere else (replays run no Python), per module
-        # shape a few size specializations each (compiled_estimator); dynamo's default limit (8 per
-        # function) is for code that may recompile forever while serving. Without duck shaping a
-        # row count that equals a channel count (2 x 32 rows = 64) is not specialized with it.
-        limit = max(COMPILE_LIMIT, torch._dynamo.config.recompile_limit)
-        with torch._dynamo.config.patch(recompile_limit=limit), fx_config.patch(use_duck_shape=False):
+        with _compiling_at_start_up():
             # Largest first: later captures reuse its blocks of the shared graph memory pool.
             for key in sorted(((r, c, n) for r in rows for c in ctx_caps for n in new_caps),
                               key=lambda k: k[0] * (k[1] + k[2]), reverse=True):
@@ -146,6 +156,21 @@ class PooledFlowGraphs:
         log.info("flow_pool_graphs_captured", graphs=len(self.solve_graphs), rows=list(rows), ctx_caps=list(ctx_caps),
                  new_caps=list(new_caps), seconds=round(seconds, 2))
         return seconds
+
+    def capture_stepped(self, rows: Sequence[int], ctx_cap: int, new_cap: int) -> SteppedFlow:
+        """A `SteppedFlow` of max(rows) rows whose step replays a graph for each bucket in `rows`."""
+        started = time.perf_counter()
+        pool = self._graph_pool()
+        stepped = SteppedFlow(self.pooled, max(rows), ctx_cap, new_cap, self.estimator)
+        with _compiling_at_start_up():
+            for r in sorted(rows, reverse=True):
+                graph = torch.cuda.CUDAGraph()
+                capture_graph(graph, functools.partial(stepped.advance, r), warmup=2, pool=pool, stream=self._stream)
+                stepped.runners[r] = functools.partial(replay, graph)
+        self.stepped = stepped
+        log.info("flow_step_graphs_captured", rows=list(rows), ctx_cap=ctx_cap, new_cap=new_cap,
+                 seconds=round(time.perf_counter() - started, 2))
+        return stepped
 
     def capture_encoder(self, rows: Sequence[int], tokens: int, new_frames: int, finalize: bool) -> None:
         pool = self._graph_pool()
