@@ -353,6 +353,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--one-stream", action="store_true", help="decode and render on the default CUDA stream")
     p.add_argument("--first-lanes", type=int, default=None,
                    help="first-chunk render lanes (0: one render thread; default: the scheduler's)")
+    p.add_argument("--step-first-chunks", action=argparse.BooleanOptionalAction, default=None,
+                   help="first lanes step their first chunks together, each at its own Euler step "
+                        "(default: the scheduler's)")
     p.add_argument("--compile-flow", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the captured flow solves' estimator (default: the scheduler's)")
     p.add_argument("--later-lane-sms", type=int, default=0,
@@ -403,10 +406,13 @@ def main(argv: list[str] | None = None) -> int:
         args.compile_flow = SchedulerSettings.compile_flow
     if args.first_lanes is None:
         args.first_lanes = SchedulerSettings.first_chunk_lanes
+    if args.step_first_chunks is None:
+        args.step_first_chunks = SchedulerSettings.step_first_chunks
     fast = SchedulerSettings(flow_encoder_tokens=args.encoder_tokens or None, graphs=graphs,
                              flow_context_frames=args.context_frames,
                              defer_slack_s=args.defer_slack_s[0], separate_streams=not args.one_stream,
-                             first_chunk_lanes=args.first_lanes, compile_flow=args.compile_flow,
+                             first_chunk_lanes=args.first_lanes, step_first_chunks=args.step_first_chunks,
+                             compile_flow=args.compile_flow,
                              later_lane_sms=args.later_lane_sms, first_lane_sms=args.first_lane_sms)
     t0 = time.perf_counter()
     pipeline = CosyVoice2Pipeline.load(model_dir, args.device, DTYPES[dtype], max_batch=args.max_batch,
@@ -422,6 +428,7 @@ def main(argv: list[str] | None = None) -> int:
                     "torch": torch.__version__, "graphs": graphs, "encoder_tokens": args.encoder_tokens,
                     "context_frames": args.context_frames,
                     "separate_streams": not args.one_stream, "first_chunk_lanes": args.first_lanes,
+                    "step_first_chunks": args.step_first_chunks,
                     "first_hop_tokens": args.first_hop, "max_batch": args.max_batch,
                     "tokens_bounds": [args.min_tokens, args.max_tokens], "duration_s": args.duration,
                     "settle_s": args.settle_s, "load_s": load_s,

@@ -53,6 +53,9 @@ class CosyVoice2Settings:
     # at 12-14 calls/s where two let it reach 46-72 ms (docs/PERF_NOTES.md); each lane costs its own
     # flow and HiFT graphs. 0: one lane renders everything.
     first_chunk_lanes: int = 3
+    # With first-chunk lanes: each lane steps all first chunks it holds together, each row at its
+    # own Euler step, instead of rendering them in calls of their own (tts_core/flow/stepped.py).
+    step_first_chunks: bool = False
     # The LM's decoder-layer weights in FP8 (e4m3; CPU, or CUDA of compute capability 8.9+). Off by
     # default: on random full-size weights it moves the token distribution well beyond what bf16
     # does (bench/bench_lm_precision.py), and on the H100 its decode steps are slower than bf16's
@@ -83,7 +86,7 @@ class CosyVoice2Settings:
             raise ValueError("engine.cosyvoice2.flow_encoder_tokens: must be >= 0 (0 = every token, exact)")
         if "flow_context_s" in values and not 1.0 <= float(values["flow_context_s"]) <= 300.0:
             raise ValueError("engine.cosyvoice2.flow_context_s: must be between 1 and 300 seconds")
-        for key in ("llm_fp8", "compile_flow"):
+        for key in ("llm_fp8", "compile_flow", "step_first_chunks"):
             if key in values and not isinstance(values[key], bool):
                 raise ValueError(f"engine.cosyvoice2.{key}: {values[key]!r}; use true or false")
         if "first_chunk_lanes" in values and (isinstance(values["first_chunk_lanes"], bool)

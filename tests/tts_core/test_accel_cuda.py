@@ -111,11 +111,13 @@ def test_carried_graphed_steps_draw_what_host_built_inputs_draw_and_overlap_chan
     assert carried_run(behind=True) == want
 
 
+@pytest.mark.parametrize("stepped", [False, True], ids=["first-chunk-calls", "stepped-first-chunks"])
 def test_the_graphed_scheduler_speaks_every_forced_token_with_prefills_on_their_own_stream(
-        tiny_model_dir: Path) -> None:
+        tiny_model_dir: Path, stepped: bool) -> None:
     """The whole GPU path as the gateway runs it (graphs, carried overlapped decode, prefills and
-    first draws on their own stream, two first lanes): three calls of different lengths in one
-    batch each get exactly their forced tokens' audio, and no stop token reaches a call."""
+    first draws on their own stream, two first lanes, their first chunks in calls or stepped):
+    three calls of different lengths in one batch each get exactly their forced tokens' audio, and
+    no stop token reaches a call."""
     from tts_core.runtime import (
         CollectingSink,
         CosyVoice2Pipeline,
@@ -125,7 +127,8 @@ def test_the_graphed_scheduler_speaks_every_forced_token_with_prefills_on_their_
 
     # normalize=False: the GPU path is under test, and the lent GPU hosts have no wetext wheel
     pipeline = CosyVoice2Pipeline.load(tiny_model_dir, "cuda", torch.float32, max_batch=3, max_len=1024,
-                                       fast=SchedulerSettings(graphs=True, compile_flow=False, first_chunk_lanes=2),
+                                       fast=SchedulerSettings(graphs=True, compile_flow=False, first_chunk_lanes=2,
+                                                              step_first_chunks=stepped),
                                        normalize=False)
     try:
         scheduler = pipeline.scheduler
@@ -139,6 +142,8 @@ def test_the_graphed_scheduler_speaks_every_forced_token_with_prefills_on_their_
             assert sum(map(len, sink.wait(180))) == n * 960  # 960 samples per token at 24 kHz
         assert scheduler._prefill_stream is not None
         assert any(step.batch >= 2 for step in scheduler.steps)
+        assert all((lane.stepped is not None) == stepped for name, lane in scheduler.renderer.lanes.items()
+                   if name.startswith("first-"))
         assert all(t < scheduler.lm.speech_token_size for job in jobs for t in job.tokens)
     finally:
         pipeline.close()
@@ -199,6 +204,51 @@ def test_pooled_flow_graphs_equal_the_golden_streaming_calls(tiny_model_dir: Pat
         assert 0 < encoder_s and 0 < solve_s
         done = case[key].size(2)
     assert graphs.eager_calls == 0  # every call found a captured bucket (3 rows padded into 4)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager-step", "compiled-step"])
+def test_graphed_stepped_rows_equal_the_golden_streaming_calls(tiny_model_dir: Path, golden_dir: Path,
+                                                               monkeypatch, compiled: bool) -> None:
+    """First chunks joining the graphed stepped flow two steps apart (buckets 1 and 4) each equal
+    the official first call, and the later calls that read what they kept equal the official ones."""
+    from tts_core.accel.flow_pool_graphs import PooledFlowGraphs, compiled_estimator
+    from tts_core.flow import load_flow
+    from tts_core.flow.context_pool import PoolShape
+    from tts_core.flow.encoder_window import encode_grouped
+    from tts_core.flow.pooled import PooledFlow
+
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)  # float32 convolutions, as the golden run
+    flow = load_flow(tiny_model_dir, "cuda", torch.float32)
+    case = torch.load(golden_dir / "cases" / "flow.pt", weights_only=False)
+    speaker = next(iter(torch.load(tiny_model_dir / "spk2info.pt", weights_only=False).values()))
+    pooled = PooledFlow(flow, PoolShape(stream_slots=4, stream_frames=400, voice_slots=1, voice_frames=100,
+                                        prompt_frames=200))
+    voice = pooled.register_voice(*(speaker[k].cuda() for k in ("flow_prompt_speech_token", "prompt_speech_feat",
+                                                                  "flow_embedding")))
+    graphs = PooledFlowGraphs(pooled, compiled_estimator(flow.decoder.estimator) if compiled else None)
+    graphs.capture(rows=(4,), ctx_caps=(250,), new_caps=(112,))
+    stepped = graphs.capture_stepped((1, 4), voice.prefix_frames, 112)
+    first = case["first_hop"] + case["pre_lookahead_len"]
+    streams = [pooled.open_stream(voice) for _ in range(3)]
+    firsts = {}
+    with torch.inference_mode():
+        for at in range(40):
+            if at % 2 == 0 and at // 2 < len(streams):
+                s = streams[at // 2]
+                plan = pooled.plan(s, case["tokens"][:, :first].cuda(), False)
+                stepped.join(s, s, plan, encode_grouped(flow, [plan])[0])
+            for row, mel in stepped.step():
+                firsts[id(row.key)] = pooled.finish(row.stream, row.plan, mel)
+            if len(firsts) == len(streams):
+                break
+    for s in streams:
+        assert (firsts[id(s)].cpu() - case["mel_stream_first"]).abs().max().item() <= 1e-4
+    done = case["mel_stream_first"].size(2)
+    for key, n, finalize in (("mel_stream_second", first + case["hop"], False),
+                             ("mel_stream_final", case["tokens"].size(1), True)):
+        for out in graphs.render(streams, [case["tokens"][:, :n].cuda()] * 3, [finalize] * 3):
+            assert (out.cpu() - case[key][:, :, done:]).abs().max().item() <= 1e-4, key
+        done = case[key].size(2)
 
 
 def test_flow_graphs_captured_on_a_green_stream_equal_the_ordinary_ones(tiny_model_dir: Path, monkeypatch) -> None:

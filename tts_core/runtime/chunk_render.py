@@ -28,7 +28,9 @@ import torch
 
 from tts_core.flow import FlowModel
 from tts_core.flow.context_pool import PoolShape
+from tts_core.flow.encoder_window import encode_grouped
 from tts_core.flow.pooled import PooledFlow, PooledStream, VoicePrefix
+from tts_core.flow.stepped import SteppedFlow
 from tts_core.hift import HiftGenerator
 from tts_core.runtime.chunk_vocoder import ChunkVocoder, HiftGraphs, push_chunks
 from tts_core.streaming.chunk_schedule import ChunkPlanner, ChunkSchedule, ChunkTask
@@ -49,6 +51,9 @@ class FlowPoolSettings:
     context_buckets: int = 4  # context-capacity graph buckets between the prompt and the maximum
     first_batches: tuple[int, ...] = (1, 2, 4, 8)  # graph row buckets of a first-chunk lane
     first_lanes: int = 3  # first-chunk lanes (each its own graphs); 0: "later" renders first chunks too
+    # First lanes step their first chunks together, each row at its own Euler step
+    # (tts_core/flow/stepped.py), instead of rendering each batch in a call of its own.
+    step_first_chunks: bool = False
     compile: bool = False  # captured solves call a torch.compile'd estimator step (accel/flow_pool_graphs)
     # CUDA: the "later" lane's work (its graphs are captured there) runs on this many SMs only
     # (a green context, tts_core/accel/sm_partition.py), leaving the rest to the decode step and
@@ -70,6 +75,16 @@ class RenderLane:
     hift_graphs: HiftGraphs = field(default_factory=dict)
     max_batch: int = 1
     cuda_stream: object | None = None  # the stream it must render on (an SM partition's); None: any
+    stepped: SteppedFlow | None = None  # a first lane's, with `step_first_chunks`
+
+
+@dataclass(frozen=True)
+class _FirstRow:
+    """A stepped flow row's key: the caller's key, and what its chunk's vocoding needs."""
+
+    key: object
+    stream: PooledChunkStream
+    finalize: bool
 
 
 @dataclass
@@ -154,11 +169,6 @@ class ChunkRenderer:
                 for name in self.first_lanes:
                     self.lanes[name].cuda_stream = green_stream(self.settings.first_sms, self._device)
                 report["first_lane_sms"] = self.settings.first_sms
-        if not graphs:
-            return report
-        from tts_core.accel.flow_pool_graphs import PooledFlowGraphs, compiled_estimator
-        from tts_core.accel.hift_graphs import GraphedHift
-
         s, ratio, chunk = self.settings, self.flow.cfg.token_mel_ratio, self.pooled.chunk
         prefix = max((p.prefix_frames for _, p in self._voices.values()), default=0)
         # Per voice: its prompt's unshared tail and its first hop, padded as its ChunkPlanner pads it
@@ -166,15 +176,24 @@ class ChunkRenderer:
         firsts = [(p.prompt_frames - p.prefix_frames, ChunkPlanner(schedule, p.prompt_token.size(1)).next_hop * ratio)
                   for _, p in self._voices.values()]
         first_hops = {first_hop for _, first_hop in firsts}
+        # New frames per call: a voice's unshared tail + its first hop, or a hop + lookahead (a final
+        # call); a first hop off the chunk grid re-renders up to one chunk more next call.
+        extra = chunk if schedule.first_hop_tokens else 0
+        first_news = sorted({-(-(tail + first_hop + extra) // 16) * 16 for tail, first_hop in firsts})
+        first_lanes = [self.lanes[name] for name in self.first_lanes]
+        if s.step_first_chunks and not graphs:
+            for first in first_lanes:
+                first.stepped = SteppedFlow(self.pooled, max(s.first_batches), prefix, max(first_news, default=0))
+        if not graphs:
+            return report
+        from tts_core.accel.flow_pool_graphs import PooledFlowGraphs, compiled_estimator
+        from tts_core.accel.hift_graphs import GraphedHift
+
         own_max = self.pooled.pool.shape.stream_frames
         step = -(-own_max // s.context_buckets // chunk) * chunk
         ctx_caps = sorted({prefix} | {min(prefix + own_max, prefix + step * k)
                                       for k in range(1, s.context_buckets + 1)})
-        # New frames per call: a voice's unshared tail + its first hop, or a hop + lookahead (a final
-        # call); a first hop off the chunk grid re-renders up to one chunk more next call.
         hop = schedule.max_hop_tokens * ratio
-        extra = chunk if schedule.first_hop_tokens else 0
-        first_news = sorted({-(-(tail + first_hop + extra) // 16) * 16 for tail, first_hop in firsts})
         new_caps = sorted(set(first_news) | {-(-(hop + schedule.lookahead_tokens * ratio + extra) // 16) * 16})
         window = None
         if s.encoder_tokens is not None:
@@ -184,7 +203,7 @@ class ChunkRenderer:
         # A final call renders the tokens after the last commit: up to a hop + lookahead (+ one
         # encoder chunk when the first hop is off the chunk grid).
         final_tokens = range(1, schedule.max_hop_tokens + schedule.lookahead_tokens + extra // ratio + 1)
-        later, first_lanes = self.lanes["later"], [self.lanes[name] for name in self.first_lanes]
+        later = self.lanes["later"]
         t0 = time.perf_counter()
         estimator = compiled_estimator(self.flow.decoder.estimator) if s.compile else None
         later.graphs = PooledFlowGraphs(self.pooled, estimator, stream=later.cuda_stream)
@@ -194,6 +213,8 @@ class ChunkRenderer:
             first.graphs = PooledFlowGraphs(self.pooled, estimator, stream=first.cuda_stream)
             first.graphs.capture(s.first_batches, sorted({p.prefix_frames for _, p in self._voices.values()}),
                                  first_news)
+            if s.step_first_chunks:
+                first.stepped = first.graphs.capture_stepped(s.first_batches, prefix, max(first_news))
         if window is not None:
             later.graphs.capture_encoder(s.batches, window, hop, False)
             for first in first_lanes:
@@ -230,7 +251,8 @@ class ChunkRenderer:
         report["hift_capture_s"] = time.perf_counter() - t0
         report.update({"flow_ctx_caps": ctx_caps, "flow_new_caps": new_caps, "flow_batches": list(s.batches),
                        "flow_first_batches": list(s.first_batches),
-                       "first_lanes": len(first_lanes), "flow_compiled": s.compile,
+                       "first_lanes": len(first_lanes), "first_chunks_stepped": s.step_first_chunks,
+                       "flow_compiled": s.compile,
                        "flow_graphs": sum(len(lane.graphs.solve_graphs) for lane in self.lanes.values()),
                        "hift_graphs": sum(len(lane.hift_graphs) for lane in self.lanes.values())})
         return report
@@ -258,26 +280,70 @@ class ChunkRenderer:
         mels = render(streams, tokens, finalize)
         flow_done = _synchronized(self._device)
         flow_gpu = replays.graphs.gpu_split() if replays.graphs is not None else None
+        return self._vocode([s for s, _, _ in items], mels, finalize, [flow_done - started] * len(items), flow_gpu,
+                            replays)
+
+    def join_first(self, items: Sequence[tuple[object, PooledChunkStream, Sequence[int], ChunkTask]],
+                   lane: str) -> list[object]:
+        """Rows for `lane`'s stepped flow: one per item (key, stream, the segment's tokens so far, its
+        first chunk's task), at most its free rows. Returns the keys of the items that do not fit its
+        buckets (a final first chunk of a short utterance may not): render those with `render`."""
+        stepped = self.lanes[lane].stepped
+        replays = self.lanes[lane].graphs
+        plans = [self.pooled.plan(s.flow, torch.tensor([list(t[:task.token_end])], dtype=torch.long), task.finalize)
+                 for _, s, t, task in items]
+        fits = [i for i, plan in enumerate(plans) if stepped.fits(plan)]
+        joining = [plans[i] for i in fits]
+        mus = encode_grouped(self.flow, joining, replays._encode if replays is not None else None)
+        for i, plan, mu in zip(fits, joining, mus):
+            key, stream, _, task = items[i]
+            stepped.join(_FirstRow(key, stream, task.finalize), stream.flow, plan, mu)
+        taken = set(fits)
+        return [item[0] for i, item in enumerate(items) if i not in taken]
+
+    def step_first(self, lane: str) -> list[tuple[object, RenderedChunk]]:
+        """One Euler step of `lane`'s stepped flow; (key, chunk) for each row that took its last step.
+        A chunk's flow time is from its row's join to the end of its last step."""
+        replays = self.lanes[lane]
+        done = replays.stepped.step()
+        if not done:
+            return []
+        flow_done = _synchronized(self._device)
+        streams = [row.key.stream for row, _ in done]
+        finalize = [row.key.finalize for row, _ in done]
+        mels = [self.pooled.finish(row.stream, row.plan, mel) for row, mel in done]
+        chunks = self._vocode(streams, mels, finalize, [flow_done - row.joined_at for row, _ in done], None, replays)
+        return [(row.key.key, chunk) for (row, _), chunk in zip(done, chunks)]
+
+    def drop_first(self, lane: str, keys: Sequence[object]) -> None:
+        """Take the rows of `keys` out of `lane`'s stepped flow (their jobs left: their slots may be reused)."""
+        gone = {id(k) for k in keys}
+        self.lanes[lane].stepped.drop(lambda row: id(row.key) in gone)
+
+    def _vocode(self, streams: Sequence[PooledChunkStream], mels: Sequence[torch.Tensor], finalize: Sequence[bool],
+                flow_s: Sequence[float], flow_gpu: tuple[float, float] | None,
+                replays: RenderLane) -> list[RenderedChunk]:
+        """Each stream's vocoder on its chunk's mel, and the audio to the host."""
         here = torch.cuda.current_stream(self._device) if self._device.type == "cuda" else None
-        for stream, _, _ in items:
+        for stream in streams:
             if here is not None and stream.cuda_stream is not None and stream.cuda_stream != here:
                 # Its caches were made on the other lane's stream: the allocator must not hand their
                 # memory back to that stream while this one still reads them.
                 stream.vocoder.record_stream(here)
             stream.cuda_stream = here
         t0 = time.perf_counter()
-        wavs = push_chunks([s.vocoder for s, _, _ in items], [m.to(self._hift_dtype) for m in mels], finalize,
+        wavs = push_chunks([s.vocoder for s in streams], [m.to(self._hift_dtype) for m in mels], finalize,
                            replays.hift_graphs)
         audio = [w[0].float() for w in wavs]
         host = torch.cat(audio).cpu().numpy() if audio else np.zeros(0, np.float32)
         hift_s = time.perf_counter() - t0  # shared by the call's chunks, like the flow time
         out, at = [], 0
-        for (stream, _, task), mel, a in zip(items, mels, audio):
-            stream.finished = task.finalize
-            if task.finalize:
+        for stream, fin, mel, a, f in zip(streams, finalize, mels, audio, flow_s):
+            stream.finished = fin
+            if fin:
                 stream.close()
             out.append(RenderedChunk(audio=np.ascontiguousarray(host[at:at + a.numel()]), mel=mel,
-                                     flow_s=flow_done - started, hift_s=hift_s, flow_gpu_s=flow_gpu))
+                                     flow_s=f, hift_s=hift_s, flow_gpu_s=flow_gpu))
             at += a.numel()
         return out
 

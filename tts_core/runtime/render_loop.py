@@ -117,6 +117,11 @@ class RenderLoop:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.renders: deque[RenderTiming] = renders if renders is not None else deque(maxlen=10_000)
+        # A first lane with a stepped flow (`FlowPoolSettings.step_first_chunks`, made by the
+        # renderer's `prepare`; read as the thread starts): the rows in flight, by id of their job,
+        # from join to hand-off (across rounds).
+        self._stepped = None
+        self._stepping: dict[int, _Due] = {}
 
     # ---- other threads ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -141,7 +146,11 @@ class RenderLoop:
     def _run(self) -> None:
         torch.set_grad_enabled(False)  # thread-local
         own = self.renderer.lanes[self._replays].cuda_stream  # an SM partition's: its graphs were captured there
+        self._stepped = self.renderer.lanes[self._replays].stepped if self.lane == "first" else None
         with device_stream(self._device, priority=self._priority, separate=self._separate_streams, stream=own):
+            if self._stepped is not None:
+                self._step_rounds()
+                return
             while True:
                 with self._wake:
                     work = self._wait_for_work()
@@ -157,10 +166,74 @@ class RenderLoop:
                     for job in setup + [d.job for d in due]:
                         self._fail(job, exc)
 
-    def _wait_for_work(self) -> tuple[list[SynthesisJob], list[_Due]] | None:
+    def _step_rounds(self) -> None:
+        """The stepped first lane: each round takes the due first chunks into the stepped flow (as
+        many as it has free rows), runs one Euler step of every row, and hands off the chunks of the
+        rows that took their last. It waits for work only while no row is in flight."""
+        while True:
+            with self._wake:
+                work = self._wait_for_work(block=not self._stepping)
+            if work is None:
+                return
+            setup, due = work
+            try:
+                for job in setup:
+                    self._start_rendering(job)
+                self._drop_gone()
+                self._join(due)
+                for d, out in self.renderer.step_first(self._replays):
+                    del self._stepping[id(d.job)]
+                    self.renders.append(RenderTiming(1, time.perf_counter() - d.job.timings.first_render_started,
+                                                     self._replays, out.flow_s, out.hift_s))
+                    self._hand_off(d, out)
+            except Exception as exc:  # a bug outside any one job: fail what it held, keep serving
+                log.exception("tts_render_round_failed")
+                held = {id(j): j for j in setup + [d.job for d in due] + [d.job for d in self._stepping.values()]}
+                self._stepped.drop(lambda row: True)
+                self._stepping.clear()
+                for job in held.values():
+                    self._fail(job, exc)
+
+    def _drop_gone(self) -> None:
+        """Rows whose job was cancelled or failed leave before any new row joins: their stream's slot
+        may go to the next call, whose rows must not be written by theirs."""
+        with self._lock:
+            gone = [d for d in self._stepping.values() if d.job.slot is None or d.job.cancelled]
+        if gone:
+            self.renderer.drop_first(self._replays, gone)
+            for d in gone:
+                del self._stepping[id(d.job)]
+
+    def _join(self, due: list[_Due]) -> None:
+        """Due first chunks into the stepped flow, most urgent first, as many as it has free rows
+        (the rest go back); one that fits no row is rendered in a call of its own now."""
+        due = [d for d in due if d.job.slot is not None and not d.job.cancelled]
+        free = self._stepped.free
+        rest = due[free:]
+        due = due[:free]
+        with self._lock:
+            self._hand_back(rest)
+            if rest:
+                self._wake.notify_all()
+        if not due:
+            return
+        started = time.perf_counter()
+        for d in due:
+            d.lm_s = d.job.take_lm_s()
+            if d.job.timings.first_render_started is None:
+                d.job.timings.first_render_started = started
+        refused = self.renderer.join_first([(d, d.job.token2wav, d.tokens, d.task) for d in due], self._replays)
+        alone = {id(d) for d in refused}
+        for d in due:
+            if id(d) not in alone:
+                self._stepping[id(d.job)] = d
+        if refused:
+            self._render_batch(refused)
+
+    def _wait_for_work(self, block: bool = True) -> tuple[list[SynthesisJob], list[_Due]] | None:
         """Under the lock: the jobs whose rendering must be set up and the due chunks, sorted by
-        deadline; waits until there are some (None: stopping). A chunk deferred on slack sets the
-        wait's timeout to when its slack runs low."""
+        deadline; waits until there are some (None: stopping), or with `block` False returns at once.
+        A chunk deferred on slack sets the wait's timeout to when its slack runs low."""
         while not self._stopping:
             now = time.perf_counter()
             setup, due, deferred, wake_at, cancelled = [], [], [], None, False
@@ -168,7 +241,7 @@ class RenderLoop:
                 if job.cancelled:
                     cancelled = True  # the decode thread frees its slot; nothing more is rendered for it
                     continue
-                if not self._owns(job):
+                if not self._owns(job) or id(job) in self._stepping:
                     continue
                 if job.segment < 0 or job.segment_rendered:
                     continue  # between segments: the decode thread's turn
@@ -208,7 +281,7 @@ class RenderLoop:
                     job.render_lane = self
                     job.plan_wake()
                     due.append(_Due(job, task, job.tokens[:task.token_end]))
-            if setup or due:
+            if setup or due or not block:
                 due.sort(key=lambda d: d.job.deadline())
                 return setup, due
             self._wake.wait(None if wake_at is None else max(0.0, wake_at - time.perf_counter()))

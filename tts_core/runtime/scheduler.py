@@ -90,6 +90,9 @@ class SchedulerSettings:
     # four_first_lanes,head_024200e}.json).
     first_chunk_lanes: int = 3
     flow_first_batches: tuple[int, ...] = (1, 2, 4, 8)
+    # Each first lane steps the first chunks it holds together, each at its own Euler step, up to
+    # max(flow_first_batches) rows (tts_core/flow/stepped.py), instead of a call per batch of them.
+    step_first_chunks: bool = False
     # The captured flow solves run torch.compile'd resnets and transformer blocks (fewer, fused
     # kernels; compiled at start-up, one compiled block for all 56). Only with `graphs`. H100,
     # load_2026-11-23_h100_compile_flow_fixed*.json: a first chunk's solve 35 ms on the GPU against
@@ -183,7 +186,8 @@ class SynthesisScheduler:
             stream_slots=settings.max_batch, context_frames=settings.flow_context_frames,
             encoder_tokens=settings.flow_encoder_tokens, batches=settings.flow_batches,
             voice_slots=settings.flow_voice_slots, first_batches=settings.flow_first_batches,
-            first_lanes=settings.first_chunk_lanes, compile=settings.compile_flow,
+            first_lanes=settings.first_chunk_lanes, step_first_chunks=settings.step_first_chunks,
+            compile=settings.compile_flow,
             later_sms=settings.later_lane_sms, first_sms=settings.first_lane_sms))
         self.decoder = None  # GraphedDecoder, once captured (or an EagerCarriedDecoder)
         # The carried decoder's steps in flight, oldest first: tokens, the (job, segment) of each
