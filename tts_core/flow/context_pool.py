@@ -55,9 +55,9 @@ class CallIndex:
     write_frames: torch.Tensor  # (2, B, N) pool frame each new frame is kept in (trash if not kept), + g * frames
     left_src: torch.Tensor  # (2, B) conv-state slot read before the new frames, + g * slots
     left_dst: torch.Tensor  # (2, B) conv-state slot written with the state at the commit point, + g * slots
-    commit: torch.Tensor  # (2B, 1, 1) new frames kept (the conv state is taken just before them)
-    # Per left-state width n: where the conv state at the commit point sits in [left | new] (2B, 1,
-    # n), made once per call for every width the pool's convolutions have (see conv_input).
+    # Per left-state width n: where the conv state at the commit point (the new frames kept) sits
+    # in [left | new] (2B, 1, n), made once per call for every width the pool's convolutions have
+    # (see conv_input).
     conv_at: dict[int, torch.Tensor] = field(compare=False)
 
     def at_step(self, pool: FlowContextPool, step: int | torch.Tensor) -> StepIndex:
@@ -69,7 +69,7 @@ class CallIndex:
             slots = slots.view(1, -1)
         return StepIndex(ctx_rows=(self.ctx_frames + frames).flatten(), write_rows=(self.write_frames + frames).flatten(),
                          left_src=(self.left_src + slots).flatten(), left_dst=(self.left_dst + slots).flatten(),
-                         commit=self.commit, conv_at=self.conv_at)
+                         conv_at=self.conv_at)
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,6 @@ class StepIndex:
     write_rows: torch.Tensor  # (2*B*N,)
     left_src: torch.Tensor  # (2B,)
     left_dst: torch.Tensor  # (2B,)
-    commit: torch.Tensor  # (2B, 1, 1)
     conv_at: dict[int, torch.Tensor] = field(compare=False)
 
     @property

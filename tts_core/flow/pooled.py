@@ -111,7 +111,7 @@ def call_index(pool: FlowContextPool, table: torch.Tensor, ctx_cap: int, new_cap
     return CallIndex(ctx_frames=ctx_frames + frame_half, key_pos=torch.cat([ctx_pos, new_pos], 1),
                      new_pos=new_pos, write_frames=write + frame_half,
                      left_src=table[:, COL["left_src"]] + slot_half, left_dst=table[:, COL["left_dst"]] + slot_half,
-                     commit=commit, conv_at={n: commit + torch.arange(n, device=dev) for n in pool.conv_widths})
+                     conv_at={n: commit + torch.arange(n, device=dev) for n in pool.conv_widths})
 
 
 def attention_mask(index: CallIndex, chunk: int, left_chunks: int) -> torch.Tensor:
@@ -161,16 +161,24 @@ class StepTables:
     """The solver's steps stacked by step number, for rows that are each at a step of their own."""
 
     dt: torch.Tensor  # (steps,)
-    time_biases: tuple[torch.Tensor, ...]  # (steps, channels) per estimator resnet
+    time_biases: torch.Tensor  # (steps, sum of channels): every estimator resnet's, side by side
+    widths: tuple[int, ...]  # each resnet's channels, in call order
 
     @staticmethod
     def of(steps: Sequence[EulerStep]) -> StepTables:
-        biases = zip(*(s.time_biases for s in steps), strict=True)
-        return StepTables(torch.cat([s.dt.reshape(1) for s in steps]), tuple(torch.cat(b) for b in biases))
+        return StepTables(torch.cat([s.dt.reshape(1) for s in steps]),
+                          torch.cat([torch.cat(s.time_biases, dim=1) for s in steps]),
+                          tuple(b.size(1) for b in steps[0].time_biases))
 
     @property
     def steps(self) -> int:
         return self.dt.size(0)
+
+    def time_biases_at(self, step: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """step (B,) long -> per resnet (2B, channels), rows [conditioned | unconditioned]: one
+        gather for all resnets (views of it), not one each."""
+        rows = self.time_biases.index_select(0, step)
+        return torch.cat([rows, rows]).split(self.widths, dim=1)
 
 
 @dataclass(frozen=True)
@@ -230,19 +238,18 @@ def pooled_solve(model: FlowModel, pool: FlowContextPool, table: torch.Tensor, m
     return x.float()
 
 
-def pooled_row_step(model: FlowModel, pool: FlowContextPool, table: torch.Tensor, mu: torch.Tensor, x: torch.Tensor,
-                    step: torch.Tensor, ctx_cap: int, tables: StepTables,
-                    estimator: Callable | None = None) -> torch.Tensor:
-    """One guided Euler step of a batch whose rows are each at their own step: step (B,) long in
-    [0, steps); a row at step 0 starts from its noise (its `x` is not read). x (B, 80, N) in the
-    flow's dtype -> x after the step, the same. Ten calls take a row where `pooled_solve` does, and
-    the pool ends the same: each row reads and writes its own step's memory. Capturable."""
+def pooled_row_step(model: FlowModel, pool: FlowContextPool, inputs: SolveInputs, x: torch.Tensor,
+                    step: torch.Tensor, tables: StepTables, estimator: Callable | None = None) -> torch.Tensor:
+    """One guided Euler step of a batch whose rows are each at their own step: `inputs` as
+    `solve_inputs` makes them for these rows, step (B,) long in [0, steps); a row at step 0 starts
+    from its noise (its `x` is not read). x (B, 80, N) in the flow's dtype -> x after the step, the
+    same. Ten calls take a row where `pooled_solve` does, and the pool ends the same: each row reads
+    and writes its own step's memory. Capturable."""
     estimator = model.decoder.estimator if estimator is None else estimator
-    inputs = solve_inputs(model, pool, table, mu, ctx_cap)
     x = torch.where((step == 0).view(-1, 1, 1), inputs.x0, x)
-    biases = tuple(torch.cat([b, b]) for b in (t.index_select(0, step) for t in tables.time_biases))
     dt = tables.dt.index_select(0, step).view(-1, 1, 1)
-    return _euler_step(model, pool, inputs, x, inputs.index.at_step(pool, step), biases, dt, estimator)
+    return _euler_step(model, pool, inputs, x, inputs.index.at_step(pool, step), tables.time_biases_at(step), dt,
+                       estimator)
 
 
 class PooledFlow:

@@ -12,7 +12,7 @@ Each row reads and writes its own step's share of the pool (`CallIndex.at_step` 
 row), so ten steps give a row exactly what `pooled_solve` gives it (tests/tts_core/test_flow_stepped.py).
 
 Row state lives in static device buffers of `rows + 1` rows (the last is a permanent padding row):
-the row table, mu, x and each row's step. A step runs on the first `bucket` rows (padding rows
+each row's solve inputs (made as it joins), x and its step. A step runs on the first `bucket` rows (padding rows
 read nothing and write only to the pool's trash); rows that leave are compacted away on the device.
 `runners` may replace a bucket's eager step by a graph replay (accel/flow_pool_graphs). One thread
 drives a `SteppedFlow`.
@@ -27,12 +27,15 @@ from dataclasses import dataclass, field
 
 import torch
 
+from tts_core.flow.context_pool import CallIndex
 from tts_core.flow.pooled import (
     PooledFlow,
     PooledPlan,
     PooledStream,
+    SolveInputs,
     StepTables,
     pooled_row_step,
+    solve_inputs,
 )
 from tts_core.host_copy import to_device
 
@@ -46,6 +49,60 @@ class SteppedRow:
     joined_at: float = field(default_factory=time.perf_counter)
 
 
+class _RowInputs:
+    """`SolveInputs` of every row of a `SteppedFlow`, kept on the device between steps (made once as
+    a row joins instead of in every step: ~100 small kernels a step less). Each tensor keeps its
+    rows on one axis: (B, ...) tensors on axis 0, [conditioned | unconditioned] ones as (2, B, ...)."""
+
+    def __init__(self, inputs: SolveInputs) -> None:
+        rows = inputs.x0.size(0)
+        index = inputs.index
+        self.keys = index.key_pos.size(1)
+        # The attention mask keeps its 16-aligned rows (additive_mask): stored padded, sliced per step.
+        attn = inputs.attn
+        padded = torch.full((*attn.shape[:-1], -(-self.keys // 16) * 16), float("-inf"), dtype=attn.dtype,
+                            device=attn.device)
+        padded[..., :self.keys] = attn
+        halves = lambda t: t.reshape(2, rows, *t.shape[1:]).clone()  # noqa: E731
+        self.rows = {"x0": inputs.x0.clone(), "key_pos": index.key_pos.clone(), "new_pos": index.new_pos.clone()}
+        self.halves = {"mu": halves(inputs.mu), "cond": halves(inputs.cond), "spks": halves(inputs.spks),
+                       "attn": halves(padded),
+                       "ctx_frames": index.ctx_frames.clone(), "write_frames": index.write_frames.clone(),
+                       "left_src": index.left_src.clone(), "left_dst": index.left_dst.clone(),
+                       **{f"conv_at_{n}": halves(at) for n, at in index.conv_at.items()}}
+        self.conv_widths = sorted(index.conv_at)
+
+    def put(self, row: int, one: SolveInputs) -> None:
+        """Row `row` becomes the one row of `one`."""
+        other = _RowInputs(one)
+        for name, t in self.rows.items():
+            t[row].copy_(other.rows[name][0])
+        for name, t in self.halves.items():
+            t[:, row].copy_(other.halves[name][:, 0])
+
+    def reorder(self, order: torch.Tensor) -> None:
+        """Row i becomes row order[i] (device long tensor of every row)."""
+        for t in self.rows.values():
+            t.copy_(t.index_select(0, order))
+        for t in self.halves.values():
+            t.copy_(t.index_select(1, order))
+
+    def take(self, b: int) -> SolveInputs:
+        """Rows [0, b) as `solve_inputs` would make them (capturable)."""
+        r, h = self.rows, self.halves
+
+        def stacked(name: str) -> torch.Tensor:
+            t = h[name][:, :b]
+            return t.reshape(2 * b, *t.shape[2:])
+
+        index = CallIndex(ctx_frames=h["ctx_frames"][:, :b], key_pos=r["key_pos"][:b], new_pos=r["new_pos"][:b],
+                          write_frames=h["write_frames"][:, :b], left_src=h["left_src"][:, :b],
+                          left_dst=h["left_dst"][:, :b],
+                          conv_at={n: stacked(f"conv_at_{n}") for n in self.conv_widths})
+        return SolveInputs(index, r["x0"][:b], stacked("mu"), stacked("cond"), stacked("spks"),
+                           stacked("attn")[..., :self.keys])
+
+
 class SteppedFlow:
     def __init__(self, pooled: PooledFlow, rows: int, ctx_cap: int, new_cap: int,
                  estimator: Callable | None = None) -> None:
@@ -54,9 +111,11 @@ class SteppedFlow:
         self.estimator = estimator
         self.tables = StepTables.of(pooled.steps)
         dev, mel = pooled.device, pooled.model.cfg.output_size
-        self.table = torch.tensor([pooled.padding_row()] * (rows + 1), dtype=torch.long, device=dev)
-        self.mu = torch.zeros(rows + 1, mel, new_cap, device=dev, dtype=pooled.dtype)
-        self.x = torch.zeros_like(self.mu)
+        with torch.inference_mode():
+            self.inputs = _RowInputs(self._solve_inputs([pooled.padding_row()] * (rows + 1),
+                                                        torch.zeros(rows + 1, mel, new_cap, device=dev,
+                                                                    dtype=pooled.dtype)))
+        self.x = torch.zeros(rows + 1, mel, new_cap, device=dev, dtype=pooled.dtype)
         self.row_steps = torch.zeros(rows + 1, dtype=torch.long, device=dev)
         self.rows: list[SteppedRow] = []
         self.runners: dict[int, Callable[[], None]] = {}  # bucket -> one step over rows [0, bucket)
@@ -70,18 +129,25 @@ class SteppedFlow:
     def fits(self, plan: PooledPlan) -> bool:
         return plan.new_frames <= self.new_cap and plan.ctx_frames <= self.ctx_cap
 
+    @torch.inference_mode()
     def join(self, key: object, stream: PooledStream, plan: PooledPlan, mu: torch.Tensor) -> None:
         """Add a row (it takes its first step with the next `step`): mu (80, n) for the plan's new frames."""
         if not self.free or not self.fits(plan):
             raise ValueError(f"stepped flow: no room for a row of {plan.new_frames} new frames "
                              f"({len(self.rows)}/{self.capacity} rows, new cap {self.new_cap})")
         i = len(self.rows)
-        self.table[i].copy_(to_device(plan.row, torch.long, self.pooled.device))
-        self.mu[i].zero_()
-        self.mu[i, :, :mu.size(1)].copy_(mu)
+        padded = torch.zeros(1, mu.size(0), self.new_cap, device=mu.device, dtype=mu.dtype)
+        padded[0, :, :mu.size(1)] = mu
+        self.inputs.put(i, self._solve_inputs([plan.row], padded))
         self.row_steps[i].zero_()
         self.rows.append(SteppedRow(key, stream, plan))
 
+    def _solve_inputs(self, rows: list[tuple[int, ...]], mu: torch.Tensor) -> SolveInputs:
+        pooled = self.pooled
+        table = to_device(rows, torch.long, pooled.device)
+        return solve_inputs(pooled.model, pooled.pool, table, mu, self.ctx_cap)
+
+    @torch.inference_mode()
     def drop(self, gone: Callable[[object], bool]) -> list[SteppedRow]:
         """Take out the rows whose key `gone` names (their streams stay open: their owners close
         them); returns them. Before the slot of a stream that left is reused: a row keeps writing
@@ -132,7 +198,8 @@ class SteppedFlow:
     def _compact(self, keep: list[int]) -> None:
         """Rows `keep` move to the front in order; every other row becomes the padding row."""
         order = to_device(keep + [self.capacity] * (self.capacity + 1 - len(keep)), torch.long, self.pooled.device)
-        for buf in (self.table, self.mu, self.x, self.row_steps):
+        self.inputs.reorder(order)
+        for buf in (self.x, self.row_steps):
             buf.copy_(buf.index_select(0, order))
 
     # ---- device side (capturable) ---------------------------------------------------------------
@@ -143,7 +210,7 @@ class SteppedFlow:
         rows' padding keys read: masked, but 0 x NaN would still be NaN)."""
         pooled = self.pooled
         step = self.row_steps[:rows]
-        x = pooled_row_step(pooled.model, pooled.pool, self.table[:rows], self.mu[:rows], self.x[:rows], step,
-                            self.ctx_cap, self.tables, self.estimator)
+        x = pooled_row_step(pooled.model, pooled.pool, self.inputs.take(rows), self.x[:rows], step, self.tables,
+                            self.estimator)
         self.x[:rows].copy_(x)
         step.copy_((step + 1) % self.tables.steps)
