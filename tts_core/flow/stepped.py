@@ -63,7 +63,10 @@ class _RowInputs:
         padded = torch.full((*attn.shape[:-1], -(-self.keys // 16) * 16), float("-inf"), dtype=attn.dtype,
                             device=attn.device)
         padded[..., :self.keys] = attn
-        halves = lambda t: t.reshape(2, rows, *t.shape[1:]).clone()  # noqa: E731
+
+        def halves(t: torch.Tensor) -> torch.Tensor:
+            return t.reshape(2, rows, *t.shape[1:]).clone()
+
         self.rows = {"x0": inputs.x0.clone(), "key_pos": index.key_pos.clone(), "new_pos": index.new_pos.clone()}
         self.halves = {"mu": halves(inputs.mu), "cond": halves(inputs.cond), "spks": halves(inputs.spks),
                        "attn": halves(padded),
