@@ -55,6 +55,8 @@ class CosyVoice2Settings:
     first_chunk_lanes: int = 3
     # With first-chunk lanes: each lane steps all first chunks it holds together, each row at its
     # own Euler step, instead of rendering them in calls of their own (tts_core/flow/stepped.py).
+    # Off: on the H100 at 13-15 calls/s one such lane was no better than three lanes of calls
+    # (p95 first chunk 293-491 ms against 262-409; docs/PERF_NOTES.md, 2026-11-24 morning).
     step_first_chunks: bool = False
     # The LM's decoder-layer weights in FP8 (e4m3; CPU, or CUDA of compute capability 8.9+). Off by
     # default: on random full-size weights it moves the token distribution well beyond what bf16
