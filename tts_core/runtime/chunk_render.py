@@ -12,7 +12,8 @@ everything else (large batched calls). A graph cannot replay while it is already
 graphs captured into one memory pool share their scratch memory, so each lane replays graphs of
 its own (own pool, own capture stream); the context pool is shared, and no two lanes touch the same
 stream slot at the same time (a job is claimed by one lane per chunk, and its first chunk is handed
-off before its later chunks are planned).
+off before its later chunks are planned). With `step_first_chunks` a first lane holds a
+`SteppedFlow` instead of rendering calls: `join_first`, `step_first`, `drop_first`.
 """
 
 from __future__ import annotations

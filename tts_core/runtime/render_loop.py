@@ -12,6 +12,11 @@ several first lanes (a burst of new calls renders on them side by side: a small 
 by kernel launches, so two run at once at nearly the speed of one). Kind "all" (one thread) does
 both.
 
+With `step_first_chunks` a first lane renders differently (`_step_rounds`): it runs one Euler step
+at a time over every first chunk it holds (`tts_core/flow/stepped.py`), takes new ones in at step
+boundaries and hands each off after its tenth step, so it does not wait for work while rows are in
+flight.
+
 A lane owns the render side of its jobs (chunk planner, deferred chunk, token -> waveform stream)
 and its own CUDA stream. It waits on a condition until a chunk is due (the decode thread wakes it when
 a job's token count reaches `job.wake_render_at` or its LM finishes; a deferred chunk wakes it by
