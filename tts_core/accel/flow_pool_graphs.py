@@ -36,7 +36,7 @@ from tts_core.flow.encoder_window import encode_grouped, encode_new_frames
 
 log = structlog.get_logger(__name__)
 
-COMPILE_LIMIT = 64  # compiles per compiled function during capture (see PooledFlowGraphs.capture)
+COMPILE_LIMIT = 64  # compiles per compiled function during capture (see _compiling_at_start_up)
 
 
 def _run_block(block: nn.Module, h: torch.Tensor, attn_mask: torch.Tensor | None, context) -> torch.Tensor:
@@ -125,7 +125,6 @@ class PooledFlowGraphs:
         self.encode_graphs: dict[tuple[int, int, int, bool], _EncodeGraph] = {}  # (rows, tokens, new, final)
         self._pool = None
         self._stream = stream  # the capture stream of all these graphs (see graph_capture)
-        self.stepped: SteppedFlow | None = None  # capture_stepped's
         self.eager_calls = 0  # solves that found no bucket (counted: each costs ~10x a replay)
         self.eager_encodes = 0  # encoder calls that found no graph
         # Diagnostics (benchmarks): with `time_gpu`, each render records CUDA events around its
@@ -167,7 +166,6 @@ class PooledFlowGraphs:
                 graph = torch.cuda.CUDAGraph()
                 capture_graph(graph, functools.partial(stepped.advance, r), warmup=2, pool=pool, stream=self._stream)
                 stepped.runners[r] = functools.partial(replay, graph)
-        self.stepped = stepped
         log.info("flow_step_graphs_captured", rows=list(rows), ctx_cap=ctx_cap, new_cap=new_cap,
                  seconds=round(time.perf_counter() - started, 2))
         return stepped

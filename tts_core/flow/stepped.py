@@ -4,20 +4,20 @@ A first chunk rendered in a call of its own is ten Euler steps of about a thousa
 one row, launch-bound; beside the decode step and the later chunks it takes about twice as long as
 alone, and first chunks rendered that way were half the GPU's kernel time at 13 new calls a second
 (docs/PERF_NOTES.md, 2026-11-24). Here one loop steps every first chunk in flight at once, each row
-at its own step: a row joins at the next step boundary, leaves after its last step, and a step
-costs about what one row's costs, so a first chunk waits at most one step instead of for another
-call, and the kernels of concurrent first chunks are shared.
+at its own step: a row joins at the next step boundary and leaves after its last step, so the
+kernels of concurrent first chunks are shared. Measured on the H100 (PERF_NOTES, 2026-11-24
+morning): about a fifth less kernel time per first chunk, but under load a step slows with the
+rows in it and a row waits for ten, so first chunks were no sooner (`step_first_chunks` is off).
 
 Each row reads and writes its own step's share of the pool (`CallIndex.at_step` with a step per
 row), so ten steps give a row exactly what `pooled_solve` gives it (tests/tts_core/test_flow_stepped.py).
 
 Row state lives in static device buffers of `rows + 1` rows (the last is a permanent padding row):
-each row's solve inputs (made as it joins), x and its step. A step runs on the first `bucket` rows (padding rows
-read nothing and write only to the pool's trash); rows that leave are compacted away on the device.
-`runners` may replace a bucket's eager step by a graph replay (accel/flow_pool_graphs). One thread
-drives a `SteppedFlow`.
+each row's solve inputs (made as it joins), x and its step. A step runs on the first `bucket` rows
+(padding rows read nothing and write only to the pool's trash); rows that leave are compacted away
+on the device. `runners` may replace a bucket's eager step by a graph replay
+(accel/flow_pool_graphs). One thread drives a `SteppedFlow`.
 """
-
 from __future__ import annotations
 
 import bisect
