@@ -173,9 +173,9 @@ def test_compiled_fp8_decode_steps_equal_eager_fp8_steps(tiny_model_dir: Path) -
         assert float((got - expected).norm() / expected.norm()) < 2e-2
 
 
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager-step", "compiled-step"])
-def test_pooled_flow_graphs_equal_the_golden_streaming_calls(tiny_model_dir: Path, golden_dir: Path,
-                                                             monkeypatch, compiled: bool) -> None:
+def _golden_pool_graphs(tiny_model_dir: Path, golden_dir: Path, monkeypatch, compiled: bool) -> tuple:
+    """The tiny flow in float32 on the GPU, the golden flow case, a pool with the golden voice
+    registered, and (uncaptured) graphs for it: (flow, case, pooled, voice, graphs)."""
     from tts_core.accel.flow_pool_graphs import PooledFlowGraphs, compiled_estimator
     from tts_core.flow import load_flow
     from tts_core.flow.context_pool import PoolShape
@@ -190,6 +190,13 @@ def test_pooled_flow_graphs_equal_the_golden_streaming_calls(tiny_model_dir: Pat
     voice = pooled.register_voice(*(speaker[k].cuda() for k in ("flow_prompt_speech_token", "prompt_speech_feat",
                                                                   "flow_embedding")))
     graphs = PooledFlowGraphs(pooled, compiled_estimator(flow.decoder.estimator) if compiled else None)
+    return flow, case, pooled, voice, graphs
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager-step", "compiled-step"])
+def test_pooled_flow_graphs_equal_the_golden_streaming_calls(tiny_model_dir: Path, golden_dir: Path,
+                                                             monkeypatch, compiled: bool) -> None:
+    _, case, pooled, voice, graphs = _golden_pool_graphs(tiny_model_dir, golden_dir, monkeypatch, compiled)
     graphs.capture(rows=(1, 4), ctx_caps=(50, 150, 250), new_caps=(112,))
     streams = [pooled.open_stream(voice) for _ in range(3)]
     first = case["first_hop"] + case["pre_lookahead_len"]
@@ -211,21 +218,9 @@ def test_graphed_stepped_rows_equal_the_golden_streaming_calls(tiny_model_dir: P
                                                                monkeypatch, compiled: bool) -> None:
     """First chunks joining the graphed stepped flow two steps apart (buckets 1 and 4) each equal
     the official first call, and the later calls that read what they kept equal the official ones."""
-    from tts_core.accel.flow_pool_graphs import PooledFlowGraphs, compiled_estimator
-    from tts_core.flow import load_flow
-    from tts_core.flow.context_pool import PoolShape
     from tts_core.flow.encoder_window import encode_grouped
-    from tts_core.flow.pooled import PooledFlow
 
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)  # float32 convolutions, as the golden run
-    flow = load_flow(tiny_model_dir, "cuda", torch.float32)
-    case = torch.load(golden_dir / "cases" / "flow.pt", weights_only=False)
-    speaker = next(iter(torch.load(tiny_model_dir / "spk2info.pt", weights_only=False).values()))
-    pooled = PooledFlow(flow, PoolShape(stream_slots=4, stream_frames=400, voice_slots=1, voice_frames=100,
-                                        prompt_frames=200))
-    voice = pooled.register_voice(*(speaker[k].cuda() for k in ("flow_prompt_speech_token", "prompt_speech_feat",
-                                                                  "flow_embedding")))
-    graphs = PooledFlowGraphs(pooled, compiled_estimator(flow.decoder.estimator) if compiled else None)
+    flow, case, pooled, voice, graphs = _golden_pool_graphs(tiny_model_dir, golden_dir, monkeypatch, compiled)
     graphs.capture(rows=(4,), ctx_caps=(250,), new_caps=(112,))
     stepped = graphs.capture_stepped((1, 4), voice.prefix_frames, 112)
     first = case["first_hop"] + case["pre_lookahead_len"]

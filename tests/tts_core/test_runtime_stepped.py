@@ -16,6 +16,7 @@ from tts_core.runtime import (
     CosyVoice2Pipeline,
     JobOptions,
     SchedulerSettings,
+    SynthesisError,
     SynthesisJob,
 )
 
@@ -103,3 +104,27 @@ def test_a_call_that_hangs_up_while_its_first_chunk_steps_leaves_at_once(stepped
     assert leaving_sink.cancelled and leaving_sink.chunks == []
     assert dropped == [leaving]
     assert not flow.rows and stepped.scheduler.free_slots == 3
+
+
+def test_a_failed_step_fails_the_calls_in_flight_and_the_lane_serves_the_next(stepped: CosyVoice2Pipeline,
+                                                                             monkeypatch) -> None:
+    renderer = stepped.scheduler.renderer
+    flow = renderer.lanes["first-0"].stepped
+    real_step = renderer.step_first
+    failed = []
+
+    def step_first(lane):
+        if not failed and flow.rows:
+            failed.append(len(flow.rows))
+            raise RuntimeError("step blew up")
+        return real_step(lane)
+
+    monkeypatch.setattr(renderer, "step_first", step_first)
+    first_sink, next_sink = CollectingSink(), CollectingSink()
+    stepped.synthesize("The first call.", VOICE, first_sink, JobOptions(seed=1, min_tokens=60, max_tokens=60))
+    with pytest.raises(SynthesisError, match="step blew up"):
+        first_sink.wait(60)
+    assert failed == [1] and not flow.rows  # its row left with it
+    stepped.synthesize("The next call.", VOICE, next_sink, JobOptions(seed=2, min_tokens=60, max_tokens=60))
+    assert len(np.concatenate(next_sink.wait(60))) == 60 * SAMPLES_PER_TOKEN
+    assert stepped.scheduler.free_slots == 3

@@ -12,9 +12,9 @@ several first lanes (a burst of new calls renders on them side by side: a small 
 by kernel launches, so two run at once at nearly the speed of one). Kind "all" (one thread) does
 both.
 
-With `step_first_chunks` a first lane renders differently (`_step_rounds`): it runs one Euler step
-at a time over every first chunk it holds (`tts_core/flow/stepped.py`), takes new ones in at step
-boundaries and hands each off after its tenth step, so it does not wait for work while rows are in
+With `step_first_chunks` a first lane renders differently: it runs one Euler step at a time over
+every first chunk it holds (`tts_core/flow/stepped.py`), takes new ones in at step boundaries and
+hands each off after its tenth step (`_step_round`), so it does not wait for work while rows are in
 flight.
 
 A lane owns the render side of its jobs (chunk planner, deferred chunk, token -> waveform stream)
@@ -153,51 +153,45 @@ class RenderLoop:
         own = self.renderer.lanes[self._replays].cuda_stream  # an SM partition's: its graphs were captured there
         self._stepped = self.renderer.lanes[self._replays].stepped if self.lane == "first" else None
         with device_stream(self._device, priority=self._priority, separate=self._separate_streams, stream=own):
-            if self._stepped is not None:
-                self._step_rounds()
-                return
             while True:
                 with self._wake:
-                    work = self._wait_for_work()
+                    # A stepped lane waits only while no row is in flight.
+                    work = self._wait_for_work(block=not self._stepping)
                 if work is None:
                     return
                 setup, due = work
                 try:
                     for job in setup:
                         self._start_rendering(job)
-                    self._render_due(due)
+                    if self._stepped is None:
+                        self._render_due(due)
+                    else:
+                        self._step_round(due)
                 except Exception as exc:  # a bug outside any one job: fail what it held, keep serving
                     log.exception("tts_render_round_failed")
-                    for job in setup + [d.job for d in due]:
-                        self._fail(job, exc)
+                    for job in setup + [d.job for d in due] + self._abandon_rows():
+                        self._fail(job, exc)  # once per job: a job failed already is not failed again
 
-    def _step_rounds(self) -> None:
-        """The stepped first lane: each round takes the due first chunks into the stepped flow (as
-        many as it has free rows), runs one Euler step of every row, and hands off the chunks of the
-        rows that took their last. It waits for work only while no row is in flight."""
-        while True:
-            with self._wake:
-                work = self._wait_for_work(block=not self._stepping)
-            if work is None:
-                return
-            setup, due = work
-            try:
-                for job in setup:
-                    self._start_rendering(job)
-                self._drop_gone()
-                self._join(due)
-                for d, out in self.renderer.step_first(self._replays):
-                    del self._stepping[id(d.job)]
-                    self.renders.append(RenderTiming(1, time.perf_counter() - d.job.timings.first_render_started,
-                                                     self._replays, out.flow_s, out.hift_s))
-                    self._hand_off(d, out)
-            except Exception as exc:  # a bug outside any one job: fail what it held, keep serving
-                log.exception("tts_render_round_failed")
-                held = {id(j): j for j in setup + [d.job for d in due] + [d.job for d in self._stepping.values()]}
-                self._stepped.drop(lambda row: True)
-                self._stepping.clear()
-                for job in held.values():
-                    self._fail(job, exc)
+    def _step_round(self, due: list[_Due]) -> None:
+        """The stepped first lane's round: the due first chunks join the stepped flow (as many as
+        it has free rows), one Euler step of every row runs, and the chunks of the rows that took
+        their last are handed off."""
+        self._drop_gone()
+        self._join(due)
+        for d, out in self.renderer.step_first(self._replays):
+            del self._stepping[id(d.job)]
+            self.renders.append(RenderTiming(1, time.perf_counter() - d.job.timings.first_render_started,
+                                             self._replays, out.flow_s, out.hift_s))
+            self._hand_off(d, out)
+
+    def _abandon_rows(self) -> list[SynthesisJob]:
+        """After a failed round: the stepped flow's rows leave; returns their jobs (none without one)."""
+        if self._stepped is None:
+            return []
+        jobs = [d.job for d in self._stepping.values()]
+        self._stepping.clear()
+        self._stepped.drop(lambda row: True)
+        return jobs
 
     def _drop_gone(self) -> None:
         """Rows whose job was cancelled or failed leave before any new row joins: their stream's slot
