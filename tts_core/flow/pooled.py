@@ -22,7 +22,8 @@ A stream whose own frames outgrow `PoolShape.stream_frames` keeps its latest fra
 only then does it see less than the official call (logged once per stream).
 
 `pooled_solve` is capturable (no host syncs); `PooledFlow.render` is the eager driver, and
-`tts_core.accel.flow_pool_graphs` replays captured calls. One thread drives a `PooledFlow`.
+`tts_core.accel.flow_pool_graphs` replays captured calls. `pooled_row_step` is one step of rows
+that are each at their own step (tts_core.flow.stepped). One thread drives a `PooledFlow`.
 """
 
 from __future__ import annotations
