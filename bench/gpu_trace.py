@@ -19,7 +19,7 @@ what it saw into per-stream figures:
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import pairwise
@@ -122,9 +122,7 @@ def summarize(kernels: list[Kernel], gap_limit_us: float = 100.0, top: int = 12)
             names[k.name].append(k.dur_us)
         ranked = sorted(names.items(), key=lambda item: -sum(item[1]))[:top]
         long_gaps = [(g, b.name) for g, b in zip(gaps, ks[1:]) if g >= gap_limit_us]
-        resumed: dict[str, int] = defaultdict(int)
-        for _, name in long_gaps:
-            resumed[name[:120]] += 1
+        resumed = Counter(name[:120] for _, name in long_gaps)
         streams[str(stream)] = {
             "kernels": len(ks),
             "kernel_ms": sum(k.dur_us for k in ks) / 1e3,
@@ -133,7 +131,7 @@ def summarize(kernels: list[Kernel], gap_limit_us: float = 100.0, top: int = 12)
             "gap_ms": sum(g for g in gaps if 0 < g < gap_limit_us) / 1e3,
             "long_gaps": len(long_gaps),
             "long_gap_ms": sum(g for g, _ in long_gaps) / 1e3,
-            "after_long_gap": dict(sorted(resumed.items(), key=lambda item: -item[1])[:top]),
+            "after_long_gap": dict(resumed.most_common(top)),
             "top": [{"name": name[:120], "count": len(durs), "total_ms": sum(durs) / 1e3,
                      "mean_us": sum(durs) / len(durs)} for name, durs in ranked],
         }

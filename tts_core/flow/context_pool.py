@@ -62,11 +62,9 @@ class CallIndex:
 
     def at_step(self, pool: FlowContextPool, step: int | torch.Tensor) -> StepIndex:
         """The pool rows of Euler step `step`: one int for every row, or (B,) long, a step per row."""
-        if isinstance(step, torch.Tensor):
-            step = step.view(1, -1, 1)
         frames, slots = step * (2 * pool.frames), step * (2 * pool.slots)
-        if isinstance(slots, torch.Tensor):
-            slots = slots.view(1, -1)
+        if isinstance(step, torch.Tensor):  # per row: broadcast over the halves (and the keys)
+            frames, slots = frames.view(1, -1, 1), slots.view(1, -1)
         return StepIndex(ctx_rows=(self.ctx_frames + frames).flatten(), write_rows=(self.write_frames + frames).flatten(),
                          left_src=(self.left_src + slots).flatten(), left_dst=(self.left_dst + slots).flatten(),
                          conv_at=self.conv_at)

@@ -49,39 +49,45 @@ class SteppedRow:
     joined_at: float = field(default_factory=time.perf_counter)
 
 
+def _parts(inputs: SolveInputs) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """`inputs`' tensors by name, rows on one axis: (B, ...) ones, and [conditioned |
+    unconditioned] ones as (2, B, ...) (views where the layout allows). The attention mask is padded
+    to its 16-aligned rows (additive_mask), so that a step's slice of it keeps them."""
+    b, index = inputs.x0.size(0), inputs.index
+    keys = index.key_pos.size(1)
+    padded = torch.full((*inputs.attn.shape[:-1], -(-keys // 16) * 16), float("-inf"), dtype=inputs.attn.dtype,
+                        device=inputs.attn.device)
+    padded[..., :keys] = inputs.attn
+
+    def halves(t: torch.Tensor) -> torch.Tensor:
+        return t.reshape(2, b, *t.shape[1:])
+
+    return ({"x0": inputs.x0, "key_pos": index.key_pos, "new_pos": index.new_pos},
+            {"mu": halves(inputs.mu), "cond": halves(inputs.cond), "spks": halves(inputs.spks),
+             "attn": halves(padded), "ctx_frames": index.ctx_frames, "write_frames": index.write_frames,
+             "left_src": index.left_src, "left_dst": index.left_dst,
+             **{f"conv_at_{n}": halves(at) for n, at in index.conv_at.items()}})
+
+
 class _RowInputs:
     """`SolveInputs` of every row of a `SteppedFlow`, kept on the device between steps (made once as
     a row joins instead of in every step: ~100 small kernels a step less). Each tensor keeps its
     rows on one axis: (B, ...) tensors on axis 0, [conditioned | unconditioned] ones as (2, B, ...)."""
 
     def __init__(self, inputs: SolveInputs) -> None:
-        rows = inputs.x0.size(0)
-        index = inputs.index
-        self.keys = index.key_pos.size(1)
-        # The attention mask keeps its 16-aligned rows (additive_mask): stored padded, sliced per step.
-        attn = inputs.attn
-        padded = torch.full((*attn.shape[:-1], -(-self.keys // 16) * 16), float("-inf"), dtype=attn.dtype,
-                            device=attn.device)
-        padded[..., :self.keys] = attn
-
-        def halves(t: torch.Tensor) -> torch.Tensor:
-            return t.reshape(2, rows, *t.shape[1:]).clone()
-
-        self.rows = {"x0": inputs.x0.clone(), "key_pos": index.key_pos.clone(), "new_pos": index.new_pos.clone()}
-        self.halves = {"mu": halves(inputs.mu), "cond": halves(inputs.cond), "spks": halves(inputs.spks),
-                       "attn": halves(padded),
-                       "ctx_frames": index.ctx_frames.clone(), "write_frames": index.write_frames.clone(),
-                       "left_src": index.left_src.clone(), "left_dst": index.left_dst.clone(),
-                       **{f"conv_at_{n}": halves(at) for n, at in index.conv_at.items()}}
-        self.conv_widths = sorted(index.conv_at)
+        self.keys = inputs.index.key_pos.size(1)
+        self.conv_widths = sorted(inputs.index.conv_at)
+        rows, halves = _parts(inputs)
+        self.rows = {name: t.clone() for name, t in rows.items()}
+        self.halves = {name: t.clone() for name, t in halves.items()}
 
     def put(self, row: int, one: SolveInputs) -> None:
         """Row `row` becomes the one row of `one`."""
-        other = _RowInputs(one)
+        rows, halves = _parts(one)
         for name, t in self.rows.items():
-            t[row].copy_(other.rows[name][0])
+            t[row].copy_(rows[name][0])
         for name, t in self.halves.items():
-            t[:, row].copy_(other.halves[name][:, 0])
+            t[:, row].copy_(halves[name][:, 0])
 
     def reorder(self, order: torch.Tensor) -> None:
         """Row i becomes row order[i] (device long tensor of every row)."""

@@ -293,14 +293,11 @@ class ChunkRenderer:
         replays = self.lanes[lane].graphs
         plans = [self.pooled.plan(s.flow, torch.tensor([list(t[:task.token_end])], dtype=torch.long), task.finalize)
                  for _, s, t, task in items]
-        fits = [i for i, plan in enumerate(plans) if stepped.fits(plan)]
-        joining = [plans[i] for i in fits]
-        mus = encode_grouped(self.flow, joining, replays._encode if replays is not None else None)
-        for i, plan, mu in zip(fits, joining, mus):
-            key, stream, _, task = items[i]
+        joining = [(item, plan) for item, plan in zip(items, plans) if stepped.fits(plan)]
+        mus = encode_grouped(self.flow, [plan for _, plan in joining], replays._encode if replays is not None else None)
+        for ((key, stream, _, task), plan), mu in zip(joining, mus):
             stepped.join(_FirstRow(key, stream, task.finalize), stream.flow, plan, mu)
-        taken = set(fits)
-        return [item[0] for i, item in enumerate(items) if i not in taken]
+        return [key for (key, *_), plan in zip(items, plans) if not stepped.fits(plan)]
 
     def step_first(self, lane: str) -> list[tuple[object, RenderedChunk]]:
         """One Euler step of `lane`'s stepped flow; (key, chunk) for each row that took its last step.

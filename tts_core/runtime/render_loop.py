@@ -69,6 +69,17 @@ class _Due:
     lm_s: float = 0.0  # the job's decode time since its previous chunk, taken when rendering starts
 
 
+def _still_wanted(due: list[_Due]) -> list[_Due]:
+    """Without the chunks of jobs cancelled or failed since the lock was let go (not rendered)."""
+    return [d for d in due if d.job.slot is not None and not d.job.cancelled]
+
+
+def _render_started(due: list[_Due], at: float) -> None:
+    for d in due:
+        if d.job.timings.first_render_started is None:
+            d.job.timings.first_render_started = at
+
+
 def _is_first(d: _Due) -> bool:
     """The job's first audio: what the caller waits for in silence."""
     return d.job.timings.first_chunk is None
@@ -206,21 +217,11 @@ class RenderLoop:
     def _join(self, due: list[_Due]) -> None:
         """Due first chunks into the stepped flow, most urgent first, as many as it has free rows
         (the rest go back); one that fits no row is rendered in a call of its own now."""
-        due = [d for d in due if d.job.slot is not None and not d.job.cancelled]
-        free = self._stepped.free
-        rest = due[free:]
-        due = due[:free]
-        with self._lock:
-            self._hand_back(rest)
-            if rest:
-                self._wake.notify_all()
+        due = _still_wanted(due)
+        due = self._take(due, due[:self._stepped.free])
         if not due:
             return
-        started = time.perf_counter()
-        for d in due:
-            d.lm_s = d.job.take_lm_s()
-            if d.job.timings.first_render_started is None:
-                d.job.timings.first_render_started = started
+        _render_started(due, time.perf_counter())
         refused = self.renderer.join_first([(d, d.job.token2wav, d.tokens, d.task) for d in due], self._replays)
         alone = {id(d) for d in refused}
         for d in due:
@@ -339,31 +340,32 @@ class RenderLoop:
     def _render_due(self, due: list[_Due]) -> None:
         """Render the most urgent chunks, up to the largest flow batch; the rest wait for the next
         round, re-sorted with whatever became due."""
-        # A job cancelled or failed since the lock was let go is dropped without rendering.
-        due = [d for d in due if d.job.slot is not None and not d.job.cancelled]
+        due = _still_wanted(due)
         # First chunks go in a call of their own: a call costs about its widest row's context times
         # its rows, so a first chunk (prompt context only) riding with 31 later chunks (long
         # contexts) would arrive several times later than alone. The later chunks go next call.
         # (A "first" or "later" lane only holds one kind.)
         firsts = [d for d in due if _is_first(d)]
-        now = (firsts or due)[:self._batch]
+        now = self._take(due, (firsts or due)[:self._batch])
+        if now:
+            self._render_batch(now)
+
+    def _take(self, due: list[_Due], now: list[_Due]) -> list[_Due]:
+        """`now` (some of `due`) render now, each charged its decode time since its last chunk; the
+        rest of `due` go back for the next round. Returns `now`."""
         taken = {id(d) for d in now}
         rest = [d for d in due if id(d) not in taken]
         with self._lock:
             self._hand_back(rest)
             if rest:
                 self._wake.notify_all()  # another lane of their kind may take them now
-        if not now:
-            return
         for d in now:
             d.lm_s = d.job.take_lm_s()
-        self._render_batch(now)
+        return now
 
     def _render_batch(self, due: list[_Due]) -> None:
         started = time.perf_counter()
-        for d in due:
-            if d.job.timings.first_render_started is None:
-                d.job.timings.first_render_started = started
+        _render_started(due, started)
         try:
             outs = self.renderer.render([(d.job.token2wav, d.tokens, d.task) for d in due], lane=self._replays)
         except Exception as exc:

@@ -93,8 +93,8 @@ class SchedulerSettings:
     # Each first lane steps the first chunks it holds together, each at its own Euler step, up to
     # max(flow_first_batches) rows (tts_core/flow/stepped.py), instead of a call per batch of them.
     # H100, one stepped lane against three lanes of calls: about a fifth less kernel time per first
-    # chunk and a decode stage 9-30 ms shorter, but a step slows with the rows in it under load and a first
-    # chunk waits for ten: its render took 109-170 ms against 85-106, and p95 was no better
+    # chunk and a decode stage 9-30 ms shorter, but under load a step slows with the rows in it and
+    # a first chunk waits for ten: its render took 109-170 ms against 85-106, and p95 was no better
     # (load_2026-11-24_h100_{stepped_first_chunks,stepped_row_inputs,flat_pool_calls*}.json).
     step_first_chunks: bool = False
     # The captured flow solves run torch.compile'd resnets and transformer blocks (fewer, fused
