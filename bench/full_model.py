@@ -48,6 +48,13 @@ def _full_keys(golden: Path) -> dict[str, dict[str, list[int]]]:
     return json.loads((golden / "full" / "full_keys.json").read_text())
 
 
+def full_part_state(part: str, golden: Path = GOLDEN, seed: int = 2026) -> dict[str, torch.Tensor]:
+    """Random weights of one part ("llm", "flow", "hift") drawn on their own, for a benchmark of
+    that part alone (build_full_model_dir draws the three from one generator, so they differ)."""
+    gen = torch.Generator().manual_seed(seed)
+    return {k: _random_tensor(k, shape, gen) for k, shape in _full_keys(golden)[part].items()}
+
+
 def full_speech_lm(golden: Path = GOLDEN, seed: int = 2026):
     """The full-size SpeechTokenLM (float32, CPU) with the very weights `build_full_model_dir` writes to
     llm.pt for the same seed (llm.pt is drawn first), built in memory: no 2.3 GB directory needed."""
