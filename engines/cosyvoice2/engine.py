@@ -72,6 +72,7 @@ class CosyVoice2Engine(SpeechEngine):
                                    first_hop_tokens=s.first_hop_tokens),
             fast=SchedulerSettings(graphs=graphs, flow_encoder_tokens=encoder_tokens,
                                    flow_context_frames=s.flow_context_frames, compile_flow=s.compile_flow,
+                                   compile_hift=s.compile_hift,
                                    first_chunk_lanes=s.first_chunk_lanes, step_first_chunks=s.step_first_chunks),
             llm_fp8=s.llm_fp8)
         try:
@@ -87,7 +88,8 @@ class CosyVoice2Engine(SpeechEngine):
             pipeline.close()
             raise
         log.info("cosyvoice2_engine_started", device=device, dtype=str(dtype), llm_fp8=s.llm_fp8, graphs=graphs,
-                 compile_flow=graphs and s.compile_flow, first_chunk_lanes=s.first_chunk_lanes,
+                 compile_flow=graphs and s.compile_flow, compile_hift=graphs and s.compile_hift,
+                 first_chunk_lanes=s.first_chunk_lanes,
                  step_first_chunks=s.step_first_chunks,
                  flow_encoder_tokens=encoder_tokens,
                  flow_context_s=s.flow_context_s, load_s=round(load_s, 3),

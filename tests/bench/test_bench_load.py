@@ -36,7 +36,7 @@ def test_bench_load_runs_on_cpu_tiny(tiny_model_dir: Path, tmp_path: Path) -> No
         assert (best["defer_slack_s"], best["first_chunk_hold_ms"]) in variants
     else:
         assert best is None
-    assert report["compile_flow"] is False  # no graphs on CPU, so nothing is compiled
+    assert report["compile_flow"] is False and report["compile_hift"] is False  # no graphs on CPU: nothing compiled
     # Profiled: the first variant of the named rate, and one lone request (on CPU: no kernels).
     assert [("gpu_trace" in r) for r in report["rates"]] == [True, False, False, False]
     assert report["rates"][0]["gpu_trace"]["from_s"] == 0.5 and "streams" in report["gpu_trace_alone"]

@@ -109,9 +109,10 @@ async def test_a_failing_job_fails_only_its_stream(engine: CosyVoice2Engine) -> 
 
 async def test_close_fails_open_streams(tiny_model_dir: Path) -> None:
     engine = CosyVoice2Engine(model_dir=str(tiny_model_dir), device="cpu", max_batch=1, max_len=1024, warmup=False,
-                              compile_flow=False, first_chunk_lanes=1, step_first_chunks=True)
+                              compile_flow=False, compile_hift=False, first_chunk_lanes=1, step_first_chunks=True)
     await engine.start()
-    assert engine.pipeline.scheduler.settings.compile_flow is False  # the config keys reach the scheduler
+    settings = engine.pipeline.scheduler.settings
+    assert (settings.compile_flow, settings.compile_hift) == (False, False)  # the config keys reach the scheduler
     assert engine.pipeline.scheduler.renderer.first_lanes == ["first-0"]
     assert engine.pipeline.scheduler.renderer.lanes["first-0"].stepped is not None
     stream = engine.open_stream(_request(600))
@@ -151,6 +152,9 @@ def test_fast_path_is_on_for_cuda_and_off_for_cpu_by_default(tmp_path):
     assert not CosyVoice2Settings.from_config({"model_dir": str(tmp_path), "compile_flow": False}).compile_flow
     with pytest.raises(ValueError, match="engine.cosyvoice2.compile_flow"):
         CosyVoice2Settings.from_config({"model_dir": str(tmp_path), "compile_flow": "no"})
+    assert auto.compile_hift  # likewise the compiled HiFT stages
+    with pytest.raises(ValueError, match="engine.cosyvoice2.compile_hift"):
+        CosyVoice2Settings.from_config({"model_dir": str(tmp_path), "compile_hift": 1})
     assert not auto.step_first_chunks  # measured no better than first chunks in calls (docs/PERF_NOTES.md)
     with pytest.raises(ValueError, match="engine.cosyvoice2.step_first_chunks"):
         CosyVoice2Settings.from_config({"model_dir": str(tmp_path), "step_first_chunks": 1})

@@ -282,3 +282,32 @@ def test_flow_graphs_captured_on_a_green_stream_equal_the_ordinary_ones(tiny_mod
         for s in streams:
             pooled.close_stream(s)
     assert (mels[0] - mels[1]).abs().max().item() <= 1e-4  # the golden parity tests' bound
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["plain", "compiled-stages"])
+def test_graphed_hift_equals_the_eager_decode_of_its_own_source(tiny_model_dir: Path, compiled: bool) -> None:
+    """A HiFT graph (first chunk: no cache; later chunk: cached source samples), plain or with the
+    stages compiled (compile_hift), gives each row what the eager vocoder gives for the mel and the
+    excitation the graph drew, within the float32 spread of that very input (see
+    test_golden_hift.float32_tolerance: ~30 layers ahead of a clipped exp)."""
+    import copy
+
+    from tts_core.accel.hift_graphs import GraphedHift, compiled_mix
+    from tts_core.hift import load_hift
+
+    vocoder = load_hift(tiny_model_dir, "cuda", torch.float32, fold=True)
+    vocoder64 = copy.deepcopy(vocoder).double()
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    for rows, frames, cached in [(2, 56, 0), (3, 108, 3840)]:
+        graph = GraphedHift(vocoder, frames, cached, rows=4, mix=compiled_mix() if compiled else None)
+        mel = torch.randn(rows, 80, frames, device="cuda", generator=gen) * 2 - 6
+        cache = torch.randn(rows, 1, cached, device="cuda", generator=gen) * 0.1 if cached else None
+        wav, source = graph.inference(mel, cache)
+        assert wav.shape == (rows, frames * 480) and source.shape == (rows, 1, frames * 480)
+        if cached:
+            assert torch.equal(source[..., :cached], cache)  # the excitation continues the previous chunk's
+        with torch.inference_mode():
+            eager, exact = vocoder.decode(mel, source), vocoder64.decode(mel.double(), source.double())
+        noise = float((eager.double() - exact).abs().max())
+        assert float((wav.double() - exact).abs().max()) <= 3 * noise + 1e-5
+        assert float((wav - eager).abs().mean()) < 1e-4

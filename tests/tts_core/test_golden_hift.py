@@ -262,3 +262,22 @@ def test_hift_stream_chunk_lengths_follow_official_token2wav(golden_dir: Path, t
     stream = HiftStream(vocoder, torch.Generator().manual_seed(0))
     lengths = [stream.push(mel[..., a * ratio:b * ratio], finalize=last).shape[-1] for a, b, last in chunks]
     assert lengths == [c.shape[-1] for c in case["chunks"]]
+
+
+def test_compiled_stages_keep_golden_parity(vocoder, vocoder64, golden) -> None:
+    # What compile_hift does to a captured HiFT graph (accel/hift_graphs), on CPU: each stage's
+    # residual blocks fused by inductor give the official waveform within the same float32
+    # tolerance as the plain decode, for the full-utterance case and both streaming chunks (other
+    # lengths: sizes are symbolic, so one compile serves them).
+    from tts_core.accel.graph_capture import compiling_at_start_up
+    from tts_core.accel.hift_graphs import compiled_mix
+
+    mix = compiled_mix()
+    for mel_key, source_key, wav_key in [("mel", "source", "wav_given_source"),
+                                         ("stream_mel_a", "stream_src_a", "stream_wav_a"),
+                                         ("stream_mel_b", "stream_src_b", "stream_wav_b")]:
+        mel, source = golden[mel_key], golden[source_key]
+        with torch.inference_mode(), compiling_at_start_up():
+            compiled = vocoder.decode(mel, source, mix)
+        _, ours64 = float32_tolerance(vocoder, vocoder64, mel, source)
+        assert_wav_parity(compiled, ours64, golden[wav_key])

@@ -16,18 +16,16 @@ Use (the rendering thread only):
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 import structlog
 import torch
-import torch.fx.experimental._config as fx_config
 from torch import nn
 
 from tts_core.accel.flow_graphs import device_position_tables
-from tts_core.accel.graph_capture import capture_graph, replay
+from tts_core.accel.graph_capture import capture_graph, compiling_at_start_up, replay
 from tts_core.flow.estimator import FlowEstimator, Regions, SelfAttention
 from tts_core.flow.model import FlowModel
 from tts_core.flow.pooled import PooledFlow, PooledPlan, PooledStream, pooled_solve
@@ -35,9 +33,6 @@ from tts_core.flow.stepped import SteppedFlow
 from tts_core.flow.encoder_window import encode_grouped, encode_new_frames
 
 log = structlog.get_logger(__name__)
-
-COMPILE_LIMIT = 64  # compiles per compiled function during capture (see _compiling_at_start_up)
-
 
 def _run_block(block: nn.Module, h: torch.Tensor, attn_mask: torch.Tensor | None, context) -> torch.Tensor:
     return block(h, attn_mask, context)
@@ -64,18 +59,6 @@ def compiled_estimator(estimator: FlowEstimator) -> Callable:
     regions = Regions(block=torch.compile(_run_block, fullgraph=True, dynamic=True),
                       resnet=torch.compile(_run_resnet, fullgraph=True, dynamic=True))
     return functools.partial(estimator, regions=regions)
-
-
-@contextlib.contextmanager
-def _compiling_at_start_up() -> Iterator[None]:
-    """Where graphs are captured: a compiled estimator compiles here and nowhere else (replays run
-    no Python), per module shape a few size specializations each (compiled_estimator); dynamo's
-    default limit (8 per function) is for code that may recompile forever while serving. Without
-    duck shaping a row count that equals a channel count (2 x 32 rows = 64) is not specialized
-    with it."""
-    limit = max(COMPILE_LIMIT, torch._dynamo.config.recompile_limit)
-    with torch._dynamo.config.patch(recompile_limit=limit), fx_config.patch(use_duck_shape=False):
-        yield
 
 
 class _SolveGraph:
@@ -145,7 +128,7 @@ class PooledFlowGraphs:
         """Capture the solve for every (rows, ctx_cap, new_cap); returns the seconds it took."""
         started = time.perf_counter()
         pool = self._graph_pool()
-        with _compiling_at_start_up():
+        with compiling_at_start_up():
             # Largest first: later captures reuse its blocks of the shared graph memory pool.
             for key in sorted(((r, c, n) for r in rows for c in ctx_caps for n in new_caps),
                               key=lambda k: k[0] * (k[1] + k[2]), reverse=True):
@@ -161,7 +144,7 @@ class PooledFlowGraphs:
         started = time.perf_counter()
         pool = self._graph_pool()
         stepped = SteppedFlow(self.pooled, max(rows), ctx_cap, new_cap, self.estimator)
-        with _compiling_at_start_up():
+        with compiling_at_start_up():
             for r in sorted(rows, reverse=True):
                 graph = torch.cuda.CUDAGraph()
                 capture_graph(graph, functools.partial(stepped.advance, r), warmup=2, pool=pool, stream=self._stream)

@@ -12,14 +12,29 @@ covers only the launch (microseconds); the graphs still run concurrently on thei
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
-import threading
-
 import torch
+import torch.fx.experimental._config as fx_config
 
 T = TypeVar("T")
+
+COMPILE_LIMIT = 64  # compiles per compiled function during capture (see compiling_at_start_up)
+
+
+@contextlib.contextmanager
+def compiling_at_start_up() -> Iterator[None]:
+    """Where graphs are captured: torch.compile'd regions (the flow estimator's modules, HiFT's
+    stages) compile here and nowhere else (replays run no Python), a few size specializations per
+    region shape each; dynamo's default limit (8 per function) is for code that may recompile
+    forever while serving. Without duck shaping a row count that equals a channel count
+    (2 x 32 rows = 64) is not specialized with it."""
+    limit = max(COMPILE_LIMIT, torch._dynamo.config.recompile_limit)
+    with torch._dynamo.config.patch(recompile_limit=limit), fx_config.patch(use_duck_shape=False):
+        yield
 
 
 @torch.inference_mode()

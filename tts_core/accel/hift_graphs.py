@@ -5,6 +5,8 @@ device's default generator (graphs replay philox draws with a fresh offset every
 replay draws new noise, as an eager call would). Streaming glue (mel cache, cross-fade) stays in
 `HiftStream`-style code around it; a graph per (frames, cached source samples) covers the official
 schedule: the first chunk has no cache, later chunks carry 8 frames / 3840 samples.
+
+`compiled_mix` fuses each upsampling stage's residual blocks (torch.compile) for the graphs to record.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
-from tts_core.accel.graph_capture import capture_graph, replay
-from tts_core.hift.generator import HiftGenerator
+from tts_core.accel.graph_capture import capture_graph, compiling_at_start_up, replay
+from tts_core.hift.generator import HiftGenerator, Mix, mix_stage
 
 
 def overlap_add_istft(spec: torch.Tensor, n_fft: int, hop_length: int, win_length: int | None = None,
@@ -49,6 +51,16 @@ def capturable_istft() -> Iterator[None]:
         torch.istft = original
 
 
+def compiled_mix() -> Mix:
+    """`mix_stage` compiled (inductor): eagerly each Snake is seven elementwise kernels over the
+    stage's whole tensor (B x 64-256 channels x up to 13k samples: ~100 MB at 32 rows), and the
+    residual adds and the average more; compiled, a Snake and the add before it are one kernel, and
+    only the convolutions (cuDNN) remain apart. Stages of the same kernel sizes share one compiled
+    graph; sizes are symbolic. It compiles in `GraphedHift`'s capture at start-up and runs only
+    inside graphs (eager fallbacks use the plain stage)."""
+    return torch.compile(mix_stage, fullgraph=True, dynamic=True)
+
+
 class GraphedHift:
     """Up to `rows` chunks of `frames` mel frames (cache included) in one replay; rows beyond the
     call's are left over from earlier calls and their outputs ignored (every row is independent).
@@ -56,7 +68,7 @@ class GraphedHift:
     of the outputs before the next replay of any of them."""
 
     def __init__(self, vocoder: HiftGenerator, frames: int, cache_samples: int = 0, warmup: int = 2, rows: int = 1,
-                 pool=None, stream: torch.cuda.Stream | None = None) -> None:
+                 pool=None, stream: torch.cuda.Stream | None = None, mix: Mix | None = None) -> None:
         param = next(vocoder.parameters())
         if not param.is_cuda:
             raise RuntimeError("GraphedHift needs the vocoder on a CUDA device")
@@ -66,8 +78,9 @@ class GraphedHift:
         device = param.device
         self.mel = torch.zeros(rows, vocoder.cfg.in_channels, frames, dtype=param.dtype, device=device)
         self.cache_source = torch.zeros(rows, 1, max(cache_samples, 1), dtype=param.dtype, device=device)
+        self.mix = mix
         self._graph = torch.cuda.CUDAGraph()
-        with capturable_istft():
+        with capturable_istft(), compiling_at_start_up():
             self._out = capture_graph(self._graph, self._call, warmup, pool=pool, stream=stream)
 
     def _call(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,7 +88,7 @@ class GraphedHift:
         source = v.draw_source(v.predict_f0(self.mel), None)
         if self.cache_samples:
             source[..., :self.cache_samples] = self.cache_source
-        return v.decode(self.mel, source), source
+        return v.decode(self.mel, source, self.mix), source
 
     @torch.inference_mode()
     def inference(self, mel: torch.Tensor, cache_source: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

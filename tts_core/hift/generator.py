@@ -14,6 +14,7 @@ per-request state; `streaming.HiftStream` does.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from math import prod
 from pathlib import Path
 
@@ -34,6 +35,21 @@ log = structlog.get_logger(__name__)
 
 # Upstream clips the predicted STFT magnitude (exp of a conv output) before the inverse transform.
 _MAX_MAGNITUDE = 1e2
+
+
+Mix = Callable[[tuple[nn.Module, ...], nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def mix_stage(blocks: tuple[nn.Module, ...], source_block: nn.Module, x: torch.Tensor,
+              source: torch.Tensor) -> torch.Tensor:
+    """One upsampling stage after its transposed convolution: add the source branch, then average
+    the stage's residual blocks (one per kernel size). Most of HiFT's elementwise work (Snake) is
+    here, on the longest tensors of the model, which is why accel compiles this one function."""
+    x = x + source_block(source)
+    acc = blocks[0](x)
+    for block in blocks[1:]:
+        acc = acc + block(x)
+    return acc / len(blocks)
 
 
 class HiftGenerator(nn.Module):
@@ -80,9 +96,11 @@ class HiftGenerator(nn.Module):
         per_sample = f0[:, None, :].repeat_interleave(self.cfg.samples_per_frame, dim=-1)
         return self.m_source(per_sample, generator)
 
-    def decode(self, mel: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
-        """mel (B, 80, T) and source (B, 1, T * samples_per_frame) -> waveform (B, T * samples_per_frame)."""
+    def decode(self, mel: torch.Tensor, source: torch.Tensor, mix: Mix | None = None) -> torch.Tensor:
+        """mel (B, 80, T) and source (B, 1, T * samples_per_frame) -> waveform (B, T * samples_per_frame).
+        `mix` runs each stage's residual blocks (`mix_stage` unless given: accel compiles it)."""
         cfg = self.cfg
+        mix = mix or mix_stage
         spec = torch.stft(source.squeeze(1), cfg.n_fft, cfg.hop_len, cfg.n_fft, window=self.stft_window,
                           return_complex=True)
         spec = torch.view_as_real(spec)
@@ -96,12 +114,8 @@ class HiftGenerator(nn.Module):
             if i == last:
                 # One sample of left reflection makes the frame count equal the STFT's (centred) count.
                 x = F.pad(x, (1, 0), mode="reflect")
-            x = x + self.source_resblocks[i](self.source_downs[i](source_spec))
-            blocks = self.resblocks[i * n_kernels:(i + 1) * n_kernels]
-            acc = blocks[0](x)
-            for block in blocks[1:]:
-                acc = acc + block(x)
-            x = acc / n_kernels
+            x = mix(tuple(self.resblocks[i * n_kernels:(i + 1) * n_kernels]), self.source_resblocks[i],
+                    x, self.source_downs[i](source_spec))
 
         # Upstream uses leaky_relu's default slope (0.01) here, not lrelu_slope.
         x = self.conv_post(F.leaky_relu(x))

@@ -56,6 +56,7 @@ class FlowPoolSettings:
     # (tts_core/flow/stepped.py), instead of rendering each batch in a call of its own.
     step_first_chunks: bool = False
     compile: bool = False  # captured solves call a torch.compile'd estimator step (accel/flow_pool_graphs)
+    compile_hift: bool = False  # captured HiFT graphs call torch.compile'd stages (accel/hift_graphs)
     # CUDA: the "later" lane's work (its graphs are captured there) runs on this many SMs only
     # (a green context, tts_core/accel/sm_partition.py), leaving the rest to the decode step and
     # the first chunks. 0: every lane may use every SM.
@@ -188,7 +189,7 @@ class ChunkRenderer:
         if not graphs:
             return report
         from tts_core.accel.flow_pool_graphs import PooledFlowGraphs, compiled_estimator
-        from tts_core.accel.hift_graphs import GraphedHift
+        from tts_core.accel.hift_graphs import GraphedHift, compiled_mix
 
         own_max = self.pooled.pool.shape.stream_frames
         step = -(-own_max // s.context_buckets // chunk) * chunk
@@ -238,6 +239,7 @@ class ChunkRenderer:
         # chunks (8 cached frames + a full hop) in every row bucket and final chunks (8 cached frames
         # + a final call's frames) one row each, so no chunk of a steady schedule runs
         # eagerly (a first chunk that is also the last, a short utterance, does).
+        mix = compiled_mix() if s.compile_hift else None
         cached = 8 * 480
         finals = [(1, 8 + n * ratio, cached) for n in final_tokens]
         firsts_hift = [(rows, first_hop, 0) for first_hop in sorted(first_hops) for rows in s.first_batches]
@@ -248,12 +250,13 @@ class ChunkRenderer:
             for key in sorted(shapes, key=lambda k: k[0] * k[1], reverse=True):  # largest first: pool reuse
                 if key not in lane.hift_graphs:
                     rows, frames, cache = key
-                    lane.hift_graphs[key] = GraphedHift(self.hift, frames, cache, rows=rows, pool=pool, stream=stream)
+                    lane.hift_graphs[key] = GraphedHift(self.hift, frames, cache, rows=rows, pool=pool,
+                                                               stream=stream, mix=mix)
         report["hift_capture_s"] = time.perf_counter() - t0
         report.update({"flow_ctx_caps": ctx_caps, "flow_new_caps": new_caps, "flow_batches": list(s.batches),
                        "flow_first_batches": list(s.first_batches),
                        "first_lanes": len(first_lanes), "first_chunks_stepped": s.step_first_chunks,
-                       "flow_compiled": s.compile,
+                       "flow_compiled": s.compile, "hift_compiled": s.compile_hift,
                        "flow_graphs": sum(len(lane.graphs.solve_graphs) for lane in self.lanes.values()),
                        "hift_graphs": sum(len(lane.hift_graphs) for lane in self.lanes.values())})
         return report

@@ -104,6 +104,13 @@ class SchedulerSettings:
     # (p95 253-262 ms, 30 calls playing) where eager passed 8-11. It costs start-up: the flow
     # capture takes 73-109 s with a warm compiler cache and ~150 s cold, against 50-60 s eager.
     compile_flow: bool = True
+    # The captured HiFT graphs run torch.compile'd upsampling stages (accel/hift_graphs.compiled_mix:
+    # a Snake and the add before it in one kernel; ~450 kernels a chunk against ~1150). Only with
+    # `graphs`. H100, fp32, bench/results/hift_2026-11-24_h100.json: a first chunk 2.07 ms on the
+    # GPU against 3.33, a later chunk of 8 streams 7.6 against 12.8, of 32 streams 26 against 49;
+    # 58-79 dB SNR against the plain graphs at one and two rows (cuDNN picks other algorithms
+    # there), bit-equal above. Compiling takes ~60 s of start-up with a cold compiler cache.
+    compile_hift: bool = True
     # The later chunks' lane on this many SMs (0: all), and the first-chunk lanes (the same SMs
     # when both are set: the decode step then owns the rest). Beside a 16-row flow solve on every SM
     # a decode step took 2.48 ms, 1.24 alone, and 1.91 ms with the flow on 100 of the H100's 132 SMs
@@ -191,7 +198,7 @@ class SynthesisScheduler:
             encoder_tokens=settings.flow_encoder_tokens, batches=settings.flow_batches,
             voice_slots=settings.flow_voice_slots, first_batches=settings.flow_first_batches,
             first_lanes=settings.first_chunk_lanes, step_first_chunks=settings.step_first_chunks,
-            compile=settings.compile_flow,
+            compile=settings.compile_flow, compile_hift=settings.compile_hift,
             later_sms=settings.later_lane_sms, first_sms=settings.first_lane_sms))
         self.decoder = None  # GraphedDecoder, once captured (or an EagerCarriedDecoder)
         # The carried decoder's steps in flight, oldest first: tokens, the (job, segment) of each
