@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from tts_core.checkpoint import CheckpointMismatch, read_state_dict
 from tts_core.flow import FlowModel, load_flow
@@ -54,6 +55,34 @@ def test_golden_estimator_output(flow: FlowModel, flow_case: dict) -> None:
     with torch.inference_mode():
         out = flow.decoder.estimator(x, mask, mu, t, spks, cond, attn_mask=None)
     assert _max_abs(out, flow_case["estimator_output"]) <= TOL
+
+
+def test_golden_estimator_output_with_channels_last_convolutions(flow: FlowModel, flow_case: dict) -> None:
+    # What accel does before compiling (NhwcConv1d.keep_weight_channels_last): the same function,
+    # from a contiguous input and from one stored (B, L, C) as the transformer blocks hand it over,
+    # and the checkpoint's keys unchanged (the kept copy is not saved).
+    import copy
+
+    from tts_core.flow.estimator import NhwcConv1d
+
+    estimator = copy.deepcopy(flow.decoder.estimator)
+    keys = set(estimator.state_dict())
+    convs = [m for m in estimator.modules() if isinstance(m, NhwcConv1d)]
+    assert len(convs) >= 3 * len(estimator.resnets())  # each resnet's two causal convolutions and res_conv
+    for conv in convs:
+        conv.keep_weight_channels_last()
+    assert set(estimator.state_dict()) == keys
+    x, mask, mu, t, spks, cond = flow_case["estimator_inputs"]
+    x_nlc = x.transpose(1, 2).contiguous().transpose(1, 2)
+    with torch.inference_mode():
+        for inputs in (x, x_nlc):
+            out = estimator(inputs, mask, mu, t, spks, cond, attn_mask=None)
+            assert _max_abs(out, flow_case["estimator_output"]) <= TOL
+        causal = estimator.resnets()[0].block1.block[0]  # kernel 3: two frames of left padding
+        seq = torch.randn(2, causal.in_channels, 40)
+        # float32 rounding of outputs ~30 in size (another summation order): ~1e-5 relative
+        torch.testing.assert_close(causal(seq), F.conv1d(F.pad(seq, (2, 0)), causal.weight, causal.bias),
+                                   rtol=1e-5, atol=1e-4)
 
 
 def test_golden_mel_nonstream(flow: FlowModel, flow_case: dict, speaker: dict) -> None:

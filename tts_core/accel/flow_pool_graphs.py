@@ -26,7 +26,7 @@ from torch import nn
 
 from tts_core.accel.flow_graphs import device_position_tables
 from tts_core.accel.graph_capture import capture_graph, compiling_at_start_up, replay
-from tts_core.flow.estimator import FlowEstimator, Regions, SelfAttention
+from tts_core.flow.estimator import FlowEstimator, NhwcConv1d, Regions, SelfAttention
 from tts_core.flow.model import FlowModel
 from tts_core.flow.pooled import PooledFlow, PooledPlan, PooledStream, pooled_solve
 from tts_core.flow.stepped import SteppedFlow
@@ -51,10 +51,13 @@ def compiled_estimator(estimator: FlowEstimator) -> Callable:
     size specialization: one row, more rows) instead of the whole ~1000-op step 5-7 times (that did
     not finish capturing in 9.5 minutes on the H100). Sizes are symbolic from the start. All of it
     happens in `capture`'s warm-up at start-up, none on a request; the compiled code only ever runs
-    inside graph capture (eager fallbacks use the plain estimator)."""
+    inside graph capture (eager fallbacks use the plain estimator). The convolutions' weights are
+    kept channels-last from here on (`NhwcConv1d`), for the compiled and the eager calls alike."""
     for module in estimator.modules():
         if isinstance(module, SelfAttention):
             module.stack_projections()
+        elif isinstance(module, NhwcConv1d):
+            module.keep_weight_channels_last()
     # fullgraph: a graph break fails start-up loudly.
     regions = Regions(block=torch.compile(_run_block, fullgraph=True, dynamic=True),
                       resnet=torch.compile(_run_resnet, fullgraph=True, dynamic=True))

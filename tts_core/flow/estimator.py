@@ -43,7 +43,36 @@ def _masked(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     return x if mask is None else x * mask
 
 
-class CausalConv1d(nn.Conv1d):
+class NhwcConv1d(nn.Conv1d):
+    """nn.Conv1d that, after `keep_weight_channels_last()` (accel, before compiling), convolves
+    through cuDNN's channels-last kernels: its weight kept once as (out, in, 1, k) channels-last,
+    the input viewed (B, C, 1, L). cuDNN runs a bf16 1-D convolution as an NHWC kernel either way;
+    from a contiguous (B, C, L) input and weight it transforms both on every call and the output
+    back, 5 kernels on the H100 where this is 2 once the input arrives channels-last (inductor
+    writes it so for the convolution) and 3 when not (bench/results/conv_layout_2026-11-24_h100.json).
+    Same function; not for fp32 HiFT, whose cuDNN kernels are slower channels-last there."""
+
+    weight_nhwc: torch.Tensor | None
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.register_buffer("weight_nhwc", None, persistent=False)
+
+    @torch.no_grad()
+    def keep_weight_channels_last(self) -> None:
+        """Copy the weight as it is now (loaded, on its device and dtype); not saved with the state dict."""
+        if self.padding_mode != "zeros":
+            raise ValueError("NhwcConv1d: only zero padding")
+        self.weight_nhwc = self.weight.detach().unsqueeze(2).contiguous(memory_format=torch.channels_last)
+
+    def _conv_forward(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.weight_nhwc is None:
+            return super()._conv_forward(x, weight, bias)
+        return F.conv2d(x.unsqueeze(2), self.weight_nhwc, bias, (1, self.stride[0]), (0, self.padding[0]),
+                        (1, self.dilation[0]), self.groups).squeeze(2)
+
+
+class CausalConv1d(NhwcConv1d):
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int) -> None:
         super().__init__(in_channels, out_channels, kernel_size)
 
@@ -74,7 +103,7 @@ class CausalResnetBlock(nn.Module):
         self.mlp = nn.Sequential(nn.Mish(), nn.Linear(time_emb_dim, dim_out))
         self.block1 = CausalBlock(dim, dim_out)
         self.block2 = CausalBlock(dim_out, dim_out)
-        self.res_conv = nn.Conv1d(dim, dim_out, 1)
+        self.res_conv = NhwcConv1d(dim, dim_out, 1)
 
     def time_bias(self, time_emb: torch.Tensor) -> torch.Tensor:
         """(B, time_emb_dim) -> (B, dim_out): what this block adds to every frame at that flow time."""
@@ -232,7 +261,7 @@ class FlowEstimator(nn.Module):
         self.up_blocks = nn.ModuleList([_level(CausalResnetBlock(2 * c, c, time_dim), blocks(),
                                                CausalConv1d(c, c, 3))])
         self.final_block = CausalBlock(c, c)
-        self.final_proj = nn.Conv1d(c, cfg.out_channels, 1)
+        self.final_proj = NhwcConv1d(c, cfg.out_channels, 1)
 
     def attention_mask(self, frames: int, streaming: bool, device: torch.device, start: int = 0) -> torch.Tensor | None:
         """The bool mask every transformer block uses for query frames [start, frames) against key
