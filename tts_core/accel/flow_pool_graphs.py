@@ -51,8 +51,8 @@ def compiled_estimator(estimator: FlowEstimator) -> Callable:
     size specialization: one row, more rows) instead of the whole ~1000-op step 5-7 times (that did
     not finish capturing in 9.5 minutes on the H100). Sizes are symbolic from the start. All of it
     happens in `capture`'s warm-up at start-up, none on a request; the compiled code only ever runs
-    inside graph capture (eager fallbacks use the plain estimator). The convolutions' weights are
-    kept channels-last from here on (`NhwcConv1d`), for the compiled and the eager calls alike."""
+    inside graph capture (eager fallbacks call the estimator uncompiled). The convolutions' weights
+    are kept channels-last from here on (`NhwcConv1d`), for the compiled and the eager calls alike."""
     for module in estimator.modules():
         if isinstance(module, SelfAttention):
             module.stack_projections()

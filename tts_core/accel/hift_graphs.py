@@ -55,8 +55,8 @@ def compiled_mix() -> Mix:
     """`mix_stage` compiled (inductor): eagerly each Snake is seven elementwise kernels over the
     stage's whole tensor (B x 64-256 channels x up to 13k samples: ~100 MB at 32 rows), and the
     residual adds and the average more; compiled, a Snake and the add before it are one kernel, and
-    only the convolutions (cuDNN) remain apart. Stages of the same kernel sizes share one compiled
-    graph; sizes are symbolic. It compiles in `GraphedHift`'s capture at start-up and runs only
+    only the convolutions (cuDNN) remain apart. Sizes are symbolic: each stage compiles once for
+    one row and once for more (six compiles), in `GraphedHift`'s capture at start-up, and runs only
     inside graphs (eager fallbacks use the plain stage)."""
     return torch.compile(mix_stage, fullgraph=True, dynamic=True)
 
