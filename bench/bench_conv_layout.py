@@ -18,7 +18,6 @@ Needs CUDA.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -28,6 +27,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.gpu_timing import replay_ms
+from bench.report_file import write_report
 
 # (name, dtype, batch, in channels, out channels, kernel, dilation, length)
 SHAPES = [
@@ -57,7 +57,7 @@ def _variants(x, x_nlc, w, w_cl, bias, pad: int, d: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path, help="default: bench/results/conv_layout_<date>_h100.json")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_conv_layout: needs CUDA", file=sys.stderr)
@@ -85,9 +85,9 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         print(f"{name:34s} " + "  ".join(f"{v} {row[f'{v}_ms'] * 1e3:7.1f} us {row[f'{v}_kernels']} k "
                                          f"(err {row[f'{v}_max_rel_err']:.1e})" for v in variants), flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                    "cudnn": torch.backends.cudnn.version(), "shapes": rows}, indent=1))
+    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "cudnn": torch.backends.cudnn.version(), "shapes": rows}
+    write_report(report, args.out, "conv_layout", "h100")
     return 0
 
 

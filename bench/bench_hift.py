@@ -16,7 +16,6 @@ Needs CUDA.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -28,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.full_model import GOLDEN, full_part_state
 from bench.gpu_timing import replay_ms
+from bench.report_file import write_report
 from tts_core.accel.graph_capture import compiling_at_start_up
 from tts_core.accel.hift_graphs import GraphedHift, compiled_mix
 from tts_core.hift.generator import HiftGenerator, load_hift_checkpoint
@@ -68,7 +68,7 @@ def snr_db(x: torch.Tensor, ref: torch.Tensor) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path, help="default: bench/results/hift_<date>_h100.json")
     parser.add_argument("--golden", type=Path, default=GOLDEN)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -110,8 +110,7 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "dtype": "float32",
               "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32, "shapes": rows_out}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1))
+    write_report(report, args.out, "hift", "h100")
     return 0
 
 

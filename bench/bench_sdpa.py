@@ -15,7 +15,6 @@ Needs CUDA.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.gpu_timing import replay_ms
+from bench.report_file import write_report
 from tts_core.accel.graph_capture import capture_graph
 
 # (name, streams B, context frames, new frames)
@@ -47,7 +47,7 @@ def chunk_bias(rows: int, new: int, context: int, chunk: int = 50) -> torch.Tens
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path, help="default: bench/results/sdpa_<date>_h100.json")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_sdpa: needs CUDA", file=sys.stderr)
@@ -76,9 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         rows_out.append(row)
         print(f"{name:18s} " + "  ".join(f"{b} {row[f'{b}_us']:6.1f} us" if f"{b}_us" in row
                                          else f"{b} n/a ({row[f'{b}_error'][:60]})" for b in BACKENDS), flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                    "shapes": rows_out}, indent=1))
+    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "shapes": rows_out}
+    write_report(report, args.out, "sdpa", "h100")
     return 0
 
 
