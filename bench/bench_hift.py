@@ -1,5 +1,7 @@
 """HiFT chunk cost on the GPU: captured graphs of the plain vocoder against graphs whose stages'
 residual blocks are torch.compile'd (`accel.hift_graphs.compiled_mix`), full-size random weights, fp32.
+A third variant captures the compiled graphs with cuDNN's benchmark mode on (does cuDNN find
+better convolution kernels than its heuristics? On the H100: the same ones).
 
 For every (rows, mel frames, cached source samples) the runtime captures (first chunks: 56 frames,
 no cache; later chunks: 108 frames with 3840 cached samples) it prints and writes:
