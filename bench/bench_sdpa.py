@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.gpu_timing import replay_ms
 from bench.report_file import write_report
 from tts_core.accel.graph_capture import capture_graph
+from tts_core.flow.pooled import additive_mask
 
 # (name, streams B, context frames, new frames)
 SHAPES = [("first chunk", 1, 250, 112), ("first chunks x4", 4, 250, 112),
@@ -36,13 +37,11 @@ BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "efficient": SDPBackend.EFFICIE
 
 
 def chunk_bias(rows: int, new: int, context: int, chunk: int = 50) -> torch.Tensor:
-    """What pooled.additive_mask gives for rows whose new frames follow `context` committed ones."""
+    """The pooled flow's additive chunk mask for rows whose new frames follow `context` committed ones."""
     q = torch.arange(context, context + new, device="cuda").view(1, -1, 1)
     k = torch.arange(context + new, device="cuda").view(1, 1, -1)
     ok = (k // chunk <= q // chunk).expand(rows, -1, -1).unsqueeze(1)
-    keys = context + new
-    bias = torch.full((rows, 1, new, -(-keys // 16) * 16), float("-inf"), dtype=torch.bfloat16, device="cuda")
-    return bias[..., :keys].masked_fill_(ok, 0.0)
+    return additive_mask(ok, torch.bfloat16)
 
 
 def main(argv: list[str] | None = None) -> int:

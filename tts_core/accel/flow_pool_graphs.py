@@ -179,7 +179,7 @@ class PooledFlowGraphs:
         if events:
             events[0].record()
         plans = [pooled.plan(s, t, f) for s, t, f in zip(streams, tokens, finalize)]
-        mus = encode_grouped(pooled.model, plans, self._encode)
+        mus = self.encode(plans)
         if events:
             events[1].record()
         largest = self.max_rows or len(plans)
@@ -200,6 +200,10 @@ class PooledFlowGraphs:
             return None
         start, encoded, solved = self._events
         return start.elapsed_time(encoded) / 1e3, encoded.elapsed_time(solved) / 1e3
+
+    def encode(self, plans: Sequence[PooledPlan]) -> list[torch.Tensor]:
+        """Each plan's encoder output (mu), replaying a captured encoder graph where one fits."""
+        return encode_grouped(self.pooled.model, plans, self._encode)
 
     def _encode(self, model: FlowModel, enc_tokens: torch.Tensor, fin: bool, new_frames: int) -> torch.Tensor:
         rows, n = enc_tokens.shape

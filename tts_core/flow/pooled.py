@@ -136,8 +136,13 @@ def additive_mask(ok: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     unaligned rows) in every call: 56 blocks x 10 steps per flow call. Converted once here instead;
     the attention is the same."""
     keys = ok.size(-1)
-    bias = torch.full((*ok.shape[:-1], -(-keys // 16) * 16), float("-inf"), dtype=dtype, device=ok.device)
-    return bias[..., :keys].masked_fill_(ok, 0.0)
+    return aligned_mask_buffer(ok.shape[:-1], keys, dtype, ok.device)[..., :keys].masked_fill_(ok, 0.0)
+
+
+def aligned_mask_buffer(lead: Sequence[int], keys: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """(*lead, K') all -inf, K' = `keys` rounded up to 16: an additive mask's storage, whose
+    [..., :keys] view has 16-element aligned rows (`additive_mask`)."""
+    return torch.full((*lead, -(-keys // 16) * 16), float("-inf"), dtype=dtype, device=device)
 
 
 @dataclass(frozen=True)

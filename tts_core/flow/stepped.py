@@ -34,6 +34,7 @@ from tts_core.flow.pooled import (
     PooledStream,
     SolveInputs,
     StepTables,
+    aligned_mask_buffer,
     pooled_row_step,
     solve_inputs,
 )
@@ -55,8 +56,7 @@ def _parts(inputs: SolveInputs) -> tuple[dict[str, torch.Tensor], dict[str, torc
     to its 16-aligned rows (additive_mask), so that a step's slice of it keeps them."""
     b, index = inputs.x0.size(0), inputs.index
     keys = index.key_pos.size(1)
-    padded = torch.full((*inputs.attn.shape[:-1], -(-keys // 16) * 16), float("-inf"), dtype=inputs.attn.dtype,
-                        device=inputs.attn.device)
+    padded = aligned_mask_buffer(inputs.attn.shape[:-1], keys, inputs.attn.dtype, inputs.attn.device)
     padded[..., :keys] = inputs.attn
 
     def halves(t: torch.Tensor) -> torch.Tensor:

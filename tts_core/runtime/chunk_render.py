@@ -250,8 +250,8 @@ class ChunkRenderer:
             for key in sorted(shapes, key=lambda k: k[0] * k[1], reverse=True):  # largest first: pool reuse
                 if key not in lane.hift_graphs:
                     rows, frames, cache = key
-                    lane.hift_graphs[key] = GraphedHift(self.hift, frames, cache, rows=rows, pool=pool,
-                                                               stream=stream, mix=mix)
+                    lane.hift_graphs[key] = GraphedHift(self.hift, frames, cache, rows=rows, pool=pool, stream=stream,
+                                                        mix=mix)
         report["hift_capture_s"] = time.perf_counter() - t0
         report.update({"flow_ctx_caps": ctx_caps, "flow_new_caps": new_caps, "flow_batches": list(s.batches),
                        "flow_first_batches": list(s.first_batches),
@@ -296,11 +296,13 @@ class ChunkRenderer:
         replays = self.lanes[lane].graphs
         plans = [self.pooled.plan(s.flow, torch.tensor([list(t[:task.token_end])], dtype=torch.long), task.finalize)
                  for _, s, t, task in items]
-        joining = [(item, plan) for item, plan in zip(items, plans) if stepped.fits(plan)]
-        mus = encode_grouped(self.flow, [plan for _, plan in joining], replays._encode if replays is not None else None)
+        fits = [stepped.fits(plan) for plan in plans]
+        joining = [(item, plan) for item, plan, fit in zip(items, plans, fits) if fit]
+        joining_plans = [plan for _, plan in joining]
+        mus = replays.encode(joining_plans) if replays is not None else encode_grouped(self.flow, joining_plans)
         for ((key, stream, _, task), plan), mu in zip(joining, mus):
             stepped.join(_FirstRow(key, stream, task.finalize), stream.flow, plan, mu)
-        return [key for (key, *_), plan in zip(items, plans) if not stepped.fits(plan)]
+        return [key for (key, *_), fit in zip(items, fits) if not fit]
 
     def step_first(self, lane: str) -> list[tuple[object, RenderedChunk]]:
         """One Euler step of `lane`'s stepped flow; (key, chunk) for each row that took its last step.

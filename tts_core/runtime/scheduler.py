@@ -109,7 +109,8 @@ class SchedulerSettings:
     # `graphs`. H100, fp32, bench/results/hift_2026-11-24_h100.json: a first chunk 2.07 ms on the
     # GPU against 3.33, a later chunk of 8 streams 7.6 against 12.8, of 32 streams 26 against 49;
     # 56-80 dB SNR against the plain graphs at one row, and at two in some runs (cuDNN picks
-    # other algorithms there), bit-equal otherwise. Compiling takes ~60 s of start-up with a cold compiler cache.
+    # other algorithms there), bit-equal otherwise. Compiling takes ~60 s of start-up with a cold
+    # compiler cache.
     compile_hift: bool = True
     # The later chunks' lane on this many SMs (0: all), and the first-chunk lanes (the same SMs
     # when both are set: the decode step then owns the rest). Beside a 16-row flow solve on every SM
