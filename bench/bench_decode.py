@@ -6,7 +6,10 @@ keys/values, gives each live slot a random length in [kv_min, kv_max) and times,
   eager            SpeechTokenLM.decode_step, host wall time per step (launch-bound)
   graph            GraphedDecoder, separate q/k/v and gate/up matmuls (fuse=False)
   graph_fused      GraphedDecoder with fused q/k/v and gate/up weights
-  compiled_fused   GraphedDecoder(compile=True), fused; construction time = compile + capture
+  compiled_gather  GraphedDecoder(compile=True, slot_attention=False), fused: attention over rows
+                   gathered from the cache (SDPA with a length mask)
+  compiled_fused   GraphedDecoder(compile=True), fused, attention read from the cache by slot
+                   (tts_core/accel/decode_attention.py); construction time = compile + capture
   compiled_sample  as above with the batched sampler drawn inside the graph (step_sample)
   compiled_fp8     compiled_fused with FP8 decoder-layer projections (tts_core/accel/fp8_linear.py);
                    its rel is FP8 rounding, checked against a looser bound (agreement of the token
@@ -155,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--attend", type=int, default=512)
     p.add_argument("--max-len", type=int, default=1024)
     p.add_argument("--no-compile", action="store_true")
-    p.add_argument("--variants", default="graph,graph_fused,compiled_fused,compiled_sample,compiled_fp8",
+    p.add_argument("--variants", default="graph,graph_fused,compiled_gather,compiled_fused,compiled_sample,compiled_fp8",
                    help="graphed variants to run, comma-separated (eager always runs)")
     p.add_argument("--budget-s", type=float, default=220.0, help="skip the last compile after this many seconds")
     args = p.parse_args(argv)
@@ -202,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         save()
         time_variant(name, dec, lm, cases, eager, snap, sample=sample, tol=tol)
         del dec
+        lm.kv_cache.decode_attention = None  # the eager variants keep the generic attention
         torch.cuda.empty_cache()
 
     wanted = set(args.variants.split(","))
@@ -212,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     if "graph_fused" in wanted:
         attempt("graph_fused", lambda: graphed("graph_fused", compile=False))
     if not args.no_compile:
+        if "compiled_gather" in wanted:
+            attempt("compiled_gather", lambda: graphed("compiled_gather", compile=True, slot_attention=False))
         if "compiled_fused" in wanted:
             attempt("compiled_fused", lambda: graphed("compiled_fused", compile=True))
         # A second compile of the same graph mostly hits inductor's cache; skip it if time is short.
@@ -223,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
                 graphed("compiled_fp8", compile=True, tol=FP8_REL_TOL)
             attempt("compiled_fp8", fp8)
 
-    names = ["eager", "graph", "graph_fused", "compiled_fused", "compiled_sample", "compiled_fp8"]
+    names = ["eager", "graph", "graph_fused", "compiled_gather", "compiled_fused", "compiled_sample", "compiled_fp8"]
     print(f"\ndecode step, {R['device']}, bf16, kv {args.kv_min}-{args.kv_max}, attend {args.attend}: "
           "replay ms (wall ms) [rel vs eager]")
     print("batch | " + " | ".join(names))

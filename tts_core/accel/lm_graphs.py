@@ -37,6 +37,7 @@ from collections.abc import Sequence
 import structlog
 import torch
 
+from tts_core.accel import decode_attention
 from tts_core.accel.graph_capture import replay
 
 from tts_core.accel.buckets import power_of_two_buckets, select_bucket
@@ -57,7 +58,7 @@ class GraphedDecoder:
     def __init__(self, lm: SpeechTokenLM, batch_buckets: Sequence[int] | None = None,
                  attend_buckets: Sequence[int] | None = None, scratch_slot: int | None = None,
                  sampler: BatchedRasSampler | None = None, compile: bool = True, warmup: int = 2,
-                 fuse: bool = True, carry: bool = False) -> None:
+                 fuse: bool = True, carry: bool = False, slot_attention: bool = True) -> None:
         cache = lm.kv_cache
         if cache is None:
             raise RuntimeError("GraphedDecoder: call lm.setup_cache(max_batch, max_len) first")
@@ -100,6 +101,10 @@ class GraphedDecoder:
         self._first_generator = torch.Generator(device=device).manual_seed(0) if carry else None
         if fuse:
             lm.fuse_projections()
+        # Attention reads each row's own cache columns by slot in one kernel per layer instead of
+        # gathering all `attend` columns of every row for SDPA (accel/decode_attention.py).
+        self.slot_attention = slot_attention and decode_attention.available()
+        cache.decode_attention = decode_attention.decode_attention if self.slot_attention else None
         self._decode = torch.compile(_decode_step, dynamic=True) if compile else _decode_step
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
         started = time.perf_counter()
@@ -107,6 +112,7 @@ class GraphedDecoder:
         # Compiling happens here, in the warm-up before capture: never on a caller's first step.
         self.capture_seconds = time.perf_counter() - started
         log.info("lm_decode_graphs_captured", buckets=len(self._graphs), compiled=compile, fused=fuse,
+                 slot_attention=self.slot_attention,
                  seconds=round(self.capture_seconds, 1))
 
     def _step(self, batch: int, attend: int) -> tuple[torch.Tensor, ...]:

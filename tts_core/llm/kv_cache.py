@@ -17,8 +17,14 @@ This module owns cache memory and slot lengths only; it never decides which slot
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
+from torch.nn import functional as F
+
+# (q, keys, values, slots, positions) -> attention output of one-token rows; see StaticKVCache.attend
+DecodeAttention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 CacheSnapshot = tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], torch.Tensor]
 
@@ -36,6 +42,9 @@ class StaticKVCache(nn.Module):
         self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
         self.register_buffer("lengths", torch.zeros(max_batch, device=device, dtype=torch.long), persistent=False)
         self.register_buffer("columns", torch.arange(max_len, device=device), persistent=False)
+        # What one-token steps attend with, when set (the accelerated decoder sets a kernel that
+        # reads each row's own columns by slot: accel/decode_attention.py); None: `read` + SDPA.
+        self.decode_attention: DecodeAttention | None = None
 
     @property
     def max_batch(self) -> int:
@@ -83,6 +92,16 @@ class StaticKVCache(nn.Module):
     def read(self, layer: int, slots: torch.Tensor, attend_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values (B, kv_heads, attend_len, head_dim) of rows `slots`."""
         return self.keys[layer][slots, :, :attend_len], self.values[layer][slots, :, :attend_len]
+
+    def attend(self, layer: int, q: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
+               mask: torch.Tensor, grouped: bool) -> torch.Tensor:
+        """q (B, heads, T, head_dim) of rows `slots` at `positions` (B, T), whose keys/values this
+        step already wrote, over `mask` (`attention_mask`) -> (B, heads, T, head_dim). `grouped`:
+        query heads share key heads (grouped-query attention)."""
+        if q.size(2) == 1 and self.decode_attention is not None:
+            return self.decode_attention(q, self.keys[layer], self.values[layer], slots, positions[:, 0])
+        keys, values = self.read(layer, slots, mask.shape[-1])
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=grouped)
 
     def attention_mask(self, positions: torch.Tensor, attend_len: int) -> torch.Tensor:
         """(B, 1, T, attend_len) bool: a query at position p sees cache columns 0..p of its own slot.

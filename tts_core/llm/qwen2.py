@@ -147,9 +147,8 @@ class Qwen2Attention(nn.Module):
         cos, sin = rope
         q, k = _apply_rotary(q, cos, sin), _apply_rotary(k, cos, sin)
         cache.write(self.layer_idx, slots, positions, k, v)
-        keys, values = cache.read(self.layer_idx, slots, mask.shape[-1])
         # The explicit mask carries both causality and each slot's own length (kv_cache.attention_mask).
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=self.kv_heads != self.heads)
+        out = cache.attend(self.layer_idx, q, slots, positions, mask, grouped=self.kv_heads != self.heads)
         out = out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim)
         return self.o_proj(out) if self._out is None else self._out(out)
 

@@ -112,6 +112,10 @@ class SchedulerSettings:
     # other algorithms there), bit-equal otherwise. Compiling takes ~60 s of start-up with a cold
     # compiler cache.
     compile_hift: bool = True
+    # Captured decode steps attend from the KV cache by slot, each row over its own columns, in one
+    # Triton kernel per layer (accel/decode_attention.py), instead of gathering every row's
+    # `attend` columns for SDPA. Only with `graphs` and Triton.
+    slot_attention: bool = True
     # The later chunks' lane on this many SMs (0: all), and the first-chunk lanes (the same SMs
     # when both are set: the decode step then owns the rest). Beside a 16-row flow solve on every SM
     # a decode step took 2.48 ms, 1.24 alone, and 1.91 ms with the flow on 100 of the H100's 132 SMs
@@ -265,7 +269,7 @@ class SynthesisScheduler:
         self.decoder = GraphedDecoder(self.lm, power_of_two_buckets(s.max_batch), attend,
                                       scratch_slot=s.max_batch,
                                       sampler=BatchedRasSampler(self.sampler.config, self.lm.speech_token_size),
-                                      carry=s.carries)
+                                      carry=s.carries, slot_attention=s.slot_attention)
         report["decode_capture_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         self.prefiller = GraphedPrefill(self.lm, tuple(b for b in s.prefill_buckets if b <= s.max_len))
