@@ -173,10 +173,14 @@ class SelfAttention(nn.Module):
             queries: list[torch.Tensor] = []
 
             def project(seq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-                # seq = [earlier frames | x]: with little context, the queries of the earlier frames
-                # cost less than a separate product for x's; with much, they would not. Compiled,
-                # always the latter: a size-dependent choice would compile each side separately.
-                if torch.compiler.is_compiling() or seq.size(1) > 4 * t:
+                # seq = [earlier frames | x]: with little context the queries of the earlier frames
+                # cost less than a separate product for x's; with much, they would not. Compiled
+                # (GPU graphs, bound by kernel launches), only the row count decides, as it is
+                # specialized anyway (one row, more rows) where a context test would compile each
+                # side again: one stream's guidance pair (b = 2, e.g. a first chunk) saves the
+                # kernel, many streams' rows would pay for all their context's queries.
+                merged = b == 2 if torch.compiler.is_compiling() else seq.size(1) <= 4 * t
+                if not merged:
                     return self.keys_values(seq)
                 q_all, k_all, v_all = self._project(seq, ("to_q", "to_k", "to_v"))
                 queries.append(q_all[:, :, -t:])
@@ -202,8 +206,14 @@ class FeedForward(nn.Module):
         super().__init__()
         self.net = nn.ModuleList([GeluProjection(dim, dim * mult), nn.Identity(), nn.Linear(dim * mult, dim)])
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net[2](self.net[0](x))
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """residual + the feed-forward of x. The residual and the output bias enter the last matrix
+        product as its addend (one addmm): compiled, `residual + bias` fuses into the kernel that
+        normalises x, and no add kernel follows the product."""
+        hidden = self.net[0](x)
+        out = self.net[2]
+        addend = (residual + out.bias).reshape(-1, residual.size(-1))
+        return torch.addmm(addend, hidden.reshape(-1, hidden.size(-1)), out.weight.t()).view(residual.shape)
 
 
 class TransformerBlock(nn.Module):
@@ -218,7 +228,7 @@ class TransformerBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, cache: FrameCache | None = None) -> torch.Tensor:
         x = x + self.attn1(self.norm1(x), attn_mask, cache)
-        return x + self.ff(self.norm3(x))
+        return self.ff(self.norm3(x), residual=x)
 
 
 class TimestepMLP(nn.Module):
