@@ -360,8 +360,6 @@ def main(argv: list[str] | None = None) -> int:
                    help="torch.compile the captured flow solves' estimator (default: the scheduler's)")
     p.add_argument("--compile-hift", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the captured HiFT graphs' upsampling stages (default: the scheduler's)")
-    p.add_argument("--fused-feed-forward", action=argparse.BooleanOptionalAction, default=None,
-                   help="the flow blocks' feed-forward half in one Triton kernel (default: the scheduler's)")
     p.add_argument("--slot-attention", action=argparse.BooleanOptionalAction, default=None,
                    help="decode steps attend from the KV cache by slot, a Triton kernel (default: the scheduler's)")
     p.add_argument("--later-lane-sms", type=int, default=0,
@@ -412,8 +410,6 @@ def main(argv: list[str] | None = None) -> int:
         args.compile_flow = SchedulerSettings.compile_flow
     if args.compile_hift is None:
         args.compile_hift = SchedulerSettings.compile_hift
-    if args.fused_feed_forward is None:
-        args.fused_feed_forward = SchedulerSettings.fused_feed_forward
     if args.slot_attention is None:
         args.slot_attention = SchedulerSettings.slot_attention
     if args.first_lanes is None:
@@ -425,8 +421,7 @@ def main(argv: list[str] | None = None) -> int:
                              defer_slack_s=args.defer_slack_s[0], separate_streams=not args.one_stream,
                              first_chunk_lanes=args.first_lanes, step_first_chunks=args.step_first_chunks,
                              compile_flow=args.compile_flow, compile_hift=args.compile_hift,
-                             slot_attention=args.slot_attention, fused_feed_forward=args.fused_feed_forward,
-                             later_lane_sms=args.later_lane_sms, first_lane_sms=args.first_lane_sms)
+                             slot_attention=args.slot_attention, later_lane_sms=args.later_lane_sms, first_lane_sms=args.first_lane_sms)
     t0 = time.perf_counter()
     pipeline = CosyVoice2Pipeline.load(model_dir, args.device, DTYPES[dtype], max_batch=args.max_batch,
                                        max_len=args.max_len, schedule=ChunkSchedule(first_hop_tokens=args.first_hop),
@@ -438,7 +433,6 @@ def main(argv: list[str] | None = None) -> int:
     report: dict = {"device": torch.cuda.get_device_name() if cuda else platform.processor(), "dtype": dtype,
                     "llm_fp8": args.llm_fp8, "compile_flow": args.compile_flow and graphs,
                     "compile_hift": args.compile_hift and graphs,
-                    "fused_feed_forward": args.fused_feed_forward and args.compile_flow and graphs,
                     "slot_attention": pipeline.scheduler.decoder.slot_attention if graphs else False,
                     "later_lane_sms": args.later_lane_sms, "first_lane_sms": args.first_lane_sms,
                     "torch": torch.__version__, "graphs": graphs, "encoder_tokens": args.encoder_tokens,

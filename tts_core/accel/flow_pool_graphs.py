@@ -25,7 +25,6 @@ import torch
 from torch import nn
 
 from tts_core.accel.flow_graphs import device_position_tables
-from tts_core.accel.flow_feed_forward import use_fused_feed_forward
 from tts_core.accel.graph_capture import capture_graph, compiling_at_start_up, replay
 from tts_core.flow.estimator import FlowEstimator, NhwcConv1d, Regions, SelfAttention
 from tts_core.flow.model import FlowModel
@@ -43,7 +42,7 @@ def _run_resnet(resnet: nn.Module, h: torch.Tensor, time_bias: torch.Tensor, fir
     return resnet(h, None, time_bias, first, second)
 
 
-def compiled_estimator(estimator: FlowEstimator, fused_feed_forward: bool = False) -> Callable:
+def compiled_estimator(estimator: FlowEstimator) -> Callable:
     """The estimator step with its resnets and transformer blocks fused by torch.compile (inductor):
     ~1000 small kernels a step eagerly (bench/count_flow_ops.py), most of them elementwise work
     around the matmuls. Compiled per module, not per step: each module gets only its own layers'
@@ -53,10 +52,7 @@ def compiled_estimator(estimator: FlowEstimator, fused_feed_forward: bool = Fals
     not finish capturing in 9.5 minutes on the H100). Sizes are symbolic from the start. All of it
     happens in `capture`'s warm-up at start-up, none on a request; the compiled code only ever runs
     inside graph capture (eager fallbacks call the estimator uncompiled). The convolutions' weights
-    are kept channels-last from here on (`NhwcConv1d`), for the compiled and the eager calls alike;
-    with `fused_feed_forward` each block's feed-forward half is one Triton kernel from here on
-    (accel/flow_feed_forward.py), likewise."""
-    use_fused_feed_forward(estimator, fused_feed_forward)
+    are kept channels-last from here on (`NhwcConv1d`), for the compiled and the eager calls alike."""
     for module in estimator.modules():
         if isinstance(module, SelfAttention):
             module.stack_projections()

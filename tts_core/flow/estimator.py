@@ -216,11 +216,6 @@ class FeedForward(nn.Module):
         return torch.addmm(addend, hidden.reshape(-1, hidden.size(-1)), out.weight.t()).view(residual.shape)
 
 
-# x, attended, the block's norm3, its FeedForward -> y + ff(norm3(y)) for y = x + attended
-# (accel/flow_feed_forward: one kernel)
-FusedFeedForward = Callable[[torch.Tensor, torch.Tensor, nn.LayerNorm, "FeedForward"], torch.Tensor]
-
-
 class TransformerBlock(nn.Module):
     """Pre-norm self-attention + GELU feed-forward (no cross-attention)."""
 
@@ -230,14 +225,9 @@ class TransformerBlock(nn.Module):
         self.attn1 = SelfAttention(dim, heads, head_dim)
         self.norm3 = nn.LayerNorm(dim)
         self.ff = FeedForward(dim)
-        # Set by the accelerated flow (compiled_estimator): what runs the feed-forward half whole.
-        self.fused_feed_forward: FusedFeedForward | None = None
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, cache: FrameCache | None = None) -> torch.Tensor:
-        attended = self.attn1(self.norm1(x), attn_mask, cache)
-        if self.fused_feed_forward is not None:
-            return self.fused_feed_forward(x, attended, self.norm3, self.ff)
-        x = x + attended
+        x = x + self.attn1(self.norm1(x), attn_mask, cache)
         return self.ff(self.norm3(x), residual=x)
 
 

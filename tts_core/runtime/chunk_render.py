@@ -57,8 +57,6 @@ class FlowPoolSettings:
     step_first_chunks: bool = False
     compile: bool = False  # captured solves call a torch.compile'd estimator step (accel/flow_pool_graphs)
     compile_hift: bool = False  # captured HiFT graphs call torch.compile'd stages (accel/hift_graphs)
-    # With `compile`: each transformer block's feed-forward half in one Triton kernel (accel/flow_feed_forward)
-    fused_feed_forward: bool = False
     # CUDA: the "later" lane's work (its graphs are captured there) runs on this many SMs only
     # (a green context, tts_core/accel/sm_partition.py), leaving the rest to the decode step and
     # the first chunks. 0: every lane may use every SM.
@@ -209,7 +207,7 @@ class ChunkRenderer:
         final_tokens = range(1, schedule.max_hop_tokens + schedule.lookahead_tokens + extra // ratio + 1)
         later = self.lanes["later"]
         t0 = time.perf_counter()
-        estimator = compiled_estimator(self.flow.decoder.estimator, s.fused_feed_forward) if s.compile else None
+        estimator = compiled_estimator(self.flow.decoder.estimator) if s.compile else None
         later.graphs = PooledFlowGraphs(self.pooled, estimator, stream=later.cuda_stream)
         later.graphs.capture(s.batches, ctx_caps, new_caps)
         # First lanes: first calls only, whose context is exactly their voice's shared prefix.
@@ -259,7 +257,6 @@ class ChunkRenderer:
                        "flow_first_batches": list(s.first_batches),
                        "first_lanes": len(first_lanes), "first_chunks_stepped": s.step_first_chunks,
                        "flow_compiled": s.compile, "hift_compiled": s.compile_hift,
-                       "flow_fused_feed_forward": s.compile and s.fused_feed_forward,
                        "flow_graphs": sum(len(lane.graphs.solve_graphs) for lane in self.lanes.values()),
                        "hift_graphs": sum(len(lane.hift_graphs) for lane in self.lanes.values())})
         return report

@@ -112,10 +112,6 @@ class SchedulerSettings:
     # other algorithms there), bit-equal otherwise. Compiling takes ~60 s of start-up with a cold
     # compiler cache.
     compile_hift: bool = True
-    # With `compile_flow`: each flow transformer block's feed-forward half (the residual add,
-    # LayerNorm, both products, GELU) runs as one Triton kernel (accel/flow_feed_forward.py) instead
-    # of four compiled ones.
-    fused_feed_forward: bool = True
     # Captured decode steps attend from the KV cache by slot, each row over its own columns, in one
     # Triton kernel per layer (accel/decode_attention.py), instead of gathering every row's
     # `attend` columns for SDPA. Only with `graphs` and Triton.
@@ -208,7 +204,7 @@ class SynthesisScheduler:
             voice_slots=settings.flow_voice_slots, first_batches=settings.flow_first_batches,
             first_lanes=settings.first_chunk_lanes, step_first_chunks=settings.step_first_chunks,
             compile=settings.compile_flow, compile_hift=settings.compile_hift,
-            fused_feed_forward=settings.fused_feed_forward, later_sms=settings.later_lane_sms, first_sms=settings.first_lane_sms))
+            later_sms=settings.later_lane_sms, first_sms=settings.first_lane_sms))
         self.decoder = None  # GraphedDecoder, once captured (or an EagerCarriedDecoder)
         # The carried decoder's steps in flight, oldest first: tokens, the (job, segment) of each
         # row, and the rows' slots (a row's job may have released its slot since).
