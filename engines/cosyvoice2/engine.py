@@ -72,7 +72,7 @@ class CosyVoice2Engine(SpeechEngine):
                                    first_hop_tokens=s.first_hop_tokens),
             fast=SchedulerSettings(graphs=graphs, flow_encoder_tokens=encoder_tokens,
                                    flow_context_frames=s.flow_context_frames, compile_flow=s.compile_flow,
-                                   compile_hift=s.compile_hift,
+                                   compile_hift=s.compile_hift, slot_attention=s.slot_attention,
                                    first_chunk_lanes=s.first_chunk_lanes, step_first_chunks=s.step_first_chunks),
             llm_fp8=s.llm_fp8)
         try:
@@ -89,6 +89,7 @@ class CosyVoice2Engine(SpeechEngine):
             raise
         log.info("cosyvoice2_engine_started", device=device, dtype=str(dtype), llm_fp8=s.llm_fp8, graphs=graphs,
                  compile_flow=graphs and s.compile_flow, compile_hift=graphs and s.compile_hift,
+                 slot_attention=graphs and s.slot_attention,
                  first_chunk_lanes=s.first_chunk_lanes,
                  step_first_chunks=s.step_first_chunks,
                  flow_encoder_tokens=encoder_tokens,

@@ -53,6 +53,10 @@ class CosyVoice2Settings:
     # later chunk of 8 streams 7.6 against 12.8 (tts_core.runtime.scheduler.SchedulerSettings.compile_hift);
     # false saves up to a minute of start-up with a cold compiler cache.
     compile_hift: bool = True
+    # With graphs: decode steps attend from the KV cache by slot in one Triton kernel per layer,
+    # each call over its own positions only, instead of copying every call's cache rows out first
+    # (tts_core.runtime.scheduler.SchedulerSettings.slot_attention; decode step 7-20 % faster).
+    slot_attention: bool = True
     # With graphs: render lanes (threads, CUDA streams, graph sets) for first chunks only, beside the
     # later chunks' lane. On the H100 three kept a first chunk's wait for a lane under 15 ms (p95)
     # at 12-14 calls/s where two let it reach 46-72 ms (docs/PERF_NOTES.md); each lane costs its own
@@ -93,7 +97,7 @@ class CosyVoice2Settings:
             raise ValueError("engine.cosyvoice2.flow_encoder_tokens: must be >= 0 (0 = every token, exact)")
         if "flow_context_s" in values and not 1.0 <= float(values["flow_context_s"]) <= 300.0:
             raise ValueError("engine.cosyvoice2.flow_context_s: must be between 1 and 300 seconds")
-        for key in ("llm_fp8", "compile_flow", "compile_hift", "step_first_chunks"):
+        for key in ("llm_fp8", "compile_flow", "compile_hift", "slot_attention", "step_first_chunks"):
             if key in values and not isinstance(values[key], bool):
                 raise ValueError(f"engine.cosyvoice2.{key}: {values[key]!r}; use true or false")
         if "first_chunk_lanes" in values and (isinstance(values["first_chunk_lanes"], bool)

@@ -109,10 +109,12 @@ async def test_a_failing_job_fails_only_its_stream(engine: CosyVoice2Engine) -> 
 
 async def test_close_fails_open_streams(tiny_model_dir: Path) -> None:
     engine = CosyVoice2Engine(model_dir=str(tiny_model_dir), device="cpu", max_batch=1, max_len=1024, warmup=False,
-                              compile_flow=False, compile_hift=False, first_chunk_lanes=1, step_first_chunks=True)
+                              compile_flow=False, compile_hift=False, slot_attention=False,
+                              first_chunk_lanes=1, step_first_chunks=True)
     await engine.start()
     settings = engine.pipeline.scheduler.settings
-    assert (settings.compile_flow, settings.compile_hift) == (False, False)  # the config keys reach the scheduler
+    # the config keys reach the scheduler
+    assert (settings.compile_flow, settings.compile_hift, settings.slot_attention) == (False, False, False)
     assert engine.pipeline.scheduler.renderer.first_lanes == ["first-0"]
     assert engine.pipeline.scheduler.renderer.lanes["first-0"].stepped is not None
     stream = engine.open_stream(_request(600))
@@ -155,6 +157,9 @@ def test_fast_path_is_on_for_cuda_and_off_for_cpu_by_default(tmp_path):
     assert auto.compile_hift  # likewise the compiled HiFT stages
     with pytest.raises(ValueError, match="engine.cosyvoice2.compile_hift"):
         CosyVoice2Settings.from_config({"model_dir": str(tmp_path), "compile_hift": 1})
+    assert auto.slot_attention  # the decode attention kernel, where graphs run
+    with pytest.raises(ValueError, match="engine.cosyvoice2.slot_attention"):
+        CosyVoice2Settings.from_config({"model_dir": str(tmp_path), "slot_attention": "on"})
     assert not auto.step_first_chunks  # measured no better than first chunks in calls (docs/PERF_NOTES.md)
     with pytest.raises(ValueError, match="engine.cosyvoice2.step_first_chunks"):
         CosyVoice2Settings.from_config({"model_dir": str(tmp_path), "step_first_chunks": 1})

@@ -39,8 +39,8 @@ def test_cosyvoice2_example_passes_engine_settings_through():
     from engines.cosyvoice2.settings import CosyVoice2Settings
 
     engine = CosyVoice2Settings.from_config(settings)
-    assert (engine.first_chunk_lanes, engine.compile_flow, engine.compile_hift, engine.llm_fp8,
-            engine.step_first_chunks) == (3, True, True, False, False)
+    assert (engine.first_chunk_lanes, engine.compile_flow, engine.compile_hift, engine.slot_attention,
+            engine.llm_fp8, engine.step_first_chunks) == (3, True, True, True, False, False)
 
 
 @pytest.mark.parametrize("overrides, expected", [
