@@ -8,8 +8,8 @@ and reads only the columns that row has written, with its group of query heads (
 attention: 7 query heads share a key head in the 0.5B LM) as the rows of one small matrix product.
 
 Same function as the generic path (online softmax in fp32); used for one-token decode steps on
-CUDA (`use_decode_attention`). Without Triton (the CPU build of torch) nothing here is defined but
-`available()`, which says so.
+CUDA (`GraphedDecoder(slot_attention=True)` sets it on the cache). Without Triton (the CPU build of
+torch) `available()` says so and `decode_attention` refuses to run.
 """
 
 from __future__ import annotations
