@@ -421,7 +421,8 @@ def main(argv: list[str] | None = None) -> int:
                              defer_slack_s=args.defer_slack_s[0], separate_streams=not args.one_stream,
                              first_chunk_lanes=args.first_lanes, step_first_chunks=args.step_first_chunks,
                              compile_flow=args.compile_flow, compile_hift=args.compile_hift,
-                             slot_attention=args.slot_attention, later_lane_sms=args.later_lane_sms, first_lane_sms=args.first_lane_sms)
+                             slot_attention=args.slot_attention,
+                             later_lane_sms=args.later_lane_sms, first_lane_sms=args.first_lane_sms)
     t0 = time.perf_counter()
     pipeline = CosyVoice2Pipeline.load(model_dir, args.device, DTYPES[dtype], max_batch=args.max_batch,
                                        max_len=args.max_len, schedule=ChunkSchedule(first_hop_tokens=args.first_hop),

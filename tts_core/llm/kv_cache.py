@@ -4,14 +4,15 @@ Each layer owns one key and one value tensor of shape (max_batch, kv_heads, max_
 request owns one batch row ("slot") for its lifetime and `lengths[slot]` counts the positions
 written. Shapes never change after allocation, so a decode step over any set of slots at any mix of
 positions is a fixed-shape computation a CUDA graph can replay: per-slot positions live in device
-tensors, and attention is masked per slot instead of slicing per slot.
+tensors, and attention is masked per slot instead of slicing per slot (or, where the accelerated
+decoder set `decode_attention`, reads each slot's own columns in one kernel: `attend`).
 
 Why one tensor per layer rather than one 5-D buffer: a write is an `index_put_` straight into a
 graph input, which torch.compile keeps in place. Writing through `buffer[layer]` (a view of one
 shared buffer) made the compiler functionalize the view and copy the whole cache once per layer
 (a compiled step measured 12 ms instead of ~3 ms; docs/PERF_NOTES.md).
 
-This module owns cache memory and slot lengths only; it never decides which slot a request gets
+This module owns cache memory, slot lengths and how a step attends over them; it never decides which slot a request gets
 (that is the scheduler's job) and never syncs with the host on the decode path.
 """
 
