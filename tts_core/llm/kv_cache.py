@@ -5,7 +5,8 @@ request owns one batch row ("slot") for its lifetime and `lengths[slot]` counts 
 written. Shapes never change after allocation, so a decode step over any set of slots at any mix of
 positions is a fixed-shape computation a CUDA graph can replay: per-slot positions live in device
 tensors, and attention is masked per slot instead of slicing per slot (or, where the accelerated
-decoder set `decode_attention`, reads each slot's own columns in one kernel: `attend`).
+decoder set `decode_attention`, one kernel rotates, writes and reads each slot's own columns:
+`write_and_attend`).
 
 Why one tensor per layer rather than one 5-D buffer: a write is an `index_put_` straight into a
 graph input, which torch.compile keeps in place. Writing through `buffer[layer]` (a view of one
@@ -24,8 +25,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-# (q, keys, values, slots, positions) -> attention output of one-token rows; see StaticKVCache.attend
-DecodeAttention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+from tts_core.llm.rotary import apply_rotary
+
+# (q, k, v before rotary, cos, sin, keys, values, slots, positions) -> attention output of one-token
+# rows, this step's keys/values written into keys/values; see StaticKVCache.write_and_attend
+DecodeAttention = Callable[..., torch.Tensor]
 
 CacheSnapshot = tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], torch.Tensor]
 
@@ -43,8 +47,9 @@ class StaticKVCache(nn.Module):
         self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
         self.register_buffer("lengths", torch.zeros(max_batch, device=device, dtype=torch.long), persistent=False)
         self.register_buffer("columns", torch.arange(max_len, device=device), persistent=False)
-        # What one-token steps attend with, when set (the accelerated decoder sets a kernel that
-        # reads each row's own columns by slot: accel/decode_attention.py); None: `read` + SDPA.
+        # What one-token steps write and attend with, when set (the accelerated decoder sets a kernel
+        # that also reads each row's own columns by slot: accel/decode_attention.py); None: rotary,
+        # `write`, then `attend` (`read` + SDPA).
         self.decode_attention: DecodeAttention | None = None
 
     @property
@@ -94,13 +99,25 @@ class StaticKVCache(nn.Module):
         """Keys and values (B, kv_heads, attend_len, head_dim) of rows `slots`."""
         return self.keys[layer][slots, :, :attend_len], self.values[layer][slots, :, :attend_len]
 
-    def attend(self, layer: int, q: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
-               mask: torch.Tensor, grouped: bool) -> torch.Tensor:
-        """q (B, heads, T, head_dim) of rows `slots` at `positions` (B, T), whose keys/values this
-        step already wrote, over `mask` (`attention_mask`) -> (B, heads, T, head_dim). `grouped`:
-        query heads share key heads (grouped-query attention)."""
+    def write_and_attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         rope: tuple[torch.Tensor, torch.Tensor], slots: torch.Tensor, positions: torch.Tensor,
+                         mask: torch.Tensor, grouped: bool) -> torch.Tensor:
+        """One attention of rows `slots` at `positions` (B, T): q (B, heads, T, head_dim) and k, v
+        (B, kv_heads, T, head_dim) before the rotary embedding `rope` (cos, sin of `RotaryEmbedding`).
+        Rotates q and k, writes k and v, and attends over `mask` -> (B, heads, T, head_dim)."""
         if q.size(2) == 1 and self.decode_attention is not None:
-            return self.decode_attention(q, self.keys[layer], self.values[layer], slots, positions[:, 0])
+            return self.decode_attention(q, k, v, *rope, self.keys[layer], self.values[layer], slots,
+                                         positions[:, 0])
+        cos, sin = rope
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        self.write(layer, slots, positions, k, v)
+        return self.attend(layer, q, slots, mask, grouped)
+
+    def attend(self, layer: int, q: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,
+               grouped: bool) -> torch.Tensor:
+        """q (B, heads, T, head_dim) of rows `slots`, whose keys/values this step already wrote,
+        over `mask` (`attention_mask`) -> (B, heads, T, head_dim). `grouped`: query heads share key
+        heads (grouped-query attention)."""
         keys, values = self.read(layer, slots, mask.shape[-1])
         return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=grouped)
 

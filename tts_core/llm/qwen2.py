@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tts_core.llm.kv_cache import StaticKVCache
+from tts_core.llm.rotary import RotaryEmbedding
 
 Projection = Callable[[torch.Tensor], torch.Tensor]
 # (weight (N, K), bias (N,) or None) -> a projection computing x @ weight.T + bias another way (FP8)
@@ -81,30 +82,6 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(x.dtype)
 
 
-class RotaryEmbedding(nn.Module):
-    """cos/sin tables for absolute positions (Qwen2's rotate-half layout)."""
-
-    def __init__(self, head_dim: int, theta: float) -> None:
-        super().__init__()
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
-
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions (B, T) -> cos, sin (B, 1, T, head_dim), computed in float32."""
-        freqs = positions.float()[..., None] * self.inv_freq
-        emb = torch.cat((freqs, freqs), dim=-1)[:, None]
-        return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def _apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    return x * cos + _rotate_half(x) * sin
-
-
 class Qwen2Attention(nn.Module):
     def __init__(self, cfg: Qwen2Config, layer_idx: int) -> None:
         super().__init__()
@@ -144,11 +121,9 @@ class Qwen2Attention(nn.Module):
         q = q.reshape(b, t, self.heads, self.head_dim).transpose(1, 2)
         k = k.reshape(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         v = v.reshape(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        cos, sin = rope
-        q, k = _apply_rotary(q, cos, sin), _apply_rotary(k, cos, sin)
-        cache.write(self.layer_idx, slots, positions, k, v)
         # The explicit mask carries both causality and each slot's own length (kv_cache.attention_mask).
-        out = cache.attend(self.layer_idx, q, slots, positions, mask, grouped=self.kv_heads != self.heads)
+        out = cache.write_and_attend(self.layer_idx, q, k, v, rope, slots, positions, mask,
+                                     grouped=self.kv_heads != self.heads)
         out = out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim)
         return self.o_proj(out) if self._out is None else self._out(out)
 
