@@ -8,8 +8,8 @@ keys/values, gives each live slot a random length in [kv_min, kv_max) and times,
   graph_fused      GraphedDecoder with fused q/k/v and gate/up weights
   compiled_gather  GraphedDecoder(compile=True, slot_attention=False), fused: attention over rows
                    gathered from the cache (SDPA with a length mask)
-  compiled_fused   GraphedDecoder(compile=True), fused, attention read from the cache by slot
-                   (tts_core/accel/decode_attention.py); construction time = compile + capture
+  compiled_fused   GraphedDecoder(compile=True), fused, rotary + cache write + attention by slot in
+                   one kernel (tts_core/accel/decode_attention.py); construction time = compile + capture
   compiled_sample  as above with the batched sampler drawn inside the graph (step_sample)
   compiled_fp8     compiled_fused with FP8 decoder-layer projections (tts_core/accel/fp8_linear.py);
                    its rel is FP8 rounding, checked against a looser bound (agreement of the token

@@ -53,9 +53,10 @@ class CosyVoice2Settings:
     # later chunk of 8 streams 7.6 against 12.8 (tts_core.runtime.scheduler.SchedulerSettings.compile_hift);
     # false saves up to a minute of start-up with a cold compiler cache.
     compile_hift: bool = True
-    # With graphs: decode steps attend from the KV cache by slot in one Triton kernel per layer,
-    # each call over its own positions only, instead of copying every call's cache rows out first
-    # (tts_core.runtime.scheduler.SchedulerSettings.slot_attention; decode step 7-20 % faster).
+    # With graphs: decode steps rotate, write and attend from the KV cache by slot in one Triton
+    # kernel per layer, each call over its own positions only, instead of copying every call's cache
+    # rows out first (tts_core.runtime.scheduler.SchedulerSettings.slot_attention; decode step
+    # 14-31 % faster).
     slot_attention: bool = True
     # With graphs: render lanes (threads, CUDA streams, graph sets) for first chunks only, beside the
     # later chunks' lane. On the H100 three kept a first chunk's wait for a lane under 15 ms (p95)

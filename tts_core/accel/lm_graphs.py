@@ -101,8 +101,9 @@ class GraphedDecoder:
         self._first_generator = torch.Generator(device=device).manual_seed(0) if carry else None
         if fuse:
             lm.fuse_projections()
-        # Attention reads each row's own cache columns by slot in one kernel per layer instead of
-        # gathering all `attend` columns of every row for SDPA (accel/decode_attention.py).
+        # One kernel per layer rotates q/k, writes the step's keys/values and reads each row's own
+        # cache columns by slot, instead of gathering all `attend` columns of every row for SDPA
+        # (accel/decode_attention.py).
         self.slot_attention = slot_attention and decode_attention.available()
         cache.decode_attention = decode_attention.decode_attention if self.slot_attention else None
         self._decode = torch.compile(_decode_step, dynamic=True) if compile else _decode_step

@@ -112,11 +112,12 @@ class SchedulerSettings:
     # other algorithms there), bit-equal otherwise. Compiling takes ~60 s of start-up with a cold
     # compiler cache.
     compile_hift: bool = True
-    # Captured decode steps attend from the KV cache by slot, each row over its own columns, in one
-    # Triton kernel per layer (accel/decode_attention.py), instead of gathering every row's
-    # `attend` columns for SDPA. Only with `graphs` and Triton. H100, bf16, compiled step
-    # (bench/results/decode_2026-11-24_h100_slot_attention.json): 1.15 -> 1.06 ms at 1 call, 1.23 ->
-    # 1.12 at 16, 1.52 -> 1.22 at 64.
+    # Captured decode steps rotate q/k, write the step's keys/values and attend from the KV cache by
+    # slot, each row over its own columns, in one Triton kernel per layer (accel/decode_attention.py),
+    # instead of rotary and cache-write kernels and a gather of every row's `attend` columns for SDPA.
+    # Only with `graphs` and Triton. H100, bf16, compiled step, gathered -> this kernel
+    # (bench/results/decode_2026-11-24_h100_rotary_write_fused.json): 1.15 -> 0.99 ms at 1 call,
+    # 1.24 -> 1.01 at 16, 1.61 -> 1.11 at 64.
     slot_attention: bool = True
     # The later chunks' lane on this many SMs (0: all), and the first-chunk lanes (the same SMs
     # when both are set: the decode step then owns the rest). Beside a 16-row flow solve on every SM
@@ -159,7 +160,10 @@ class SchedulerSettings:
     # runs late (the GIL shared with the render threads) still finds a step queued on the GPU. A
     # row steps up to this many times more after the step that draws its stop token (thrown away;
     # steps in flight count against its token limit, so they stay inside its cache row). Read
-    # every iteration (benchmarks compare values on one start-up).
+    # every iteration (benchmarks compare values on one start-up). H100, p95 first chunk with 1
+    # against 2 on one start-up: 16 req/s 243.9 / 253.7 ms, 17 293.0 / 293.1, 18 263.8 / 275.6
+    # (bench/results/load_2026-11-24_h100_steps_ahead_16_18.json); two earlier start-ups had 2
+    # ~30 ms better at 17 req/s only. Within the noise: 1 stays.
     decode_steps_ahead: int = 1
 
     @property
