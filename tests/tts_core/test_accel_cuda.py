@@ -204,6 +204,10 @@ def test_pooled_flow_graphs_equal_the_golden_streaming_calls(tiny_model_dir: Pat
     graphs.time_gpu = True  # the benchmarks' encoder/solve split changes nothing it times
     for key, n, finalize in (("mel_stream_first", first, False), ("mel_stream_second", first + case["hop"], False),
                              ("mel_stream_final", case["tokens"].size(1), True)):
+        # The encoder of this call's shape captured for one row only (as final calls are at
+        # start-up): the three streams' call replays it three times.
+        plan = pooled.plan(streams[0], case["tokens"][:, :n].cuda(), finalize)
+        graphs.capture_encoder((1,), plan.enc_tokens.size(1), plan.new_frames, finalize)
         outs = graphs.render(streams, [case["tokens"][:, :n].cuda()] * 3, [finalize] * 3)
         for out in outs:
             assert (out.cpu() - case[key][:, :, done:]).abs().max().item() <= 1e-4, key
@@ -211,6 +215,7 @@ def test_pooled_flow_graphs_equal_the_golden_streaming_calls(tiny_model_dir: Pat
         assert 0 < encoder_s and 0 < solve_s
         done = case[key].size(2)
     assert graphs.eager_calls == 0  # every call found a captured bucket (3 rows padded into 4)
+    assert graphs.eager_encodes == 0  # and every encoder a graph, replayed row by row
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager-step", "compiled-step"])
