@@ -26,11 +26,11 @@ from torch import nn
 
 from tts_core.accel.flow_graphs import device_position_tables
 from tts_core.accel.graph_capture import capture_graph, compiling_at_start_up, replay
+from tts_core.flow.encoder_window import encode_grouped, encode_new_frames
 from tts_core.flow.estimator import FlowEstimator, NhwcConv1d, Regions, SelfAttention
 from tts_core.flow.model import FlowModel
 from tts_core.flow.pooled import PooledFlow, PooledPlan, PooledStream, pooled_solve
 from tts_core.flow.stepped import SteppedFlow
-from tts_core.flow.encoder_window import encode_grouped, encode_new_frames
 
 log = structlog.get_logger(__name__)
 
