@@ -220,6 +220,7 @@ def run_rate(pipeline, voice: str, rate: float, duration: float, rng: random.Ran
         "decode_ms_mean": 1e3 * float(np.mean([s.decode_s for s in steps])) if steps else None,
         "decode_thread": decode_thread_split(steps),
         "first_chunk_split": first_chunk_stages(done),
+        "first_chunk_render": first_chunk_render(done),
         # The render threads run beside the decode thread: per lane, the share of the wall time it rendered.
         "render": {lane: {"busy_fraction": sum(r.seconds for r in mine) / wall,
                           "ms_mean": 1e3 * float(np.mean([r.seconds for r in mine])),
@@ -254,6 +255,28 @@ FIRST_CHUNK_STAGES = (  # (name, from, to): consecutive marks of JobTimings, sub
     ("submit", "submitted", "queued"), ("queue", "queued", "admitted"), ("frontend_prefill", "admitted", "prefill_done"),
     ("decode", "prefill_done", "first_chunk_due"), ("render_wait", "first_chunk_due", "first_render_started"),
     ("render", "first_render_started", "first_chunk"))
+
+
+def first_chunk_render(jobs) -> dict:
+    """A first chunk's render stage split, mean and p95 (ms): the flow call's wall time, its
+    encoder's and solve's time on the lane's CUDA stream (where timed: graphed flows), and HiFT
+    with the hand-off to the host. Stream time against wall time tells a GPU kept busy by the
+    other streams' kernels from a host that launched late."""
+    rows = []
+    for job in jobs:
+        first = next((c for c in job.timings.chunks if c.segment == 0 and c.index == 0), None)
+        if first is None:
+            continue
+        row = {"flow": first.flow_s, "hift": first.hift_s}
+        if first.flow_gpu_s is not None:
+            row["flow_encoder_gpu"], row["flow_solve_gpu"] = first.flow_gpu_s
+        rows.append(row)
+    keys = [k for k in ("flow", "flow_encoder_gpu", "flow_solve_gpu", "hift") if rows and all(k in r for r in rows)]
+    if not keys:
+        return {}
+    values = {k: 1e3 * np.array([r[k] for r in rows]) for k in keys}
+    return {"mean_ms": {k: round(float(v.mean()), 1) for k, v in values.items()},
+            "p95_ms": {k: round(float(np.percentile(v, 95)), 1) for k, v in values.items()}}
 
 
 def first_chunk_stages(jobs) -> dict:
@@ -504,8 +527,8 @@ def main(argv: list[str] | None = None) -> int:
                 print("  steady:", json.dumps(r["steady"]), flush=True)
             if "gpu_trace" in r:
                 print("  GPU trace:", json.dumps(_trace_brief(r["gpu_trace"])), flush=True)
-            print("  first chunk stages:", json.dumps(r["first_chunk_split"]), "\n  decode thread:",
-                  json.dumps(r["decode_thread"]), flush=True)
+            print("  first chunk stages:", json.dumps(r["first_chunk_split"]), "\n  first chunk render:",
+                  json.dumps(r["first_chunk_render"]), "\n  decode thread:", json.dumps(r["decode_thread"]), flush=True)
             write_partial(out, report)  # a run cut short by a time limit keeps the rates it finished
     finally:
         pipeline.close()

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -52,6 +53,7 @@ def test_bench_load_runs_on_cpu_tiny(tiny_model_dir: Path, tmp_path: Path) -> No
     one = report["one_stream"][0]
     assert one["requests"] == 3 and one["first_chunk_ms_min"] <= one["first_chunk_ms"]["50"] <= one["first_chunk_ms_max"]
     # The first-chunk stages are consecutive marks from submit to hand-off: none can be negative.
+    assert set(rate["first_chunk_render"]["mean_ms"]) == {"flow", "hift"}  # CPU: eager flows, no stream times
     stages = rate["first_chunk_split"]["mean_ms"]
     assert set(stages) == {"submit", "queue", "frontend_prefill", "decode", "render_wait", "render"}
     assert all(v >= 0 for v in stages.values()) and stages["decode"] > 0 and stages["render"] > 0
@@ -66,3 +68,26 @@ def test_calls_playing_are_counted_inside_the_window_only() -> None:
     assert in_window(spans, 1.0, 2.0) == (2.0, 2)  # both overlap the whole window
     assert in_window(spans, 0.0, 4.0) == (1.0, 2)  # 2 + 2 call-seconds over 4 s; the third is outside
     assert in_window(spans, 3.5, 4.5) == (0.0, 0)
+
+
+def test_a_first_chunks_render_split_takes_segment_zeros_first_chunk_and_its_stream_times() -> None:
+    sys.path.insert(0, str(REPO / "bench"))
+    from bench_load import first_chunk_render
+
+    from tts_core.runtime.request import ChunkTiming
+
+    def job(*chunks: ChunkTiming) -> SimpleNamespace:
+        return SimpleNamespace(timings=SimpleNamespace(chunks=list(chunks)))
+
+    def chunk(segment: int, index: int, flow_s: float, gpu: tuple[float, float] | None) -> ChunkTiming:
+        return ChunkTiming(segment, index, 25, 0.0, flow_s, 0.002, 0.0, 1.0, 0.1, gpu)
+
+    jobs = [job(chunk(0, 0, 0.060, (0.002, 0.040)), chunk(0, 1, 0.5, (0.1, 0.4))),
+            job(chunk(0, 0, 0.080, (0.004, 0.050)), chunk(1, 0, 0.9, (0.2, 0.7))),
+            job()]  # no chunk yet: left out
+    split = first_chunk_render(jobs)
+    assert split["mean_ms"] == {"flow": 70.0, "flow_encoder_gpu": 3.0, "flow_solve_gpu": 45.0, "hift": 2.0}
+    assert split["p95_ms"]["flow"] == 79.0
+    # Untimed flows (eager, CPU) report wall times only.
+    assert set(first_chunk_render([job(chunk(0, 0, 0.06, None))])["mean_ms"]) == {"flow", "hift"}
+    assert first_chunk_render([job()]) == {}
