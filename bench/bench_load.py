@@ -262,15 +262,8 @@ def first_chunk_render(jobs) -> dict:
     encoder's and solve's time on the lane's CUDA stream (where timed: graphed flows), and HiFT
     with the hand-off to the host. Stream time against wall time tells a GPU kept busy by the
     other streams' kernels from a host that launched late."""
-    rows = []
-    for job in jobs:
-        first = next((c for c in job.timings.chunks if c.segment == 0 and c.index == 0), None)
-        if first is None:
-            continue
-        row = {"flow": first.flow_s, "hift": first.hift_s}
-        if first.flow_gpu_s is not None:
-            row["flow_encoder_gpu"], row["flow_solve_gpu"] = first.flow_gpu_s
-        rows.append(row)
+    rows = [{k: v for k, v in first_chunk_parts(job).items() if k in ("flow", "hift")} | first_chunk_flow_gpu(job)
+            for job in jobs if job.timings.chunks]
     keys = [k for k in ("flow", "flow_encoder_gpu", "flow_solve_gpu", "hift") if rows and all(k in r for r in rows)]
     if not keys:
         return {}
@@ -312,11 +305,7 @@ def one_stream(pipeline, voice: str, requests: int, rng: random.Random, lo: int,
         job = pipeline.synthesize(text, voice, sink, JobOptions(min_tokens=n, max_tokens=n), call_id=f"one{i}")
         sink.wait(600)
         firsts.append(job.timings.since_submit(job.timings.first_chunk))
-        split = first_chunk_parts(job)
-        gpu = job.timings.chunks[0].flow_gpu_s
-        if gpu is not None:  # of "flow": the encoder's and the solve's stream time
-            split["flow_encoder_gpu"], split["flow_solve_gpu"] = gpu
-        splits.append(split)
+        splits.append(first_chunk_parts(job) | first_chunk_flow_gpu(job))
     ms = 1e3 * np.array(firsts)
     return {"requests": requests, "first_chunk_ms": {q: float(np.percentile(ms, q)) for q in (50, 95)},
             "first_chunk_ms_min": float(ms.min()), "first_chunk_ms_max": float(ms.max()),
@@ -349,6 +338,13 @@ def first_chunk_parts(job) -> dict[str, float]:
     t, c = job.timings, job.timings.chunks[0]
     return {"frontend": t.frontend_s, "prefill": t.prefill_s, "decode": c.lm_s, "flow": c.flow_s,
             "hift": c.hift_s, "handoff": c.handoff_s}
+
+
+def first_chunk_flow_gpu(job) -> dict[str, float]:
+    """Of a job's first chunk's "flow": the encoder's and the solve's seconds on the lane's CUDA
+    stream, where the call was timed (graphed flows); empty otherwise."""
+    gpu = job.timings.chunks[0].flow_gpu_s
+    return {} if gpu is None else dict(zip(("flow_encoder_gpu", "flow_solve_gpu"), gpu))
 
 
 def main(argv: list[str] | None = None) -> int:

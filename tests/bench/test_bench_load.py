@@ -77,7 +77,7 @@ def test_a_first_chunks_render_split_takes_segment_zeros_first_chunk_and_its_str
     from tts_core.runtime.request import ChunkTiming
 
     def job(*chunks: ChunkTiming) -> SimpleNamespace:
-        return SimpleNamespace(timings=SimpleNamespace(chunks=list(chunks)))
+        return SimpleNamespace(timings=SimpleNamespace(chunks=list(chunks), frontend_s=0.001, prefill_s=0.003))
 
     def chunk(segment: int, index: int, flow_s: float, gpu: tuple[float, float] | None) -> ChunkTiming:
         return ChunkTiming(segment, index, 25, 0.0, flow_s, 0.002, 0.0, 1.0, 0.1, gpu)
