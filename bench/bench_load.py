@@ -262,9 +262,10 @@ def first_chunk_render(jobs) -> dict:
     encoder's and solve's time on the lane's CUDA stream (where timed: graphed flows), and HiFT
     with the hand-off to the host. Stream time against wall time tells a GPU kept busy by the
     other streams' kernels from a host that launched late."""
-    rows = [{k: v for k, v in first_chunk_parts(job).items() if k in ("flow", "hift")} | first_chunk_flow_gpu(job)
+    rows = [{k: v for k, v in first_chunk_parts(job).items() if k in ("flow", "hift")} | first_chunk_stream_times(job)
             for job in jobs if job.timings.chunks]
-    keys = [k for k in ("flow", "flow_encoder_gpu", "flow_solve_gpu", "hift") if rows and all(k in r for r in rows)]
+    keys = [k for k in ("flow", "flow_encoder_gpu", "flow_solve_gpu", "hift", "hift_launch", "hift_gpu")
+            if rows and all(k in r for r in rows)]
     if not keys:
         return {}
     values = {k: 1e3 * np.array([r[k] for r in rows]) for k in keys}
@@ -305,7 +306,7 @@ def one_stream(pipeline, voice: str, requests: int, rng: random.Random, lo: int,
         job = pipeline.synthesize(text, voice, sink, JobOptions(min_tokens=n, max_tokens=n), call_id=f"one{i}")
         sink.wait(600)
         firsts.append(job.timings.since_submit(job.timings.first_chunk))
-        splits.append(first_chunk_parts(job) | first_chunk_flow_gpu(job))
+        splits.append(first_chunk_parts(job) | first_chunk_stream_times(job))
     ms = 1e3 * np.array(firsts)
     return {"requests": requests, "first_chunk_ms": {q: float(np.percentile(ms, q)) for q in (50, 95)},
             "first_chunk_ms_min": float(ms.min()), "first_chunk_ms_max": float(ms.max()),
@@ -340,11 +341,17 @@ def first_chunk_parts(job) -> dict[str, float]:
             "hift": c.hift_s, "handoff": c.handoff_s}
 
 
-def first_chunk_flow_gpu(job) -> dict[str, float]:
+def first_chunk_stream_times(job) -> dict[str, float]:
     """Of a job's first chunk's "flow": the encoder's and the solve's seconds on the lane's CUDA
-    stream, where the call was timed (graphed flows); empty otherwise."""
-    gpu = job.timings.chunks[0].flow_gpu_s
-    return {} if gpu is None else dict(zip(("flow_encoder_gpu", "flow_solve_gpu"), gpu))
+    stream, where the call was timed (graphed flows); of its "hift": the vocoder call's launch on
+    the host and its seconds on the stream, where timed. Empty where neither was."""
+    chunk = job.timings.chunks[0]
+    times = {}
+    if chunk.flow_gpu_s is not None:
+        times.update(zip(("flow_encoder_gpu", "flow_solve_gpu"), chunk.flow_gpu_s))
+    if chunk.hift_gpu_s is not None:
+        times.update(zip(("hift_launch", "hift_gpu"), chunk.hift_gpu_s))
+    return times
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -450,6 +457,7 @@ def main(argv: list[str] | None = None) -> int:
     for lane in pipeline.scheduler.renderer.lanes.values():
         if lane.graphs is not None:
             lane.graphs.time_gpu = True  # CUDA events around each flow call's encoder and solve
+    pipeline.scheduler.renderer.time_gpu = True  # and around each vocoder call
     report: dict = {"device": torch.cuda.get_device_name() if cuda else platform.processor(), "dtype": dtype,
                     "llm_fp8": args.llm_fp8, "compile_flow": args.compile_flow and graphs,
                     "compile_hift": args.compile_hift and graphs,

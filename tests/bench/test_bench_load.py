@@ -79,15 +79,19 @@ def test_a_first_chunks_render_split_takes_segment_zeros_first_chunk_and_its_str
     def job(*chunks: ChunkTiming) -> SimpleNamespace:
         return SimpleNamespace(timings=SimpleNamespace(chunks=list(chunks), frontend_s=0.001, prefill_s=0.003))
 
-    def chunk(segment: int, index: int, flow_s: float, gpu: tuple[float, float] | None) -> ChunkTiming:
-        return ChunkTiming(segment, index, 25, 0.0, flow_s, 0.002, 0.0, 1.0, 0.1, gpu)
+    def chunk(segment: int, index: int, flow_s: float, gpu: tuple[float, float] | None,
+              hift: tuple[float, float] | None = None) -> ChunkTiming:
+        return ChunkTiming(segment, index, 25, 0.0, flow_s, 0.002, 0.0, 1.0, 0.1, gpu, hift)
 
-    jobs = [job(chunk(0, 0, 0.060, (0.002, 0.040)), chunk(0, 1, 0.5, (0.1, 0.4))),
-            job(chunk(0, 0, 0.080, (0.004, 0.050)), chunk(1, 0, 0.9, (0.2, 0.7))),
+    jobs = [job(chunk(0, 0, 0.060, (0.002, 0.040), (0.0005, 0.001)), chunk(0, 1, 0.5, (0.1, 0.4), (0.1, 0.1))),
+            job(chunk(0, 0, 0.080, (0.004, 0.050), (0.0015, 0.003)), chunk(1, 0, 0.9, (0.2, 0.7), (0.2, 0.2))),
             job()]  # no chunk yet: left out
     split = first_chunk_render(jobs)
-    assert split["mean_ms"] == {"flow": 70.0, "flow_encoder_gpu": 3.0, "flow_solve_gpu": 45.0, "hift": 2.0}
+    assert split["mean_ms"] == {"flow": 70.0, "flow_encoder_gpu": 3.0, "flow_solve_gpu": 45.0, "hift": 2.0,
+                                "hift_launch": 1.0, "hift_gpu": 2.0}
     assert split["p95_ms"]["flow"] == 79.0
+    # A vocoder call that was not timed leaves only its wall time.
+    assert "hift_gpu" not in first_chunk_render([job(chunk(0, 0, 0.06, (0.002, 0.04)))])["mean_ms"]
     # Untimed flows (eager, CPU) report wall times only.
     assert set(first_chunk_render([job(chunk(0, 0, 0.06, None))])["mean_ms"]) == {"flow", "hift"}
     assert first_chunk_render([job()]) == {}

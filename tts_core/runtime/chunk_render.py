@@ -121,6 +121,9 @@ class ChunkRenderer:
         self._slots = threading.Lock()  # streams open/close on the decode thread, finish on the render thread
         self._hift_dtype = next(hift.parameters()).dtype
         self._device = self.pooled.device
+        # Diagnostics (benchmarks): with `time_gpu` on CUDA, each vocoder call also reports its host
+        # launch time and its time on the lane's stream (RenderedChunk.hift_gpu_s).
+        self.time_gpu = False
         log.info("flow_pool_allocated", gb=round(self.pooled.pool.nbytes() / 2**30, 2), stream_slots=shape.stream_slots,
                  context_frames=frames, encoder_tokens=settings.encoder_tokens)
 
@@ -335,18 +338,28 @@ class ChunkRenderer:
                 stream.vocoder.record_stream(here)
             stream.cuda_stream = here
         t0 = time.perf_counter()
+        events = None
+        if self.time_gpu and here is not None:
+            events = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            events[0].record()
         wavs = push_chunks([s.vocoder for s in streams], [m.to(self._hift_dtype) for m in mels], finalize,
                            replays.hift_graphs)
         audio = [w[0].float() for w in wavs]
-        host = torch.cat(audio).cpu().numpy() if audio else np.zeros(0, np.float32)
+        joined = torch.cat(audio) if audio else None
+        launched = time.perf_counter()
+        if events is not None:
+            events[1].record()
+        host = joined.cpu().numpy() if joined is not None else np.zeros(0, np.float32)
         hift_s = time.perf_counter() - t0  # shared by the call's chunks, like the flow time
+        # The copy above waited for the stream, so the events have completed.
+        hift_gpu = None if events is None else (launched - t0, events[0].elapsed_time(events[1]) / 1e3)
         out, at = [], 0
         for stream, fin, mel, a, f in zip(streams, finalize, mels, audio, flow_s):
             stream.finished = fin
             if fin:
                 stream.close()
             out.append(RenderedChunk(audio=np.ascontiguousarray(host[at:at + a.numel()]), mel=mel,
-                                     flow_s=f, hift_s=hift_s, flow_gpu_s=flow_gpu))
+                                     flow_s=f, hift_s=hift_s, flow_gpu_s=flow_gpu, hift_gpu_s=hift_gpu))
             at += a.numel()
         return out
 

@@ -408,7 +408,7 @@ class RenderLoop:
                                          tokens=task.token_end - task.token_offset - lookahead, lm_s=d.lm_s,
                                          flow_s=out.flow_s, hift_s=out.hift_s, handoff_s=now - handed,
                                          audio_s=len(out.audio) / SAMPLE_RATE, at_s=now - job.timings.submitted,
-                                         flow_gpu_s=out.flow_gpu_s),
+                                         flow_gpu_s=out.flow_gpu_s, hift_gpu_s=out.hift_gpu_s),
                              handed)
             if task.finalize:
                 job.segment_rendered = True  # the decode thread starts the next segment or retires the job

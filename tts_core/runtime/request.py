@@ -75,6 +75,7 @@ class ChunkTiming:
     audio_s: float
     at_s: float  # when it was handed to the sink, seconds since submit
     flow_gpu_s: tuple[float, float] | None = None  # the flow call's (encoder, solve) stream time, if timed
+    hift_gpu_s: tuple[float, float] | None = None  # the vocoder call's (host launch, stream time), if timed
 
 
 @dataclass

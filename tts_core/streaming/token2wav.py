@@ -36,6 +36,8 @@ class RenderedChunk:
     hift_s: float
     # Stream time of the flow call's encoder and solve, where measured (PooledFlowGraphs.time_gpu).
     flow_gpu_s: tuple[float, float] | None = None
+    # The vocoder call's host launch time and its time on the stream, where measured (ChunkRenderer.time_gpu).
+    hift_gpu_s: tuple[float, float] | None = None
 
 
 class Token2WavStream:
