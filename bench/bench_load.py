@@ -42,6 +42,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_trace
+from host_waits import HostWaits
 
 REPO = Path(__file__).resolve().parents[1]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -414,6 +415,8 @@ def main(argv: list[str] | None = None) -> int:
                         "of this rate (its first variant; from --settle-s, else mid-run), and over one lone "
                         "request; the profiled rate's latencies carry the profiler's overhead")
     p.add_argument("--profile-s", type=float, default=2.0)
+    p.add_argument("--host-waits", action="store_true",
+                   help="time where the host threads wait as they launch GPU work (bench/host_waits.py), per rate")
     p.add_argument("--out", type=Path, help="JSON path (default bench/results/load_<date>.json)")
     args = p.parse_args(argv)
     if args.threads:
@@ -458,6 +461,9 @@ def main(argv: list[str] | None = None) -> int:
         if lane.graphs is not None:
             lane.graphs.time_gpu = True  # CUDA events around each flow call's encoder and solve
     pipeline.scheduler.renderer.time_gpu = True  # and around each vocoder call
+    waits = HostWaits() if args.host_waits else None
+    if waits is not None:
+        waits.install()
     report: dict = {"device": torch.cuda.get_device_name() if cuda else platform.processor(), "dtype": dtype,
                     "llm_fp8": args.llm_fp8, "compile_flow": args.compile_flow and graphs,
                     "compile_hift": args.compile_hift and graphs,
@@ -517,9 +523,13 @@ def main(argv: list[str] | None = None) -> int:
             profile = None
             if rate == args.profile_rate and not any("gpu_trace" in done for done in report["rates"]):
                 profile = (args.settle_s or args.duration / 2, args.profile_s)
+            if waits is not None:
+                waits.take()  # from this rate's start
             r = run_rate(pipeline, voice, rate, args.duration, rng, args.min_tokens, args.max_tokens, args.timeout,
                          args.settle_s, profile)
             faulthandler.cancel_dump_traceback_later()
+            if waits is not None:
+                r["host_waits"] = waits.take()
             # Underruns count from every request (one in the ramp is still a gap a caller heard).
             judged = r["steady"] if args.settle_s > 0 else r
             r["passes"] = r["failed"] == 0 and r["underruns"] == 0 and judged["first_chunk_ms"][95] <= 300.0
@@ -531,6 +541,8 @@ def main(argv: list[str] | None = None) -> int:
                 print("  steady:", json.dumps(r["steady"]), flush=True)
             if "gpu_trace" in r:
                 print("  GPU trace:", json.dumps(_trace_brief(r["gpu_trace"])), flush=True)
+            if "host_waits" in r:
+                print("  host waits:", json.dumps(r["host_waits"]), flush=True)
             print("  first chunk stages:", json.dumps(r["first_chunk_split"]), "\n  first chunk render:",
                   json.dumps(r["first_chunk_render"]), "\n  decode thread:", json.dumps(r["decode_thread"]), flush=True)
             write_partial(out, report)  # a run cut short by a time limit keeps the rates it finished

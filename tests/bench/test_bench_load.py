@@ -17,7 +17,7 @@ def test_bench_load_runs_on_cpu_tiny(tiny_model_dir: Path, tmp_path: Path) -> No
                            "--device", "cpu", "--threads", "1", "--rates", "3", "--duration", "1", "--max-batch", "8",
                            "--min-tokens", "20", "--max-tokens", "40", "--one-stream-requests", "3",
                            "--first-chunk-hold-ms", "0", "200", "--defer-slack-s", "0.8", "0.3", "--settle-s", "0.5",
-                           "--profile-rate", "3", "--profile-s", "0.2",
+                           "--profile-rate", "3", "--profile-s", "0.2", "--host-waits",
                            "--out", str(out)],
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -54,6 +54,15 @@ def test_bench_load_runs_on_cpu_tiny(tiny_model_dir: Path, tmp_path: Path) -> No
     assert one["requests"] == 3 and one["first_chunk_ms_min"] <= one["first_chunk_ms"]["50"] <= one["first_chunk_ms_max"]
     # The first-chunk stages are consecutive marks from submit to hand-off: none can be negative.
     assert set(rate["first_chunk_render"]["mean_ms"]) == {"flow", "hift"}  # CPU: eager flows, no stream times
+    # Host waits, per rate: CPU runs no graphs (no launches to time), but every render call's
+    # vocoder launches are timed, on the render threads only.
+    for r in report["rates"]:
+        waits = r["host_waits"]
+        assert set(waits) == {"push_chunks"}
+        assert set(waits["push_chunks"]) <= {"tts-render-later", "tts-render-first-0", "tts-render-first-1",
+                                             "tts-render-first-2"}
+        pushes = {thread.removeprefix("tts-render-"): t["calls"] for thread, t in waits["push_chunks"].items()}
+        assert pushes == {lane: x["calls"] for lane, x in r["render"].items()}  # one per render call
     stages = rate["first_chunk_split"]["mean_ms"]
     assert set(stages) == {"submit", "queue", "frontend_prefill", "decode", "render_wait", "render"}
     assert all(v >= 0 for v in stages.values()) and stages["decode"] > 0 and stages["render"] > 0
