@@ -395,7 +395,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="CUDA: each first-chunk lane on this many SMs (the same SMs as --later-lane-sms; 0: all)")
     p.add_argument("--llm-fp8", action="store_true", help="FP8 LM decoder-layer weights (tts_core/accel/fp8_linear.py)")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--threads", type=int, nargs="+", default=[0],
+                   help="torch CPU threads (0: torch's default); several: everything runs at each")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for stragglers per rate")
     p.add_argument("--one-stream-requests", type=int, default=30,
                    help="requests sent one at a time for the 1-stream first-chunk p50 (0: skip)")
@@ -419,8 +420,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="time where the host threads wait as they launch GPU work (bench/host_waits.py), per rate")
     p.add_argument("--out", type=Path, help="JSON path (default bench/results/load_<date>.json)")
     args = p.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    default_threads = torch.get_num_threads()
+    if args.threads[0]:
+        torch.set_num_threads(args.threads[0])
     if args.switch_interval_ms is not None:
         sys.setswitchinterval(max(args.switch_interval_ms) / 1e3)  # the scheduler only ever lowers it
     cuda = args.device.startswith("cuda")
@@ -493,10 +495,11 @@ def main(argv: list[str] | None = None) -> int:
         aheads = args.steps_ahead if args.steps_ahead is not None else \
             [pipeline.scheduler.settings.decode_steps_ahead]
         yields = args.later_yield_s or [pipeline.scheduler.settings.later_yield_slack_s]
-        variants = [(d, h, i, a, y) for d in args.defer_slack_s for h in holds for i in intervals for a in aheads
-                    for y in yields]
-        for (slack, hold, interval, ahead, later_yield), rate in [(v, r) for v in variants
-                                                                   for r in [None, *args.rates]]:
+        variants = [(d, h, i, a, y, n) for d in args.defer_slack_s for h in holds for i in intervals for a in aheads
+                    for y in yields for n in args.threads]
+        for (slack, hold, interval, ahead, later_yield, threads), rate in [(v, r) for v in variants
+                                                                            for r in [None, *args.rates]]:
+            torch.set_num_threads(threads or default_threads)
             # The scheduler and its render lanes read these each round: variants share one start-up.
             pipeline.scheduler.settings = dataclasses.replace(pipeline.scheduler.settings, decode_steps_ahead=ahead,
                                                               first_chunk_hold_s=hold / 1e3, defer_slack_s=slack,
@@ -510,7 +513,8 @@ def main(argv: list[str] | None = None) -> int:
                     one = one_stream(pipeline, voice, args.one_stream_requests, random.Random(args.seed),
                                      args.min_tokens, args.max_tokens)
                     one.update(first_chunk_hold_ms=hold, switch_interval_ms=interval, defer_slack_s=slack,
-                               decode_steps_ahead=ahead, later_yield_s=later_yield)
+                               decode_steps_ahead=ahead, later_yield_s=later_yield,
+                               torch_threads=torch.get_num_threads())
                     report["one_stream"].append(one)
                     print("1 stream, one request at a time:", json.dumps(one), flush=True)
                 continue
@@ -535,6 +539,7 @@ def main(argv: list[str] | None = None) -> int:
             r["passes"] = r["failed"] == 0 and r["underruns"] == 0 and judged["first_chunk_ms"][95] <= 300.0
             r["switch_interval_ms"], r["first_chunk_hold_ms"], r["defer_slack_s"] = interval, hold, slack
             r["decode_steps_ahead"], r["later_yield_s"] = ahead, later_yield
+            r["torch_threads"] = torch.get_num_threads()
             report["rates"].append(r)
             _print_row(r)
             if args.settle_s > 0:
@@ -596,7 +601,7 @@ def _print_row(r: dict) -> None:
           f"{r['concurrency_peak']:>5} {r['playing_mean']:>6.1f} {r['playing_peak']:>5} {f[50]:>7.1f} {f[95]:>7.1f} "
           f"{f[99]:>7.1f} {r['underruns']:>6} {rtf:>6} {mem:>6} {r['passes']}  GIL {r.get('switch_interval_ms')} ms, "
           f"hold {r.get('first_chunk_hold_ms')} ms, defer slack {r.get('defer_slack_s')} s, "
-          f"steps ahead {r.get('decode_steps_ahead')}, later yield {r.get('later_yield_s')} s, "
+          f"steps ahead {r.get('decode_steps_ahead')}, later yield {r.get('later_yield_s')} s, torch threads {r.get('torch_threads')}, "
           f"step {r['step_ms_mean']:.1f} ms "
           f"(decode {r['decode_ms_mean'] or 0:.1f}; render {lanes})", flush=True)
 

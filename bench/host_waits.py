@@ -7,11 +7,16 @@ wraps the few places a launching thread can wait, per thread name, without chang
   graph_launch  CUDAGraph.replay itself (cudaGraphLaunch: host time grows with a graph's nodes)
   push_chunks   a render call's vocoder launches (graph input copies, replay, the caches' clones)
 and the CUDA caching allocator's counters over the same stretch (a retried allocation frees
-cached blocks, which synchronizes the device).
+cached blocks, which synchronizes the device). A probe thread sleeps 0.5 ms at a time and records
+how late it wakes (`gil_probe`): a thread coming back from a call that let the GIL go (every
+torch op, graph replay and stream wait does) waits about as long for it. `cpu` is the CPU time
+the process's threads took over the stretch, in cores: the Python threads by name, the rest
+(torch's CPU thread pools, the CUDA driver's threads) together.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import defaultdict
@@ -20,6 +25,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+PROBE_SLEEP_S = 0.0005
 ALLOCATOR_COUNTERS = ("num_alloc_retries", "num_sync_all_streams", "num_device_alloc", "num_device_free")
 
 
@@ -43,6 +49,15 @@ class HostWaits:
         self._seconds: dict[tuple[str, str], list[float]] = defaultdict(list)
         self._undo: list[Callable[[], None]] = []
         self._allocator: dict[str, int] = {}
+        self._cpu: tuple[float, dict[int, float]] = (time.perf_counter(), _thread_cpu_s())
+        self._probing = threading.Event()
+
+    def _probe(self) -> None:
+        record = self._record("gil_probe")
+        while self._probing.is_set():
+            t0 = time.perf_counter()
+            time.sleep(PROBE_SLEEP_S)
+            record(time.perf_counter() - t0 - PROBE_SLEEP_S)
 
     def _record(self, kind: str) -> Callable[[float], None]:
         def record(seconds: float) -> None:
@@ -78,6 +93,10 @@ class HostWaits:
 
         chunk_render.push_chunks = timed_push
         self._undo.append(lambda: setattr(chunk_render, "push_chunks", push))
+        self._probing.set()
+        probe = threading.Thread(target=self._probe, name="bench-gil-probe", daemon=True)
+        probe.start()
+        self._undo.append(lambda: (self._probing.clear(), probe.join()))
         self.take()
 
     def uninstall(self) -> None:
@@ -99,4 +118,27 @@ class HostWaits:
             now = {k: int(stats.get(k, 0)) for k in ALLOCATOR_COUNTERS}
             out["allocator"] = {k: v - self._allocator.get(k, 0) for k, v in now.items()}
             self._allocator = now
+        (then, before), now_s, after = self._cpu, time.perf_counter(), _thread_cpu_s()
+        self._cpu = (now_s, after)
+        names = {t.native_id: t.name for t in threading.enumerate()}
+        cores: dict[str, float] = defaultdict(float)
+        for tid, seconds in after.items():
+            cores[names.get(tid, "other")] += (seconds - before.get(tid, 0.0)) / (now_s - then)
+        out["cpu"] = {"process_cores": round(sum(cores.values()), 2),
+                      "threads": {name: round(c, 2) for name, c in sorted(cores.items(), key=lambda kv: -kv[1])},
+                      "other_threads": sum(1 for tid in after if tid not in names)}
         return dict(out)
+
+
+def _thread_cpu_s() -> dict[int, float]:
+    """CPU seconds (user + system) of each of this process's threads, by native thread id (Linux)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    seconds = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        seconds[int(tid)] = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime (fields 14, 15)
+    return seconds
