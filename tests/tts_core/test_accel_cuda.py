@@ -56,7 +56,7 @@ def test_graphed_decode_steps_equal_eager_steps(tiny_model_dir: Path) -> None:
 def test_carried_graphed_steps_draw_what_host_built_inputs_draw_and_overlap_changes_nothing(
         tiny_model_dir: Path) -> None:
     """GraphedDecoder(carry=True) against the graphed step fed host-built tokens and RAS windows
-    (step_sample), same CUDA generator seed; then the carried steps read one step behind
+    (step_sample), their generators seeded alike; then the carried steps read one step behind
     (launch k+1 before reading k, as the scheduler does): the same tokens each time."""
     from tts_core.accel.batched_sampler import BatchedRasSampler
     from tts_core.accel.lm_graphs import GraphedDecoder
@@ -78,7 +78,7 @@ def test_carried_graphed_steps_draw_what_host_built_inputs_draw_and_overlap_chan
 
     def host_built() -> list[list[int]]:
         cache.restore(snap)
-        torch.cuda.manual_seed(5)
+        plain.generator.manual_seed(5)
         rows = [list(t) for t in first]
         for _ in range(10):
             history = torch.tensor([([-1] * window + r)[-window:] for r in rows], device="cuda")
@@ -90,7 +90,7 @@ def test_carried_graphed_steps_draw_what_host_built_inputs_draw_and_overlap_chan
 
     def carried_run(behind: bool) -> list[list[int]]:
         cache.restore(snap)
-        torch.cuda.manual_seed(5)
+        carried.generator.manual_seed(5)
         carried.seed(live, first)
         rows = [list(t) for t in first]
         pending = None
@@ -318,3 +318,36 @@ def test_graphed_hift_equals_the_eager_decode_of_its_own_source(tiny_model_dir: 
         noise = float((eager.double() - exact).abs().max())
         assert float((wav.double() - exact).abs().max()) <= 3 * noise + 1e-5
         assert float((wav - eager).abs().mean()) < 1e-4
+
+
+def test_graphs_that_draw_use_generators_of_their_own_not_the_default_one(tiny_model_dir: Path) -> None:
+    """Graphs replay from several threads with no lock (accel/graph_capture): that is safe only if
+    no two of them draw from one generator. A decode graph draws from its decoder's generator and
+    each HiFT graph from its own; replaying them leaves the default generator where it was."""
+    from tts_core.accel.batched_sampler import BatchedRasSampler
+    from tts_core.accel.hift_graphs import GraphedHift
+    from tts_core.accel.lm_graphs import GraphedDecoder
+    from tts_core.hift import load_hift
+    from tts_core.llm.sampling import SamplingConfig
+    from tts_core.model_dir import load_speech_lm
+
+    lm = load_speech_lm(tiny_model_dir, "cuda", torch.float32)
+    lm.setup_cache(5, 64)
+    sampler = BatchedRasSampler(SamplingConfig(), lm.speech_token_size)
+    decoder = GraphedDecoder(lm, (1, 2), (64,), sampler=sampler, compile=False, carry=True)
+    vocoder = load_hift(tiny_model_dir, "cuda", torch.float32, fold=True)
+    hifts = [GraphedHift(vocoder, 56), GraphedHift(vocoder, 56)]
+    default = torch.cuda.default_generators[torch.cuda.current_device()]
+    generators = [decoder.generator, *(h.generator for h in hifts)]
+    assert len({id(g) for g in generators}) == 3 and all(g is not default for g in generators)
+    before, offsets = default.get_offset(), [g.get_offset() for g in generators]
+    decoder.seed([0], [[1, 2, 3]])
+    decoder.launch([0], [True], kv_len=8).result()
+    mel = torch.randn(1, 80, 56, device="cuda") - 6
+    for h in hifts:
+        h.inference(mel)
+    torch.cuda.synchronize()
+    assert default.get_offset() == before
+    assert all(g.get_offset() > o for g, o in zip(generators, offsets))
+    # Different generators, so two HiFT graphs draw different excitations for one mel.
+    assert not torch.equal(hifts[0].inference(mel)[1], hifts[1].inference(mel)[1])

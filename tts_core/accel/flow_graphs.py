@@ -14,12 +14,12 @@ do not fit a static graph.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 
-from contextlib import contextmanager
-from collections.abc import Iterator
-
-from tts_core.accel.graph_capture import capture_graph, replay
+from tts_core.accel.graph_capture import capture_graph
 from tts_core.flow import token_encoder
 from tts_core.flow.model import FlowModel
 
@@ -78,5 +78,5 @@ class GraphedFlowCall:
         self.prompt_token.copy_(prompt_token)
         self.prompt_feat.copy_(prompt_feat)
         self.embedding.copy_(embedding)
-        replay(self._graph)
+        self._graph.replay()
         return self._out

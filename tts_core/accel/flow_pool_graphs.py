@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from tts_core.accel.flow_graphs import device_position_tables
-from tts_core.accel.graph_capture import capture_graph, compiling_at_start_up, replay
+from tts_core.accel.graph_capture import capture_graph, compiling_at_start_up
 from tts_core.flow.encoder_window import encode_grouped, encode_new_frames
 from tts_core.flow.estimator import FlowEstimator, NhwcConv1d, Regions, SelfAttention
 from tts_core.flow.model import FlowModel
@@ -78,7 +78,7 @@ class _SolveGraph:
     def replay(self, table: torch.Tensor, mu: torch.Tensor) -> torch.Tensor:
         self.table.copy_(table)
         self.mu.copy_(mu)
-        replay(self.graph)
+        self.graph.replay()
         return self.out
 
 
@@ -94,7 +94,7 @@ class _EncodeGraph:
 
     def replay(self, tokens: torch.Tensor) -> torch.Tensor:
         self.tokens[:tokens.size(0)].copy_(tokens)
-        replay(self.graph)
+        self.graph.replay()
         return self.out[:tokens.size(0)]
 
 
@@ -151,7 +151,7 @@ class PooledFlowGraphs:
             for r in sorted(rows, reverse=True):
                 graph = torch.cuda.CUDAGraph()
                 capture_graph(graph, functools.partial(stepped.advance, r), warmup=2, pool=pool, stream=self._stream)
-                stepped.runners[r] = functools.partial(replay, graph)
+                stepped.runners[r] = graph.replay
         log.info("flow_step_graphs_captured", rows=list(rows), ctx_cap=ctx_cap, new_cap=new_cap,
                  seconds=round(time.perf_counter() - started, 2))
         return stepped

@@ -1,19 +1,21 @@
-"""Record one call into a CUDA graph the way every graph here is recorded, and replay graphs.
+"""Record one call into a CUDA graph the way every graph here is recorded.
 
 The call first runs `warmup` times on a side stream, so lazy initialisation, allocator growth and
 cuBLAS workspace creation happen outside the capture (they are not capturable), then once inside it.
 
-Replays go through `replay`, which launches one graph at a time in the process: the decode and the
-render thread replay graphs concurrently, and in torch 2.11 a replay's prologue advances the shared
-CUDA generator's offset without a lock (pytorch/pytorch#176754), so two concurrent replays of
-graphs that draw random numbers (the decode sampler, HiFT's excitation) can race on it. The lock
-covers only the launch (microseconds); the graphs still run concurrently on their streams.
+Graphs replay with `graph.replay()` from any thread, with no lock between threads. A graph that
+draws random numbers draws them from a generator of its own family (the decoder's, a render
+lane's), registered with it at capture (`generator`), and only one thread replays that family. The
+process's default CUDA generator draws nothing in a graph, and torch skips the RNG prologue of a
+replay whose generator increment is 0. So no two threads' replays touch one generator's offset at
+once (in torch 2.11 a replay's prologue advances it without a lock, pytorch/pytorch#176754). A
+lock around every launch did this before: under load one lane's graph launch held it for up to
+85 ms while the decode thread waited (`bench/host_waits.py`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
@@ -39,11 +41,14 @@ def compiling_at_start_up() -> Iterator[None]:
 
 @torch.inference_mode()
 def capture_graph(graph: torch.cuda.CUDAGraph, call: Callable[[], T], warmup: int, pool=None,
-                  stream: torch.cuda.Stream | None = None) -> T:
+                  stream: torch.cuda.Stream | None = None, generator: torch.Generator | None = None) -> T:
     """Warm `call` up, record it into `graph` and return the call's outputs (the graph's static
     outputs). `stream`: the stream to warm up and capture on (default: a fresh one). cuBLAS keeps a
     workspace per (handle, stream) and a graph keeps the one it was captured with, so graphs that
-    may run at the same time as each other must be captured on different streams."""
+    may run at the same time as each other must be captured on different streams. `generator`:
+    the CUDA generator `call` draws from, if any (it must pass it to every random op)."""
+    if generator is not None:
+        graph.register_generator_state(generator)
     side = stream if stream is not None else torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -53,10 +58,3 @@ def capture_graph(graph: torch.cuda.CUDAGraph, call: Callable[[], T], warmup: in
     with torch.cuda.graph(graph, pool=pool, stream=side):
         return call()
 
-
-_LAUNCH = threading.Lock()  # process-wide on purpose: the generator it protects is process-wide
-
-
-def replay(graph: torch.cuda.CUDAGraph) -> None:
-    with _LAUNCH:
-        graph.replay()

@@ -1,7 +1,7 @@
 """CUDA-graph replay of one HiFT vocoder chunk (F0, source draw, decode) for a fixed frame count.
 
-Equivalent to `HiftGenerator.inference(mel, cache_source)` with the source noise drawn from the
-device's default generator (graphs replay philox draws with a fresh offset every time, so each
+Equivalent to `HiftGenerator.inference(mel, cache_source)` with the source noise drawn from a
+generator of the graph's own (graphs replay philox draws with a fresh offset every time, so each
 replay draws new noise, as an eager call would). Streaming glue (mel cache, cross-fade) stays in
 `HiftStream`-style code around it; a graph per (frames, cached source samples) covers the official
 schedule: the first chunk has no cache, later chunks carry 8 frames / 3840 samples.
@@ -17,7 +17,7 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
-from tts_core.accel.graph_capture import capture_graph, compiling_at_start_up, replay
+from tts_core.accel.graph_capture import capture_graph, compiling_at_start_up
 from tts_core.hift.generator import HiftGenerator, Mix, mix_stage
 
 
@@ -79,13 +79,19 @@ class GraphedHift:
         self.mel = torch.zeros(rows, vocoder.cfg.in_channels, frames, dtype=param.dtype, device=device)
         self.cache_source = torch.zeros(rows, 1, max(cache_samples, 1), dtype=param.dtype, device=device)
         self.mix = mix
+        # Its own, not the default generator: render lanes replay their graphs at once, each graph
+        # from one lane's thread, and concurrent replays drawing from one generator race on its
+        # offset (graph_capture).
+        self.generator = torch.Generator(device=device)
+        self.generator.seed()
         self._graph = torch.cuda.CUDAGraph()
         with capturable_istft(), compiling_at_start_up():
-            self._out = capture_graph(self._graph, self._call, warmup, pool=pool, stream=stream)
+            self._out = capture_graph(self._graph, self._call, warmup, pool=pool, stream=stream,
+                                      generator=self.generator)
 
     def _call(self) -> tuple[torch.Tensor, torch.Tensor]:
         v = self.vocoder
-        source = v.draw_source(v.predict_f0(self.mel), None)
+        source = v.draw_source(v.predict_f0(self.mel), self.generator)
         if self.cache_samples:
             source[..., :self.cache_samples] = self.cache_source
         return v.decode(self.mel, source, self.mix), source
@@ -103,6 +109,6 @@ class GraphedHift:
             if cache_source is None or cache_source.shape[-1] != self.cache_samples:
                 raise ValueError(f"GraphedHift: captured for {self.cache_samples} cached source samples")
             self.cache_source[:r].copy_(cache_source)
-        replay(self._graph)
+        self._graph.replay()
         wav, source = self._out
         return wav[:r], source[:r]

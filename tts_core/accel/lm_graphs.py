@@ -38,10 +38,8 @@ import structlog
 import torch
 
 from tts_core.accel import decode_attention
-from tts_core.accel.graph_capture import replay
-
-from tts_core.accel.buckets import power_of_two_buckets, select_bucket
 from tts_core.accel.batched_sampler import BatchedRasSampler
+from tts_core.accel.buckets import power_of_two_buckets, select_bucket
 from tts_core.accel.carried_decode import PendingTokens, SlotTokens, draw_first
 from tts_core.llm.speech_lm import SpeechTokenLM
 
@@ -99,6 +97,11 @@ class GraphedDecoder:
         # First draws run eagerly beside graph replays on other threads' streams: a generator of
         # their own, so they never race a replay's prologue on the default one (graph_capture).
         self._first_generator = torch.Generator(device=device).manual_seed(0) if carry else None
+        # The graphs' draws come from a generator of their own, registered with each graph: only the
+        # thread stepping this decoder replays them, so no other thread's replay races on its
+        # offset (graph_capture). Seed it to repeat a run's draws.
+        self.generator = torch.Generator(device=device)
+        self.generator.seed()
         if fuse:
             lm.fuse_projections()
         # One kernel per layer rotates q/k, writes the step's keys/values and reads each row's own
@@ -124,13 +127,13 @@ class GraphedDecoder:
         if self.state is not None:
             tokens, history = self.state.gather(slots)
             logp = self._decode(self.lm, slots, tokens, attend_len=attend)
-            drawn = self.sampler.sample(logp, history, self._inputs[1, :batch] != 0)
+            drawn = self.sampler.sample(logp, history, self._inputs[1, :batch] != 0, self.generator)
             self.state.advance(slots, history, drawn)
             return logp, drawn
         logp = self._decode(self.lm, slots, self._tokens[:batch], attend_len=attend)
         if self.sampler is None:
             return (logp,)
-        return logp, self.sampler.sample(logp, self._history[:batch], self._allow_stop[:batch])
+        return logp, self.sampler.sample(logp, self._history[:batch], self._allow_stop[:batch], self.generator)
 
     @torch.inference_mode()
     def _capture_all(self, warmup: int) -> None:
@@ -151,6 +154,7 @@ class GraphedDecoder:
         for batch in reversed(self.batch_buckets):
             for attend in reversed(self.attend_buckets):
                 graph = torch.cuda.CUDAGraph()
+                graph.register_generator_state(self.generator)
                 with torch.cuda.graph(graph, pool=pool, stream=side):
                     out = self._step(batch, attend)
                 self._graphs[(batch, attend)] = (graph, out)
@@ -176,7 +180,7 @@ class GraphedDecoder:
         self._slots[live:batch].fill_(self.scratch_slot)
         self._tokens[:live].copy_(tokens)
         graph, out = self._graphs[(batch, attend)]
-        replay(graph)
+        graph.replay()
         return live, out
 
     @torch.inference_mode()
@@ -217,7 +221,7 @@ class GraphedDecoder:
         host[1, :live] = torch.as_tensor(list(allow_stop), dtype=torch.long)
         self._inputs[:, :batch].copy_(host[:, :batch], non_blocking=True)
         graph, out = self._graphs[(batch, attend)]
-        replay(graph)
+        graph.replay()
         tokens = self._host_tokens[self._turn]
         tokens[:live].copy_(out[1][:live], non_blocking=True)
         self._turn = (self._turn + 1) % len(self._host_tokens)
@@ -299,5 +303,5 @@ class GraphedPrefill:
         self._slot.fill_(slot)
         self._length.fill_(length)
         graph, out = self._graphs[bucket]
-        replay(graph)
+        graph.replay()
         return out

@@ -8,8 +8,8 @@ holds them, and runs the rest one by one, graphed where a one-row graph of their
 chunks, final chunks by length) and eagerly otherwise. Every row of HiFT is independent of the
 others, so a batched replay gives each stream what its own call would.
 
-A graph draws its excitation noise from the device's default generator, not the job's seeded one:
-graphed chunks are not reproducible by seed (the eager path is).
+A graph draws its excitation noise from a generator of its own, not the job's seeded one: graphed
+chunks are not reproducible by seed (the eager path is).
 """
 
 from __future__ import annotations
