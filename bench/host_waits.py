@@ -3,8 +3,8 @@
 A first chunk's vocoder call took 0.8 ms of host time to launch alone and 11 ms (p95 43 ms)
 under load, while its kernels took 2.3 and 5.9 ms: the host, not the GPU, holds it. `HostWaits`
 wraps the few places a launching thread can wait, per thread name, without changing what runs:
-  launch_lock   acquiring the process-wide graph launch lock (tts_core/accel/graph_capture.py)
-  graph_launch  CUDAGraph.replay itself (cudaGraphLaunch: host time grows with a graph's nodes)
+  graph_launch  CUDAGraph.replay (cudaGraphLaunch; before 41c260d also a process-wide lock
+                around it, timed then as `launch_lock`)
   push_chunks   a render call's vocoder launches (graph input copies, replay, the caches' clones)
 and the CUDA caching allocator's counters over the same stretch (a retried allocation frees
 cached blocks, which synchronizes the device). A probe thread sleeps 0.5 ms at a time and records
@@ -29,21 +29,6 @@ PROBE_SLEEP_S = 0.0005
 ALLOCATOR_COUNTERS = ("num_alloc_retries", "num_sync_all_streams", "num_device_alloc", "num_device_free")
 
 
-class _TimedLock:
-    """A lock that records how long each `with` waited to acquire it."""
-
-    def __init__(self, lock, record: Callable[[float], None]) -> None:
-        self._lock, self._record = lock, record
-
-    def __enter__(self) -> None:
-        t0 = time.perf_counter()
-        self._lock.acquire()
-        self._record(time.perf_counter() - t0)
-
-    def __exit__(self, *exc: object) -> None:
-        self._lock.release()
-
-
 class HostWaits:
     def __init__(self) -> None:
         self._seconds: dict[tuple[str, str], list[float]] = defaultdict(list)
@@ -65,12 +50,7 @@ class HostWaits:
         return record
 
     def install(self) -> None:
-        from tts_core.accel import graph_capture
         from tts_core.runtime import chunk_render
-
-        lock = graph_capture._LAUNCH
-        graph_capture._LAUNCH = _TimedLock(lock, self._record("launch_lock"))
-        self._undo.append(lambda: setattr(graph_capture, "_LAUNCH", lock))
 
         replay, launched = torch.cuda.CUDAGraph.replay, self._record("graph_launch")
 
