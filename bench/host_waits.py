@@ -6,6 +6,7 @@ wraps the few places a launching thread can wait, per thread name, without chang
   graph_launch  CUDAGraph.replay (cudaGraphLaunch; before 41c260d also a process-wide lock
                 around it, timed then as `launch_lock`)
   push_chunks   a render call's vocoder launches (graph input copies, replay, the caches' clones)
+  cat, Tensor.to, Tensor.clone, Event.record   each call of these small ops, in every thread
 and the CUDA caching allocator's counters over the same stretch (a retried allocation frees
 cached blocks, which synchronizes the device). A probe thread sleeps 0.5 ms at a time and records
 how late it wakes (`gil_probe`): a thread coming back from a call that let the GIL go (every
@@ -49,30 +50,29 @@ class HostWaits:
             self._seconds[(kind, threading.current_thread().name)].append(seconds)
         return record
 
+    def _time(self, owner: object, name: str, kind: str) -> None:
+        """Wrap `owner.name` (a function or method) so that each call's host time is recorded as `kind`."""
+        original, record = getattr(owner, name), self._record(kind)
+
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                record(time.perf_counter() - t0)
+
+        setattr(owner, name, timed)
+        self._undo.append(lambda: setattr(owner, name, original))
+
     def install(self) -> None:
         from tts_core.runtime import chunk_render
 
-        replay, launched = torch.cuda.CUDAGraph.replay, self._record("graph_launch")
-
-        def timed_replay(graph) -> None:
-            t0 = time.perf_counter()
-            replay(graph)
-            launched(time.perf_counter() - t0)
-
-        torch.cuda.CUDAGraph.replay = timed_replay
-        self._undo.append(lambda: setattr(torch.cuda.CUDAGraph, "replay", replay))
-
-        push, pushed = chunk_render.push_chunks, self._record("push_chunks")
-
-        def timed_push(*args, **kwargs):
-            t0 = time.perf_counter()
-            try:
-                return push(*args, **kwargs)
-            finally:
-                pushed(time.perf_counter() - t0)
-
-        chunk_render.push_chunks = timed_push
-        self._undo.append(lambda: setattr(chunk_render, "push_chunks", push))
+        self._time(torch.cuda.CUDAGraph, "replay", "graph_launch")
+        self._time(chunk_render, "push_chunks", "push_chunks")
+        # The small ops around a render call's vocoder launches: each allocates and launches one kernel.
+        for owner, name in ((torch, "cat"), (torch.Tensor, "to"), (torch.Tensor, "clone"),
+                            (torch.cuda.Event, "record")):
+            self._time(owner, name, f"{getattr(owner, '__name__', owner)}.{name}".removeprefix("torch."))
         self._probing.set()
         probe = threading.Thread(target=self._probe, name="bench-gil-probe", daemon=True)
         probe.start()

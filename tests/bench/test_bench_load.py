@@ -58,7 +58,8 @@ def test_bench_load_runs_on_cpu_tiny(tiny_model_dir: Path, tmp_path: Path) -> No
     # vocoder launches are timed, on the render threads only.
     for r in report["rates"]:
         waits = r["host_waits"]
-        assert set(waits) == {"push_chunks", "gil_probe", "cpu"}
+        assert {"push_chunks", "gil_probe", "cpu", "cat", "Tensor.to", "Tensor.clone"} <= set(waits)
+        assert "graph_launch" not in waits
         assert waits["cpu"]["process_cores"] > 0 and "tts-decode" in waits["cpu"]["threads"]
         assert waits["gil_probe"]["bench-gil-probe"]["calls"] > 0
         assert set(waits["push_chunks"]) <= {"tts-render-later", "tts-render-first-0", "tts-render-first-1",

@@ -337,13 +337,13 @@ def test_graphs_that_draw_use_generators_of_their_own_not_the_default_one(tiny_m
     decoder = GraphedDecoder(lm, (1, 2), (64,), sampler=sampler, compile=False, carry=True)
     vocoder = load_hift(tiny_model_dir, "cuda", torch.float32, fold=True)
     hifts = [GraphedHift(vocoder, 56), GraphedHift(vocoder, 56)]
+    mel = torch.randn(1, 80, 56, generator=torch.Generator().manual_seed(0)).cuda() - 6
     default = torch.cuda.default_generators[torch.cuda.current_device()]
     generators = [decoder.generator, *(h.generator for h in hifts)]
     assert len({id(g) for g in generators}) == 3 and all(g is not default for g in generators)
     before, offsets = default.get_offset(), [g.get_offset() for g in generators]
     decoder.seed([0], [[1, 2, 3]])
     decoder.launch([0], [True], kv_len=8).result()
-    mel = torch.randn(1, 80, 56, device="cuda") - 6
     for h in hifts:
         h.inference(mel)
     torch.cuda.synchronize()
