@@ -116,7 +116,8 @@ class PooledFlowGraphs:
         # Diagnostics (benchmarks): with `time_gpu`, each render records CUDA events around its
         # encoder and solve work; `gpu_split()` reads them once the caller has synchronized.
         self.time_gpu = False
-        self._events: tuple[torch.cuda.Event, ...] | None = None
+        self._timing_events: tuple[torch.cuda.Event, ...] | None = None
+        self._events: tuple[torch.cuda.Event, ...] | None = None  # the last render's, if it was timed
 
     def _graph_pool(self):
         if self.pooled.device.type != "cuda":
@@ -174,7 +175,10 @@ class PooledFlowGraphs:
         """Like `PooledFlow.render`, replaying captured graphs where a bucket fits; calls of more
         streams than the largest bucket are split."""
         pooled = self.pooled
-        events = tuple(torch.cuda.Event(enable_timing=True) for _ in range(3)) if self.time_gpu else None
+        if self.time_gpu and self._timing_events is None:
+            # Made once and recorded again each render: making CUDA events under load stalls the host.
+            self._timing_events = tuple(torch.cuda.Event(enable_timing=True) for _ in range(3))
+        events = self._timing_events if self.time_gpu else None
         self._events = events
         if events:
             events[0].record()

@@ -93,6 +93,10 @@ class GraphedDecoder:
                              for _ in range(HOST_BUFFERS)] if carry else []
         self._host_tokens = [torch.empty(largest, dtype=torch.long).pin_memory()
                              for _ in range(HOST_BUFFERS)] if carry else []
+        # Their steps' done events, in turn with the buffers: made once, recorded again and again.
+        # Under load a new CUDA event took up to 71 ms to make and record beside the render lanes'
+        # graph launches (bench/host_waits.py), and the decode thread makes one per step.
+        self._step_events = [torch.cuda.Event() for _ in range(HOST_BUFFERS)] if carry else []
         self._turn = 0
         # First draws run eagerly beside graph replays on other threads' streams: a generator of
         # their own, so they never race a replay's prologue on the default one (graph_capture).
@@ -224,9 +228,9 @@ class GraphedDecoder:
         graph.replay()
         tokens = self._host_tokens[self._turn]
         tokens[:live].copy_(out[1][:live], non_blocking=True)
-        self._turn = (self._turn + 1) % len(self._host_tokens)
-        event = torch.cuda.Event()
+        event = self._step_events[self._turn]
         event.record()
+        self._turn = (self._turn + 1) % len(self._host_tokens)
         return PendingTokens(tokens, live, event)
 
     def draw_first(self, slots: Sequence[int], logp: torch.Tensor, allow_stop: Sequence[bool]) -> PendingTokens:

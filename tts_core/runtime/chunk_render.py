@@ -78,6 +78,9 @@ class RenderLane:
     max_batch: int = 1
     cuda_stream: object | None = None  # the stream it must render on (an SM partition's); None: any
     stepped: SteppedFlow | None = None  # a first lane's, with `step_first_chunks`
+    # Around each vocoder call, with ChunkRenderer.time_gpu: made once, recorded again each call
+    # (making CUDA events under load stalls the host).
+    timing_events: tuple | None = None
 
 
 @dataclass(frozen=True)
@@ -340,7 +343,9 @@ class ChunkRenderer:
         t0 = time.perf_counter()
         events = None
         if self.time_gpu and here is not None:
-            events = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            if replays.timing_events is None:
+                replays.timing_events = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            events = replays.timing_events
             events[0].record()
         wavs = push_chunks([s.vocoder for s in streams], [m.to(self._hift_dtype) for m in mels], finalize,
                            replays.hift_graphs)
