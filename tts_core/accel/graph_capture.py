@@ -4,8 +4,8 @@ The call first runs `warmup` times on a side stream, so lazy initialisation, all
 cuBLAS workspace creation happen outside the capture (they are not capturable), then once inside it.
 
 Graphs replay with `graph.replay()` from any thread, with no lock between threads. A graph that
-draws random numbers draws them from a generator of its own family (the decoder's, a render
-lane's), registered with it at capture (`generator`), and only one thread replays that family. The
+draws random numbers draws them from a generator registered with it at capture (`generator`) that
+only one thread's replays use: a decoder's graphs share the decoder's, each HiFT graph has its own. The
 process's default CUDA generator draws nothing in a graph, and torch skips the RNG prologue of a
 replay whose generator increment is 0. So no two threads' replays touch one generator's offset at
 once (in torch 2.11 a replay's prologue advances it without a lock, pytorch/pytorch#176754). A

@@ -98,8 +98,8 @@ class GraphedDecoder:
         # graph launches (bench/host_waits.py), and the decode thread makes one per step.
         self._step_events = [torch.cuda.Event() for _ in range(HOST_BUFFERS)] if carry else []
         self._turn = 0
-        # First draws run eagerly beside graph replays on other threads' streams: a generator of
-        # their own, so they never race a replay's prologue on the default one (graph_capture).
+        # First draws run eagerly, on the prefill stream: a generator apart from the graphs' (below),
+        # so the two kinds of draws do not depend on each other's order.
         self._first_generator = torch.Generator(device=device).manual_seed(0) if carry else None
         # The graphs' draws come from a generator of their own, registered with each graph: only the
         # thread stepping this decoder replays them, so no other thread's replay races on its
