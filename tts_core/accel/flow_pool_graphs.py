@@ -117,7 +117,6 @@ class PooledFlowGraphs:
         # encoder and solve work; `gpu_split()` reads them once the caller has synchronized.
         self.time_gpu = False
         self._timing_events: tuple[torch.cuda.Event, ...] | None = None
-        self._events: tuple[torch.cuda.Event, ...] | None = None  # the last render's, if it was timed
 
     def _graph_pool(self):
         if self.pooled.device.type != "cuda":
@@ -179,7 +178,6 @@ class PooledFlowGraphs:
             # Made once and recorded again each render: making CUDA events under load stalls the host.
             self._timing_events = tuple(torch.cuda.Event(enable_timing=True) for _ in range(3))
         events = self._timing_events if self.time_gpu else None
-        self._events = events
         if events:
             events[0].record()
         plans = [pooled.plan(s, t, f) for s, t, f in zip(streams, tokens, finalize)]
@@ -200,9 +198,9 @@ class PooledFlowGraphs:
     def gpu_split(self) -> tuple[float, float] | None:
         """(encoder, solve) seconds of stream time of the last render, after the caller synchronized
         its stream; None without `time_gpu`."""
-        if self._events is None:
+        if not self.time_gpu or self._timing_events is None:
             return None
-        start, encoded, solved = self._events
+        start, encoded, solved = self._timing_events
         return start.elapsed_time(encoded) / 1e3, encoded.elapsed_time(solved) / 1e3
 
     def encode(self, plans: Sequence[PooledPlan]) -> list[torch.Tensor]:
