@@ -418,6 +418,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile-s", type=float, default=2.0)
     p.add_argument("--host-waits", action="store_true",
                    help="time where the host threads wait as they launch GPU work (bench/host_waits.py), per rate")
+    p.add_argument("--paced-later", type=int, nargs="+", choices=(0, 1), default=[0],
+                   help="with --host-waits, variants: 1 makes the later lane drain its stream around each graph "
+                        "replay (a diagnostic, bench/host_waits.py)")
     p.add_argument("--out", type=Path, help="JSON path (default bench/results/load_<date>.json)")
     args = p.parse_args(argv)
     default_threads = torch.get_num_threads()
@@ -495,11 +498,15 @@ def main(argv: list[str] | None = None) -> int:
         aheads = args.steps_ahead if args.steps_ahead is not None else \
             [pipeline.scheduler.settings.decode_steps_ahead]
         yields = args.later_yield_s or [pipeline.scheduler.settings.later_yield_slack_s]
-        variants = [(d, h, i, a, y, n) for d in args.defer_slack_s for h in holds for i in intervals for a in aheads
-                    for y in yields for n in args.threads]
-        for (slack, hold, interval, ahead, later_yield, threads), rate in [(v, r) for v in variants
-                                                                            for r in [None, *args.rates]]:
+        if any(args.paced_later) and waits is None:
+            p.error("--paced-later needs --host-waits")
+        variants = [(d, h, i, a, y, n, pl) for d in args.defer_slack_s for h in holds for i in intervals
+                    for a in aheads for y in yields for n in args.threads for pl in args.paced_later]
+        for (slack, hold, interval, ahead, later_yield, threads, paced), rate in [(v, r) for v in variants
+                                                                                  for r in [None, *args.rates]]:
             torch.set_num_threads(threads or default_threads)
+            if waits is not None:
+                waits.paced_threads = frozenset({"tts-render-later"} if paced else ())
             # The scheduler and its render lanes read these each round: variants share one start-up.
             pipeline.scheduler.settings = dataclasses.replace(pipeline.scheduler.settings, decode_steps_ahead=ahead,
                                                               first_chunk_hold_s=hold / 1e3, defer_slack_s=slack,
@@ -540,6 +547,7 @@ def main(argv: list[str] | None = None) -> int:
             r["switch_interval_ms"], r["first_chunk_hold_ms"], r["defer_slack_s"] = interval, hold, slack
             r["decode_steps_ahead"], r["later_yield_s"] = ahead, later_yield
             r["torch_threads"] = torch.get_num_threads()
+            r["paced_later"] = bool(paced)
             report["rates"].append(r)
             _print_row(r)
             if args.settle_s > 0:
@@ -602,6 +610,7 @@ def _print_row(r: dict) -> None:
           f"{f[99]:>7.1f} {r['underruns']:>6} {rtf:>6} {mem:>6} {r['passes']}  GIL {r.get('switch_interval_ms')} ms, "
           f"hold {r.get('first_chunk_hold_ms')} ms, defer slack {r.get('defer_slack_s')} s, "
           f"steps ahead {r.get('decode_steps_ahead')}, later yield {r.get('later_yield_s')} s, torch threads {r.get('torch_threads')}, "
+          f"paced later {r.get('paced_later')}, "
           f"step {r['step_ms_mean']:.1f} ms "
           f"(decode {r['decode_ms_mean'] or 0:.1f}; render {lanes})", flush=True)
 

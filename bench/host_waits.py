@@ -6,13 +6,27 @@ wraps the few places a launching thread can wait, per thread name, without chang
   graph_launch  CUDAGraph.replay (cudaGraphLaunch; before 41c260d also a process-wide lock
                 around it, timed then as `launch_lock`)
   push_chunks   a render call's vocoder launches (graph input copies, replay, the caches' clones)
-  cat, Tensor.to, Tensor.clone, Event.record   each call of these small ops, in every thread
+  solve_replay, encode_replay, hift_replay   a flow solve's, a flow encoder's or a vocoder's
+                graph replay with its input copies (which graph family a long launch is)
+  cat, Tensor.to, Tensor.clone, Tensor.copy_, Event.record, Event.query   each call of these small
+                ops, in every thread
 and the CUDA caching allocator's counters over the same stretch (a retried allocation frees
 cached blocks, which synchronizes the device). A probe thread sleeps 0.5 ms at a time and records
 how late it wakes (`gil_probe`): a thread coming back from a call that let the GIL go (every
 torch op, graph replay and stream wait does) waits about as long for it. `cpu` is the CPU time
 the process's threads took over the stretch, in cores: the Python threads by name, the rest
 (torch's CPU thread pools, the CUDA driver's threads) together.
+
+Which thread holds up which: each call of STALL_S or more is kept as an interval, and `stalls`
+says, per thread, how much of its stalled time fell while another thread was itself inside a long
+call, by that call's kind. The CUDA driver serializes some of its work per context; a launch
+that waits there (for room in a busy stream's queue) would show as the others' stalls lining up
+with it.
+
+`paced_threads` (a diagnostic, off by default): threads by name whose graph replays wait for their
+CUDA stream to drain before and after each launch (outside the timed part), so that each launch
+finds its stream empty and nothing queues behind it: whether the long launches come from the
+launching stream's own backlog.
 """
 
 from __future__ import annotations
@@ -27,6 +41,7 @@ import numpy as np
 import torch
 
 PROBE_SLEEP_S = 0.0005
+STALL_S = 0.005
 ALLOCATOR_COUNTERS = ("num_alloc_retries", "num_sync_all_streams", "num_device_alloc", "num_device_free")
 
 
@@ -37,6 +52,8 @@ class HostWaits:
         self._allocator: dict[str, int] = {}
         self._cpu: tuple[float, dict[int, float]] = (time.perf_counter(), _thread_cpu_s())
         self._probing = threading.Event()
+        self._stalls: list[tuple[str, str, float, float]] = []  # (kind, thread, start, end) of calls >= STALL_S
+        self.paced_threads: frozenset[str] = frozenset()
 
     def _probe(self) -> None:
         record = self._record("gil_probe")
@@ -50,28 +67,50 @@ class HostWaits:
             self._seconds[(kind, threading.current_thread().name)].append(seconds)
         return record
 
-    def _time(self, owner: object, name: str, kind: str) -> None:
-        """Wrap `owner.name` (a function or method) so that each call's host time is recorded as `kind`."""
-        original, record = getattr(owner, name), self._record(kind)
+    def _record_call(self, kind: str) -> Callable[[float, float], None]:
+        """Like `_record`, from a call's start and end; a long call is also kept as an interval."""
+        record = self._record(kind)
+
+        def record_call(start: float, end: float) -> None:
+            record(end - start)
+            if end - start >= STALL_S:
+                self._stalls.append((kind, threading.current_thread().name, start, end))
+        return record_call
+
+    def _time(self, owner: object, name: str, kind: str, paced: bool = False) -> None:
+        """Wrap `owner.name` (a function or method) so that each call's host time is recorded as
+        `kind`; with `paced`, the threads in `paced_threads` drain their stream around it."""
+        original, record = getattr(owner, name), self._record_call(kind)
 
         def timed(*args, **kwargs):
+            pace = paced and threading.current_thread().name in self.paced_threads
+            if pace:
+                torch.cuda.current_stream().synchronize()
             t0 = time.perf_counter()
             try:
                 return original(*args, **kwargs)
             finally:
-                record(time.perf_counter() - t0)
+                record(t0, time.perf_counter())
+                if pace:
+                    torch.cuda.current_stream().synchronize()
 
         setattr(owner, name, timed)
         self._undo.append(lambda: setattr(owner, name, original))
 
     def install(self) -> None:
+        from tts_core.accel import flow_pool_graphs, hift_graphs
         from tts_core.runtime import chunk_render
 
-        self._time(torch.cuda.CUDAGraph, "replay", "graph_launch")
+        self._time(torch.cuda.CUDAGraph, "replay", "graph_launch", paced=True)
         self._time(chunk_render, "push_chunks", "push_chunks")
-        # The small ops around a render call's vocoder launches: each allocates and launches one kernel.
-        for owner, name in ((torch, "cat"), (torch.Tensor, "to"), (torch.Tensor, "clone"),
-                            (torch.cuda.Event, "record")):
+        for owner, name, kind in ((flow_pool_graphs._SolveGraph, "replay", "solve_replay"),
+                                  (flow_pool_graphs._EncodeGraph, "replay", "encode_replay"),
+                                  (hift_graphs.GraphedHift, "inference", "hift_replay")):
+            self._time(owner, name, kind)
+        # The small ops around a render call's vocoder launches (each allocates and launches one
+        # kernel or copy), and the decode thread's copies, event records and queries per step.
+        for owner, name in ((torch, "cat"), (torch.Tensor, "to"), (torch.Tensor, "clone"), (torch.Tensor, "copy_"),
+                            (torch.cuda.Event, "record"), (torch.cuda.Event, "query")):
             self._time(owner, name, f"{getattr(owner, '__name__', owner)}.{name}".removeprefix("torch."))
         self._probing.set()
         probe = threading.Thread(target=self._probe, name="bench-gil-probe", daemon=True)
@@ -87,6 +126,7 @@ class HostWaits:
         """Per kind and thread: calls, mean / p95 / max ms and the total; the allocator counters'
         change; since the last `take` (or `install`)."""
         seconds, self._seconds = self._seconds, defaultdict(list)
+        stalls, self._stalls = self._stalls, []
         out: dict = defaultdict(dict)
         for (kind, thread), values in sorted(seconds.items()):
             ms = 1e3 * np.array(values)
@@ -107,7 +147,54 @@ class HostWaits:
         out["cpu"] = {"process_cores": round(sum(cores.values()), 2),
                       "threads": {name: round(c, 2) for name, c in sorted(cores.items(), key=lambda kv: -kv[1])},
                       "other_threads": sum(1 for tid in after if tid not in names)}
+        out["stalls"] = stall_overlap(stalls)
         return dict(out)
+
+
+HOLDING = ("push_chunks", "solve_replay", "encode_replay", "hift_replay")  # kinds that hold other timed calls
+
+
+def stall_overlap(stalls: list[tuple[str, str, float, float]]) -> dict:
+    """Per thread: its stalled time in ms (the union of its long calls, without the kinds that hold
+    other timed calls), and the fraction of it during which each other thread was inside a long
+    call, by that call's kind."""
+    threads = sorted({thread for _, thread, _, _ in stalls})
+    by_kind: dict[str, dict[str, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
+    for kind, thread, a, b in stalls:
+        by_kind[thread][kind].append((a, b))
+    out = {}
+    for t in threads:
+        own = _union([iv for kind, ivs in by_kind[t].items() if kind not in HOLDING for iv in ivs])
+        total = sum(b - a for a, b in own)
+        if not total:
+            continue
+        during = {u: {kind: round(_overlap(own, _union(ivs)) / total, 3) for kind, ivs in sorted(by_kind[u].items())}
+                  for u in threads if u != t}
+        out[t] = {"stall_ms": round(1e3 * total, 1), "stalls": len(own), "during": during}
+    return out
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[tuple[float, float]] = []
+    for a, b in sorted(intervals):
+        if merged and a <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+        else:
+            merged.append((a, b))
+    return merged
+
+
+def _overlap(xs: list[tuple[float, float]], ys: list[tuple[float, float]]) -> float:
+    """Total length of the intersection of two sorted, disjoint interval lists."""
+    total, j = 0.0, 0
+    for a, b in xs:
+        while j < len(ys) and ys[j][1] <= a:
+            j += 1
+        k = j
+        while k < len(ys) and ys[k][0] < b:
+            total += min(b, ys[k][1]) - max(a, ys[k][0])
+            k += 1
+    return total
 
 
 def _thread_cpu_s() -> dict[int, float]:

@@ -58,7 +58,8 @@ def test_bench_load_runs_on_cpu_tiny(tiny_model_dir: Path, tmp_path: Path) -> No
     # vocoder launches are timed, on the render threads only.
     for r in report["rates"]:
         waits = r["host_waits"]
-        assert {"push_chunks", "gil_probe", "cpu", "cat", "Tensor.to", "Tensor.clone"} <= set(waits)
+        assert {"push_chunks", "gil_probe", "cpu", "cat", "Tensor.to", "Tensor.clone", "stalls"} <= set(waits)
+        assert all("graph_launch" not in kinds for s in waits["stalls"].values() for kinds in s["during"].values())
         assert "graph_launch" not in waits
         assert waits["cpu"]["process_cores"] > 0 and "tts-decode" in waits["cpu"]["threads"]
         assert waits["gil_probe"]["bench-gil-probe"]["calls"] > 0
@@ -107,3 +108,23 @@ def test_a_first_chunks_render_split_takes_segment_zeros_first_chunk_and_its_str
     # Untimed flows (eager, CPU) report wall times only.
     assert set(first_chunk_render([job(chunk(0, 0, 0.06, None))])["mean_ms"]) == {"flow", "hift"}
     assert first_chunk_render([job()]) == {}
+
+
+def test_stalls_are_attributed_to_the_long_calls_they_overlap() -> None:
+    sys.path.insert(0, str(REPO / "bench"))
+    from host_waits import stall_overlap
+
+    stalls = [("graph_launch", "later", 1.0, 1.1),
+              ("solve_replay", "later", 0.99, 1.11),  # holds the launch: not a stall of its own
+              ("Event.record", "decode", 1.05, 1.15),  # half inside later's launch
+              ("Event.record", "decode", 1.12, 1.13),  # inside the first: one stall of 0.1 s, not two
+              ("Tensor.to", "decode", 2.0, 2.1),  # outside every launch
+              ("push_chunks", "first", 0.0, 3.0),  # holds other timed calls: not a stall of its own
+              ("graph_launch", "first", 2.05, 2.2)]
+    out = stall_overlap(stalls)
+    decode = out["decode"]
+    assert decode["stalls"] == 2 and decode["stall_ms"] == 200.0
+    assert decode["during"]["later"] == {"graph_launch": 0.25, "solve_replay": 0.3}  # 50 and 60 of 200 ms
+    assert decode["during"]["first"] == {"graph_launch": 0.25, "push_chunks": 1.0}
+    assert out["later"]["during"]["decode"] == {"Event.record": 0.5, "Tensor.to": 0.0}
+    assert out["first"]["stall_ms"] == 150.0 and out["first"]["during"]["later"]["graph_launch"] == 0.0
