@@ -418,6 +418,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile-s", type=float, default=2.0)
     p.add_argument("--host-waits", action="store_true",
                    help="time where the host threads wait as they launch GPU work (bench/host_waits.py), per rate")
+    p.add_argument("--solve-parts", type=int, default=None, help="graphs per captured flow solve (default: the scheduler's)")
+    p.add_argument("--parts-ahead", type=int, nargs="+", default=None,
+                   help="variants: a solve's parts launched ahead of the GPU (default: the graphs' own)")
     p.add_argument("--paced-later", type=int, nargs="+", choices=(0, 1), default=[0],
                    help="with --host-waits, variants: 1 makes the later lane drain its stream around each graph "
                         "replay (a diagnostic, bench/host_waits.py)")
@@ -450,13 +453,16 @@ def main(argv: list[str] | None = None) -> int:
         args.first_lanes = SchedulerSettings.first_chunk_lanes
     if args.step_first_chunks is None:
         args.step_first_chunks = SchedulerSettings.step_first_chunks
+    if args.solve_parts is None:
+        args.solve_parts = SchedulerSettings.flow_solve_parts
     fast = SchedulerSettings(flow_encoder_tokens=args.encoder_tokens or None, graphs=graphs,
                              flow_context_frames=args.context_frames,
                              defer_slack_s=args.defer_slack_s[0], separate_streams=not args.one_stream,
                              first_chunk_lanes=args.first_lanes, step_first_chunks=args.step_first_chunks,
                              compile_flow=args.compile_flow, compile_hift=args.compile_hift,
                              slot_attention=args.slot_attention,
-                             later_lane_sms=args.later_lane_sms, first_lane_sms=args.first_lane_sms)
+                             later_lane_sms=args.later_lane_sms, first_lane_sms=args.first_lane_sms,
+                             flow_solve_parts=args.solve_parts)
     t0 = time.perf_counter()
     pipeline = CosyVoice2Pipeline.load(model_dir, args.device, DTYPES[dtype], max_batch=args.max_batch,
                                        max_len=args.max_len, schedule=ChunkSchedule(first_hop_tokens=args.first_hop),
@@ -477,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
                     "torch": torch.__version__, "graphs": graphs, "encoder_tokens": args.encoder_tokens,
                     "context_frames": args.context_frames,
                     "separate_streams": not args.one_stream, "first_chunk_lanes": args.first_lanes,
-                    "step_first_chunks": args.step_first_chunks,
+                    "step_first_chunks": args.step_first_chunks, "solve_parts": args.solve_parts,
                     "first_hop_tokens": args.first_hop, "max_batch": args.max_batch,
                     "tokens_bounds": [args.min_tokens, args.max_tokens], "duration_s": args.duration,
                     "settle_s": args.settle_s, "load_s": load_s,
@@ -500,11 +506,16 @@ def main(argv: list[str] | None = None) -> int:
         yields = args.later_yield_s or [pipeline.scheduler.settings.later_yield_slack_s]
         if any(args.paced_later) and waits is None:
             p.error("--paced-later needs --host-waits")
-        variants = [(d, h, i, a, y, n, pl) for d in args.defer_slack_s for h in holds for i in intervals
-                    for a in aheads for y in yields for n in args.threads for pl in args.paced_later]
-        for (slack, hold, interval, ahead, later_yield, threads, paced), rate in [(v, r) for v in variants
-                                                                                  for r in [None, *args.rates]]:
+        flow_graphs = [lane.graphs for lane in pipeline.scheduler.renderer.lanes.values() if lane.graphs is not None]
+        parts_ahead = args.parts_ahead or sorted({g.parts_ahead for g in flow_graphs}) or [0]
+        variants = [(d, h, i, a, y, n, pl, pa) for d in args.defer_slack_s for h in holds for i in intervals
+                    for a in aheads for y in yields for n in args.threads for pl in args.paced_later
+                    for pa in parts_ahead]
+        for (slack, hold, interval, ahead, later_yield, threads, paced, part_ahead), rate in \
+                [(v, r) for v in variants for r in [None, *args.rates]]:
             torch.set_num_threads(threads or default_threads)
+            for g in flow_graphs:
+                g.parts_ahead = part_ahead
             if waits is not None:
                 waits.paced_threads = frozenset({"tts-render-later"} if paced else ())
             # The scheduler and its render lanes read these each round: variants share one start-up.
@@ -521,7 +532,7 @@ def main(argv: list[str] | None = None) -> int:
                                      args.min_tokens, args.max_tokens)
                     one.update(first_chunk_hold_ms=hold, switch_interval_ms=interval, defer_slack_s=slack,
                                decode_steps_ahead=ahead, later_yield_s=later_yield,
-                               torch_threads=torch.get_num_threads())
+                               torch_threads=torch.get_num_threads(), parts_ahead=part_ahead)
                     report["one_stream"].append(one)
                     print("1 stream, one request at a time:", json.dumps(one), flush=True)
                 continue
@@ -548,6 +559,7 @@ def main(argv: list[str] | None = None) -> int:
             r["decode_steps_ahead"], r["later_yield_s"] = ahead, later_yield
             r["torch_threads"] = torch.get_num_threads()
             r["paced_later"] = bool(paced)
+            r["parts_ahead"] = part_ahead
             report["rates"].append(r)
             _print_row(r)
             if args.settle_s > 0:
@@ -610,7 +622,7 @@ def _print_row(r: dict) -> None:
           f"{f[99]:>7.1f} {r['underruns']:>6} {rtf:>6} {mem:>6} {r['passes']}  GIL {r.get('switch_interval_ms')} ms, "
           f"hold {r.get('first_chunk_hold_ms')} ms, defer slack {r.get('defer_slack_s')} s, "
           f"steps ahead {r.get('decode_steps_ahead')}, later yield {r.get('later_yield_s')} s, torch threads {r.get('torch_threads')}, "
-          f"paced later {r.get('paced_later')}, "
+          f"paced later {r.get('paced_later')}, parts ahead {r.get('parts_ahead')}, "
           f"step {r['step_ms_mean']:.1f} ms "
           f"(decode {r['decode_ms_mean'] or 0:.1f}; render {lanes})", flush=True)
 

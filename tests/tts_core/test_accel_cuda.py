@@ -195,11 +195,15 @@ def _golden_pool_graphs(tiny_model_dir: Path, golden_dir: Path, monkeypatch, com
     return flow, case, pooled, voice, graphs
 
 
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager-step", "compiled-step"])
+@pytest.mark.parametrize(("compiled", "parts"), [(False, 1), (True, 1), (False, 3), (True, 10)],
+                         ids=["eager-step", "compiled-step", "eager-step-3-parts", "compiled-step-10-parts"])
 def test_pooled_flow_graphs_equal_the_golden_streaming_calls(tiny_model_dir: Path, golden_dir: Path,
-                                                             monkeypatch, compiled: bool) -> None:
+                                                             monkeypatch, compiled: bool, parts: int) -> None:
+    # A solve cut into parts (one graph each, launched two ahead of the GPU) must give what one
+    # graph gives: each part reads the state the part before it left in the graphs' shared pool.
     _, case, pooled, voice, graphs = _golden_pool_graphs(tiny_model_dir, golden_dir, monkeypatch, compiled)
-    graphs.capture(rows=(1, 4), ctx_caps=(50, 150, 250), new_caps=(112,))
+    graphs.capture(rows=(1, 4), ctx_caps=(50, 150, 250), new_caps=(112,), parts=parts)
+    assert {len(g.graphs) for g in graphs.solve_graphs.values()} == {parts}
     streams = [pooled.open_stream(voice) for _ in range(3)]
     first = case["first_hop"] + case["pre_lookahead_len"]
     done = 0

@@ -144,6 +144,40 @@ def test_padding_rows_and_larger_buckets_change_nothing(flow: FlowModel, flow_ca
         assert (plain - bucketed).abs().max().item() <= TOL
 
 
+def test_a_solve_cut_into_parts_gives_what_the_whole_solve_gives(flow: FlowModel, flow_case: dict,
+                                                                   speaker: dict) -> None:
+    # What a solve captured as several graphs runs (accel/flow_pool_graphs): the parts in order,
+    # each from the state the part before left. Same mel, same frames kept in the pool, bit for bit.
+    from tts_core.flow.encoder_window import encode_grouped
+    from tts_core.flow.pooled import SolveParts
+
+    tokens = flow_case["tokens"]
+    results = []
+    for parts in (1, 3, 10):
+        pooled, voice = _pooled(flow, speaker)
+        a, b = pooled.open_stream(voice), pooled.open_stream(voice)
+        pooled.render([a], [tokens[:, :28]], [False])
+        plans = [pooled.plan(a, tokens[:, :53], False), pooled.plan(b, tokens[:, :28], False)]
+        mus = encode_grouped(flow, plans)
+        new = max(p.new_frames for p in plans)
+        solve = SolveParts(flow, pooled.pool, pooled.table([p.row for p in plans]), pooled.stack_mu(mus, 2, new),
+                           max(p.ctx_frames for p in plans), pooled.steps, None, parts)
+        assert solve.bounds[0] == 0 and solve.bounds[-1] == len(pooled.steps) and solve.parts == parts
+        with torch.inference_mode():
+            for k in range(parts - 1):
+                assert solve.run(k).dtype == pooled.dtype  # x between parts, in the flow's dtype
+            mel = solve.run(parts - 1)
+        assert mel.dtype == torch.float32 and solve.x is None and solve.inputs is None
+        outs = [pooled.finish(s, p, mel[i:i + 1, :, :p.new_frames]) for i, (s, p) in enumerate(zip((a, b), plans))]
+        outs.append(pooled.render([a], [tokens[:, :78]], [False])[0])  # from the frames the parts kept
+        results.append(outs)
+    for whole, cut in ((results[0], r) for r in results[1:]):
+        for x, y in zip(whole, cut):
+            assert torch.equal(x, y)
+    with pytest.raises(ValueError, match="cannot be cut into 11 parts"):
+        SolveParts(flow, pooled.pool, pooled.table([0]), mus[0], 0, pooled.steps, None, 11)
+
+
 def test_a_compiled_estimator_step_serves_every_euler_step_and_changes_nothing(flow: FlowModel, flow_case: dict,
                                                                               speaker: dict) -> None:
     # What compile_flow does to a captured solve (accel/flow_pool_graphs), on CPU: the same mel and

@@ -1,4 +1,6 @@
-"""Replay the pooled flow's batched calls from CUDA graphs: one per shape bucket.
+"""Replay the pooled flow's batched calls from CUDA graphs: a graph per encoder shape bucket, and
+per solve bucket a chain of graphs (the solve cut at Euler steps) launched a part or two ahead of
+the GPU (see `capture`).
 
 `tts_core.flow.pooled` makes a call's work a function of static shapes: (rows, context capacity,
 new-frame capacity) for the 10-step solve, whose pool reads and writes are index tensors built on
@@ -9,7 +11,7 @@ read nothing and write only to the pool's trash. Anything without a bucket runs 
 Use (the rendering thread only):
 
     graphs = PooledFlowGraphs(pooled)      # or PooledFlowGraphs(pooled, compiled_estimator(...))
-    graphs.capture(rows=(1, 4, 16, 32), ctx_caps=(300, 500, 850), new_caps=(56, 112))   # start-up
+    graphs.capture(rows=(1, 4, 16, 32), ctx_caps=(300, 500, 850), new_caps=(56, 112), parts=10)  # start-up
     graphs.capture_encoder(rows=(...), tokens=103, new_frames=100, finalize=False)      # start-up
     mels = graphs.render(streams, tokens, finalize)                                      # per call
 """
@@ -25,14 +27,22 @@ import torch
 from torch import nn
 
 from tts_core.accel.flow_graphs import device_position_tables
-from tts_core.accel.graph_capture import capture_graph, compiling_at_start_up
+from tts_core.accel.graph_capture import (
+    capture_chain,
+    capture_graph,
+    compiling_at_start_up,
+)
 from tts_core.flow.encoder_window import encode_grouped, encode_new_frames
 from tts_core.flow.estimator import FlowEstimator, NhwcConv1d, Regions, SelfAttention
 from tts_core.flow.model import FlowModel
-from tts_core.flow.pooled import PooledFlow, PooledPlan, PooledStream, pooled_solve
+from tts_core.flow.pooled import PooledFlow, PooledPlan, PooledStream, SolveParts
 from tts_core.flow.stepped import SteppedFlow
 
 log = structlog.get_logger(__name__)
+
+# A solve's next part is launched while the part before it runs, so the GPU never waits for the
+# host, and no further: what is queued stays a part or two, not the whole solve.
+PARTS_AHEAD = 2
 
 def _run_block(block: nn.Module, h: torch.Tensor, attn_mask: torch.Tensor | None, context) -> torch.Tensor:
     return block(h, attn_mask, context)
@@ -65,20 +75,32 @@ def compiled_estimator(estimator: FlowEstimator) -> Callable:
 
 
 class _SolveGraph:
+    """One solve bucket's graphs: the 10 Euler steps cut into `parts` graphs (`SolveParts`),
+    launched at most `ahead` parts ahead of the GPU."""
+
     def __init__(self, pooled: PooledFlow, rows: int, ctx_cap: int, new_cap: int, pool, stream,
-                 estimator: Callable | None) -> None:
+                 estimator: Callable | None, parts: int) -> None:
         mel = pooled.model.cfg.output_size
         self.table = torch.tensor([pooled.padding_row()] * rows, dtype=torch.long, device=pooled.device)
         self.mu = torch.zeros(rows, mel, new_cap, device=pooled.device, dtype=pooled.dtype)
-        self.graph = torch.cuda.CUDAGraph()
-        self.out = capture_graph(self.graph, lambda: pooled_solve(pooled.model, pooled.pool, self.table, self.mu,
-                                                                  ctx_cap, pooled.steps, estimator),
-                                 warmup=2, pool=pool, stream=stream)
+        solve = SolveParts(pooled.model, pooled.pool, self.table, self.mu, ctx_cap, pooled.steps, estimator, parts)
+        self.graphs = [torch.cuda.CUDAGraph() for _ in range(parts)]
+        self.out = capture_chain(self.graphs, [functools.partial(solve.run, k) for k in range(parts)],
+                                 warmup=2, pool=pool, stream=stream)[-1]
+        self._done = [torch.cuda.Event() for _ in range(parts)]  # recorded again each replay
 
-    def replay(self, table: torch.Tensor, mu: torch.Tensor) -> torch.Tensor:
+    def replay(self, table: torch.Tensor, mu: torch.Tensor, ahead: int) -> torch.Tensor:
+        """Launch the solve; part k only once part k - `ahead` is done (the host waits, with the
+        GIL released, in an event's synchronize rather than in a launch)."""
         self.table.copy_(table)
         self.mu.copy_(mu)
-        self.graph.replay()
+        last = len(self.graphs) - 1
+        for k, graph in enumerate(self.graphs):
+            if k >= ahead:
+                self._done[k - ahead].synchronize()
+            graph.replay()
+            if k + ahead <= last:
+                self._done[k].record()
         return self.out
 
 
@@ -117,6 +139,8 @@ class PooledFlowGraphs:
         # encoder and solve work; `gpu_split()` reads them once the caller has synchronized.
         self.time_gpu = False
         self._timing_events: tuple[torch.cuda.Event, ...] | None = None
+        # A solve's parts launched ahead of the GPU (see `capture`); read at each render.
+        self.parts_ahead = PARTS_AHEAD
 
     def _graph_pool(self):
         if self.pooled.device.type != "cuda":
@@ -127,8 +151,16 @@ class PooledFlowGraphs:
                 self._stream = torch.cuda.Stream(self.pooled.device)
         return self._pool
 
-    def capture(self, rows: Sequence[int], ctx_caps: Sequence[int], new_caps: Sequence[int]) -> float:
-        """Capture the solve for every (rows, ctx_cap, new_cap); returns the seconds it took."""
+    def capture(self, rows: Sequence[int], ctx_caps: Sequence[int], new_caps: Sequence[int],
+                parts: int = 1) -> float:
+        """Capture the solve for every (rows, ctx_cap, new_cap); returns the seconds it took.
+        `parts`: graphs per solve, cut at Euler-step boundaries, launched `parts_ahead` ahead of
+        the GPU. H100 under load (bench/host_waits.py): a whole 10-step solve's launch held its
+        thread for 10 ms (first lanes) to 55 ms (the later lane) on average, up to 127 ms, also
+        with its stream drained first, so the launch itself waits, it seems until enough of the
+        graph has run; and the decode thread's event records stalled meanwhile (90 % of their
+        stalled time fell inside such launches). Cut into ten, a launch takes under 1 ms (p95)
+        and the decode thread hardly stalls."""
         started = time.perf_counter()
         pool = self._graph_pool()
         with compiling_at_start_up():
@@ -136,10 +168,10 @@ class PooledFlowGraphs:
             for key in sorted(((r, c, n) for r in rows for c in ctx_caps for n in new_caps),
                               key=lambda k: k[0] * (k[1] + k[2]), reverse=True):
                 if key not in self.solve_graphs:
-                    self.solve_graphs[key] = _SolveGraph(self.pooled, *key, pool, self._stream, self.estimator)
+                    self.solve_graphs[key] = _SolveGraph(self.pooled, *key, pool, self._stream, self.estimator, parts)
         seconds = time.perf_counter() - started
         log.info("flow_pool_graphs_captured", graphs=len(self.solve_graphs), rows=list(rows), ctx_caps=list(ctx_caps),
-                 new_caps=list(new_caps), seconds=round(seconds, 2))
+                 new_caps=list(new_caps), parts=parts, seconds=round(seconds, 2))
         return seconds
 
     def capture_stepped(self, rows: Sequence[int], ctx_cap: int, new_cap: int) -> SteppedFlow:
@@ -234,4 +266,4 @@ class PooledFlowGraphs:
             return pooled.solve(plans, mus)
         key = min(fits, key=lambda k: (k[0] * (k[1] + k[2]), k[0]))
         table = pooled.table([p.row for p in plans] + [pooled.padding_row()] * (key[0] - rows))
-        return self.solve_graphs[key].replay(table, pooled.stack_mu(mus, key[0], key[2]))
+        return self.solve_graphs[key].replay(table, pooled.stack_mu(mus, key[0], key[2]), self.parts_ahead)

@@ -1,4 +1,5 @@
-"""Record one call into a CUDA graph the way every graph here is recorded.
+"""Record one call into a CUDA graph the way every graph here is recorded (or a chain of calls,
+one graph each: `capture_chain`).
 
 The call first runs `warmup` times on a side stream, so lazy initialisation, allocator growth and
 cuBLAS workspace creation happen outside the capture (they are not capturable), then once inside it.
@@ -16,7 +17,7 @@ lock around every launch did this before: under load one lane's graph launch hel
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
 import torch
@@ -49,12 +50,27 @@ def capture_graph(graph: torch.cuda.CUDAGraph, call: Callable[[], T], warmup: in
     the CUDA generator `call` draws from, if any (it must pass it to every random op)."""
     if generator is not None:
         graph.register_generator_state(generator)
+    return capture_chain([graph], [call], warmup, pool, stream)[0]
+
+
+@torch.inference_mode()
+def capture_chain(graphs: Sequence[torch.cuda.CUDAGraph], calls: Sequence[Callable[[], T]], warmup: int, pool=None,
+                  stream: torch.cuda.Stream | None = None) -> list[T]:
+    """Like `capture_graph` for calls that run in order, each reading what the ones before it
+    left, one graph each; returns each call's outputs. The chain warms up as a whole: a call warmed
+    up on its own would leave the next one reading the warm-up's tensors instead of the graph's.
+    The graphs share one memory pool (`pool`, or a new one) and must replay in the order given."""
     side = stream if stream is not None else torch.cuda.Stream()
+    if pool is None and len(graphs) > 1:
+        pool = torch.cuda.graph_pool_handle()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(warmup):
-            call()
+            for call in calls:
+                call()
     torch.cuda.current_stream().wait_stream(side)
-    with torch.cuda.graph(graph, pool=pool, stream=side):
-        return call()
-
+    outs = []
+    for graph, call in zip(graphs, calls, strict=True):
+        with torch.cuda.graph(graph, pool=pool, stream=side):
+            outs.append(call())
+    return outs

@@ -21,8 +21,8 @@ shapes for graphs; measured in bench/bench_flow_pooled.py).
 A stream whose own frames outgrow `PoolShape.stream_frames` keeps its latest frames (whole chunks):
 only then does it see less than the official call (logged once per stream).
 
-`pooled_solve` is capturable (no host syncs); `PooledFlow.render` is the eager driver, and
-`tts_core.accel.flow_pool_graphs` replays captured calls. `pooled_row_step` is one step of rows
+`pooled_solve` is capturable (no host syncs), also cut into parts (`SolveParts`); `PooledFlow.render`
+is the eager driver, and `tts_core.accel.flow_pool_graphs` replays captured calls. `pooled_row_step` is one step of rows
 that are each at their own step (tts_core.flow.stepped). One thread drives a `PooledFlow`.
 """
 
@@ -236,12 +236,45 @@ def pooled_solve(model: FlowModel, pool: FlowContextPool, table: torch.Tensor, m
     N) -> mel (B, 80, N) float32. Reads the rows' context from the pool and writes their kept frames
     back. No host syncs: capturable. `steps`: `euler_steps(model)`; `estimator`: the model's
     estimator or a compiled version of it (accel/flow_pool_graphs)."""
-    estimator = model.decoder.estimator if estimator is None else estimator
-    inputs = solve_inputs(model, pool, table, mu, ctx_cap)
-    x = inputs.x0
-    for k, step in enumerate(steps):
-        x = _euler_step(model, pool, inputs, x, inputs.index.at_step(pool, k), step.time_biases, step.dt, estimator)
-    return x.float()
+    return SolveParts(model, pool, table, mu, ctx_cap, steps, estimator, parts=1).run(0)
+
+
+class SolveParts:
+    """`pooled_solve` cut at Euler-step boundaries into `parts` calls that must run in order, each
+    reading what the one before left (`x`, and the inputs part 0 makes): so that a captured solve
+    can be several graphs, each launched when the GPU is ready for it (accel/flow_pool_graphs).
+    The last part returns the mel. Capturable, like `pooled_solve`."""
+
+    def __init__(self, model: FlowModel, pool: FlowContextPool, table: torch.Tensor, mu: torch.Tensor,
+                 ctx_cap: int, steps: Sequence[EulerStep], estimator: Callable | None, parts: int) -> None:
+        if not 1 <= parts <= len(steps):
+            raise ValueError(f"a solve of {len(steps)} Euler steps cannot be cut into {parts} parts")
+        self.model, self.pool, self.table, self.mu, self.ctx_cap, self.steps = model, pool, table, mu, ctx_cap, steps
+        self.estimator = model.decoder.estimator if estimator is None else estimator
+        # Part k runs steps [bounds[k], bounds[k + 1]).
+        self.bounds = [len(steps) * k // parts for k in range(parts + 1)]
+        self.inputs: SolveInputs | None = None
+        self.x: torch.Tensor | None = None
+
+    @property
+    def parts(self) -> int:
+        return len(self.bounds) - 1
+
+    def run(self, part: int) -> torch.Tensor:
+        """Run one part: x after its last step (the mel, float32, after the last part)."""
+        if part == 0:
+            self.inputs = solve_inputs(self.model, self.pool, self.table, self.mu, self.ctx_cap)
+            self.x = self.inputs.x0
+        inputs = self.inputs
+        for k in range(self.bounds[part], self.bounds[part + 1]):
+            step = self.steps[k]
+            self.x = _euler_step(self.model, self.pool, inputs, self.x, inputs.index.at_step(self.pool, k),
+                                 step.time_biases, step.dt, self.estimator)
+        if part < self.parts - 1:
+            return self.x
+        mel = self.x.float()
+        self.inputs = self.x = None  # a solve's state lives from its first part to its last
+        return mel
 
 
 def pooled_row_step(model: FlowModel, pool: FlowContextPool, inputs: SolveInputs, x: torch.Tensor,

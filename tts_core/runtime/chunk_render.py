@@ -66,6 +66,7 @@ class FlowPoolSettings:
     # green_stream asks for no priority (GreenContext.Stream takes none), so the first lanes lose
     # their place above the later one.
     first_sms: int = 0
+    solve_parts: int = 1  # graphs per captured solve (accel/flow_pool_graphs.PooledFlowGraphs.capture)
 
 
 @dataclass
@@ -215,12 +216,12 @@ class ChunkRenderer:
         t0 = time.perf_counter()
         estimator = compiled_estimator(self.flow.decoder.estimator) if s.compile else None
         later.graphs = PooledFlowGraphs(self.pooled, estimator, stream=later.cuda_stream)
-        later.graphs.capture(s.batches, ctx_caps, new_caps)
+        later.graphs.capture(s.batches, ctx_caps, new_caps, s.solve_parts)
         # First lanes: first calls only, whose context is exactly their voice's shared prefix.
         for first in first_lanes:
             first.graphs = PooledFlowGraphs(self.pooled, estimator, stream=first.cuda_stream)
             first.graphs.capture(s.first_batches, sorted({p.prefix_frames for _, p in self._voices.values()}),
-                                 first_news)
+                                 first_news, s.solve_parts)
             if s.step_first_chunks:
                 first.stepped = first.graphs.capture_stepped(s.first_batches, prefix, max(first_news))
         if window is not None:
@@ -262,7 +263,7 @@ class ChunkRenderer:
         report.update({"flow_ctx_caps": ctx_caps, "flow_new_caps": new_caps, "flow_batches": list(s.batches),
                        "flow_first_batches": list(s.first_batches),
                        "first_lanes": len(first_lanes), "first_chunks_stepped": s.step_first_chunks,
-                       "flow_compiled": s.compile, "hift_compiled": s.compile_hift,
+                       "flow_compiled": s.compile, "hift_compiled": s.compile_hift, "flow_solve_parts": s.solve_parts,
                        "flow_graphs": sum(len(lane.graphs.solve_graphs) for lane in self.lanes.values()),
                        "hift_graphs": sum(len(lane.hift_graphs) for lane in self.lanes.values())})
         return report

@@ -128,6 +128,15 @@ class SchedulerSettings:
     # Off; kept for GPUs and loads where the balance differs.
     later_lane_sms: int = 0
     first_lane_sms: int = 0
+    # Graphs per captured flow solve, cut at Euler-step boundaries and launched two ahead of the
+    # GPU (accel/flow_pool_graphs.PooledFlowGraphs.capture). H100, 30 s of arrivals judged after
+    # 10 s: a whole solve's launch held its lane's thread for 10-55 ms on average (up to 127), and
+    # the decode thread stalled 4.8-5.2 s a run in its CUDA calls meanwhile; cut into 10, launches
+    # take under 1 ms at p95 and the decode thread stalls 25-69 ms a run. p95 first chunk at 19
+    # req/s 318-333 -> 277.7 ms, at 20 req/s 333-338 -> 269.0 and 272.1, 21 req/s passes (267.5,
+    # 107 calls playing) (bench/results/load_2026-11-24_h100_{launch_kinds,solve_parts,
+    # solve_parts_20_22}.json). 1: one graph per solve.
+    flow_solve_parts: int = 10
     # A later chunk whose stream still has more than this much unplayed audio waits, so
     # that chunks of many streams gather into one batched flow call instead of many small ones
     # (first chunks never wait).
@@ -210,7 +219,7 @@ class SynthesisScheduler:
             voice_slots=settings.flow_voice_slots, first_batches=settings.flow_first_batches,
             first_lanes=settings.first_chunk_lanes, step_first_chunks=settings.step_first_chunks,
             compile=settings.compile_flow, compile_hift=settings.compile_hift,
-            later_sms=settings.later_lane_sms, first_sms=settings.first_lane_sms))
+            later_sms=settings.later_lane_sms, first_sms=settings.first_lane_sms, solve_parts=settings.flow_solve_parts))
         self.decoder = None  # GraphedDecoder, once captured (or an EagerCarriedDecoder)
         # The carried decoder's steps in flight, oldest first: tokens, the (job, segment) of each
         # row, and the rows' slots (a row's job may have released its slot since).
