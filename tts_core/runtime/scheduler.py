@@ -132,10 +132,10 @@ class SchedulerSettings:
     # GPU (accel/flow_pool_graphs.PooledFlowGraphs.capture). H100, 30 s of arrivals judged after
     # 10 s: a whole solve's launch held its lane's thread for 10-55 ms on average (up to 127), and
     # the decode thread stalled 4.8-5.2 s a run in its CUDA calls meanwhile; cut into 10, launches
-    # take under 1 ms at p95 and the decode thread stalls 25-69 ms a run. p95 first chunk at 19
-    # req/s 318-333 -> 277.7 ms, at 20 req/s 333-338 -> 269.0 and 272.1, 21 req/s passes (267.5,
-    # 107 calls playing) (bench/results/load_2026-11-24_h100_{launch_kinds,solve_parts,
-    # solve_parts_20_22}.json). 1: one graph per solve.
+    # take under 1 ms at p95 and the decode thread stalls 25-69 ms a run. Steady p95 first chunk
+    # at 19 req/s 318.9-329.4 -> 276.4 and 287.6 ms, at 20 req/s 355.9 -> 279.3-294.9, 21 req/s
+    # 275.8 and 286.2 (107 calls playing) (bench/results/load_2026-11-24_h100_{paced_later,
+    # launch_kinds,solve_parts*}.json). 1: one graph per solve.
     flow_solve_parts: int = 10
     # A later chunk whose stream still has more than this much unplayed audio waits, so
     # that chunks of many streams gather into one batched flow call instead of many small ones
