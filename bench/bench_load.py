@@ -506,6 +506,8 @@ def main(argv: list[str] | None = None) -> int:
         yields = args.later_yield_s or [pipeline.scheduler.settings.later_yield_slack_s]
         if any(args.paced_later) and waits is None:
             p.error("--paced-later needs --host-waits")
+        if args.parts_ahead and min(args.parts_ahead) < 1:
+            p.error("--parts-ahead: at least 1 (the part being launched)")
         flow_graphs = [lane.graphs for lane in pipeline.scheduler.renderer.lanes.values() if lane.graphs is not None]
         parts_ahead = args.parts_ahead or sorted({g.parts_ahead for g in flow_graphs}) or [0]
         variants = [(d, h, i, a, y, n, pl, pa) for d in args.defer_slack_s for h in holds for i in intervals

@@ -44,6 +44,7 @@ log = structlog.get_logger(__name__)
 # host, and no further: what is queued stays a part or two, not the whole solve.
 PARTS_AHEAD = 2
 
+
 def _run_block(block: nn.Module, h: torch.Tensor, attn_mask: torch.Tensor | None, context) -> torch.Tensor:
     return block(h, attn_mask, context)
 

@@ -21,9 +21,10 @@ shapes for graphs; measured in bench/bench_flow_pooled.py).
 A stream whose own frames outgrow `PoolShape.stream_frames` keeps its latest frames (whole chunks):
 only then does it see less than the official call (logged once per stream).
 
-`pooled_solve` is capturable (no host syncs), also cut into parts (`SolveParts`); `PooledFlow.render`
-is the eager driver, and `tts_core.accel.flow_pool_graphs` replays captured calls. `pooled_row_step` is one step of rows
-that are each at their own step (tts_core.flow.stepped). One thread drives a `PooledFlow`.
+`pooled_solve` is capturable (no host syncs), also cut into parts (`SolveParts`);
+`PooledFlow.render` is the eager driver, and `tts_core.accel.flow_pool_graphs` replays captured
+calls. `pooled_row_step` is one step of rows that are each at their own step
+(tts_core.flow.stepped). One thread drives a `PooledFlow`.
 """
 
 from __future__ import annotations
