@@ -82,7 +82,7 @@ def summary(prof) -> dict:
     return {**summarize(found), "device_events": seen}
 
 
-def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+def union_of(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
     merged: list[tuple[float, float]] = []
     for start, end in sorted(intervals):
         if merged and start <= merged[-1][1]:
@@ -92,7 +92,7 @@ def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return merged
 
 
-def _overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+def overlap_length(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
     """Length of the intersection of two unions of disjoint, sorted intervals."""
     i = j = 0
     total = 0.0
@@ -110,12 +110,12 @@ def summarize(kernels: list[Kernel], gap_limit_us: float = 100.0, top: int = 12)
     by_stream: dict[int, list[Kernel]] = defaultdict(list)
     for k in kernels:
         by_stream[k.stream].append(k)
-    unions = {s: _union([(k.start_us, k.end_us) for k in ks]) for s, ks in by_stream.items()}
+    unions = {s: union_of([(k.start_us, k.end_us) for k in ks]) for s, ks in by_stream.items()}
     span = (max(k.end_us for k in kernels) - min(k.start_us for k in kernels)) if kernels else 0.0
     streams = {}
     for stream, ks in sorted(by_stream.items()):
         ks.sort(key=lambda k: k.start_us)
-        others = _union([iv for s, u in unions.items() if s != stream for iv in u])
+        others = union_of([iv for s, u in unions.items() if s != stream for iv in u])
         gaps = [b.start_us - a.end_us for a, b in pairwise(ks)]
         names: dict[str, list[float]] = defaultdict(list)
         for k in ks:
@@ -127,7 +127,7 @@ def summarize(kernels: list[Kernel], gap_limit_us: float = 100.0, top: int = 12)
             "kernels": len(ks),
             "kernel_ms": sum(k.dur_us for k in ks) / 1e3,
             "busy_ms": sum(e - s for s, e in unions[stream]) / 1e3,
-            "overlapped_ms": _overlap(unions[stream], others) / 1e3,
+            "overlapped_ms": overlap_length(unions[stream], others) / 1e3,
             "gap_ms": sum(g for g in gaps if 0 < g < gap_limit_us) / 1e3,
             "long_gaps": len(long_gaps),
             "long_gap_ms": sum(g for g, _ in long_gaps) / 1e3,

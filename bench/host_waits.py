@@ -39,6 +39,7 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
+from gpu_trace import overlap_length, union_of
 
 PROBE_SLEEP_S = 0.0005
 STALL_S = 0.005
@@ -164,37 +165,15 @@ def stall_overlap(stalls: list[tuple[str, str, float, float]]) -> dict:
         by_kind[thread][kind].append((a, b))
     out = {}
     for t in threads:
-        own = _union([iv for kind, ivs in by_kind[t].items() if kind not in HOLDING for iv in ivs])
+        own = union_of([iv for kind, ivs in by_kind[t].items() if kind not in HOLDING for iv in ivs])
         total = sum(b - a for a, b in own)
         if not total:
             continue
-        during = {u: {kind: round(_overlap(own, _union(ivs)) / total, 3) for kind, ivs in sorted(by_kind[u].items())}
+        during = {u: {kind: round(overlap_length(own, union_of(ivs)) / total, 3)
+                      for kind, ivs in sorted(by_kind[u].items())}
                   for u in threads if u != t}
         out[t] = {"stall_ms": round(1e3 * total, 1), "stalls": len(own), "during": during}
     return out
-
-
-def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    merged: list[tuple[float, float]] = []
-    for a, b in sorted(intervals):
-        if merged and a <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
-        else:
-            merged.append((a, b))
-    return merged
-
-
-def _overlap(xs: list[tuple[float, float]], ys: list[tuple[float, float]]) -> float:
-    """Total length of the intersection of two sorted, disjoint interval lists."""
-    total, j = 0.0, 0
-    for a, b in xs:
-        while j < len(ys) and ys[j][1] <= a:
-            j += 1
-        k = j
-        while k < len(ys) and ys[k][0] < b:
-            total += min(b, ys[k][1]) - max(a, ys[k][0])
-            k += 1
-    return total
 
 
 def _thread_cpu_s() -> dict[int, float]:

@@ -28,6 +28,18 @@ def _pooled(flow: FlowModel, speaker: dict, stream_frames: int = 400, encoder_to
     return pooled, voice
 
 
+def _two_streams_one_chunk_apart(flow: FlowModel, speaker: dict, tokens: torch.Tensor):
+    """A fresh pool with streams a (its first chunk rendered) and b (none), and the plans and
+    encoder outputs of one call that renders a's second chunk and b's first."""
+    from tts_core.flow.encoder_window import encode_grouped
+
+    pooled, voice = _pooled(flow, speaker)
+    a, b = pooled.open_stream(voice), pooled.open_stream(voice)
+    pooled.render([a], [tokens[:, :28]], [False])
+    plans = [pooled.plan(a, tokens[:, :53], False), pooled.plan(b, tokens[:, :28], False)]
+    return pooled, a, b, plans, encode_grouped(flow, plans)
+
+
 def test_golden_pooled_streams_match_official_streaming_calls(flow: FlowModel, flow_case: dict, speaker: dict) -> None:
     pooled, voice = _pooled(flow, speaker)
     assert voice.prefix_frames == 50  # 50 prompt tokens: the first chunk is shared, the second is not
@@ -117,17 +129,12 @@ def test_a_stream_longer_than_its_ring_keeps_its_latest_chunks(flow: FlowModel, 
 def test_padding_rows_and_larger_buckets_change_nothing(flow: FlowModel, flow_case: dict, speaker: dict) -> None:
     # What a captured graph bucket does to a call: more context and new-frame capacity than the rows
     # need, and padding rows that must read nothing and write only to the trash.
-    from tts_core.flow.encoder_window import encode_grouped
     from tts_core.flow.pooled import pooled_solve
 
     tokens = flow_case["tokens"]
     results = []
     for ctx_extra, new_extra, padding in ((0, 0, 0), (150, 30, 3)):
-        pooled, voice = _pooled(flow, speaker)
-        a, b = pooled.open_stream(voice), pooled.open_stream(voice)
-        pooled.render([a], [tokens[:, :28]], [False])  # a is one chunk ahead of b
-        plans = [pooled.plan(a, tokens[:, :53], False), pooled.plan(b, tokens[:, :28], False)]
-        mus = encode_grouped(flow, plans)
+        pooled, a, b, plans, mus = _two_streams_one_chunk_apart(flow, speaker, tokens)
         ctx = max(p.ctx_frames for p in plans) + ctx_extra
         new = max(p.new_frames for p in plans) + new_extra
         rows = [p.row for p in plans] + [pooled.padding_row()] * padding
@@ -148,17 +155,12 @@ def test_a_solve_cut_into_parts_gives_what_the_whole_solve_gives(flow: FlowModel
                                                                    speaker: dict) -> None:
     # What a solve captured as several graphs runs (accel/flow_pool_graphs): the parts in order,
     # each from the state the part before left. Same mel, same frames kept in the pool, bit for bit.
-    from tts_core.flow.encoder_window import encode_grouped
     from tts_core.flow.pooled import SolveParts
 
     tokens = flow_case["tokens"]
     results = []
     for parts in (1, 3, 10):
-        pooled, voice = _pooled(flow, speaker)
-        a, b = pooled.open_stream(voice), pooled.open_stream(voice)
-        pooled.render([a], [tokens[:, :28]], [False])
-        plans = [pooled.plan(a, tokens[:, :53], False), pooled.plan(b, tokens[:, :28], False)]
-        mus = encode_grouped(flow, plans)
+        pooled, a, b, plans, mus = _two_streams_one_chunk_apart(flow, speaker, tokens)
         new = max(p.new_frames for p in plans)
         solve = SolveParts(flow, pooled.pool, pooled.table([p.row for p in plans]), pooled.stack_mu(mus, 2, new),
                            max(p.ctx_frames for p in plans), pooled.steps, None, parts)
@@ -190,7 +192,6 @@ def test_a_compiled_estimator_step_serves_every_euler_step_and_changes_nothing(f
     from torch._inductor import config as inductor_config
 
     from tts_core.accel.flow_pool_graphs import compiled_estimator
-    from tts_core.flow.encoder_window import encode_grouped
     from tts_core.flow.pooled import pooled_solve
 
     tokens = flow_case["tokens"]
@@ -201,11 +202,7 @@ def test_a_compiled_estimator_step_serves_every_euler_step_and_changes_nothing(f
     graphs: list[torch.fx.Graph] = []
     results = []
     for estimator in (None, compiled):
-        pooled, voice = _pooled(flow, speaker)
-        a, b = pooled.open_stream(voice), pooled.open_stream(voice)
-        pooled.render([a], [tokens[:, :28]], [False])
-        plans = [pooled.plan(a, tokens[:, :53], False), pooled.plan(b, tokens[:, :28], False)]
-        mus = encode_grouped(flow, plans)
+        pooled, a, b, plans, mus = _two_streams_one_chunk_apart(flow, speaker, tokens)
         new = max(p.new_frames for p in plans)
         compiles = counters["stats"]["unique_graphs"]
         with torch.inference_mode(), inductor_config.patch(post_grad_custom_post_pass=graphs.append):
