@@ -2,8 +2,12 @@
 
 An engine turns (text, voice, options) into a stream of float32 mono chunks at `sample_rate`
 (24 kHz for every engine we ship), delivered asynchronously on the caller's event loop while the
-synthesis itself runs on another thread. The gateway validates a request with `validate()` before it
-answers a call, so refusals (unknown voice, empty text) become SIP rejections, never mid-call silence.
+synthesis itself runs on another thread. The gateway validates a request with `validate()` and opens its
+stream before it answers a call, and waits for the stream's admission (`ChunkChannel.admitted`), so refusals
+(unknown voice, bad text, no capacity) become SIP rejections, never mid-call silence.
+
+An engine also reports its `health()`: whether it can take work now and how many slots it has free. The gateway
+refuses calls (503) while an engine is down or full, and a watchdog restarts one whose worker died or hangs.
 """
 
 from __future__ import annotations
@@ -12,9 +16,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Literal
 
 from engines.channel import ChunkChannel
+from engines.text_check import text_problem
 
 SAMPLE_RATE = 24_000
 
@@ -41,8 +46,47 @@ class TextTooLong(SynthesisRefused):
     sip_reason = "Text Too Long"
 
 
+class BadText(SynthesisRefused):
+    """Not UTF-8, control characters, or nothing speakable: the sender's fault, so a 400."""
+
+    sip_status = 400
+    sip_reason = "Bad Text"
+
+
+class NoCapacity(SynthesisRefused):
+    """Every slot is taken (or the first audio would come too late): the PBX should route elsewhere."""
+
+    sip_status = 503
+    sip_reason = "Engine At Capacity"
+
+
+class EngineUnavailable(SynthesisRefused):
+    """The engine is warming up, restarting or dead: nothing can be spoken now."""
+
+    sip_status = 503
+    sip_reason = "Engine Unavailable"
+
+
 class SynthesisFailed(Exception):
     """The engine broke while a stream was running; the call that owns the stream ends, no other."""
+
+
+EngineState = Literal["ready", "warming", "down"]
+
+
+@dataclass(frozen=True)
+class EngineHealth:
+    """What an engine can take now. `slots_free` None means the engine has no fixed slot count."""
+
+    state: EngineState
+    slots_total: int | None = None
+    slots_free: int | None = None
+    queue_depth: int = 0
+    reason: str = ""
+
+    @property
+    def accepting(self) -> bool:
+        return self.state == "ready" and (self.slots_free is None or self.slots_free > 0)
 
 
 @dataclass(frozen=True)
@@ -66,6 +110,15 @@ class SpeechEngine(ABC):
     async def close(self) -> None:
         """Release resources; streams still open end with SynthesisFailed."""
 
+    async def restart(self) -> None:
+        """Bring a dead or stuck engine back; its open streams end with SynthesisFailed."""
+        await self.close()
+        await self.start()
+
+    def health(self) -> EngineHealth:
+        """Cheap, from the event loop: ready/warming/down and free slots. Down triggers the watchdog."""
+        return EngineHealth("ready")
+
     @abstractmethod
     def voices(self) -> Sequence[str]:
         """Names accepted as `SynthesisRequest.voice`."""
@@ -78,6 +131,8 @@ class SpeechEngine(ABC):
         """Raise a `SynthesisRefused` subclass naming the problem; cheap, no synthesis."""
         if not request.text or not request.text.strip():
             raise EmptyText("text is empty")
+        if (problem := text_problem(request.text)) is not None:
+            raise BadText(problem)
         if len(request.text) > self.max_text_chars:
             raise TextTooLong(f"text has {len(request.text)} characters, limit is {self.max_text_chars}")
         if request.voice not in self.voices():
@@ -85,4 +140,8 @@ class SpeechEngine(ABC):
 
     @abstractmethod
     def open_stream(self, request: SynthesisRequest) -> ChunkChannel:
-        """Start synthesis and return the stream of chunks. Call from the event loop thread."""
+        """Start synthesis and return the stream of chunks. Call from the event loop thread.
+
+        Raises `SynthesisRefused` when the request can be refused at once (validation, no capacity); an
+        engine that learns of a refusal later (a worker process) delivers it through the channel's
+        `admitted()` before any chunk."""

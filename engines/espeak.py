@@ -9,6 +9,11 @@ libespeak-ng keeps its state in process globals and is not thread-safe, so every
 made from one worker thread per engine, under one process-wide lock (two engines in one process,
 as in tests, take turns). The library is initialised once per process and never terminated:
 `espeak_Terminate` would pull it from under another engine. Nothing here runs on the event loop.
+
+One bad request fails its own stream only: everything a job does is inside one try on the worker thread. The
+worker reports when it started its current job, so `health()` can call it stuck (espeak speaks a few hundred
+times faster than real time: a job that runs for `stuck_after_s` is hung in C) or dead, and the watchdog
+restarts it.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import concurrent.futures
 import ctypes
 import queue
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -25,7 +31,7 @@ import numpy as np
 import soxr
 import structlog
 
-from engines.base import SAMPLE_RATE, SpeechEngine, SynthesisFailed, SynthesisRequest
+from engines.base import SAMPLE_RATE, EngineHealth, SpeechEngine, SynthesisFailed, SynthesisRequest
 from engines.channel import ChunkChannel
 
 log = structlog.get_logger(__name__)
@@ -51,6 +57,7 @@ class _Job:
     text: str
     espeak_voice: str
     channel: ChunkChannel
+    call_id: str = ""
 
 
 class _Library:
@@ -138,7 +145,7 @@ class EspeakEngine(SpeechEngine):
     name = "espeak"
 
     def __init__(self, voices: Mapping[str, str] | None = None, default_voice: str = "en",
-                 rate_wpm: int = 175) -> None:
+                 rate_wpm: int = 175, stuck_after_s: float = 10.0) -> None:
         self._voices = dict(voices if voices is not None else DEFAULT_VOICES)
         if not self._voices:
             raise ValueError("engine.espeak.voices: at least one voice is required")
@@ -146,6 +153,10 @@ class EspeakEngine(SpeechEngine):
             raise ValueError(f"engine.espeak.default_voice: {default_voice!r} is not one of the configured voices")
         self._default_voice = default_voice
         self._rate_wpm = rate_wpm
+        self._stuck_after_s = stuck_after_s
+        # The job the worker thread is in, and since when: written by that thread, read by health()/restart().
+        self._current_job: _Job | None = None
+        self._job_started_at: float | None = None
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -157,6 +168,33 @@ class EspeakEngine(SpeechEngine):
     @property
     def default_voice(self) -> str:
         return self._default_voice
+
+    def health(self) -> EngineHealth:
+        thread = self._thread
+        if thread is None:
+            return EngineHealth("down", reason="not started")
+        if not thread.is_alive():
+            return EngineHealth("down", reason="speech thread died")
+        started = self._job_started_at
+        if started is not None and time.monotonic() - started > self._stuck_after_s:
+            return EngineHealth("down", reason=f"speech thread stuck in one job for over {self._stuck_after_s:g} s")
+        return EngineHealth("ready", queue_depth=self._jobs.qsize())
+
+    async def restart(self) -> None:
+        """A hung thread cannot be stopped from Python: abandon it (its jobs fail) and start a new one."""
+        old, stopping, jobs, current = self._thread, self._stopping, self._jobs, self._current_job
+        self._thread = None
+        stopping.set()
+        jobs.put(None)
+        self._current_job, self._job_started_at = None, None
+        if current is not None:  # the job the thread died in, or hangs in: its call ends now
+            current.channel.fail(SynthesisFailed("espeak engine restarted"))
+        if old is not None and old.is_alive():
+            await asyncio.to_thread(old.join, 1.0)
+        while not jobs.empty():
+            if (job := jobs.get()) is not None:
+                job.channel.fail(SynthesisFailed("espeak engine restarted"))
+        await self.start()
 
     async def start(self) -> None:
         """Load the library and check every configured voice on the worker thread."""
@@ -187,11 +225,12 @@ class EspeakEngine(SpeechEngine):
         if self._thread is None or self._stopping.is_set():
             raise RuntimeError("espeak engine is not running; call start() first")
         channel = ChunkChannel()
-        self._jobs.put(_Job(request.text, self._voices[request.voice], channel))
+        self._jobs.put(_Job(request.text, self._voices[request.voice], channel, request.call_id))
         return channel
 
     # -- the worker thread ------------------------------------------------------------------------
     def _work(self, ready: concurrent.futures.Future[None]) -> None:
+        jobs, stopping = self._jobs, self._stopping  # this thread's own, even after a restart replaces them
         try:
             self._library = _Library.get()
             missing = [f"{name}={voice}" for name, voice in self._voices.items()
@@ -202,20 +241,28 @@ class EspeakEngine(SpeechEngine):
             ready.set_exception(exc)
             return
         ready.set_result(None)
-        while (job := self._jobs.get()) is not None:
-            if self._stopping.is_set():
+        while (job := jobs.get()) is not None:
+            if stopping.is_set():
                 job.channel.fail(SynthesisFailed("espeak engine closed"))
                 continue
-            self._speak(job)
+            self._current_job, self._job_started_at = job, time.monotonic()
+            try:
+                self._speak(job, stopping)
+            except Exception as exc:  # one request's failure ends its stream, never the thread
+                log.exception("espeak_job_failed", call_id=job.call_id)
+                job.channel.fail(SynthesisFailed(f"espeak: {exc!r}"))
+            # Not in a `finally`: if the thread dies, the job stays recorded so restart() can fail its stream.
+            if self._jobs is jobs:  # an abandoned (restarted-away) thread must not clear its successor's
+                self._current_job, self._job_started_at = None, None
         # Streams queued behind the stop marker are failed rather than left hanging.
-        while not self._jobs.empty():
-            if (job := self._jobs.get()) is not None:
+        while not jobs.empty():
+            if (job := jobs.get()) is not None:
                 job.channel.fail(SynthesisFailed("espeak engine closed"))
 
-    def _speak(self, job: _Job) -> None:
+    def _speak(self, job: _Job, stopping: threading.Event) -> None:
         library = self._library
         assert library is not None
-        synthesis = _Synthesis(job.channel, library.native_rate, self._stopping)
+        synthesis = _Synthesis(job.channel, library.native_rate, stopping)
         text = job.text.encode("utf-8") + b"\0"
         with library.lock:
             library.on_audio = synthesis
@@ -229,7 +276,7 @@ class EspeakEngine(SpeechEngine):
                 library.on_audio = None
         if synthesis.error is not None:
             job.channel.fail(SynthesisFailed(f"espeak: {synthesis.error!r}"))
-        elif self._stopping.is_set():
+        elif stopping.is_set():
             job.channel.fail(SynthesisFailed("espeak engine closed"))
         elif job.channel.cancelled:
             return

@@ -26,7 +26,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from engines.base import SAMPLE_RATE, SpeechEngine, SynthesisFailed, SynthesisRequest
+from engines.base import SAMPLE_RATE, EngineHealth, SpeechEngine, SynthesisFailed, SynthesisRequest
 from engines.channel import ChunkChannel
 
 _SYLLABLE_HZ = 4.0  # roughly the syllable rate of conversational speech
@@ -92,6 +92,20 @@ class InstantEngine(SpeechEngine):
     def default_voice(self) -> str:
         return self._default_voice
 
+    def health(self) -> EngineHealth:
+        if self._worker is None:
+            return EngineHealth("down", reason="not started")
+        if not self._worker.is_alive():
+            return EngineHealth("down", reason="synthesis thread died")
+        return EngineHealth("ready", queue_depth=self._inbox.qsize())
+
+    async def restart(self) -> None:
+        if self._worker is not None and self._worker.is_alive():
+            await self.close()
+        self._worker = None
+        self._inbox = queue.SimpleQueue()
+        await self.start()
+
     async def start(self) -> None:
         self._worker = threading.Thread(target=self._serve, name="instant-synth", daemon=True)
         self._worker.start()
@@ -139,7 +153,12 @@ class InstantEngine(SpeechEngine):
             if stream.channel.cancelled:
                 continue
             end = min(stream.position + self._chunk_samples, stream.total)
-            stream.channel.put(_cached_signal(stream.text, stream.total)[stream.position:end].copy())
+            try:
+                chunk = _cached_signal(stream.text, stream.total)[stream.position:end].copy()
+            except Exception as exc:  # one request's failure ends its stream, never the thread
+                stream.channel.fail(SynthesisFailed(f"instant: {exc!r}"))
+                continue
+            stream.channel.put(chunk)
             stream.position = end
             if end < stream.total:
                 streams.append(stream)

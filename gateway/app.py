@@ -2,7 +2,9 @@
 
 `Gateway` owns the process-wide parts and one `CallSession` task per admitted INVITE. On SIGTERM it
 stops admitting (SIP answers 503 + Retry-After, /healthz turns 503), lets prompts in progress finish
-for at most `drain_timeout_s`, then ends what is left and exits.
+for at most `drain_timeout_s`, then ends what is left and exits. While the engine is down (the watchdog
+restarts it) or has no free slot, INVITEs and OPTIONS get 503, so a PBX routes elsewhere instead of
+reaching a call that would stay silent.
 """
 
 from __future__ import annotations
@@ -12,10 +14,12 @@ import gc
 import signal
 import sys
 import time
+
 import structlog
 
 from engines.base import SpeechEngine
 from gateway.call import CallSession, PromptResolver
+from gateway.engine_watchdog import EngineWatchdog, WatchdogSettings
 from gateway.media.call_media import MediaEngine, MediaSettings
 from gateway.sip.uas import InboundCall, SipServer, SipSettings
 
@@ -26,10 +30,11 @@ PACKET_CLOCK_SWITCH_INTERVAL_S = 0.001
 
 class Gateway:
     def __init__(self, engine: SpeechEngine, sip_settings: SipSettings, media_settings: MediaSettings,
-                 resolve_prompt: PromptResolver) -> None:
+                 resolve_prompt: PromptResolver, watchdog_settings: WatchdogSettings | None = None) -> None:
         self.engine = engine
+        self.watchdog = EngineWatchdog(engine, watchdog_settings or WatchdogSettings())
         self.media = MediaEngine(media_settings)
-        self.sip = SipServer(sip_settings, on_invite=self._on_invite)
+        self.sip = SipServer(sip_settings, on_invite=self._on_invite, refusal=self._refusal)
         self._resolve_prompt = resolve_prompt
         self._sessions: dict[asyncio.Task[str], CallSession] = {}
         self.started_at: float | None = None
@@ -37,6 +42,7 @@ class Gateway:
     async def start(self) -> None:
         t0 = time.monotonic()
         await self.engine.start()
+        self.watchdog.start()
         await self.media.start()
         await self.sip.start()
         self.started_at = time.monotonic()
@@ -49,13 +55,33 @@ class Gateway:
         self._sessions[task] = session
         task.add_done_callback(lambda done: self._sessions.pop(done, None))
 
+    def _refusal(self) -> str | None:
+        """Why a new call (or a qualify ping) must be turned away now, or None: asked before parsing an INVITE
+        further, so a dead or full engine costs the PBX one 503, never an answered silent call."""
+        health = self.watchdog.check_now()
+        if health.state != "ready":
+            return f"engine {health.state}: {health.reason}" if health.reason else f"engine {health.state}"
+        if not health.accepting:
+            return "engine at capacity"
+        return None
+
     @property
     def draining(self) -> bool:
         return self.sip.draining
 
     def status(self) -> dict:
-        return {"status": "draining" if self.draining else "ok", "engine": self.engine.name,
-                "calls_active": len(self._sessions), "draining": self.draining}
+        health = self.watchdog.check_now()
+        if self.draining:
+            state = "draining"
+        elif health.state != "ready":
+            state = f"engine_{health.state}"
+        else:
+            state = "ok" if health.accepting else "full"
+        return {"status": state, "engine": self.engine.name, "engine_state": health.state,
+                "engine_reason": health.reason, "slots_total": health.slots_total, "slots_free": health.slots_free,
+                "calls_active": len(self._sessions), "draining": self.draining,
+                "engine_restarts": self.watchdog.restarts,
+                "healthy": not self.draining and health.state == "ready"}
 
     async def drain(self, timeout_s: float, bye_grace_s: float = 2.0) -> None:
         """Stop admitting calls; let the current ones finish for up to timeout_s, then hang up the rest
@@ -85,6 +111,7 @@ class Gateway:
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.sip.stop()
         await self.media.stop()
+        await self.watchdog.stop()
         await self.engine.close()
         log.info("gateway_stopped")
 

@@ -5,9 +5,10 @@ media (`CallMedia`) and the engine stream (`ChunkChannel`). Data flows one way (
 only things that travel back are explicit events: the dialog ending, DTMF digits.
 
 Refusals happen before the call is answered (RFC 3261 §21.4 codes): no text and no route -> 404,
-unknown voice / empty text -> the engine's refusal code, no common codec -> 488. Synthesis starts the
-moment the INVITE is admitted, in parallel with sending the 200 OK, so the first packet of speech is
-limited by the engine, not by signalling.
+text that is not UTF-8, holds control characters or nothing speakable -> 400, unknown voice / empty text
+-> the engine's refusal code, no free engine slot or engine down -> 503, no common codec -> 488. The
+engine stream is opened and admitted (its slot taken) before the 200 OK, so an answered call always has
+synthesis running behind it; the first packet of speech is limited by the engine, not by signalling.
 """
 
 from __future__ import annotations
@@ -56,6 +57,17 @@ def prompt_from_headers(call: InboundCall, default_voice: str) -> Prompt | None:
                   voice=unquote(voice).strip() if voice else default_voice, hangup_after=hangup)
 
 
+# Refusal class name -> the bounded `reason` label of gateway_calls_refused_total.
+_REFUSAL_KINDS = {"BadText": "bad_text", "EmptyText": "bad_text", "TextTooLong": "bad_text",
+                  "UnknownVoice": "unknown_voice", "NoCapacity": "no_capacity",
+                  "EngineUnavailable": "engine_unavailable"}
+
+
+def _warning_text(detail: str) -> str:
+    """A Warning header's quoted text (RFC 3261 §20.43): printable, no quotes, bounded."""
+    return "".join(c if c.isprintable() and c not in '"\\' else "?" for c in detail[:200])
+
+
 class CallSession:
     def __init__(self, call: InboundCall, resolve_prompt: PromptResolver, engine: SpeechEngine,
                  media_engine: MediaEngine) -> None:
@@ -90,19 +102,32 @@ class CallSession:
             request = SynthesisRequest(text=prompt.text, voice=prompt.voice, call_id=call.call_id)
             self._engine.validate(request)
         except NoPrompt as exc:
-            return self._reject(404, "No Prompt For Number", str(exc))
+            return self._reject(404, "No Prompt For Number", str(exc), "no_prompt")
         except UnicodeDecodeError:
-            return self._reject(400, "Bad X-TTS-Text Encoding", "X-TTS-Text is not valid UTF-8")
+            return self._reject(400, "Bad X-TTS-Text Encoding", "X-TTS-Text is not valid UTF-8", "bad_text")
         except SynthesisRefused as exc:
-            return self._reject(exc.sip_status, exc.sip_reason, str(exc))
+            return self._refuse(exc)
         if not call.remote_sdp:
-            return self._reject(488, "SDP Offer Required", "INVITE without SDP (late offer) is not supported")
+            return self._reject(488, "SDP Offer Required", "INVITE without SDP (late offer) is not supported",
+                                "no_codec")
         try:
             media = await self._media_engine.open_call(call.call_id, call.remote_sdp)
         except NoCommonCodec as exc:
-            return self._reject(488, "Not Acceptable Here", str(exc))
+            return self._reject(488, "Not Acceptable Here", str(exc), "no_codec")
 
-        stream = self._engine.open_stream(request)
+        try:
+            stream = self._engine.open_stream(request)
+            await stream.admitted()
+        except SynthesisRefused as exc:
+            await media.close()
+            return self._refuse(exc)
+        except BaseException:
+            await media.close()
+            raise
+        if call.ended:  # the caller cancelled while the engine admitted the stream
+            stream.cancel()
+            await media.close()
+            return "cancelled"
         call.offer_handler = self._offer_handler(media)
         call.accept(media.answer_sdp)
         self._log.info("answered", codec=media.plan.codec, voice=prompt.voice, chars=len(prompt.text))
@@ -112,9 +137,17 @@ class CallSession:
             stream.cancel()
             await media.close()
 
-    def _reject(self, status: int, reason: str, detail: str) -> str:
+    def _refuse(self, refusal: SynthesisRefused) -> str:
+        kind = _REFUSAL_KINDS.get(type(refusal).__name__, "other")
+        return self._reject(refusal.sip_status, refusal.sip_reason, str(refusal), kind)
+
+    def _reject(self, status: int, reason: str, detail: str, kind: str) -> str:
         self._log.info("rejected", status=status, reason=reason, detail=detail)
-        self.call.reject(status, reason, {"Warning": f'399 cosyvoice-gateway "{detail[:200]}"'})
+        metrics.calls_refused_total.labels(reason=kind).inc()
+        headers = {"Warning": f'399 cosyvoice-gateway "{_warning_text(detail)}"'}
+        if status == 503:
+            headers["Retry-After"] = str(self.call.retry_after_s)
+        self.call.reject(status, reason, headers)
         return "rejected"
 
     def _offer_handler(self, media: CallMedia) -> Callable[[str], str | None]:

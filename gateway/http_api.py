@@ -1,7 +1,9 @@
 """The operator's HTTP endpoints: `GET /metrics` for Prometheus and `GET /healthz` for load balancers.
 
-/healthz answers 200 with {status, engine, calls_active, draining} while the gateway takes calls and
-503 while it drains, so a balancer stops sending new calls before the process exits. The status
+/healthz answers 200 with {status, engine, calls_active, draining, ...} while the gateway takes calls and
+503 while it drains or its engine is down or warming (`healthy` false), so a balancer stops sending new
+calls before the process exits and while no call could be spoken. A full engine is healthy (200, status
+"full"): it is the SIP layer's 503 that sheds those calls. The status
 comes from a callable the gateway provides; this module knows nothing about SIP or engines.
 """
 
@@ -40,9 +42,9 @@ async def _metrics(_request: web.Request) -> web.Response:
 
 async def _healthz(request: web.Request) -> web.Response:
     status = dict(request.app[_STATUS_KEY]())
-    draining = bool(status.get("draining", False))
-    status.setdefault("status", "draining" if draining else "ok")
-    return web.json_response(status, status=503 if draining else 200)
+    healthy = bool(status.get("healthy", not status.get("draining", False)))
+    status.setdefault("status", "ok" if healthy else "unavailable")
+    return web.json_response(status, status=200 if healthy else 503)
 
 
 async def start_http(status_provider: StatusProvider, host: str, port: int) -> HttpServer:

@@ -61,3 +61,17 @@ engine_first_chunk_seconds = Histogram(
 synthesis_failures_total = Counter(
     "gateway_synthesis_failures_total", "Calls ended because the engine failed mid-prompt", registry=registry
 )
+engine_up = Gauge(
+    "gateway_engine_up", "1 while the speech engine is ready to take calls, 0 while it is warming or down",
+    registry=registry,
+)
+engine_restarts_total = Counter(
+    "gateway_engine_restarts_total", "Times the watchdog restarted a dead or stuck speech engine", registry=registry
+)
+calls_refused_total = Counter(
+    "gateway_calls_refused_total",
+    "INVITEs refused before answer, by reason (bad_text, no_prompt, unknown_voice, no_capacity, "
+    "engine_unavailable, no_codec, other)",
+    ["reason"],
+    registry=registry,
+)

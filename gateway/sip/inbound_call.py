@@ -70,6 +70,11 @@ class InboundCall:
     def ended(self) -> bool:
         return self._state == "ended"
 
+    @property
+    def retry_after_s(self) -> int:
+        """The Retry-After a 503 for this call carries (RFC 3261 §20.33), from the SIP settings."""
+        return self._server.settings.retry_after_s
+
     # --- the call layer's controls -------------------------------------------------------------
 
     def reject(self, status: int, reason: str, headers: Mapping[str, str] | None = None) -> None:

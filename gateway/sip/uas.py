@@ -58,9 +58,11 @@ class SipSettings:
 
 
 class SipServer:
-    def __init__(self, settings: SipSettings, on_invite: Callable[[InboundCall], None]) -> None:
+    def __init__(self, settings: SipSettings, on_invite: Callable[[InboundCall], None],
+                 refusal: Callable[[], str | None] = lambda: None) -> None:
         self.settings = settings
         self.draining = False
+        self._refusal = refusal  # why new calls are turned away now (engine down or full), or None
         self.udp_address: tuple[str, int] | None = None
         self.tcp_address: tuple[str, int] | None = None
         self._on_invite = on_invite
@@ -158,7 +160,13 @@ class SipServer:
         elif method == "OPTIONS":  # qualify pings (Kamailio/Asterisk), in or out of a dialog
             headers = (("Allow", ALLOW), ("Accept", SDP_TYPE), ("Supported", ""),
                        ("Contact", self._contact_value(peer)))
-            transaction.respond(self._simple(request, 200, "OK", headers))
+            if request.to_tag is None and (self.draining or self._refusal() is not None):
+                # Out of dialog, a qualify ping: 503 while we would refuse an INVITE, so the proxy
+                # (Kamailio dispatcher, Asterisk qualify) marks us down and routes elsewhere.
+                retry = (("Retry-After", str(self.settings.retry_after_s)),)
+                transaction.respond(self._simple(request, 503, "Service Unavailable", (*headers, *retry)))
+            else:
+                transaction.respond(self._simple(request, 200, "OK", headers))
         elif request.header("Require") and method != "BYE":
             # §8.2.2.3: we support no extensions; BYE is exempt so a call can always end.
             unsupported = request.header("Require") or ""
@@ -173,11 +181,17 @@ class SipServer:
 
     def _on_new_invite(self, invite: SipRequest, transaction: InviteServerTransaction, peer: Peer) -> None:
         received_at = time.monotonic()
-        if self.draining or len(self._calls) >= self.settings.max_calls:
+        refusal = None
+        if self.draining:
+            refusal = "draining"
+        elif len(self._calls) >= self.settings.max_calls:
+            refusal = "max_calls"
+        else:
+            refusal = self._refusal()
+        if refusal is not None:
             retry = (("Retry-After", str(self.settings.retry_after_s)),)
             transaction.respond(self._simple(invite, 503, "Service Unavailable", retry))
-            log.info("sip_invite_refused", call_id=invite.call_id, draining=self.draining,
-                     active_calls=len(self._calls))
+            log.info("sip_invite_refused", call_id=invite.call_id, refusal=refusal, active_calls=len(self._calls))
             return
         transaction.respond(self._simple(invite, 100, "Trying"))  # §17.2.1: stop INVITE retransmits
         call = InboundCall(self, invite, transaction, peer, received_at)

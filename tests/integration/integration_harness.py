@@ -15,6 +15,7 @@ import numpy as np
 from engines.registry import create_engine
 from gateway.app import Gateway
 from gateway.config import load_config
+from gateway.engine_watchdog import WatchdogSettings
 from gateway.media import g711
 
 SCENARIOS = Path(__file__).parent / "sipp"
@@ -28,7 +29,8 @@ def free_udp_port() -> int:
 
 
 async def start_gateway(engine: str = "espeak", t1_ms: int = 50, engine_settings: dict | None = None,
-                        extra: dict | None = None, engine_obj=None) -> Gateway:
+                        extra: dict | None = None, engine_obj=None, watchdog: WatchdogSettings | None = None
+                        ) -> Gateway:
     """A gateway on loopback with ephemeral SIP port; `engine_obj` runs a ready-made engine instead."""
     overrides = {"sip.listen": "127.0.0.1:0", "sip.t1_ms": t1_ms, "sip.transports": ["udp"],
                  "media.rtp_port_range": "41000-42999", "engine.name": engine, **(extra or {})}
@@ -37,7 +39,7 @@ async def start_gateway(engine: str = "espeak", t1_ms: int = 50, engine_settings
     config = load_config(None, overrides)
     engine_obj = engine_obj or create_engine(config.engine.name, config.engine_settings())
     gateway = Gateway(engine_obj, config.sip_settings(), config.media_settings(),
-                      config.prompt_resolver(engine_obj.default_voice))
+                      config.prompt_resolver(engine_obj.default_voice), watchdog or WatchdogSettings())
     await gateway.start()
     return gateway
 
@@ -100,9 +102,10 @@ async def run_sipp(scenario: Path, sip_address: tuple[str, int], workdir: Path, 
     return process.returncode, errors
 
 
-async def invite_final_response(sip_address: tuple[str, int], headers: dict[str, str], user: str = "1000",
+async def invite_final_response(sip_address: tuple[str, int], headers: dict[str, str | bytes], user: str = "1000",
                                 timeout: float = 10.0) -> str:
-    """Send one INVITE (PCMU offer) from a plain UDP socket and return the first final response's status line."""
+    """Send one INVITE (PCMU offer) from a plain UDP socket and return the first final response's status line.
+    A header value given as bytes is sent as it is (to send bytes that are not UTF-8)."""
     loop = asyncio.get_running_loop()
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.bind(("127.0.0.1", 0))
@@ -110,12 +113,13 @@ async def invite_final_response(sip_address: tuple[str, int], headers: dict[str,
     port = sock.getsockname()[1]
     sdp = "v=0\r\no=t 1 1 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\n" \
           f"m=audio {free_udp_port()} RTP/AVP 0\r\na=rtpmap:0 PCMU/8000\r\n"
-    extra = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+    extra = b"".join(name.encode() + b": " + (value if isinstance(value, bytes) else value.encode()) + b"\r\n"
+                     for name, value in headers.items())
     request = (f"INVITE sip:{user}@{sip_address[0]}:{sip_address[1]} SIP/2.0\r\n"
                f"Via: SIP/2.0/UDP 127.0.0.1:{port};branch=z9hG4bK-it-{port};rport\r\n"
                f"From: <sip:test@127.0.0.1>;tag=it{port}\r\nTo: <sip:{user}@127.0.0.1>\r\n"
                f"Call-ID: it-{port}@127.0.0.1\r\nCSeq: 1 INVITE\r\nContact: <sip:test@127.0.0.1:{port}>\r\n"
-               f"Max-Forwards: 70\r\n{extra}Content-Type: application/sdp\r\n"
+               f"Max-Forwards: 70\r\n").encode() + extra + (f"Content-Type: application/sdp\r\n"
                f"Content-Length: {len(sdp)}\r\n\r\n{sdp}").encode()
     try:
         await loop.sock_sendto(sock, request, sip_address)
@@ -124,5 +128,25 @@ async def invite_final_response(sip_address: tuple[str, int], headers: dict[str,
             status_line = data.split(b"\r\n", 1)[0].decode()
             if not status_line.startswith("SIP/2.0 1"):
                 return status_line
+    finally:
+        sock.close()
+
+
+async def options_status(sip_address: tuple[str, int], timeout: float = 5.0) -> str:
+    """Send one out-of-dialog OPTIONS (a proxy's qualify ping) and return the response's status line."""
+    loop = asyncio.get_running_loop()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.setblocking(False)
+    port = sock.getsockname()[1]
+    request = (f"OPTIONS sip:{sip_address[0]}:{sip_address[1]} SIP/2.0\r\n"
+               f"Via: SIP/2.0/UDP 127.0.0.1:{port};branch=z9hG4bK-op-{port};rport\r\n"
+               f"From: <sip:probe@127.0.0.1>;tag=op{port}\r\nTo: <sip:{sip_address[0]}>\r\n"
+               f"Call-ID: op-{port}@127.0.0.1\r\nCSeq: 1 OPTIONS\r\nMax-Forwards: 70\r\n"
+               f"Content-Length: 0\r\n\r\n").encode()
+    try:
+        await loop.sock_sendto(sock, request, sip_address)
+        data = await asyncio.wait_for(loop.sock_recv(sock, 65535), timeout)
+        return data.split(b"\r\n", 1)[0].decode()
     finally:
         sock.close()
