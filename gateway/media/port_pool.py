@@ -45,7 +45,10 @@ class RtpPortPool:
                 yield port
         rest = [port for port in self._ports if port not in offered and self._available(port)]
         self._random.shuffle(rest)
-        yield from rest
+        for port in rest:
+            if self._available(port):  # again: binds await, and another call may have taken it since
+                offered.add(port)
+                yield port
         # A copy: a failed bind releases its port into the quarantine while we iterate.
         yield from (port for port in list(self._quarantine) if port not in self._in_use and port not in offered)
 

@@ -5,7 +5,7 @@
 - Source check: `RtpPeer` says where media goes and whose packets count (the SDP address, or with
   latching enabled the first valid sender from an allowed host). RTP, RFC 4733 and RTCP from any
   other source are dropped and counted (`gateway_rtp_packets_dropped_total{reason="foreign_source"}`)
-  with one log line per call, so a flood costs a comparison and a counter per packet.
+  with one log line per call, so a flood costs a header parse, a comparison and a counter per packet.
 - Numbering: random SSRC, sequence number and timestamp base (RFC 3550 §5.1). The timestamp is tied to
   the shared packet clock (base + 160 * tick), so across pauses, hold and clock skips it advances by the
   real elapsed time; the sequence number only counts packets actually sent, so it stays continuous.

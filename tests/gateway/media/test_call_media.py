@@ -246,7 +246,8 @@ async def test_sender_reports_go_to_the_rtcp_port(engine: MediaEngine) -> None:
     await media.play(tone(0.2))
     rtp_ssrc = (await phone.packets(10))[0][0].ssrc
     while True:
-        data, _, _ = await asyncio.wait_for(phone_rtcp.received.get(), 5)
+        data, source, _ = await asyncio.wait_for(phone_rtcp.received.get(), 5)
+        assert source[1] == media.local_port + 1  # RTCP on the odd port above RTP's (RFC 3550 §11)
         report = rtcp.parse_compound(data)[0]
         if isinstance(report, rtcp.SenderReport) and report.packet_count == 10:  # reports go on mid-prompt too
             break

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from gateway.media.port_pool import RtpPortPool
@@ -24,7 +26,7 @@ def test_ports_are_drawn_at_random_not_in_order() -> None:
     assert all(port % 2 == 0 and 20000 <= port and port + 1 <= 29999 for port in drawn)
     assert len(set(drawn)) == 20 and pool.in_use == 20
     # In order, each port would be 2 above the last: a third party could aim at the next call.
-    steps = [b - a for a, b in zip(drawn, drawn[1:])]
+    steps = [b - a for a, b in itertools.pairwise(drawn)]
     assert sum(step == 2 for step in steps) < 5
     assert drawn != sorted(drawn) and len(set(steps)) > 10
 
@@ -49,6 +51,16 @@ def test_a_failed_bind_is_not_offered_twice_in_one_round() -> None:
         offered.append(port)
         pool.release(port)
     assert sorted(offered) == [20000, 20002, 20004, 20006, 20008]
+
+
+def test_a_port_another_call_took_meanwhile_is_not_offered() -> None:
+    pool = RtpPortPool(20000, 20080)  # 40 pairs
+    first_call = pool.candidates()
+    for _ in range(17):  # its binds failed, past the random draws: the rest of the range is listed
+        next(first_call)
+    for port in range(20000, 20080, 2):  # meanwhile (binds await) other calls took every port
+        pool.acquire(port)
+    assert list(first_call) == []
 
 
 def test_range_without_a_pair_is_refused() -> None:
