@@ -32,16 +32,16 @@ async def _next_message(sock: socket.socket, timeout: float = 10.0) -> str:
 
 
 async def _answered_barge_in_call(gateway, sip: socket.socket, rtp: RtpRecorder) -> int:
-    """INVITE 4930 offering `rtp`'s port, ACK the 200; returns the gateway's RTP port."""
-    port = sip.getsockname()[1]
+    """INVITE 4930 from `sip` offering `rtp`'s port on 127.0.0.1, ACK the 200; returns the gateway's RTP port."""
+    me, port = sip.getsockname()
     host, sip_port = gateway.sip.udp_address
     sdp = ("v=0\r\no=t 1 1 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\n"
            f"m=audio {rtp.port} RTP/AVP 0 101\r\na=rtpmap:0 PCMU/8000\r\n"
            "a=rtpmap:101 telephone-event/8000\r\na=fmtp:101 0-16\r\n")
-    common = (f"From: <sip:caller@127.0.0.1>;tag=dtmf{port}\r\nCall-ID: dtmf-{port}\r\n"
-              f"Contact: <sip:caller@127.0.0.1:{port}>\r\nMax-Forwards: 70\r\n")
+    common = (f"From: <sip:caller@{me}>;tag=dtmf{port}\r\nCall-ID: dtmf-{port}\r\n"
+              f"Contact: <sip:caller@{me}:{port}>\r\nMax-Forwards: 70\r\n")
     invite = (f"INVITE sip:4930@{host}:{sip_port} SIP/2.0\r\n"
-              f"Via: SIP/2.0/UDP 127.0.0.1:{port};branch=z9hG4bK-dtmf-1;rport\r\n{common}"
+              f"Via: SIP/2.0/UDP {me}:{port};branch=z9hG4bK-dtmf-1;rport\r\n{common}"
               f"To: <sip:4930@{host}>\r\nCSeq: 1 INVITE\r\nContent-Type: application/sdp\r\n"
               f"Content-Length: {len(sdp)}\r\n\r\n{sdp}")
     await _request(sip, invite.encode(), (host, sip_port))
@@ -49,7 +49,7 @@ async def _answered_barge_in_call(gateway, sip: socket.socket, rtp: RtpRecorder)
         pass
     to_header = re.search(r"^To: (.*)$", ok, re.M | re.I).group(1).strip()
     ack = (f"ACK sip:4930@{host}:{sip_port} SIP/2.0\r\n"
-           f"Via: SIP/2.0/UDP 127.0.0.1:{port};branch=z9hG4bK-dtmf-2;rport\r\n{common}"
+           f"Via: SIP/2.0/UDP {me}:{port};branch=z9hG4bK-dtmf-2;rport\r\n{common}"
            f"To: {to_header}\r\nCSeq: 1 ACK\r\nContent-Length: 0\r\n\r\n")
     await _request(sip, ack.encode(), (host, sip_port))
     return int(re.search(r"^m=audio (\d+)", ok, re.M).group(1))
@@ -127,4 +127,33 @@ async def test_a_third_party_neither_hears_the_prompt_nor_stops_it_with_a_key():
         caller.transport.close()
         for intruder in intruders:
             intruder.transport.close()
+        await gateway.stop()
+
+
+async def test_with_signalling_source_latching_a_natd_phone_is_heard_from_the_invites_host():
+    gateway = await start_gateway("espeak", extra={"media.rtp_latching": "signalling_source", "routes": [
+        {"match": "4930", "text": LONG, "voice": "en", "barge_in": True, "after": "hangup"}]})
+    sip = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sip.bind(("127.0.0.3", 0))  # the phone's public address; its SDP names 127.0.0.1 (the "private" one)
+    sip.setblocking(False)
+    loop = asyncio.get_running_loop()
+    phones = []
+    for host in ("127.0.0.1", "127.0.0.3", "127.0.0.2"):  # SDP address, NAT'd source, a stranger
+        transport, phone = await loop.create_datagram_endpoint(RtpRecorder, local_addr=(host, 0))
+        phone.transport = transport
+        phones.append(phone)
+    private, public, stranger = phones
+    try:
+        media_port = await _answered_barge_in_call(gateway, sip, private)
+        _press_5(stranger, media_port, ssrc=0xBAD)  # first, but from a host neither the SDP nor the INVITE named
+        public.transport.sendto(pack_header(0, 1, 160, 0xCAFE, False) + bytes(160), ("127.0.0.1", media_port))
+        await asyncio.sleep(1.0)  # let the prompt play for a second
+        assert len(public.packets) > 30  # latched: the prompt goes to the NAT'd address
+        _press_5(public, media_port, ssrc=0xCAFE)
+        assert (await _next_message(sip)).startswith("BYE ")
+        assert not stranger.packets
+    finally:
+        sip.close()
+        for phone in phones:
+            phone.transport.close()
         await gateway.stop()
