@@ -111,7 +111,8 @@ class CallSession:
             return self._reject(488, "SDP Offer Required", "INVITE without SDP (late offer) is not supported",
                                 "no_codec")
         try:
-            media = await self._media_engine.open_call(call.call_id, call.remote_sdp)
+            media = await self._media_engine.open_call(call.call_id, call.remote_sdp,
+                                                       signalling_source=call.source[0])
         except NoCommonCodec as exc:
             return self._reject(488, "Not Acceptable Here", str(exc), "no_codec")
 

@@ -164,6 +164,12 @@ class MediaSection(_Section):
     initial_playout_delay_ms: int = Field(60, ge=0, le=2000)
     max_playout_delay_ms: int = Field(400, ge=20, le=10000)
     rtcp_interval_s: float = Field(5.0, gt=0)
+    # Where our RTP goes and whose RTP counts. off: the address the SDP names, nothing else (phones
+    # that are reachable where their SDP says). sdp_host: latch to the first packet from the SDP's
+    # host, any port (NAT that rewrites ports). signalling_source: also from the host the INVITE came
+    # from (phones behind NAT whose SDP names a private address). RTP from any other source is dropped.
+    rtp_latching: Literal["off", "sdp_host", "signalling_source"] = "off"
+    dtmf_max_per_second: float = Field(10.0, gt=0, le=1000)  # per call; more key presses are dropped
 
     @field_validator("codecs", mode="before")
     @classmethod
@@ -175,6 +181,11 @@ class MediaSection(_Section):
         if unknown:
             raise ValueError(f"unsupported codec {', '.join(unknown)}; supported: {', '.join(SUPPORTED_CODECS)}")
         return names
+
+    @field_validator("rtp_latching", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: Any) -> Any:
+        return "off" if value is False else value  # YAML 1.1 reads an unquoted `off` as false
 
     @model_validator(mode="after")
     def _delays(self) -> MediaSection:
@@ -385,7 +396,8 @@ class GatewayConfig(_Section):
         return MediaSettings(advertised_host=self.sip.public_host, rtp_port_min=media.rtp_port_range[0],
                              rtp_port_max=media.rtp_port_range[1], codecs=media.codecs,
                              initial_playout_delay_ms=media.initial_playout_delay_ms,
-                             max_playout_delay_ms=media.max_playout_delay_ms, rtcp_interval_s=media.rtcp_interval_s)
+                             max_playout_delay_ms=media.max_playout_delay_ms, rtcp_interval_s=media.rtcp_interval_s,
+                             rtp_latching=media.rtp_latching, dtmf_max_per_second=media.dtmf_max_per_second)
 
     def prompt_for_route(self, route: Route, default_voice: str):
         from gateway.call import Prompt

@@ -29,7 +29,14 @@ sip_malformed_total = Counter(
 )
 rtp_packets_sent_total = Counter("gateway_rtp_packets_sent_total", "RTP packets sent", registry=registry)
 rtp_packets_received_total = Counter(
-    "gateway_rtp_packets_received_total", "RTP packets received", registry=registry
+    "gateway_rtp_packets_received_total", "RTP packets received from a call's media partner", registry=registry
+)
+rtp_packets_dropped_total = Counter(
+    "gateway_rtp_packets_dropped_total",
+    "RTP/RTCP packets received and dropped, by reason (foreign_source: not from the call's media partner, "
+    "see media.rtp_latching; malformed: not RTP)",
+    ["reason"],
+    registry=registry,
 )
 playout_underruns_total = Counter(
     "gateway_playout_underruns_total",
@@ -38,6 +45,11 @@ playout_underruns_total = Counter(
 )
 dtmf_events_total = Counter(
     "gateway_dtmf_events_total", "RFC 4733 telephone-events received (one per key press)", registry=registry
+)
+dtmf_events_dropped_total = Counter(
+    "gateway_dtmf_events_dropped_total",
+    "Key presses dropped because a call exceeded media.dtmf_max_per_second",
+    registry=registry,
 )
 first_packet_latency_seconds = Histogram(
     "gateway_first_packet_latency_seconds",

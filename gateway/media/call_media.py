@@ -27,6 +27,7 @@ from gateway.media.packet_clock import PacketClock
 from gateway.media.playout import PlayoutBuffer, PlayoutSettings
 from gateway.media.port_pool import RtpPortPool
 from gateway.media.resample import Resampler24kTo8k
+from gateway.media.rtp_peer import Latching, RtpPeer
 from gateway.media.rtp_session import RtpSession
 from gateway.media.sdp import MediaPlan, NoCommonCodec, SdpAnswerer
 
@@ -44,6 +45,8 @@ class MediaSettings:
     initial_playout_delay_ms: int = 60
     max_playout_delay_ms: int = 400
     rtcp_interval_s: float = 5.0
+    rtp_latching: Latching = "off"  # see rtp_peer: whether a NAT'd phone's RTP source may replace its SDP address
+    dtmf_max_per_second: float = 10.0  # per call; key presses beyond it are dropped
 
 
 class MediaClosed(RuntimeError):
@@ -71,11 +74,17 @@ class MediaEngine:
     def active_calls(self) -> int:
         return len(self._calls)
 
-    async def open_call(self, call_id: str, offer_sdp: str) -> CallMedia:
-        """Bind the call's ports and answer its offer; raises NoCommonCodec (ports released again)."""
+    async def open_call(self, call_id: str, offer_sdp: str, signalling_source: str | None = None) -> CallMedia:
+        """Bind the call's ports and answer its offer; raises NoCommonCodec (ports released again).
+
+        `signalling_source` is the IP the INVITE came from: with `rtp_latching: signalling_source` RTP
+        from that host may replace the SDP's address.
+        """
         if not self.clock.running:
             raise RuntimeError("MediaEngine.start() must run before open_call()")
-        session = RtpSession(call_id, self.clock, self.settings.rtcp_interval_s)
+        settings = self.settings
+        session = RtpSession(call_id, self.clock, settings.rtcp_interval_s,
+                             RtpPeer(settings.rtp_latching, signalling_source), settings.dtmf_max_per_second)
         await session.bind(self.settings.advertised_host, self._pool)
         try:
             answerer = SdpAnswerer(self.settings.advertised_host, session.local_port, self.settings.codecs)
@@ -201,4 +210,6 @@ class CallMedia:
         if self._done is not None and not self._done.done():
             self._done.set_result(None)
         await self._engine._release(self, self._session)
-        self._log.info("media_closed", packets_sent=self.packets_sent, underruns=self.underruns)
+        self._log.info("media_closed", packets_sent=self.packets_sent, underruns=self.underruns,
+                       foreign_packets_dropped=self._session.foreign_packets_dropped,
+                       dtmf_dropped=self._session.dtmf_dropped)

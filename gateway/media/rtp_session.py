@@ -1,15 +1,18 @@
-"""One call's RTP/RTCP endpoint: the sockets, symmetric RTP latching, packet numbering, RTCP reports.
+"""One call's RTP/RTCP endpoint: the sockets, the source check, packet numbering, RTCP reports.
 
 - Binds RTP on an even port of the configured range on the advertised host, RTCP on port + 1
   (RFC 3550 §11), and sends from those same ports (symmetric RTP, RFC 4961).
-- Latching: media goes to the SDP address until the peer's first RTP packet arrives, then to the
-  address that packet came from (a NAT'd phone's RTP rarely comes from where its SDP says).
+- Source check: `RtpPeer` says where media goes and whose packets count (the SDP address, or with
+  latching enabled the first valid sender from an allowed host). RTP, RFC 4733 and RTCP from any
+  other source are dropped and counted (`gateway_rtp_packets_dropped_total{reason="foreign_source"}`)
+  with one log line per call, so a flood costs a header parse, a comparison and a counter per packet.
 - Numbering: random SSRC, sequence number and timestamp base (RFC 3550 §5.1). The timestamp is tied to
   the shared packet clock (base + 160 * tick), so across pauses, hold and clock skips it advances by the
   real elapsed time; the sequence number only counts packets actually sent, so it stays continuous.
   The marker bit goes on the first packet after any tick that sent nothing (a new talkspurt, RFC 3551
   §4.1), which covers the first packet, prompts after silence, and resume after hold.
-- Receive: RTP is counted and telephone-events (RFC 4733) become digits on `dtmf`; RTCP is parsed
+- Receive: RTP is counted and telephone-events (RFC 4733) become digits on `dtmf`, at most
+  `dtmf_max_per_second` per call (a token bucket; the excess is dropped and counted); RTCP is parsed
   enough to log a BYE. RTCP SR + SDES go out every `rtcp_interval_s`, randomised to 0.5-1.5x
   (RFC 3550 §6.3.5).
 
@@ -37,11 +40,15 @@ from gateway.media.dtmf import DtmfDetector, DtmfParseError
 from gateway.media.packet_clock import PacketClock
 from gateway.media.port_pool import PortsExhausted, RtpPortPool
 from gateway.media.rtp import RtpPacket, RtpParseError, is_rtcp, pack_header
+from gateway.media.rtp_peer import RtpPeer
 from gateway.media.sdp import MediaPlan
+from gateway.media.token_bucket import TokenBucket
 
 log = structlog.get_logger(__name__)
 
 SAMPLES_PER_TICK = 160
+_DROPPED_FOREIGN = metrics.rtp_packets_dropped_total.labels(reason="foreign_source")
+_DROPPED_MALFORMED = metrics.rtp_packets_dropped_total.labels(reason="malformed")
 
 
 class _Endpoint(asyncio.DatagramProtocol):
@@ -70,7 +77,8 @@ def _is_ip(host: str) -> bool:
 
 
 class RtpSession:
-    def __init__(self, call_id: str, clock: PacketClock, rtcp_interval_s: float) -> None:
+    def __init__(self, call_id: str, clock: PacketClock, rtcp_interval_s: float, peer: RtpPeer,
+                 dtmf_max_per_second: float) -> None:
         self.call_id = call_id
         self.dtmf: asyncio.Queue[str] = asyncio.Queue()
         self.packets_sent = 0
@@ -80,13 +88,15 @@ class RtpSession:
         self.ssrc = random.getrandbits(32)
         self._clock = clock
         self._plan: MediaPlan | None = None  # None until the first offer is answered: send nothing
-        self._remote: tuple[str, int] = ("0.0.0.0", 0)
-        self._remote_rtcp: tuple[str, int] = ("0.0.0.0", 0)
-        self._latched = False
+        self._peer = peer
+        self.foreign_packets_dropped = 0
+        self.dtmf_dropped = 0
         self._seq = random.getrandbits(16)
         self._ts_base = random.getrandbits(32)
         self._last_sent_tick = -2
         self._detector = DtmfDetector()
+        # A burst of one second's worth: fast dialers send ~10 keys/s, a flood of events is cut there.
+        self._dtmf_limit = TokenBucket(dtmf_max_per_second, max(1.0, dtmf_max_per_second), time.monotonic())
         self._rtp: asyncio.DatagramTransport | None = None
         self._rtcp: asyncio.DatagramTransport | None = None
         self._endpoints: list[_Endpoint] = []
@@ -150,7 +160,7 @@ class RtpSession:
 
     # -- plan --------------------------------------------------------------------------------------
     def apply_plan(self, plan: MediaPlan) -> None:
-        """Adopt a (re)negotiated plan; a changed remote address restarts latching.
+        """Adopt a (re)negotiated plan; a changed remote address is the new partner (and restarts latching).
 
         The plan's host must be an IP literal (the caller resolves names off the loop); a re-offer naming
         a host we cannot use keeps media flowing where it already goes.
@@ -161,9 +171,7 @@ class RtpSession:
         if not _is_ip(plan.remote_host):
             self._log.warning("remote_hostname_ignored", host=plan.remote_host)
             return
-        self._remote = (plan.remote_host, plan.remote_port)
-        self._remote_rtcp = (plan.remote_host, plan.remote_rtcp_port)
-        self._latched = False
+        self._peer.expect(plan.remote_host, plan.remote_port, plan.remote_rtcp_port)
 
     # -- send (hot path) ---------------------------------------------------------------------------
     def send_frame(self, samples: np.ndarray, tick: int) -> bool:
@@ -178,7 +186,7 @@ class RtpSession:
         payload = g711.encode(samples, plan.codec)
         self._seq = (self._seq + 1) & 0xFFFF  # a dropped packet is a loss the receiver should see
         try:
-            self._rtp_socket.sendto(header + payload, self._remote)
+            self._rtp_socket.sendto(header + payload, self._peer.remote)
         except (BlockingIOError, InterruptedError):
             self.packets_dropped += 1
             return False
@@ -199,25 +207,46 @@ class RtpSession:
         try:
             packet = RtpPacket.parse(data)
         except RtpParseError:
+            _DROPPED_MALFORMED.inc()
             return
+        peer, before = self._peer, self._peer.remote
+        if not peer.admit(addr[:2]):
+            self._drop_foreign(addr)
+            return
+        if peer.remote is not before:
+            self._log.info("rtp_latched", sdp_addr=f"{before[0]}:{before[1]}", source=f"{addr[0]}:{addr[1]}",
+                           latching=peer.latching)
         self.packets_received += 1
         metrics.rtp_packets_received_total.inc()
-        if not self._latched:
-            self._latched = True
-            if addr[:2] != self._remote:
-                self._log.info("rtp_latched", sdp_addr=f"{self._remote[0]}:{self._remote[1]}",
-                               source=f"{addr[0]}:{addr[1]}")
-                self._remote = (addr[0], addr[1])
-                self._remote_rtcp = (addr[0], addr[1] + 1)
         if self._plan is not None and packet.payload_type == self._plan.telephone_event_pt:
             try:
                 digit = self._detector.feed(packet.ssrc, packet.timestamp, packet.payload)
             except DtmfParseError:
                 return
             if digit is not None:
-                self.dtmf.put_nowait(digit)
+                self._on_key_press(digit)
+
+    def _on_key_press(self, digit: str) -> None:
+        if self._dtmf_limit.take(time.monotonic()):
+            self.dtmf.put_nowait(digit)
+            return
+        self.dtmf_dropped += 1
+        metrics.dtmf_events_dropped_total.inc()
+        if self.dtmf_dropped == 1:  # one line per call; the metric counts the rest
+            self._log.warning("dtmf_rate_limited", digit=digit)
+
+    def _drop_foreign(self, addr) -> None:
+        self.foreign_packets_dropped += 1
+        _DROPPED_FOREIGN.inc()
+        if self.foreign_packets_dropped == 1:  # one line per call, not one per packet of a flood
+            remote = self._peer.remote
+            self._log.warning("rtp_foreign_source_dropped", source=f"{addr[0]}:{addr[1]}",
+                              partner=f"{remote[0]}:{remote[1]}", latching=self._peer.latching)
 
     def _on_rtcp(self, data: bytes, addr) -> None:
+        if not self._peer.admit_rtcp(addr[:2]):
+            self._drop_foreign(addr)
+            return
         try:
             packets = rtcp.parse_compound(data)
         except rtcp.RtcpParseError as exc:
@@ -238,7 +267,8 @@ class RtpSession:
 
     def _send_rtcp(self, bye: bool = False) -> None:
         # RTCP flows whatever the direction (RFC 3264 §5.1), except to a c=0.0.0.0 hold address.
-        if self._rtcp is None or self._remote_rtcp[0] in ("0.0.0.0", "::") or not self._remote_rtcp[1]:
+        remote_rtcp = self._peer.remote_rtcp
+        if self._rtcp is None or remote_rtcp[0] in ("0.0.0.0", "::") or not remote_rtcp[1]:
             return
         if self.packets_sent:
             # The RTP timestamp of this wallclock instant, extrapolated from the packet clock (§6.4.1).
@@ -252,4 +282,4 @@ class RtpSession:
         datagram = report + rtcp.serialize_sdes_cname(self.ssrc, self._cname)
         if bye:
             datagram += rtcp.serialize_bye(rtcp.Bye((self.ssrc,)))
-        self._rtcp.sendto(datagram, self._remote_rtcp)
+        self._rtcp.sendto(datagram, remote_rtcp)

@@ -57,6 +57,8 @@ def test_cosyvoice2_example_passes_engine_settings_through():
     ({"media.rtp_port_range": "lots"}, "media.rtp_port_range: expected LOW-HIGH"),
     ({"media.codecs": ["PCMU", "opus"]}, "media.codecs: unsupported codec OPUS"),
     ({"media.initial_playout_delay_ms": 1000}, "media.initial_playout_delay_ms: must not exceed"),
+    ({"media.rtp_latching": "anyone"}, "media.rtp_latching: Input should be 'off', 'sdp_host' or 'signalling_source'"),
+    ({"media.dtmf_max_per_second": 0}, "media.dtmf_max_per_second:"),
     ({"engine.name": "festival"}, "engine.name: unknown engine 'festival'"),
     ({"engine.espeak.default_voice": "fr"}, "engine.espeak.default_voice:"),
     ({"engine.espeak.speed": 2}, "engine.espeak.speed: unknown field"),
@@ -159,3 +161,17 @@ def test_sections_become_the_sip_and_media_settings():
     media = config.media_settings()
     assert (media.rtp_port_min, media.rtp_port_max, media.codecs) == (20000, 30000, ("PCMU", "PCMA"))
     assert media.advertised_host == "192.0.2.20"
+    assert (media.rtp_latching, media.dtmf_max_per_second) == ("off", 10)
+
+
+def test_rtp_latching_accepts_unquoted_yaml_off_and_the_media_layers_modes(tmp_path):
+    from typing import get_args
+
+    from gateway.config import MediaSection
+    from gateway.media.rtp_peer import Latching
+
+    assert get_args(MediaSection.model_fields["rtp_latching"].annotation) == get_args(Latching)
+    (tmp_path / "nat.yaml").write_text("media:\n  rtp_latching: off\n")
+    assert load_config(tmp_path / "nat.yaml").media_settings().rtp_latching == "off"  # YAML 1.1 reads it as false
+    (tmp_path / "nat.yaml").write_text("media:\n  rtp_latching: signalling_source\n")
+    assert load_config(tmp_path / "nat.yaml").media_settings().rtp_latching == "signalling_source"

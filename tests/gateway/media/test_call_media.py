@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import statistics
+import time
 from collections.abc import AsyncIterator
 
 import numpy as np
 import pytest
 
+from gateway import metrics
 from gateway.media import g711, rtcp
 from gateway.media.call_media import CallMedia, MediaEngine, MediaSettings
 from gateway.media.dtmf import TelephoneEvent
@@ -51,9 +54,27 @@ class Phone(asyncio.DatagramProtocol):
         return self.received.empty()
 
 
-async def open_phone() -> Phone:
-    _, phone = await asyncio.get_running_loop().create_datagram_endpoint(Phone, local_addr=("127.0.0.1", 0))
+async def open_phone(host: str = "127.0.0.1") -> Phone:
+    _, phone = await asyncio.get_running_loop().create_datagram_endpoint(Phone, local_addr=(host, 0))
     return phone
+
+
+_stamps = itertools.count(8000, 8000)
+
+
+def press(phone: Phone, digit: str, media: CallMedia) -> None:
+    """One key press as the start packet of a new RFC 4733 event (its own timestamp)."""
+    event = TelephoneEvent("0123456789*#".index(digit), False, 10, 160).serialize()
+    phone.transport.sendto(RtpPacket(101, 1, next(_stamps), 0x1234, event, marker=True).serialize(),
+                           ("127.0.0.1", media.local_port))
+
+
+def dropped() -> float:
+    return metrics.registry.get_sample_value("gateway_rtp_packets_dropped_total", {"reason": "foreign_source"}) or 0.0
+
+
+def dtmf_dropped() -> float:
+    return metrics.registry.get_sample_value("gateway_dtmf_events_dropped_total") or 0.0
 
 
 def offer(port: int, *lines: str, formats: str = "0 8 101") -> str:
@@ -71,9 +92,11 @@ async def tone(seconds: float, hz: float = 440.0, rate: int = 24000, chunk_s: fl
 
 
 @pytest.fixture
-async def engine() -> AsyncIterator[MediaEngine]:
+async def engine(request) -> AsyncIterator[MediaEngine]:
+    """A media engine on our port range; `@pytest.mark.media(rtp_latching=...)` changes its settings."""
+    marker = request.node.get_closest_marker("media")
     media_engine = MediaEngine(MediaSettings(rtp_port_min=PORT_BASE, rtp_port_max=PORT_BASE + 19,
-                                             rtcp_interval_s=0.2))
+                                             rtcp_interval_s=0.2, **(marker.kwargs if marker else {})))
     await media_engine.start()
     yield media_engine
     await media_engine.stop()
@@ -104,15 +127,76 @@ async def test_one_second_tone_arrives_as_50_paced_packets(engine: MediaEngine) 
     await media.close()
 
 
-async def test_media_latches_to_where_the_phones_rtp_comes_from(engine: MediaEngine) -> None:
-    advertised, actual = await open_phone(), await open_phone()
-    media = await engine.open_call("c2", offer(advertised.port))
-    start = RtpPacket(101, 7, 800, 0x1234, TelephoneEvent(5, False, 10, 160).serialize(), marker=True)
-    actual.transport.sendto(start.serialize(), ("127.0.0.1", media.local_port))
-    assert await asyncio.wait_for(media.dtmf.get(), 5) == "5"  # processed, so latched
+async def test_rtp_and_keys_from_anywhere_but_the_sdp_address_are_dropped(engine: MediaEngine) -> None:
+    phone = await open_phone()
+    intruders = [await open_phone(), await open_phone("127.0.0.2")]  # same host other port; other host
+    media = await engine.open_call("c2", offer(phone.port))
+    before = dropped()
+    for intruder in intruders:  # sent first: the old latch-to-anyone would have handed them the call
+        intruder.transport.sendto(RtpPacket(0, 1, 160, 0x666, bytes(160)).serialize(),
+                                  ("127.0.0.1", media.local_port))
+        press(intruder, "1", media)
+    press(phone, "5", media)
+    assert await asyncio.wait_for(media.dtmf.get(), 5) == "5"  # datagrams queue in order: the rest were seen
+    assert media.dtmf.empty() and dropped() == before + 4
     await media.play(tone(0.2))
-    assert len(await actual.packets(10)) == 10
-    assert advertised.received.empty()
+    assert len(await phone.packets(10)) == 10
+    assert all(intruder.received.empty() for intruder in intruders)
+    await media.close()
+
+
+@pytest.mark.media(rtp_latching="sdp_host")
+async def test_sdp_host_latching_takes_a_natd_port_once_but_never_another_host(engine: MediaEngine) -> None:
+    advertised, natd, other_host, late = (await open_phone(), await open_phone(), await open_phone("127.0.0.2"),
+                                          await open_phone())
+    media = await engine.open_call("c2b", offer(advertised.port))
+    before = dropped()
+    press(other_host, "1", media)  # another host never latches, even first
+    press(natd, "5", media)  # the SDP's host from another port: NAT rewrote it; latched
+    press(late, "9", media)  # after the first valid packet nobody else latches,
+    press(advertised, "7", media)  # not even the SDP's own port
+    press(natd, "3", media)
+    assert [await asyncio.wait_for(media.dtmf.get(), 5) for _ in range(2)] == ["5", "3"]
+    assert media.dtmf.empty() and dropped() == before + 3
+    await media.play(tone(0.2))
+    assert len(await natd.packets(10)) == 10
+    assert all(p.received.empty() for p in (advertised, other_host, late))
+    await media.close()
+
+
+@pytest.mark.media(rtp_latching="signalling_source")
+async def test_signalling_source_latching_takes_the_invites_host(engine: MediaEngine) -> None:
+    advertised, public, stranger = await open_phone(), await open_phone("127.0.0.2"), await open_phone("127.0.0.3")
+    media = await engine.open_call("c2c", offer(advertised.port), signalling_source="127.0.0.2")
+    press(stranger, "1", media)
+    press(public, "5", media)
+    assert await asyncio.wait_for(media.dtmf.get(), 5) == "5" and media.dtmf.empty()
+    await media.play(tone(0.2))
+    assert len(await public.packets(10)) == 10
+    assert advertised.received.empty() and stranger.received.empty()
+    await media.close()
+
+
+@pytest.mark.media(dtmf_max_per_second=5)
+async def test_a_dtmf_flood_beyond_the_limit_is_dropped_and_counted(engine: MediaEngine) -> None:
+    phone = await open_phone()
+    media = await engine.open_call("c2d", offer(phone.port))
+    before, started, sent = dtmf_dropped(), time.monotonic(), 40
+    for _ in range(sent):
+        press(phone, "1", media)
+    digits = []
+    while True:  # then '#' after a pause, pressed again until a refilled token lets it through
+        press(phone, "#", media)
+        sent += 1
+        try:
+            while (digit := await asyncio.wait_for(media.dtmf.get(), 0.5)) != "#":
+                digits.append(digit)
+            break
+        except TimeoutError:
+            continue
+    elapsed = time.monotonic() - started
+    assert 5 <= len(digits) <= 5 + 5 * elapsed  # the burst, plus what refilled while the flood came in
+    assert dtmf_dropped() == before + sent - len(digits) - 1
     await media.close()
 
 
@@ -162,7 +246,8 @@ async def test_sender_reports_go_to_the_rtcp_port(engine: MediaEngine) -> None:
     await media.play(tone(0.2))
     rtp_ssrc = (await phone.packets(10))[0][0].ssrc
     while True:
-        data, _, _ = await asyncio.wait_for(phone_rtcp.received.get(), 5)
+        data, source, _ = await asyncio.wait_for(phone_rtcp.received.get(), 5)
+        assert source[1] == media.local_port + 1  # RTCP on the odd port above RTP's (RFC 3550 §11)
         report = rtcp.parse_compound(data)[0]
         if isinstance(report, rtcp.SenderReport) and report.packet_count == 10:  # reports go on mid-prompt too
             break
