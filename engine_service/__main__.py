@@ -101,9 +101,17 @@ async def _read_token(args: argparse.Namespace) -> str:
     if not args.token_file:
         return ""
     if args.token_file == "-":
-        return (await asyncio.to_thread(sys.stdin.readline)).strip()
+        return (await asyncio.to_thread(_stdin_line)).strip()
     with open(args.token_file, encoding="utf-8") as handle:
         return handle.read().strip()
+
+
+def _stdin_line() -> str:
+    """One line from the raw stdin descriptor, byte by byte, so nothing after it is read ahead."""
+    line = bytearray()
+    while (byte := os.read(0, 1)) and byte != b"\n":
+        line += byte
+    return line.decode()
 
 
 async def _serve(args: argparse.Namespace, name: str, settings: dict[str, Any], slots: int) -> int:
@@ -154,7 +162,8 @@ def _stop_when_stdin_closes(loop: asyncio.AbstractEventLoop, stop: asyncio.Event
     A daemon thread, not the loop's executor: asyncio.run would wait for a read that never returns."""
 
     def wait_for_eof() -> None:
-        sys.stdin.buffer.read()
+        while os.read(0, 4096):  # the raw descriptor: a buffered reader's lock would trouble interpreter exit
+            pass
         loop.call_soon_threadsafe(stop.set)
 
     threading.Thread(target=wait_for_eof, name="supervisor-watch", daemon=True).start()

@@ -36,6 +36,7 @@ from engines.channel import ChunkChannel
 log = structlog.get_logger(__name__)
 
 _MAX_RECONNECT_S = 5.0
+FIRST_AUDIO_REASON = "expected first audio"  # how health() says "full because too slow", not "no slot"
 
 
 class _RemoteChannel(ChunkChannel):
@@ -77,6 +78,7 @@ class WorkerLink:
         self._outbox: asyncio.Queue[str] = asyncio.Queue()
         self._streams: dict[int, _Stream] = {}
         self._pending: set[int] = set()  # opens sent, not answered yet
+        self._opened_since_status = 0
         self._ids = itertools.count(1)
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -90,7 +92,11 @@ class WorkerLink:
 
     @property
     def slots_free(self) -> int:
-        return max((self.status.slots_free if self.status else 0) - len(self._pending), 0)
+        """The last status's free slots less this gateway's opens since: in flight, or admitted after the status
+        was made (a status is built as it leaves the worker, so one that arrives after `opened` counts it)."""
+        if self.status is None:
+            return 0
+        return max(self.status.slots_free - len(self._pending) - self._opened_since_status, 0)
 
     @property
     def first_audio_ms(self) -> float:
@@ -195,6 +201,7 @@ class WorkerLink:
     def _on_control(self, frame: protocol.Frame) -> None:
         if isinstance(frame, protocol.Status):
             self.status = frame
+            self._opened_since_status = 0
         elif isinstance(frame, protocol.Hello):
             if frame.version != protocol.VERSION:
                 raise protocol.ProtocolError(f"worker speaks protocol {frame.version}, we speak {protocol.VERSION}")
@@ -210,6 +217,7 @@ class WorkerLink:
             if entry is None:  # cancelled here meanwhile
                 return
             if isinstance(frame, protocol.Opened):
+                self._opened_since_status += 1
                 entry.admitted = True
                 entry.channel.admit()
                 return
@@ -336,7 +344,7 @@ class RemoteEngine(SpeechEngine):
         free = sum(link.slots_free for link in eligible)
         reason = ""
         if not eligible:
-            reason = (f"expected first audio {min(link.first_audio_ms for link in usable):.0f} ms is over the "
+            reason = (f"{FIRST_AUDIO_REASON} {min(link.first_audio_ms for link in usable):.0f} ms is over the "
                       f"bound {self._bound_ms:.0f} ms on every worker")
         elif free == 0:
             reason = "every worker slot is taken"

@@ -75,3 +75,12 @@ calls_refused_total = Counter(
     ["reason"],
     registry=registry,
 )
+engine_worker_restarts_total = Counter(
+    "gateway_engine_worker_restarts_total", "Engine worker processes restarted after they exited unasked",
+    ["worker"], registry=registry,
+)
+engine_worker_streams_lost_total = Counter(
+    "gateway_engine_worker_streams_lost_total",
+    "Streams ended because their engine worker died, went silent or its link broke (each call gets a BYE)",
+    ["worker"], registry=registry,
+)
