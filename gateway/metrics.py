@@ -71,7 +71,7 @@ engine_restarts_total = Counter(
 calls_refused_total = Counter(
     "gateway_calls_refused_total",
     "INVITEs refused before answer, by reason (bad_text, no_prompt, unknown_voice, no_capacity, "
-    "engine_unavailable, no_codec, other)",
+    "first_audio_bound, engine_unavailable, draining, max_calls, no_codec, other)",
     ["reason"],
     registry=registry,
 )
