@@ -60,6 +60,12 @@ class NoCapacity(SynthesisRefused):
     sip_reason = "Engine At Capacity"
 
 
+class FirstAudioTooLate(NoCapacity):
+    """Slots are free, but a stream opened now would start speaking later than the configured bound."""
+
+    sip_reason = "Engine Busy"
+
+
 class EngineUnavailable(SynthesisRefused):
     """The engine is warming up, restarting or dead: nothing can be spoken now."""
 

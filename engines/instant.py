@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+import time
 import zlib
 from collections import deque
 from collections.abc import Sequence
@@ -31,6 +32,7 @@ from engines.channel import ChunkChannel
 
 _SYLLABLE_HZ = 4.0  # roughly the syllable rate of conversational speech
 _HARMONICS = (1.0, 0.5, 0.3, 0.15)
+REALTIME_LEAD_S = 0.5  # with realtime: how far ahead of real time chunks may be delivered
 
 
 def signal_seconds(text: str, ms_per_char: float, min_s: float, max_s: float) -> float:
@@ -60,6 +62,7 @@ class _Stream:
     total: int
     channel: ChunkChannel
     position: int = 0
+    started_at: float | None = None
 
 
 _STOP = object()
@@ -70,7 +73,7 @@ class InstantEngine(SpeechEngine):
 
     def __init__(self, voices: Sequence[str] = ("en", "zh"), default_voice: str = "en",
                  ms_per_char: float = 60.0, min_duration_s: float = 0.5, max_duration_s: float = 30.0,
-                 chunk_ms: int = 200, first_chunk_delay_ms: float = 0.0) -> None:
+                 chunk_ms: int = 200, first_chunk_delay_ms: float = 0.0, realtime: bool = False) -> None:
         if default_voice not in voices:
             raise ValueError(f"engine.instant.default_voice: {default_voice!r} is not one of the voices")
         if chunk_ms <= 0:
@@ -82,6 +85,9 @@ class InstantEngine(SpeechEngine):
         self._max_s = max_duration_s
         self._chunk_samples = SAMPLE_RATE * chunk_ms // 1000
         self._first_chunk_delay_s = first_chunk_delay_ms / 1000.0
+        # Like a streaming model: chunks no earlier than REALTIME_LEAD_S ahead of real time, so a stream lasts
+        # (and holds its engine slot) about as long as its audio, instead of being done in milliseconds.
+        self._realtime = realtime
         self._inbox: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._worker: threading.Thread | None = None
 
@@ -135,13 +141,25 @@ class InstantEngine(SpeechEngine):
             submit()
         return channel
 
+    def _due_at(self, stream: _Stream) -> float:
+        if not self._realtime or stream.started_at is None:
+            return 0.0
+        return stream.started_at + stream.position / SAMPLE_RATE - REALTIME_LEAD_S
+
+    def _idle_wait(self, streams: deque[_Stream]) -> float | None:
+        """None: nothing to do until a stream comes; 0: a chunk is due; else seconds until the next is."""
+        if not streams:
+            return None
+        return max(0.0, min(self._due_at(stream) for stream in streams) - time.monotonic())
+
     def _serve(self) -> None:
         streams: deque[_Stream] = deque()
         while True:
-            # block only when idle; otherwise take newcomers without waiting, then serve one turn
+            # block only when idle (or, realtime, until the next chunk is due); take newcomers, then serve one turn
             while True:
+                wait = self._idle_wait(streams)
                 try:
-                    item = self._inbox.get(block=not streams)
+                    item = self._inbox.get(block=wait != 0, timeout=wait)
                 except queue.Empty:
                     break
                 if item is _STOP:
@@ -149,7 +167,12 @@ class InstantEngine(SpeechEngine):
                         stream.channel.fail(SynthesisFailed("instant engine closed"))
                     return
                 streams.append(item)
+            now = time.monotonic()
+            while self._due_at(streams[0]) > now:  # some stream is due (the wait above ran out): rotate to it
+                streams.rotate(-1)
             stream = streams.popleft()
+            if stream.started_at is None:
+                stream.started_at = now
             if stream.channel.cancelled:
                 continue
             end = min(stream.position + self._chunk_samples, stream.total)

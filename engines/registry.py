@@ -13,6 +13,9 @@ ENGINES: dict[str, str] = {
     "espeak": "engines.espeak:EspeakEngine",
     "instant": "engines.instant:InstantEngine",
     "cosyvoice2": "engines.cosyvoice2:CosyVoice2Engine",
+    # engine workers (engine_service) reached over the streaming protocol; the gateway builds it from
+    # engine.workers / engine.remote rather than by name
+    "remote": "engines.remote:RemoteEngine",
 }
 
 

@@ -18,6 +18,8 @@ import time
 import structlog
 
 from engines.base import SpeechEngine
+from engines.remote import FIRST_AUDIO_REASON
+from gateway import metrics
 from gateway.call import CallSession, PromptResolver
 from gateway.engine_watchdog import EngineWatchdog, WatchdogSettings
 from gateway.media.call_media import MediaEngine, MediaSettings
@@ -35,7 +37,7 @@ class Gateway:
         self.watchdog = EngineWatchdog(engine, watchdog_settings or WatchdogSettings())
         self.media = MediaEngine(media_settings)
         self.sip = SipServer(sip_settings, on_invite=self._on_invite, refusal=self._refusal)
-        self._resolve_prompt = resolve_prompt
+        self.resolve_prompt = resolve_prompt  # replaced once workers say which voice is their default
         self._sessions: dict[asyncio.Task[str], CallSession] = {}
         self.started_at: float | None = None
 
@@ -50,7 +52,7 @@ class Gateway:
                  sip_udp=_fmt(self.sip.udp_address), sip_tcp=_fmt(self.sip.tcp_address))
 
     def _on_invite(self, call: InboundCall) -> None:
-        session = CallSession(call, self._resolve_prompt, self.engine, self.media)
+        session = CallSession(call, self.resolve_prompt, self.engine, self.media)
         task = asyncio.get_running_loop().create_task(session.run(), name=f"call-{call.call_id}")
         self._sessions[task] = session
         task.add_done_callback(lambda done: self._sessions.pop(done, None))
@@ -59,10 +61,12 @@ class Gateway:
         """Why a new call (or a qualify ping) must be turned away now, or None: asked before parsing an INVITE
         further, so a dead or full engine costs the PBX one 503, never an answered silent call."""
         health = self.watchdog.check_now()
+        # "kind: detail"; the kind is the bounded reason label of gateway_calls_refused_total
         if health.state != "ready":
-            return f"engine {health.state}: {health.reason}" if health.reason else f"engine {health.state}"
+            return f"engine_unavailable: engine {health.state} {health.reason}".rstrip()
         if not health.accepting:
-            return "engine at capacity"
+            kind = "first_audio_bound" if health.reason.startswith(FIRST_AUDIO_REASON) else "no_capacity"
+            return f"{kind}: {health.reason or 'engine at capacity'}"
         return None
 
     @property
@@ -120,17 +124,76 @@ def _fmt(address: tuple[str, int] | None) -> str | None:
     return f"{address[0]}:{address[1]}" if address else None
 
 
+def _engine_for(config):
+    """The engine the config asks for: in this process, or a client of supervised and/or remote workers
+    (with the supervisor that runs the local ones, or None)."""
+    from engines.registry import create_engine
+
+    engine_config = config.engine
+    if not engine_config.uses_workers:
+        return create_engine(engine_config.name, config.engine_settings()), None
+    import secrets
+
+    from engines.remote import RemoteEngine
+    from gateway.worker_supervisor import WorkerSupervisor
+
+    engine = RemoteEngine(urls=engine_config.remote.urls, token=engine_config.remote.token,
+                          engine_name=engine_config.name, default_voice=engine_config.default_voice,
+                          max_first_audio_ms=engine_config.admission.max_first_audio_ms,
+                          dead_after_s=engine_config.worker.dead_after_ms / 1000,
+                          on_streams_lost=lambda worker, count:
+                          metrics.engine_worker_streams_lost_total.labels(worker=worker).inc(count))
+    plans = engine_config.worker_plans()
+    if not plans:
+        return engine, None
+    token = secrets.token_urlsafe(32)  # this gateway's own workers: a fresh secret per start
+    for plan in plans:
+        engine.add_worker(plan.name, None, token=token)
+    return engine, WorkerSupervisor(plans, token, on_listening=engine.worker_at)
+
+
+async def _engine_ready(engine, supervisor, config, stop: asyncio.Event) -> bool:
+    """Until the workers are ready (False if asked to stop first); /healthz says warming meanwhile."""
+    from gateway.config import ConfigError
+    from gateway.worker_supervisor import WorkerFailed
+
+    waits = [asyncio.ensure_future(engine.wait_ready())]
+    if supervisor is not None:
+        waits.append(asyncio.ensure_future(supervisor.wait_listening()))
+    stopped = asyncio.ensure_future(stop.wait())
+    ready = asyncio.ensure_future(asyncio.gather(*waits))
+    try:
+        done, _ = await asyncio.wait({ready, stopped}, timeout=config.engine.worker.start_timeout_s,
+                                     return_when=asyncio.FIRST_COMPLETED)
+        if ready in done:
+            ready.result()
+            return True
+        if stopped in done:
+            return False
+        raise ConfigError([f"engine.worker.start_timeout_s: no engine worker ready after "
+                           f"{config.engine.worker.start_timeout_s:g} s"])
+    except WorkerFailed as exc:
+        raise ConfigError([f"engine.{config.engine.name}: {exc}"]) from None
+    finally:
+        for task in (*waits, ready, stopped):
+            task.cancel()
+
+
 async def run(config) -> None:
     """Serve until SIGTERM/SIGINT, then drain. `config` is a validated `gateway.config.GatewayConfig`."""
-    from engines.registry import create_engine
     from gateway.http_api import start_http, stop_http
 
     # Engine threads (synthesis, the GPU scheduler) run Python too; when one holds the GIL, the event
     # loop waits up to the switch interval before it can run a due packet-clock tick. CPython's 5 ms
     # default showed up directly as send jitter (25 % of ticks > 2 ms late at 250 calls); 1 ms bounds it.
+    # With engine workers (engine.workers, cosyvoice2 devices) no synthesis thread runs here at all.
     sys.setswitchinterval(PACKET_CLOCK_SWITCH_INTERVAL_S)
 
-    engine = create_engine(config.engine.name, config.engine_settings())
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    engine, supervisor = _engine_for(config)
     gateway = Gateway(
         engine=engine,
         sip_settings=config.sip_settings(),
@@ -138,23 +201,29 @@ async def run(config) -> None:
         resolve_prompt=config.prompt_resolver(engine.default_voice),
     )
     await gateway.start()
-    # Everything loaded at start (engine, model, config) is long-lived: move it out of the cyclic GC's
-    # view so a full collection mid-call has less to walk (a pause there is a late packet for every call).
-    gc.collect()
-    gc.freeze()
-    # engines that discover their voices at start (cosyvoice2): refuse routes naming a missing one
+    http = None
     try:
-        config.check_voices(engine.voices())
-    except Exception:
+        if supervisor is not None:
+            await supervisor.start()
+        if config.engine.uses_workers:
+            # SIP answers 503 and /healthz says warming until a worker is ready
+            http = await start_http(gateway.status, config.http_host, config.http_port)
+            if await _engine_ready(engine, supervisor, config, stop):
+                gateway.resolve_prompt = config.prompt_resolver(engine.default_voice)
+        # Everything loaded at start (engine, model, config) is long-lived: move it out of the cyclic GC's
+        # view so a full collection mid-call has less to walk (a pause there is a late packet for every call).
+        gc.collect()
+        gc.freeze()
+        # engines that discover their voices at start (cosyvoice2, workers): refuse routes naming a missing one
+        if not stop.is_set():
+            config.check_voices(engine.voices())
+        if http is None:
+            http = await start_http(gateway.status, config.http_host, config.http_port)
+        await stop.wait()
+        await gateway.drain(config.shutdown.drain_timeout_s)
+    finally:
+        if http is not None:
+            await stop_http(http)
         await gateway.stop()
-        raise
-    http = await start_http(gateway.status, config.http_host, config.http_port)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    await gateway.drain(config.shutdown.drain_timeout_s)
-    await stop_http(http)
-    await gateway.stop()
-
+        if supervisor is not None:
+            await supervisor.stop()

@@ -60,6 +60,7 @@ def prompt_from_headers(call: InboundCall, default_voice: str) -> Prompt | None:
 # Refusal class name -> the bounded `reason` label of gateway_calls_refused_total.
 _REFUSAL_KINDS = {"BadText": "bad_text", "EmptyText": "bad_text", "TextTooLong": "bad_text",
                   "UnknownVoice": "unknown_voice", "NoCapacity": "no_capacity",
+                  "FirstAudioTooLate": "first_audio_bound",
                   "EngineUnavailable": "engine_unavailable"}
 
 

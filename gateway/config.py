@@ -219,14 +219,80 @@ class InstantSettings(_EngineWithVoices):
     max_duration_s: float = Field(30.0, gt=0)
     chunk_ms: int = Field(200, ge=10, le=5000)
     first_chunk_delay_ms: float = Field(0.0, ge=0)
+    realtime: bool = False  # deliver audio at the pace of a streaming model (a stream holds its slot as long)
+
+
+class EngineWorkerSection(_Section):
+    """Engine worker processes the gateway starts (python -m engine_service), one engine each."""
+
+    listen_host: str = "127.0.0.1"  # where supervised workers listen; loopback unless other gateways use them
+    slots: int | None = Field(None, ge=1)  # streams per worker; None: cosyvoice2's max_batch, else 64
+    dead_after_ms: int = Field(1000, ge=100, le=60000)  # a worker silent this long is dead: its calls end
+    start_timeout_s: float = Field(900.0, gt=0)  # model load, compile and warm-up of a GPU worker
+
+
+class EngineRemoteSection(_Section):
+    """Workers on other hosts (python -m engine_service --listen ... --token-file ...), shared by gateways."""
+
+    urls: tuple[str, ...] = ()  # ws://host:port/v1/engine/stream
+    token: str = ""  # the bearer token those workers were started with
+
+    @field_validator("urls")
+    @classmethod
+    def _websocket_urls(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for url in value:
+            if not url.startswith(("ws://", "wss://")):
+                raise ValueError(f"{url!r}: expected ws://HOST:PORT/v1/engine/stream (or wss://)")
+        return value
+
+
+class EngineAdmissionSection(_Section):
+    # Refuse a call (503) when the best worker's expected first audio is later than this; None: no bound.
+    max_first_audio_ms: float | None = Field(None, gt=0)
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """One engine worker process the gateway supervises."""
+
+    name: str
+    engine: str
+    settings: dict[str, Any]
+    device: str | None
+    slots: int | None
+    listen_host: str
 
 
 class EngineSection(_Section):
     name: str = "espeak"
+    # Worker processes for this engine; 0: the engine runs inside the gateway. None (auto): cosyvoice2 one per
+    # entry of cosyvoice2.devices (one with no devices listed, none when only remote workers are configured);
+    # espeak and instant in the gateway process.
+    workers: int | None = Field(None, ge=0, le=64)
+    worker: EngineWorkerSection = EngineWorkerSection()
+    remote: EngineRemoteSection = EngineRemoteSection()
+    admission: EngineAdmissionSection = EngineAdmissionSection()
     espeak: EspeakSettings = EspeakSettings()
     instant: InstantSettings = InstantSettings()
-    # Passed to the engine as keyword settings; the engine validates its own keys at start.
+    # Passed to the engine as keyword settings; the engine validates its own keys at start. `devices` (a list
+    # of CUDA device numbers) is the gateway's: one worker process per device.
     cosyvoice2: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _worker_counts(self) -> EngineSection:
+        devices = self.cosyvoice2.get("devices")
+        if devices is not None:
+            if not isinstance(devices, list) or not devices or not all(
+                    isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in devices):
+                raise _FieldProblem("cosyvoice2.devices", "expected a list of CUDA device numbers, e.g. [0, 1]")
+            if len(set(devices)) != len(devices):
+                raise _FieldProblem("cosyvoice2.devices", "a device is listed twice")
+            if self.workers is not None and self.workers != len(devices):
+                raise _FieldProblem("workers", f"{self.workers} workers but {len(devices)} cosyvoice2.devices; "
+                                               "cosyvoice2 runs one worker per device")
+        if self.name == "remote" and not self.remote.urls:
+            raise _FieldProblem("remote.urls", "engine remote needs at least one worker URL")
+        return self
 
     @field_validator("name")
     @classmethod
@@ -238,8 +304,33 @@ class EngineSection(_Section):
         return value
 
     def settings(self) -> dict[str, Any]:
+        """The engine's own keyword settings (the gateway's `devices` taken out)."""
+        if self.name == "remote":
+            return {"urls": self.remote.urls, "token": self.remote.token}
         block = getattr(self, self.name)
-        return dict(block) if isinstance(block, dict) else block.model_dump()
+        if isinstance(block, dict):
+            return {key: value for key, value in block.items() if key != "devices"}
+        return block.model_dump()
+
+    def worker_plans(self) -> list[WorkerPlan]:
+        """The worker processes to supervise (empty: in-process engine, or remote workers only)."""
+        if self.name == "remote":
+            return []
+        devices = self.cosyvoice2.get("devices") if self.name == "cosyvoice2" else None
+        if devices is not None:
+            targets: list[str | None] = [f"cuda:{device}" for device in devices]
+        else:
+            count = self.workers
+            if count is None:
+                count = 1 if self.name == "cosyvoice2" and not self.remote.urls else 0
+            targets = [None] * count
+        return [WorkerPlan(name=f"{self.name}-{target or index}", engine=self.name, settings=self.settings(),
+                           device=target, slots=self.worker.slots, listen_host=self.worker.listen_host)
+                for index, target in enumerate(targets)]
+
+    @property
+    def uses_workers(self) -> bool:
+        return bool(self.worker_plans() or self.remote.urls)
 
     def configured_voices(self) -> tuple[str, ...] | None:
         """The engine's voice names when the config defines them; None when the engine discovers them."""
@@ -249,6 +340,8 @@ class EngineSection(_Section):
     @property
     def default_voice(self) -> str:
         block = getattr(self, self.name)
+        if isinstance(block, EngineRemoteSection):
+            return "default"
         if isinstance(block, dict):
             return str(block.get("default_voice", "default"))
         return block.default_voice

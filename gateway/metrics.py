@@ -83,7 +83,16 @@ engine_restarts_total = Counter(
 calls_refused_total = Counter(
     "gateway_calls_refused_total",
     "INVITEs refused before answer, by reason (bad_text, no_prompt, unknown_voice, no_capacity, "
-    "engine_unavailable, no_codec, other)",
+    "first_audio_bound, engine_unavailable, draining, max_calls, no_codec, other)",
     ["reason"],
     registry=registry,
+)
+engine_worker_restarts_total = Counter(
+    "gateway_engine_worker_restarts_total", "Engine worker processes restarted after they exited unasked",
+    ["worker"], registry=registry,
+)
+engine_worker_streams_lost_total = Counter(
+    "gateway_engine_worker_streams_lost_total",
+    "Streams ended because their engine worker died, went silent or its link broke (each call gets a BYE)",
+    ["worker"], registry=registry,
 )

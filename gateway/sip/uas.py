@@ -191,6 +191,7 @@ class SipServer:
         if refusal is not None:
             retry = (("Retry-After", str(self.settings.retry_after_s)),)
             transaction.respond(self._simple(invite, 503, "Service Unavailable", retry))
+            metrics.calls_refused_total.labels(reason=refusal.partition(":")[0]).inc()
             log.info("sip_invite_refused", call_id=invite.call_id, refusal=refusal, active_calls=len(self._calls))
             return
         transaction.respond(self._simple(invite, 100, "Trying"))  # §17.2.1: stop INVITE retransmits

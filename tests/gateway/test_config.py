@@ -175,3 +175,27 @@ def test_rtp_latching_accepts_unquoted_yaml_off_and_the_media_layers_modes(tmp_p
     assert load_config(tmp_path / "nat.yaml").media_settings().rtp_latching == "off"  # YAML 1.1 reads it as false
     (tmp_path / "nat.yaml").write_text("media:\n  rtp_latching: signalling_source\n")
     assert load_config(tmp_path / "nat.yaml").media_settings().rtp_latching == "signalling_source"
+
+
+def test_engine_worker_keys_are_validated_and_plan_one_worker_per_gpu():
+    from gateway.config import ConfigError, load_config
+
+    config = load_config(None, {"engine.name": "cosyvoice2",
+                                "engine.cosyvoice2": {"model_dir": "/m", "devices": [0, 1], "max_batch": 4}})
+    plans = config.engine.worker_plans()
+    assert [(p.name, p.device) for p in plans] == [("cosyvoice2-cuda:0", "cuda:0"), ("cosyvoice2-cuda:1", "cuda:1")]
+    assert plans[0].settings == {"model_dir": "/m", "max_batch": 4}  # devices is the gateway's, not the engine's
+    assert load_config(None, {}).engine.worker_plans() == []  # espeak in the gateway process by default
+    assert len(load_config(None, {"engine.workers": 2}).engine.worker_plans()) == 2
+    for overrides, message in [
+        ({"engine.workers": -1}, "engine.workers:"),
+        ({"engine.cosyvoice2": {"devices": [0, 0]}}, "engine.cosyvoice2.devices: a device is listed twice"),
+        ({"engine.cosyvoice2": {"devices": [0]}, "engine.workers": 2}, "engine.workers: 2 workers but 1"),
+        ({"engine.remote.urls": ["http://h:1"]}, "engine.remote.urls:"),
+        ({"engine.name": "remote"}, "engine.remote.urls: engine remote needs"),
+        ({"engine.admission.max_first_audio_ms": 0}, "engine.admission.max_first_audio_ms:"),
+        ({"engine.worker.colour": 1}, "engine.worker.colour: unknown field"),
+    ]:
+        with pytest.raises(ConfigError) as caught:
+            load_config(None, overrides)
+        assert str(caught.value).startswith(message), (overrides, str(caught.value))

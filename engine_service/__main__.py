@@ -1,0 +1,173 @@
+"""`python -m engine_service`: one engine worker process, serving one engine (one GPU, or the CPU) to gateways.
+
+    python -m engine_service --engine espeak --listen 127.0.0.1:0
+    python -m engine_service --config /etc/cosyvoice-gateway/gateway.yaml --device cuda:1 \\
+        --listen 0.0.0.0:7100 --token-file /etc/cosyvoice-gateway/engine.token
+
+The engine is started (model loaded, warmed up) before the port is opened; then one JSON line goes to stdout,
+`{"event": "engine_worker_listening", "url": "ws://HOST:PORT/v1/engine/stream", "pid": ...}`, so a
+supervisor that asked for port 0 learns the port. Logs go to stderr. `--supervised` (the gateway's
+supervisor): the token is the first line of stdin, and the worker exits when stdin closes, so it never
+outlives a gateway that was killed. SIGTERM closes the links (their streams end) and the engine, exit 0.
+Exit codes: 0 stopped, 2 bad arguments or engine settings, 1 the engine failed to start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+DEFAULT_SLOTS = 64  # engines without a batch size (espeak, instant); the first-audio bound is their real limit
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        name, settings, slots = _engine_choice(args)
+    except ValueError as exc:
+        print(f"engine_service: {exc}", file=sys.stderr)
+        return 2
+    from gateway.log import configure_logging
+
+    configure_logging(args.log_level, json=True)
+    try:
+        return asyncio.run(_serve(args, name, settings, slots))
+    except KeyboardInterrupt:
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m engine_service", description="serve one speech engine")
+    parser.add_argument("--engine", help="engine name (espeak, instant, cosyvoice2); default: the config's")
+    parser.add_argument("--settings", metavar="JSON", help="the engine's settings as a JSON object")
+    parser.add_argument("--config", metavar="GATEWAY.yaml", help="take engine name and settings from a gateway config")
+    parser.add_argument("--device", help="cosyvoice2: the device to run on (cpu, cuda, cuda:N)")
+    parser.add_argument("--slots", type=int, help=f"streams served at once (default: cosyvoice2 max_batch, "
+                                                  f"else {DEFAULT_SLOTS})")
+    parser.add_argument("--listen", default="127.0.0.1:0", metavar="HOST:PORT", help="default 127.0.0.1:0")
+    parser.add_argument("--token-file", metavar="PATH", help="bearer token gateways must send ('-': stdin)")
+    parser.add_argument("--supervised", action="store_true", help="exit when stdin closes (the supervisor died)")
+    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    return parser
+
+
+def _engine_choice(args: argparse.Namespace) -> tuple[str, dict[str, Any], int]:
+    settings: dict[str, Any] = {}
+    name = args.engine
+    if args.config:
+        from gateway.config import ConfigError, load_config
+
+        try:
+            config = load_config(args.config)
+        except ConfigError as exc:
+            raise ValueError(f"config error: {exc}") from None
+        name = name or config.engine.name
+        settings = config.engine.settings() if name == config.engine.name else {}
+    if args.settings:
+        try:
+            settings = json.loads(args.settings)
+        except ValueError as exc:
+            raise ValueError(f"--settings: not JSON ({exc})") from None
+        if not isinstance(settings, dict):
+            raise ValueError("--settings: expected a JSON object")
+    if not name:
+        raise ValueError("--engine or --config is required")
+    if args.device:
+        if name != "cosyvoice2":
+            raise ValueError(f"--device: engine {name} runs on the CPU only")
+        settings["device"] = args.device
+    slots = args.slots or (int(settings.get("max_batch", 8)) if name == "cosyvoice2" else DEFAULT_SLOTS)
+    if slots < 1:
+        raise ValueError("--slots: must be at least 1")
+    return name, settings, slots
+
+
+def _listen_address(value: str) -> tuple[str, int]:
+    host, _, port = value.rpartition(":")
+    host = host.strip("[]")
+    if not host or not port.isdigit():
+        raise ValueError(f"--listen: expected HOST:PORT, got {value!r}")
+    return host, int(port)
+
+
+async def _read_token(args: argparse.Namespace) -> str:
+    if not args.token_file:
+        return ""
+    if args.token_file == "-":
+        return (await asyncio.to_thread(_stdin_line)).strip()
+    with open(args.token_file, encoding="utf-8") as handle:
+        return handle.read().strip()
+
+
+def _stdin_line() -> str:
+    """One line from the raw stdin descriptor, byte by byte, so nothing after it is read ahead."""
+    line = bytearray()
+    while (byte := os.read(0, 1)) and byte != b"\n":
+        line += byte
+    return line.decode()
+
+
+async def _serve(args: argparse.Namespace, name: str, settings: dict[str, Any], slots: int) -> int:
+    import structlog
+    from aiohttp import web
+
+    from engine_service.protocol import STREAM_PATH
+    from engine_service.server import WorkerSettings, make_app
+    from engines.registry import create_engine
+
+    log = structlog.get_logger("engine_service")
+    try:
+        host, port = _listen_address(args.listen)
+        token = await _read_token(args)
+        engine = create_engine(name, settings)
+    except (OSError, ValueError, TypeError) as exc:
+        print(f"engine_service: {exc}", file=sys.stderr)
+        return 2
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await engine.start()
+    except Exception as exc:  # noqa: BLE001 - any start failure: report it in one line and exit 1
+        log.error("engine_worker_start_failed", engine=name, error=repr(exc))
+        return 1
+    runner = web.AppRunner(make_app(engine, WorkerSettings(token=token, slots=slots)), access_log=None,
+                           handler_cancellation=True)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    bound_host, bound_port = runner.addresses[0][:2]
+    shown_host = f"[{bound_host}]" if ":" in bound_host else bound_host
+    url = f"ws://{shown_host}:{bound_port}{STREAM_PATH}"
+    print(json.dumps({"event": "engine_worker_listening", "url": url, "pid": os.getpid()}), flush=True)
+    log.info("engine_worker_listening", engine=name, url=url, slots=slots, token=bool(token))
+    if args.supervised:
+        _stop_when_stdin_closes(loop, stop)
+    await stop.wait()
+    log.info("engine_worker_stopping", engine=name)
+    await runner.cleanup()
+    await engine.close()
+    return 0
+
+
+def _stop_when_stdin_closes(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
+    """The supervisor holds our stdin open for its whole life: EOF means it is gone (even after kill -9).
+    A daemon thread, not the loop's executor: asyncio.run would wait for a read that never returns."""
+
+    def wait_for_eof() -> None:
+        while os.read(0, 4096):  # the raw descriptor: a buffered reader's lock would trouble interpreter exit
+            pass
+        loop.call_soon_threadsafe(stop.set)
+
+    threading.Thread(target=wait_for_eof, name="supervisor-watch", daemon=True).start()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,264 @@
+"""The engine worker's aiohttp app: one engine served to gateways over the streaming protocol (engine_service.protocol).
+
+Routes: `GET /v1/engine/stream` (the WebSocket link, token and version checked before the upgrade),
+`GET /v1/status` (the same figures as the status frame, token checked) and `GET /healthz` (200 while the engine is
+ready, 503 otherwise, no token: for load balancers). `make_app` returns a plain `web.Application`, so other route
+sets (the public TTS API) can be added to the same server.
+
+What this module must never do: block the engine. Engine threads hand chunks to a `ChunkChannel` (never blocks);
+one task per stream moves them into the link's outbox and one writer task per link sends it. A gateway that
+stops reading only fills its own link's outbox: past `max_outbox_bytes`, or when it stops answering WebSocket
+pings for `heartbeat_s`, the link is closed and its streams cancelled, which frees their slots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import itertools
+import time
+from dataclasses import asdict, dataclass, field
+from types import MappingProxyType
+
+import structlog
+from aiohttp import WSMsgType, web
+
+from engine_service import protocol
+from engine_service.first_audio import FirstAudioEstimate
+from engines.base import SpeechEngine, SynthesisFailed, SynthesisRefused, SynthesisRequest
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    token: str = ""  # empty: no token asked (only sensible on loopback)
+    slots: int = 64  # streams served at once; more are refused with no_capacity
+    status_interval_s: float = 0.25  # the heartbeat a gateway watches (it calls a worker dead after ~1 s of silence)
+    heartbeat_s: float = 2.0  # WebSocket ping; a gateway that does not answer is dropped
+    max_outbox_bytes: int = 64 * 2**20  # audio queued for a gateway that does not read; beyond, the link is dropped
+
+
+@dataclass
+class EngineWorker:
+    """The one engine and what is shared by all links: slots in use and the first-audio estimate."""
+
+    engine: SpeechEngine
+    settings: WorkerSettings
+    streams_active: int = 0
+    estimate: FirstAudioEstimate = field(default_factory=FirstAudioEstimate)
+    _keys: itertools.count = field(default_factory=itertools.count)
+
+    def status(self) -> protocol.Status:
+        health = self.engine.health()
+        free = self.settings.slots - self.streams_active
+        if health.slots_free is not None:
+            free = min(free, health.slots_free)
+        return protocol.Status(state=health.state, slots_total=self.settings.slots, slots_free=max(free, 0),
+                               queue_depth=self.estimate.waiting,
+                               first_audio_ms=round(self.estimate.expected_s() * 1000, 1))
+
+    def hello(self) -> protocol.Hello:
+        engine = self.engine
+        return protocol.Hello(version=protocol.VERSION, engine=engine.name, voices=tuple(engine.voices()),
+                              default_voice=engine.default_voice, sample_rate=engine.sample_rate,
+                              max_text_chars=engine.max_text_chars)
+
+    def next_key(self) -> int:
+        return next(self._keys)
+
+
+_STATUS_DUE = ""  # a placeholder in the outbox: the status is built when the writer reaches it
+
+WORKER = web.AppKey("engine_worker", EngineWorker)
+
+
+def make_app(engine: SpeechEngine, settings: WorkerSettings) -> web.Application:
+    """The worker's routes around an engine that is already started (its owner closes it)."""
+    app = web.Application()
+    app[WORKER] = EngineWorker(engine, settings)
+    app.router.add_get(protocol.STREAM_PATH, _stream_endpoint)
+    app.router.add_get("/v1/status", _status_endpoint)
+    app.router.add_get("/healthz", _healthz)
+    return app
+
+
+def _authorized(request: web.Request, token: str) -> bool:
+    if not token:
+        return True
+    offered = request.headers.get("Authorization", "")
+    return hmac.compare_digest(offered.encode(), f"Bearer {token}".encode())
+
+
+def _unauthorized() -> web.Response:
+    return web.json_response({"error": "missing or wrong bearer token"}, status=401,
+                             headers={"WWW-Authenticate": 'Bearer realm="engine"'})
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    status = request.app[WORKER].status()
+    return web.json_response({"state": status.state}, status=200 if status.state == "ready" else 503)
+
+
+async def _status_endpoint(request: web.Request) -> web.Response:
+    worker = request.app[WORKER]
+    if not _authorized(request, worker.settings.token):
+        return _unauthorized()
+    body = {key: value for key, value in asdict(worker.status()).items() if key != "type"}
+    return web.json_response({"engine": worker.engine.name, **body})
+
+
+async def _stream_endpoint(request: web.Request) -> web.StreamResponse:
+    worker = request.app[WORKER]
+    if not _authorized(request, worker.settings.token):
+        return _unauthorized()
+    version = request.query.get("version", "")
+    if version != str(protocol.VERSION):
+        return web.json_response({"error": f"engine protocol version {version or '(none)'} is not spoken here; "
+                                           f"this worker speaks version {protocol.VERSION}"}, status=400)
+    ws = web.WebSocketResponse(heartbeat=worker.settings.heartbeat_s, max_msg_size=1 << 20)
+    await ws.prepare(request)
+    await _Link(worker, ws, request.transport, request.remote or "?").serve()
+    return ws
+
+
+class _Link:
+    """One gateway's WebSocket: reads its control frames, runs its streams, writes their frames in order."""
+
+    def __init__(self, worker: EngineWorker, ws: web.WebSocketResponse, transport, peer: str) -> None:
+        self._worker = worker
+        self._ws = ws
+        self._transport = transport
+        self._outbox: asyncio.Queue[str | bytes] = asyncio.Queue()
+        self._outbox_bytes = 0
+        self._status_queued = False
+        self._streams: dict[int, asyncio.Task[None]] = {}
+        self._log = log.bind(peer=peer)
+
+    async def serve(self) -> None:
+        self._log.info("engine_link_opened", streams_active=self._worker.streams_active)
+        self._send(protocol.serialize(self._worker.hello()))
+        writer = asyncio.create_task(self._write(), name="engine-link-writer")
+        ticker = asyncio.create_task(self._tick(), name="engine-link-status")
+        try:
+            async for message in self._ws:
+                if message.type == WSMsgType.TEXT:
+                    self._on_text(message.data)
+                elif message.type == WSMsgType.BINARY:
+                    self._send_error(None, "binary frames are audio, sent by the worker only")
+        finally:
+            for task in (writer, ticker, *self._streams.values()):
+                task.cancel()
+            await asyncio.gather(writer, ticker, *self._streams.values(), return_exceptions=True)
+            await self._ws.close()
+            self._log.info("engine_link_closed", streams_active=self._worker.streams_active)
+
+    # -- reading -----------------------------------------------------------------------------------
+    def _on_text(self, text: str) -> None:
+        try:
+            frame = protocol.parse(text)
+        except protocol.ProtocolError as exc:
+            self._log.warning("engine_frame_malformed", error=str(exc), stream=exc.stream)
+            if exc.stream is not None and exc.stream not in self._streams and '"open"' in text:
+                self._send(protocol.serialize(protocol.Refused(exc.stream, "bad_request", str(exc))))
+            else:
+                self._send_error(exc.stream, str(exc))
+            return
+        if isinstance(frame, protocol.Open):
+            self._open(frame)
+        elif isinstance(frame, protocol.Cancel):
+            task = self._streams.get(frame.stream)
+            if task is not None:
+                task.cancel()
+        else:
+            self._send_error(getattr(frame, "stream", None), f"{frame.type} frames are sent by the worker only")
+
+    def _open(self, frame: protocol.Open) -> None:
+        worker, engine = self._worker, self._worker.engine
+        refusal: tuple[str, str] | None = None
+        if frame.stream in self._streams:
+            refusal = ("bad_request", f"stream {frame.stream} is already open on this link")
+        elif frame.sample_rate != engine.sample_rate:
+            refusal = ("bad_request", f"sample_rate {frame.sample_rate} is not offered; this engine makes "
+                                      f"{engine.sample_rate} Hz (resample on the gateway)")
+        elif (status := worker.status()).state != "ready":
+            refusal = ("unavailable", f"engine {status.state}")
+        elif status.slots_free <= 0:
+            refusal = ("no_capacity", f"all {worker.settings.slots} slots are taken")
+        if refusal is not None:
+            self._send(protocol.serialize(protocol.Refused(frame.stream, *refusal)))
+            return
+        request = SynthesisRequest(text=frame.text, voice=frame.voice, call_id=frame.call_id,
+                                   options=MappingProxyType(dict(frame.options)))
+        try:
+            channel = engine.open_stream(request)
+        except SynthesisRefused as exc:
+            self._send(protocol.serialize(protocol.Refused(frame.stream, protocol.refusal_reason(exc), str(exc))))
+            return
+        except Exception as exc:  # noqa: BLE001 - the engine could not take it: say so, keep serving others
+            self._log.exception("engine_open_failed", call_id=frame.call_id)
+            self._send(protocol.serialize(protocol.Refused(frame.stream, "unavailable", repr(exc))))
+            return
+        key = worker.next_key()
+        worker.streams_active += 1
+        worker.estimate.opened(key, time.monotonic())
+        task = asyncio.create_task(self._pump(frame, channel, key), name=f"engine-stream-{frame.call_id}")
+        self._streams[frame.stream] = task
+
+    # -- one stream ------------------------------------------------------------------------------
+    async def _pump(self, frame: protocol.Open, channel, key: int) -> None:
+        worker, stream = self._worker, frame.stream
+        first = True
+        try:
+            try:
+                await channel.admitted()
+            except SynthesisRefused as exc:
+                self._send(protocol.serialize(protocol.Refused(stream, protocol.refusal_reason(exc), str(exc))))
+                return
+            self._send(protocol.serialize(protocol.Opened(stream)))
+            try:
+                async for chunk in channel:
+                    if first:
+                        worker.estimate.first_chunk(key, time.monotonic())
+                        first = False
+                    self._send(protocol.encode_audio(stream, chunk, frame.format))
+            except SynthesisFailed as exc:
+                self._send(protocol.serialize(protocol.Failed(stream, str(exc))))
+                return
+            self._send(protocol.serialize(protocol.End(stream)))
+        finally:
+            channel.cancel()
+            worker.estimate.gone(key)
+            worker.streams_active -= 1
+            self._streams.pop(stream, None)
+
+    # -- writing ---------------------------------------------------------------------------------
+    def _send(self, data: str | bytes) -> None:
+        self._outbox_bytes += len(data)
+        self._outbox.put_nowait(data)
+        if self._outbox_bytes > self._worker.settings.max_outbox_bytes and not self._transport.is_closing():
+            # The writer is stuck in a send the gateway never reads: drop the connection, not the engine.
+            self._log.error("engine_link_not_reading", queued_bytes=self._outbox_bytes)
+            self._transport.abort()
+
+    def _send_error(self, stream: int | None, message: str) -> None:
+        self._send(protocol.serialize(protocol.Error(stream, message)))
+
+    async def _write(self) -> None:
+        while True:
+            data = await self._outbox.get()
+            self._outbox_bytes -= len(data)
+            if data is _STATUS_DUE:  # built when it leaves, so it says how things are now
+                self._status_queued = False
+                data = protocol.serialize(self._worker.status())
+            if isinstance(data, str):
+                await self._ws.send_str(data)
+            else:
+                await self._ws.send_bytes(data)
+
+    async def _tick(self) -> None:
+        while True:  # a period (the heartbeat), not media pacing
+            if not self._status_queued:  # a backed-up link gets one fresh status, not a pile of stale ones
+                self._status_queued = True
+                self._send(_STATUS_DUE)
+            await asyncio.sleep(self._worker.settings.status_interval_s)

@@ -1,0 +1,366 @@
+"""RemoteEngine: the gateway's client for engine workers (engine_service), local supervised ones or other hosts'.
+
+It is a `SpeechEngine` like any other, so the call path does not change: `open_stream` picks the worker with the
+most free slots (its last status less the opens this gateway has in flight there), among those whose expected
+first audio is within `max_first_audio_ms`, sends `open` and returns a channel made with `admitted=False`; the
+worker's `opened` or `refused` settles it before the call is answered. No worker with a slot -> `NoCapacity`
+(the INVITE gets 503), so an answered call always has a slot and starts speaking within the bound.
+
+Each worker is one `WorkerLink`: one WebSocket, reconnected with backoff, read by one task. Workers push status
+every ~250 ms; `dead_after_s` (1 s) of silence, or the socket closing (a worker killed), ends every stream on
+that link at once: admitted ones fail (the call gets its BYE), waiting ones are refused (503). Streams on other
+links are not touched. Everything here runs on the gateway's event loop and never blocks it: audio frames are
+decoded with numpy and put on the stream's channel.
+
+health(): ready while any worker is ready (slots summed; free only where the first-audio bound holds);
+warming while none is connected yet or all are reconnecting (the supervisor or the remote host restarts
+them, so the gateway's watchdog has nothing to restart); down once closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import aiohttp
+import structlog
+
+from engine_service import protocol
+from engines.base import (SAMPLE_RATE, EngineHealth, EngineUnavailable, FirstAudioTooLate, NoCapacity, SpeechEngine,
+                          SynthesisFailed, SynthesisRequest)
+from engines.channel import ChunkChannel
+
+log = structlog.get_logger(__name__)
+
+_MAX_RECONNECT_S = 5.0
+FIRST_AUDIO_REASON = "expected first audio"  # how health() says "full because too slow", not "no slot"
+
+
+class _RemoteChannel(ChunkChannel):
+    """A stream served by a worker: cancelling it tells the worker, so its slot frees at once."""
+
+    def __init__(self, link: WorkerLink, stream: int) -> None:
+        super().__init__(admitted=False)
+        self._link = link
+        self._stream = stream
+
+    def cancel(self) -> None:
+        if not self.cancelled:
+            self._link.cancel(self._stream)
+        super().cancel()
+
+
+@dataclass
+class _Stream:
+    channel: _RemoteChannel
+    format: protocol.Format
+    admitted: bool = False
+
+
+class WorkerLink:
+    """One worker: its socket, what it last said (hello, status) and the streams this gateway runs there."""
+
+    def __init__(self, name: str, url: str | None, token: str, dead_after_s: float,
+                 session_of: Callable[[], aiohttp.ClientSession],
+                 on_streams_lost: Callable[[str, int], None]) -> None:
+        self.name = name
+        self.url = url
+        self._token = token
+        self._dead_after_s = dead_after_s
+        self._session_of = session_of
+        self._on_streams_lost = on_streams_lost
+        self.hello: protocol.Hello | None = None
+        self.status: protocol.Status | None = None
+        self._ws: aiohttp.ClientWebSocketResponse | None = None
+        self._outbox: asyncio.Queue[str] = asyncio.Queue()
+        self._streams: dict[int, _Stream] = {}
+        self._pending: set[int] = set()  # opens sent, not answered yet
+        self._opened_since_status = 0
+        self._ids = itertools.count(1)
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._log = log.bind(worker=name)
+
+    # -- what the engine asks --------------------------------------------------------------------
+    @property
+    def usable(self) -> bool:
+        return self._ws is not None and self.hello is not None and self.status is not None \
+            and self.status.state == "ready"
+
+    @property
+    def slots_free(self) -> int:
+        """The last status's free slots less this gateway's opens since: in flight, or admitted after the status
+        was made (a status is built as it leaves the worker, so one that arrives after `opened` counts it)."""
+        if self.status is None:
+            return 0
+        return max(self.status.slots_free - len(self._pending) - self._opened_since_status, 0)
+
+    @property
+    def first_audio_ms(self) -> float:
+        return self.status.first_audio_ms if self.status else 0.0
+
+    def open(self, request: SynthesisRequest, fmt: protocol.Format) -> _RemoteChannel:
+        assert self._ws is not None
+        stream = next(self._ids)
+        channel = _RemoteChannel(self, stream)
+        self._streams[stream] = _Stream(channel, fmt)
+        self._pending.add(stream)
+        self._send(protocol.Open(stream=stream, text=request.text, voice=request.voice, call_id=request.call_id,
+                                 options=dict(request.options), sample_rate=SAMPLE_RATE, format=fmt))
+        return channel
+
+    def cancel(self, stream: int) -> None:
+        self._pending.discard(stream)
+        if self._streams.pop(stream, None) is not None and self._ws is not None:
+            self._send(protocol.Cancel(stream))
+
+    def _send(self, frame: protocol.Frame) -> None:
+        if self._ws is not None:
+            self._outbox.put_nowait(protocol.serialize(frame))
+
+    async def _write(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        """The link's one writer, so frames leave in the order they were made (open before its cancel)."""
+        while True:
+            await ws.send_str(await self._outbox.get())
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"engine-link-{self.name}")
+
+    def retarget(self, url: str) -> None:
+        """A restarted worker listens on a new port: connect there now."""
+        self.url = url
+        self._wake.set()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        self._lose_streams("engine closed")
+
+    async def _run(self) -> None:
+        backoff = 0.25
+        while True:
+            if self.url is not None:
+                try:
+                    await self._connect_and_read()
+                    backoff = 0.25
+                except (aiohttp.ClientError, OSError, asyncio.TimeoutError, protocol.ProtocolError) as exc:
+                    self._log.warning("engine_worker_unreachable", url=self.url, error=repr(exc))
+                finally:
+                    self._ws, self.hello, self.status = None, None, None
+                    self._lose_streams("engine worker lost")
+            self._wake.clear()
+            try:  # a period between tries, cut short when the supervisor gives a new address
+                await asyncio.wait_for(self._wake.wait(), backoff if self.url is not None else None)
+            except asyncio.TimeoutError:
+                pass
+            backoff = min(backoff * 2, _MAX_RECONNECT_S)
+
+    async def _connect_and_read(self) -> None:
+        headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
+        ws = await asyncio.wait_for(self._session_of().ws_connect(
+            self.url, params={"version": str(protocol.VERSION)}, headers=headers, autoping=True,
+            max_msg_size=1 << 22), timeout=5.0)
+        self._outbox = asyncio.Queue()
+        writer = asyncio.get_running_loop().create_task(self._write(ws), name=f"engine-link-writer-{self.name}")
+        try:
+            self._ws = ws
+            self._log.info("engine_worker_connected", url=self.url)
+            await self._read(ws)
+        finally:
+            writer.cancel()
+            await asyncio.gather(writer, return_exceptions=True)
+            await ws.close()
+
+    async def _read(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        while True:
+            try:
+                message = await ws.receive(timeout=self._dead_after_s)
+            except asyncio.TimeoutError:
+                self._log.error("engine_worker_silent", silent_s=self._dead_after_s, streams=len(self._streams))
+                return
+            if message.type == aiohttp.WSMsgType.BINARY:
+                self._on_audio(message.data)
+            elif message.type == aiohttp.WSMsgType.TEXT:
+                self._on_control(protocol.parse(message.data))
+            else:  # closed, closing or an error: the worker is gone
+                self._log.error("engine_worker_disconnected", streams=len(self._streams), close_code=ws.close_code)
+                return
+
+    def _on_audio(self, data: bytes) -> None:
+        stream, samples = protocol.decode_audio(data, {k: s.format for k, s in self._streams.items()})
+        entry = self._streams.get(stream)
+        if entry is not None and samples.size:
+            entry.channel.put(samples)
+
+    def _on_control(self, frame: protocol.Frame) -> None:
+        if isinstance(frame, protocol.Status):
+            self.status = frame
+            self._opened_since_status = 0
+        elif isinstance(frame, protocol.Hello):
+            if frame.version != protocol.VERSION:
+                raise protocol.ProtocolError(f"worker speaks protocol {frame.version}, we speak {protocol.VERSION}")
+            self.hello = frame
+        elif isinstance(frame, protocol.Error):
+            self._log.error("engine_worker_error", stream=frame.stream, message=frame.message)
+            if frame.stream is not None and (entry := self._streams.pop(frame.stream, None)) is not None:
+                self._pending.discard(frame.stream)
+                self._end(entry, f"worker: {frame.message}")
+        elif isinstance(frame, protocol.Opened | protocol.Refused | protocol.End | protocol.Failed):
+            self._pending.discard(frame.stream)
+            entry = self._streams.get(frame.stream)
+            if entry is None:  # cancelled here meanwhile
+                return
+            if isinstance(frame, protocol.Opened):
+                self._opened_since_status += 1
+                entry.admitted = True
+                entry.channel.admit()
+                return
+            del self._streams[frame.stream]
+            if isinstance(frame, protocol.Refused):
+                entry.channel.refuse(protocol.refusal_error(frame))
+            elif isinstance(frame, protocol.End):
+                entry.channel.finish()
+            else:
+                entry.channel.fail(SynthesisFailed(f"engine worker {self.name}: {frame.message}"))
+
+    def _end(self, entry: _Stream, why: str) -> None:
+        if entry.admitted:
+            entry.channel.fail(SynthesisFailed(why))
+        else:
+            entry.channel.refuse(EngineUnavailable(why))
+
+    def _lose_streams(self, why: str) -> None:
+        streams, self._streams = self._streams, {}
+        self._pending.clear()
+        for entry in streams.values():
+            self._end(entry, f"{why} ({self.name})")
+        if streams:
+            self._on_streams_lost(self.name, len(streams))
+
+
+class RemoteEngine(SpeechEngine):
+    """Speech from engine workers over the streaming protocol; see the module docstring."""
+
+    def __init__(self, urls: Sequence[str] = (), token: str = "", engine_name: str = "remote",
+                 default_voice: str = "", max_first_audio_ms: float | None = None, dead_after_s: float = 1.0,
+                 sample_format: protocol.Format = "f32le",
+                 on_streams_lost: Callable[[str, int], None] | None = None) -> None:
+        self.name = engine_name
+        self._fallback_voice = default_voice
+        self._token = token
+        self._bound_ms = max_first_audio_ms
+        self._dead_after_s = dead_after_s
+        self._format = sample_format
+        self._on_streams_lost = on_streams_lost or (lambda _name, _count: None)
+        self._session: aiohttp.ClientSession | None = None
+        self._links: dict[str, WorkerLink] = {}
+        self._started = False
+        self._closed = False
+        for index, url in enumerate(urls):
+            self.add_worker(f"remote-{index}", url)
+
+    def add_worker(self, name: str, url: str | None = None, token: str | None = None) -> WorkerLink:
+        """A worker to use; `url` None: not listening yet (a supervised worker starting), see `worker_at`."""
+        link = WorkerLink(name, url, self._token if token is None else token, self._dead_after_s,
+                          self._session_of, self._lost)
+        self._links[name] = link
+        if self._started:
+            link.start()
+        return link
+
+    def worker_at(self, name: str, url: str) -> None:
+        self._links[name].retarget(url)
+
+    @property
+    def links(self) -> Sequence[WorkerLink]:
+        return tuple(self._links.values())
+
+    def _session_of(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        return self._session
+
+    def _lost(self, name: str, count: int) -> None:
+        log.error("engine_worker_streams_lost", worker=name, streams=count)
+        self._on_streams_lost(name, count)
+
+    async def start(self) -> None:
+        self._started, self._closed = True, False
+        for link in self._links.values():
+            link.start()
+
+    async def close(self) -> None:
+        self._closed = True
+        await asyncio.gather(*(link.stop() for link in self._links.values()))
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def restart(self) -> None:
+        """Nothing to do here: links reconnect by themselves and the supervisor restarts dead workers."""
+
+    async def wait_ready(self, timeout_s: float | None = None) -> None:
+        """Until a worker is ready (its voices known), for the gateway's start-up checks."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while not any(link.usable for link in self._links.values()):
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError("no engine worker became ready")
+            await asyncio.sleep(0.05)  # start-up wait, not media pacing
+
+    # -- the SpeechEngine interface --------------------------------------------------------------
+    def _hello(self) -> protocol.Hello | None:
+        return next((link.hello for link in self._links.values() if link.hello is not None), None)
+
+    def voices(self) -> Sequence[str]:
+        hello = self._hello()
+        return hello.voices if hello else ()
+
+    @property
+    def default_voice(self) -> str:
+        hello = self._hello()
+        return hello.default_voice if hello else self._fallback_voice
+
+    @property
+    def max_text_chars(self) -> int:  # type: ignore[override]
+        hello = self._hello()
+        return hello.max_text_chars if hello else SpeechEngine.max_text_chars
+
+    def _within_bound(self, link: WorkerLink) -> bool:
+        return self._bound_ms is None or link.first_audio_ms <= self._bound_ms
+
+    def health(self) -> EngineHealth:
+        if self._closed or not self._started:
+            return EngineHealth("down", reason="closed" if self._closed else "not started")
+        usable = [link for link in self._links.values() if link.usable]
+        if not usable:
+            return EngineHealth("warming", reason=f"no engine worker ready (0 of {len(self._links)})")
+        eligible = [link for link in usable if self._within_bound(link)]
+        free = sum(link.slots_free for link in eligible)
+        reason = ""
+        if not eligible:
+            reason = (f"{FIRST_AUDIO_REASON} {min(link.first_audio_ms for link in usable):.0f} ms is over the "
+                      f"bound {self._bound_ms:.0f} ms on every worker")
+        elif free == 0:
+            reason = "every worker slot is taken"
+        return EngineHealth("ready", slots_total=sum(link.status.slots_total for link in usable), slots_free=free,
+                            queue_depth=sum(link.status.queue_depth for link in usable), reason=reason)
+
+    def open_stream(self, request: SynthesisRequest) -> ChunkChannel:
+        self.validate(request)
+        usable = [link for link in self._links.values() if link.usable]
+        if not usable:
+            raise EngineUnavailable(f"no engine worker ready (0 of {len(self._links)})")
+        eligible = [link for link in usable if self._within_bound(link) and link.slots_free > 0]
+        if not eligible:
+            if not any(self._within_bound(link) for link in usable):
+                raise FirstAudioTooLate(f"expected first audio is over the bound of {self._bound_ms:.0f} ms "
+                                        f"on every worker")
+            raise NoCapacity("every engine worker slot is taken")
+        best = max(eligible, key=lambda link: (link.slots_free, -link.first_audio_ms))
+        return best.open(request, self._format)

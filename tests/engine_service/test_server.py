@@ -1,0 +1,186 @@
+"""The worker's server over a real socket with a real aiohttp WebSocket client, on the instant engine."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+import numpy as np
+import pytest
+from aiohttp import web
+
+from engine_service import protocol
+from engine_service.server import WorkerSettings, make_app
+from engines.instant import InstantEngine
+
+TOKEN = "s3cret"
+
+
+@pytest.fixture
+async def worker():
+    # instant renders far faster than real time; the first-chunk delay keeps a stream (and its slot) open a while
+    engine = InstantEngine(chunk_ms=100, ms_per_char=20.0, max_duration_s=30.0, first_chunk_delay_ms=800)
+    await engine.start()
+    runner = web.AppRunner(make_app(engine, WorkerSettings(token=TOKEN, slots=2, status_interval_s=0.05)))
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    yield f"http://{host}:{port}"
+    await runner.cleanup()
+    await engine.close()
+
+
+class Link:
+    """The test's side of one link: frames by stream, audio by stream."""
+
+    def __init__(self, ws):
+        self.ws = ws
+        self.frames: list = []
+        self.audio: dict[int, list[np.ndarray]] = {}
+        self.formats: dict[int, str] = {}
+
+    async def send(self, frame) -> None:
+        if isinstance(frame, protocol.Open):
+            self.formats[frame.stream] = frame.format
+        await self.ws.send_str(protocol.serialize(frame) if not isinstance(frame, str) else frame)
+
+    async def until(self, predicate, timeout: float = 10.0):
+        async def read():
+            while True:
+                for frame in self.frames:
+                    if predicate(frame):
+                        return frame
+                message = await self.ws.receive()
+                if message.type == aiohttp.WSMsgType.BINARY:
+                    stream, samples = protocol.decode_audio(message.data, self.formats)
+                    self.audio.setdefault(stream, []).append(samples)
+                elif message.type == aiohttp.WSMsgType.TEXT:
+                    self.frames.append(protocol.parse(message.data))
+                else:
+                    raise ConnectionError(f"link closed: {message.type}")
+        return await asyncio.wait_for(read(), timeout)
+
+    def of(self, stream: int, kind: type) -> list:
+        return [f for f in self.frames if isinstance(f, kind) and f.stream == stream]
+
+
+async def _link(session, base: str) -> Link:
+    ws = await session.ws_connect(f"{base}{protocol.STREAM_PATH}", params={"version": "1"},
+                                  headers={"Authorization": f"Bearer {TOKEN}"})
+    return Link(ws)
+
+
+def _is(kind, stream=None):
+    return lambda f: isinstance(f, kind) and (stream is None or f.stream == stream)
+
+
+async def test_hello_then_open_chunks_end(worker):
+    async with aiohttp.ClientSession() as session:
+        link = await _link(session, worker)
+        hello = await link.until(_is(protocol.Hello))
+        assert hello.version == 1 and hello.engine == "instant" and "en" in hello.voices and hello.sample_rate == 24000
+        await link.send(protocol.Open(stream=5, text="hello there, caller, from the worker", voice="en", call_id="c5"))
+        await link.until(_is(protocol.End, 5))
+        kinds = [type(f) for f in link.frames if getattr(f, "stream", None) == 5]
+        assert kinds == [protocol.Opened, protocol.End]
+        audio = np.concatenate(link.audio[5])
+        assert len(audio) == int(len("hello there, caller, from the worker") * 0.02 * 24000) and np.abs(audio).max() > 0.05
+
+
+async def test_s16le_audio_is_the_same_signal(worker):
+    async with aiohttp.ClientSession() as session:
+        link = await _link(session, worker)
+        await link.send(protocol.Open(stream=1, text="same text", voice="en", format="f32le"))
+        await link.send(protocol.Open(stream=2, text="same text", voice="en", format="s16le"))
+        await link.until(_is(protocol.End, 1))
+        await link.until(_is(protocol.End, 2))
+        assert np.allclose(np.concatenate(link.audio[1]), np.concatenate(link.audio[2]), atol=1 / 32768)
+
+
+async def test_status_heartbeat_counts_slots_and_cancel_frees_one(worker):
+    async with aiohttp.ClientSession() as session:
+        link = await _link(session, worker)
+        await link.send(protocol.Open(stream=1, text="x" * 1000, voice="en"))  # 20 s of audio: stays open
+        await link.until(_is(protocol.Opened, 1))
+        link.frames.clear()
+        status = await link.until(lambda f: isinstance(f, protocol.Status) and f.slots_free == 1)
+        assert status.state == "ready" and status.slots_total == 2
+        await link.send(protocol.Cancel(1))
+        link.frames.clear()
+        await link.until(lambda f: isinstance(f, protocol.Status) and f.slots_free == 2)
+        assert not link.of(1, protocol.End)  # a cancelled stream gets no end
+
+
+@pytest.mark.parametrize("open_frame, reason", [
+    (protocol.Open(stream=9, text="hi", voice="klingon"), "unknown_voice"),
+    (protocol.Open(stream=9, text="   ", voice="en"), "empty_text"),
+    (protocol.Open(stream=9, text="x" * 2001, voice="en"), "too_long"),
+    (protocol.Open(stream=9, text="bell \x07 here", voice="en"), "bad_text"),
+    (protocol.Open(stream=9, text="hi", voice="en", sample_rate=8000), "bad_request"),
+])
+async def test_refusals_come_before_any_audio_with_their_reason(worker, open_frame, reason):
+    async with aiohttp.ClientSession() as session:
+        link = await _link(session, worker)
+        await link.send(open_frame)
+        refused = await link.until(_is(protocol.Refused, 9))
+        assert refused.reason == reason and refused.message
+        assert 9 not in link.audio and not link.of(9, protocol.Opened)
+
+
+async def test_a_full_worker_refuses_with_no_capacity(worker):
+    async with aiohttp.ClientSession() as session:
+        link = await _link(session, worker)
+        for stream in (1, 2, 3):
+            await link.send(protocol.Open(stream=stream, text="x" * 1000, voice="en"))
+        refused = await link.until(_is(protocol.Refused, 3))
+        assert refused.reason == "no_capacity"
+        assert link.of(1, protocol.Opened) or await link.until(_is(protocol.Opened, 1))
+
+
+async def test_a_malformed_frame_gets_an_error_and_harms_no_other_stream(worker):
+    async with aiohttp.ClientSession() as session:
+        link = await _link(session, worker)
+        await link.send(protocol.Open(stream=1, text="a stream that keeps going for a while", voice="en"))
+        await link.until(_is(protocol.Opened, 1))
+        await link.send("{not json")
+        error = await link.until(_is(protocol.Error))
+        assert "not JSON" in error.message
+        await link.send('{"type":"open","stream":2,"text":"hi"}')  # no voice: refused, named
+        refused = await link.until(_is(protocol.Refused, 2))
+        assert refused.reason == "bad_request" and "voice" in refused.message
+        await link.ws.send_bytes(b"\x00\x00\x00\x01junk")
+        await link.until(lambda f: isinstance(f, protocol.Error) and "binary" in f.message)
+        await link.until(_is(protocol.End, 1))
+        assert sum(len(a) for a in link.audio[1]) == int(len("a stream that keeps going for a while") * 0.02 * 24000)
+
+
+async def test_wrong_token_is_401_and_wrong_version_is_400(worker):
+    async with aiohttp.ClientSession() as session:
+        for headers in ({}, {"Authorization": "Bearer nope"}):
+            with pytest.raises(aiohttp.WSServerHandshakeError) as caught:
+                await session.ws_connect(f"{worker}{protocol.STREAM_PATH}", params={"version": "1"}, headers=headers)
+            assert caught.value.status == 401
+        async with session.get(f"{worker}{protocol.STREAM_PATH}", params={"version": "2"},
+                               headers={"Authorization": f"Bearer {TOKEN}"}) as response:
+            assert response.status == 400
+            assert "version 2" in (await response.json())["error"]
+        async with session.get(f"{worker}/v1/status") as response:
+            assert response.status == 401
+        async with session.get(f"{worker}/v1/status", headers={"Authorization": f"Bearer {TOKEN}"}) as response:
+            body = await response.json()
+            assert response.status == 200 and body["state"] == "ready" and body["slots_total"] == 2
+        async with session.get(f"{worker}/healthz") as response:
+            assert response.status == 200 and json.loads(await response.text())["state"] == "ready"
+
+
+async def test_a_dropped_link_frees_its_streams_slots(worker):
+    async with aiohttp.ClientSession() as session:
+        first = await _link(session, worker)
+        await first.send(protocol.Open(stream=1, text="x" * 1000, voice="en"))
+        await first.send(protocol.Open(stream=2, text="x" * 1000, voice="en"))
+        await first.until(_is(protocol.Opened, 2))
+        await first.ws.close()
+        second = await _link(session, worker)
+        await second.until(lambda f: isinstance(f, protocol.Status) and f.slots_free == 2)
