@@ -164,6 +164,8 @@ class MediaSection(_Section):
     initial_playout_delay_ms: int = Field(60, ge=0, le=2000)
     max_playout_delay_ms: int = Field(400, ge=20, le=10000)
     rtcp_interval_s: float = Field(5.0, gt=0)
+    # No RTP or RTCP from the caller for this long (hold excepted) ends the call with BYE; 0 turns it off.
+    inactivity_timeout_s: float = Field(60.0, ge=0)
 
     @field_validator("codecs", mode="before")
     @classmethod
@@ -385,7 +387,8 @@ class GatewayConfig(_Section):
         return MediaSettings(advertised_host=self.sip.public_host, rtp_port_min=media.rtp_port_range[0],
                              rtp_port_max=media.rtp_port_range[1], codecs=media.codecs,
                              initial_playout_delay_ms=media.initial_playout_delay_ms,
-                             max_playout_delay_ms=media.max_playout_delay_ms, rtcp_interval_s=media.rtcp_interval_s)
+                             max_playout_delay_ms=media.max_playout_delay_ms, rtcp_interval_s=media.rtcp_interval_s,
+                             inactivity_timeout_s=media.inactivity_timeout_s)
 
     def prompt_for_route(self, route: Route, default_voice: str):
         from gateway.call import Prompt

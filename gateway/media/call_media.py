@@ -44,6 +44,7 @@ class MediaSettings:
     initial_playout_delay_ms: int = 60
     max_playout_delay_ms: int = 400
     rtcp_interval_s: float = 5.0
+    inactivity_timeout_s: float = 60.0  # no RTP/RTCP from the caller this long (off hold): end the call; 0: never
 
 
 class MediaClosed(RuntimeError):
@@ -125,6 +126,7 @@ class CallMedia:
             max_delay_ms=engine.settings.max_playout_delay_ms))
         self._done: asyncio.Future[None] | None = None
         self._closed = False
+        self._listening_since = time.monotonic()  # answer or last resume: silence before it does not count
         self._log = log.bind(call_id=call_id)
 
     @property
@@ -139,13 +141,28 @@ class CallMedia:
     def local_port(self) -> int:
         return self._session.local_port
 
+    @property
+    def on_hold(self) -> bool:
+        """The peer may send us nothing: our answer is not sendrecv, or its address is 0.0.0.0 (RFC 3264 §8.4)."""
+        return self.plan.direction != "sendrecv" or self.plan.remote_host in ("0.0.0.0", "::")
+
+    def silent_since(self) -> float | None:
+        """Monotonic time since which no RTP/RTCP arrived from the peer; None while on hold
+        (gateway/media/inactivity.py says why the hold suspends the count)."""
+        if self.on_hold:
+            return None
+        return max(self._session.last_received_at, self._listening_since)
+
     def update_offer(self, offer_sdp: str) -> str:
         """Answer a re-INVITE/UPDATE offer (hold, resume, new address); raises NoCommonCodec, changing nothing."""
         answer_sdp, plan = self._answerer.answer(offer_sdp)
         self._session.apply_plan(plan)
+        was_on_hold = self.on_hold
         if plan.can_send != self.plan.can_send:
             self._log.info("media_direction", direction=plan.direction, can_send=plan.can_send)
         self.plan, self.answer_sdp = plan, answer_sdp
+        if was_on_hold and not self.on_hold:
+            self._listening_since = time.monotonic()
         return answer_sdp
 
     async def play(self, chunks: AsyncIterator[np.ndarray], source_rate: int = 24000) -> None:

@@ -76,6 +76,8 @@ class RtpSession:
         self.packets_sent = 0
         self.octets_sent = 0
         self.packets_received = 0
+        # When the peer last sent us RTP or RTCP (monotonic): the inactivity watcher's evidence of life.
+        self.last_received_at = time.monotonic()
         self.local_port = 0
         self.ssrc = random.getrandbits(32)
         self._clock = clock
@@ -201,6 +203,7 @@ class RtpSession:
         except RtpParseError:
             return
         self.packets_received += 1
+        self.last_received_at = time.monotonic()
         metrics.rtp_packets_received_total.inc()
         if not self._latched:
             self._latched = True
@@ -223,6 +226,7 @@ class RtpSession:
         except rtcp.RtcpParseError as exc:
             self._log.debug("rtcp_malformed", error=str(exc))
             return
+        self.last_received_at = time.monotonic()
         for packet in packets:
             if isinstance(packet, rtcp.Bye):
                 self._log.info("rtcp_bye", reason=packet.reason)
