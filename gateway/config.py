@@ -288,6 +288,7 @@ class HttpSection(_Section):
 class LoggingSection(_Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
     json_: bool = Field(True, alias="json")
+    file: str | None = Field(None, min_length=1)  # append here instead of stderr; SIGHUP reopens it (logrotate)
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
