@@ -193,7 +193,7 @@ async def _options_answered(proxy: tuple[str, int]) -> bool:
 
     try:
         return (await options_status(proxy, timeout=0.5)).startswith("SIP/2.0 200")
-    except (TimeoutError, asyncio.TimeoutError, OSError):
+    except (TimeoutError, OSError):
         return False
 
 
