@@ -4,16 +4,20 @@
 stops admitting (SIP answers 503 + Retry-After, /healthz turns 503), lets prompts in progress finish
 for at most `drain_timeout_s`, then ends what is left and exits. While the engine is down (the watchdog
 restarts it) or has no free slot, INVITEs and OPTIONS get 503, so a PBX routes elsewhere instead of
-reaching a call that would stay silent.
+reaching a call that would stay silent. SIGHUP reloads what can change under live calls (routes,
+prompts, voice aliases, the trunk allow-list, logging; gateway/reload.py) and reopens the log file.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import signal
 import sys
 import time
+
+from collections.abc import Callable
 
 import structlog
 
@@ -21,6 +25,7 @@ from engines.base import SpeechEngine
 from engines.remote import FIRST_AUDIO_REASON
 from gateway import metrics
 from gateway.call import CallSession, PromptResolver
+from gateway.config import ConfigError, GatewayConfig
 from gateway.engine_watchdog import EngineWatchdog, WatchdogSettings
 from gateway.media.call_media import MediaEngine, MediaSettings
 from gateway.sip.uas import InboundCall, SipServer, SipSettings
@@ -56,6 +61,11 @@ class Gateway:
         task = asyncio.get_running_loop().create_task(session.run(), name=f"call-{call.call_id}")
         self._sessions[task] = session
         task.add_done_callback(lambda done: self._sessions.pop(done, None))
+
+    def reconfigure(self, resolve_prompt: PromptResolver, allowed_sources) -> None:
+        """Adopt reloaded routes/prompts and trunk allow-list; calls already admitted keep their prompt."""
+        self.resolve_prompt = resolve_prompt
+        self.sip.settings = dataclasses.replace(self.sip.settings, allowed_sources=allowed_sources)
 
     def _refusal(self) -> str | None:
         """Why a new call (or a qualify ping) must be turned away now, or None: asked before parsing an INVITE
@@ -179,8 +189,9 @@ async def _engine_ready(engine, supervisor, config, stop: asyncio.Event) -> bool
             task.cancel()
 
 
-async def run(config) -> None:
-    """Serve until SIGTERM/SIGINT, then drain. `config` is a validated `gateway.config.GatewayConfig`."""
+async def run(config, load_again: Callable[[], GatewayConfig] | None = None) -> None:
+    """Serve until SIGTERM/SIGINT, then drain. `config` is a validated `gateway.config.GatewayConfig`;
+    `load_again` reads and validates the config file anew (SIGHUP), with the command line's overrides."""
     from gateway.http_api import start_http, stop_http
 
     # Engine threads (synthesis, the GPU scheduler) run Python too; when one holds the GIL, the event
@@ -193,6 +204,10 @@ async def run(config) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    hangups = asyncio.Event()
+    # Installed before the engine starts (minutes for a GPU model): SIGHUP's default action kills the
+    # process, and a logrotate during start-up must not. A reload asked for then waits until we serve.
+    loop.add_signal_handler(signal.SIGHUP, hangups.set)
     engine, supervisor = _engine_for(config)
     gateway = Gateway(
         engine=engine,
@@ -202,6 +217,7 @@ async def run(config) -> None:
     )
     await gateway.start()
     http = None
+    reloader: asyncio.Task[None] | None = None
     try:
         if supervisor is not None:
             await supervisor.start()
@@ -219,11 +235,48 @@ async def run(config) -> None:
             config.check_voices(engine.voices())
         if http is None:
             http = await start_http(gateway.status, config.http_host, config.http_port)
+        reloader = loop.create_task(_reload_on_hangup(hangups, gateway, config, load_again), name="sighup")
         await stop.wait()
         await gateway.drain(config.shutdown.drain_timeout_s)
     finally:
+        if reloader is not None:
+            reloader.cancel()
+            await asyncio.gather(reloader, return_exceptions=True)
         if http is not None:
             await stop_http(http)
         await gateway.stop()
         if supervisor is not None:
             await supervisor.stop()
+
+
+async def _reload_on_hangup(hangups: asyncio.Event, gateway: Gateway, config: GatewayConfig,
+                            load_again: Callable[[], GatewayConfig] | None) -> None:
+    """Each SIGHUP: re-read the file, adopt what can change live, reopen the log file. A file that does not
+    validate is refused with one logged error and the running config stays (gateway/reload.py)."""
+    from gateway.log import reopen_logs
+    from gateway.reload import plan_reload
+
+    while True:
+        await hangups.wait()
+        hangups.clear()
+        try:
+            new = await asyncio.to_thread(load_again) if load_again is not None else config
+            plan = plan_reload(config, new, gateway.engine.voices())
+        except ConfigError as exc:
+            plan, refused = None, exc
+        else:
+            config = plan.config
+            gateway.reconfigure(config.prompt_resolver(gateway.engine.default_voice), config.allowed_sources)
+        # reopen first, so the outcome below lands in the new file that the operator is watching
+        try:
+            reopen_logs(config.logging.level, config.logging.file)
+        except OSError as exc:
+            log.error("log_reopen_failed", file=config.logging.file, error=str(exc))
+        else:
+            log.info("logs_reopened", file=config.logging.file)
+        if plan is None:
+            log.error("config_reload_refused", errors=refused.errors)
+            continue
+        if plan.needs_restart:
+            log.warning("config_reload_needs_restart", sections=list(plan.needs_restart))
+        log.info("config_reloaded", changed=list(plan.changed))

@@ -9,6 +9,8 @@ text that is not UTF-8, holds control characters or nothing speakable -> 400, un
 -> the engine's refusal code, no free engine slot or engine down -> 503, no common codec -> 488. The
 engine stream is opened and admitted (its slot taken) before the 200 OK, so an answered call always has
 synthesis running behind it; the first packet of speech is limited by the engine, not by signalling.
+A caller that sends no RTP/RTCP for `media.inactivity_timeout_s` (off hold) is taken for gone: the call
+ends with our BYE and the outcome `media_timeout` (gateway/media/inactivity.py).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import structlog
 from engines.base import SpeechEngine, SynthesisFailed, SynthesisRefused, SynthesisRequest
 from gateway import metrics
 from gateway.media.call_media import CallMedia, MediaEngine
+from gateway.media.inactivity import peer_silent_for
 from gateway.media.sdp import NoCommonCodec
 from gateway.sip.uas import Ended, InboundCall
 
@@ -168,13 +171,14 @@ class CallSession:
         play = asyncio.create_task(media.play(stream), name=f"play-{self.call.call_id}")
         ended = asyncio.create_task(self._next_end(), name=f"dialog-{self.call.call_id}")
         dtmf = asyncio.create_task(self._watch_dtmf(media, prompt, play), name=f"dtmf-{self.call.call_id}")
+        silent = asyncio.create_task(self._caller_gone(media), name=f"inactivity-{self.call.call_id}")
         try:
-            done, _ = await asyncio.wait({play, ended}, return_when=asyncio.FIRST_COMPLETED)
-            if ended in done:  # the dialog ended while we were still speaking
+            done, _ = await asyncio.wait({play, ended, silent}, return_when=asyncio.FIRST_COMPLETED)
+            if play not in done:  # the dialog ended, or the caller vanished, while we were still speaking
                 play.cancel()
                 await asyncio.gather(play, return_exceptions=True)
                 self._observe_first_packet(media, stream)
-                return ended.result()
+                return self._end_without_caller() if silent in done else ended.result()
             self._observe_first_packet(media, stream)
             error = None if play.cancelled() else play.exception()  # cancelled: a barge-in stopped it
             if error is not None:  # SynthesisFailed from the engine, or anything the media path raised
@@ -188,11 +192,26 @@ class CallSession:
                 self.call.hangup()
                 await ended
                 return "completed"
-            return await ended
+            done, _ = await asyncio.wait({ended, silent}, return_when=asyncio.FIRST_COMPLETED)
+            return ended.result() if ended in done else self._end_without_caller()
         finally:
-            for task in (play, ended, dtmf):
+            for task in (play, ended, dtmf, silent):
                 task.cancel()
-            await asyncio.gather(play, ended, dtmf, return_exceptions=True)
+            await asyncio.gather(play, ended, dtmf, silent, return_exceptions=True)
+
+    async def _caller_gone(self, media: CallMedia) -> float:
+        """Returns when the caller has sent no RTP/RTCP for media.inactivity_timeout_s off hold; never if 0."""
+        timeout_s = self._media_engine.settings.inactivity_timeout_s
+        if timeout_s <= 0:
+            await asyncio.Event().wait()
+        return await peer_silent_for(media, timeout_s)
+
+    def _end_without_caller(self) -> str:
+        """The caller vanished without BYE: send ours and free the engine slot and ports now, without waiting
+        for the BYE's transaction, which a vanished caller lets run to its 64*T1 timeout (RFC 3261 §17.1.2.2)."""
+        self._log.warning("media_timeout", timeout_s=self._media_engine.settings.inactivity_timeout_s)
+        self.call.hangup()
+        return "media_timeout"
 
     async def _next_end(self) -> str:
         while True:

@@ -13,7 +13,7 @@ import asyncio
 import sys
 from collections.abc import Sequence
 
-from gateway.config import ConfigError, load_config
+from gateway.config import ConfigError, GatewayConfig, load_config
 
 PROG = "cosyvoice-gateway"
 
@@ -39,6 +39,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--http-listen", metavar="HOST:PORT", help="override http.listen")
     serve.add_argument("--engine", metavar="NAME", help="override engine.name (espeak, instant, cosyvoice2)")
     serve.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help="override logging.level")
+    serve.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
+                       help="override any config key, VALUE read as YAML (e.g. --set media.inactivity_timeout_s=30 "
+                            "--set 'trunks=[{name: lab, allow: [10.0.0.0/8]}]'); repeatable, applied after the file")
     serve.set_defaults(run=_serve)
 
     call = commands.add_parser("call", help="test phone: call a SIP URI and record what it says")
@@ -65,15 +68,39 @@ def _serve(args: argparse.Namespace) -> int:
     overrides = {key: value for key, value in (("sip.listen", args.sip_listen), ("http.listen", args.http_listen),
                                                ("engine.name", args.engine), ("logging.level", args.log_level))
                  if value is not None}
-    config = load_config(args.config, overrides)
+    overrides.update(_settings(args.settings))
+
+    def load() -> GatewayConfig:  # at start, and again on SIGHUP with the same overrides
+        return load_config(args.config, overrides)
+
+    config = load()
 
     from gateway.log import configure_logging
 
-    configure_logging(config.logging.level, config.logging.json_)
+    try:
+        configure_logging(config.logging.level, config.logging.json_, config.logging.file)
+    except OSError as exc:
+        raise ConfigError([f"logging.file: cannot open {config.logging.file} ({exc.strerror})"]) from None
     import gateway.app
 
-    asyncio.run(gateway.app.run(config))
+    asyncio.run(gateway.app.run(config, load))
     return 0
+
+
+def _settings(pairs: Sequence[str]) -> dict[str, object]:
+    """--set KEY=VALUE pairs as dotted overrides; VALUE is YAML, so 30 is a number and [a, b] a list."""
+    import yaml
+
+    settings: dict[str, object] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError([f"--set {pair}: expected KEY=VALUE (e.g. sip.max_calls=50)"])
+        try:
+            settings[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError as exc:
+            raise ConfigError([f"--set {key.strip()}: VALUE is not valid YAML ({getattr(exc, 'problem', exc)})"]) from None
+    return settings
 
 
 def _call(args: argparse.Namespace) -> int:

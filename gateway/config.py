@@ -170,6 +170,8 @@ class MediaSection(_Section):
     # from (phones behind NAT whose SDP names a private address). RTP from any other source is dropped.
     rtp_latching: Literal["off", "sdp_host", "signalling_source"] = "off"
     dtmf_max_per_second: float = Field(10.0, gt=0, le=1000)  # per call; more key presses are dropped
+    # No RTP or RTCP from the caller for this long (hold excepted) ends the call with BYE; 0 turns it off.
+    inactivity_timeout_s: float = Field(60.0, ge=0)
 
     @field_validator("codecs", mode="before")
     @classmethod
@@ -390,6 +392,7 @@ class HttpSection(_Section):
 class LoggingSection(_Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
     json_: bool = Field(True, alias="json")
+    file: str | None = Field(None, min_length=1)  # append here instead of stderr; SIGHUP reopens it (logrotate)
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -490,7 +493,8 @@ class GatewayConfig(_Section):
                              rtp_port_max=media.rtp_port_range[1], codecs=media.codecs,
                              initial_playout_delay_ms=media.initial_playout_delay_ms,
                              max_playout_delay_ms=media.max_playout_delay_ms, rtcp_interval_s=media.rtcp_interval_s,
-                             rtp_latching=media.rtp_latching, dtmf_max_per_second=media.dtmf_max_per_second)
+                             rtp_latching=media.rtp_latching, dtmf_max_per_second=media.dtmf_max_per_second,
+                             inactivity_timeout_s=media.inactivity_timeout_s)
 
     def prompt_for_route(self, route: Route, default_voice: str):
         from gateway.call import Prompt

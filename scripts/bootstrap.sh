@@ -8,6 +8,8 @@ venv="${COSYVOICE_GATEWAY_VENV:-$root/.venv}"
 need_apt=()
 command -v sipp >/dev/null || need_apt+=(sip-tester)
 command -v espeak-ng >/dev/null || need_apt+=(espeak-ng)
+# the failover test runs Kamailio's dispatcher in front of several gateways (sip_config/kamailio/)
+command -v kamailio >/dev/null || [ -x /usr/sbin/kamailio ] || need_apt+=(kamailio)
 if [ "${#need_apt[@]}" -gt 0 ] && [ "$extras" = "test" ]; then
     sudo_cmd=""; [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
     echo ">> installing system packages: ${need_apt[*]}"

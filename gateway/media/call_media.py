@@ -47,6 +47,7 @@ class MediaSettings:
     rtcp_interval_s: float = 5.0
     rtp_latching: Latching = "off"  # see rtp_peer: whether a NAT'd phone's RTP source may replace its SDP address
     dtmf_max_per_second: float = 10.0  # per call; key presses beyond it are dropped
+    inactivity_timeout_s: float = 60.0  # no RTP/RTCP from the caller this long (off hold): end the call; 0: never
 
 
 class MediaClosed(RuntimeError):
@@ -134,6 +135,7 @@ class CallMedia:
             max_delay_ms=engine.settings.max_playout_delay_ms))
         self._done: asyncio.Future[None] | None = None
         self._closed = False
+        self._listening_since = time.monotonic()  # answer or last resume: silence before it does not count
         self._log = log.bind(call_id=call_id)
 
     @property
@@ -148,13 +150,28 @@ class CallMedia:
     def local_port(self) -> int:
         return self._session.local_port
 
+    @property
+    def on_hold(self) -> bool:
+        """The peer may send us nothing: our answer is not sendrecv, or its address is 0.0.0.0 (RFC 3264 §8.4)."""
+        return self.plan.direction != "sendrecv" or self.plan.remote_host in ("0.0.0.0", "::")
+
+    def silent_since(self) -> float | None:
+        """Monotonic time since which no RTP/RTCP arrived from the peer; None while on hold
+        (gateway/media/inactivity.py says why the hold suspends the count)."""
+        if self.on_hold:
+            return None
+        return max(self._session.last_received_at, self._listening_since)
+
     def update_offer(self, offer_sdp: str) -> str:
         """Answer a re-INVITE/UPDATE offer (hold, resume, new address); raises NoCommonCodec, changing nothing."""
         answer_sdp, plan = self._answerer.answer(offer_sdp)
         self._session.apply_plan(plan)
+        was_on_hold = self.on_hold
         if plan.can_send != self.plan.can_send:
             self._log.info("media_direction", direction=plan.direction, can_send=plan.can_send)
         self.plan, self.answer_sdp = plan, answer_sdp
+        if was_on_hold and not self.on_hold:
+            self._listening_since = time.monotonic()
         return answer_sdp
 
     async def play(self, chunks: AsyncIterator[np.ndarray], source_rate: int = 24000) -> None:

@@ -84,6 +84,8 @@ class RtpSession:
         self.packets_sent = 0
         self.octets_sent = 0
         self.packets_received = 0
+        # When the peer last sent us RTP or RTCP (monotonic): the inactivity watcher's evidence of life.
+        self.last_received_at = time.monotonic()
         self.local_port = 0
         self.ssrc = random.getrandbits(32)
         self._clock = clock
@@ -217,6 +219,7 @@ class RtpSession:
             self._log.info("rtp_latched", sdp_addr=f"{before[0]}:{before[1]}", source=f"{addr[0]}:{addr[1]}",
                            latching=peer.latching)
         self.packets_received += 1
+        self.last_received_at = time.monotonic()
         metrics.rtp_packets_received_total.inc()
         if self._plan is not None and packet.payload_type == self._plan.telephone_event_pt:
             try:
@@ -252,6 +255,7 @@ class RtpSession:
         except rtcp.RtcpParseError as exc:
             self._log.debug("rtcp_malformed", error=str(exc))
             return
+        self.last_received_at = time.monotonic()
         for packet in packets:
             if isinstance(packet, rtcp.Bye):
                 self._log.info("rtcp_bye", reason=packet.reason)

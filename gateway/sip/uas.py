@@ -160,7 +160,7 @@ class SipServer:
         elif method == "OPTIONS":  # qualify pings (Kamailio/Asterisk), in or out of a dialog
             headers = (("Allow", ALLOW), ("Accept", SDP_TYPE), ("Supported", ""),
                        ("Contact", self._contact_value(peer)))
-            if request.to_tag is None and (self.draining or self._refusal() is not None):
+            if request.to_tag is None and self._why_refused() is not None:
                 # Out of dialog, a qualify ping: 503 while we would refuse an INVITE, so the proxy
                 # (Kamailio dispatcher, Asterisk qualify) marks us down and routes elsewhere.
                 retry = (("Retry-After", str(self.settings.retry_after_s)),)
@@ -181,13 +181,7 @@ class SipServer:
 
     def _on_new_invite(self, invite: SipRequest, transaction: InviteServerTransaction, peer: Peer) -> None:
         received_at = time.monotonic()
-        refusal = None
-        if self.draining:
-            refusal = "draining"
-        elif len(self._calls) >= self.settings.max_calls:
-            refusal = "max_calls"
-        else:
-            refusal = self._refusal()
+        refusal = self._why_refused()
         if refusal is not None:
             retry = (("Retry-After", str(self.settings.retry_after_s)),)
             transaction.respond(self._simple(invite, 503, "Service Unavailable", retry))
@@ -204,6 +198,15 @@ class SipServer:
         except Exception:
             log.exception("sip_on_invite_failed", call_id=call.call_id)
             call.reject(500, "Server Internal Error")
+
+    def _why_refused(self) -> str | None:
+        """Why a new INVITE gets 503 now (draining, max_calls, engine down or full), or None; an
+        out-of-dialog OPTIONS gets the same 503, so a proxy stops sending what we would refuse."""
+        if self.draining:
+            return "draining"
+        if len(self._calls) >= self.settings.max_calls:
+            return "max_calls"
+        return self._refusal()
 
     def _on_cancel(self, cancel: SipRequest, transaction: ServerTransaction) -> None:
         """§9.2: CANCEL matches the INVITE's transaction; 200 to the CANCEL, 487 to the INVITE."""

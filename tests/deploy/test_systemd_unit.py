@@ -33,3 +33,9 @@ def test_the_compiler_cache_lives_in_the_units_cache_directory() -> None:
     for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
         assert var in env, f"{var} is not set: torch would cache under the private /tmp"
         assert Path(env[var]).is_relative_to(cache_root), f"{var}={env[var]} is outside {cache_root}"
+
+
+def test_reload_sends_sighup_which_the_gateway_handles() -> None:
+    """`systemctl reload` must re-read the config, not kill the process and drop live calls (the SIGHUP
+    handling itself is tested in tests/integration/test_sighup_reload.py)."""
+    assert _service_settings()["ExecReload"] == ["/bin/kill -HUP $MAINPID"]

@@ -32,6 +32,14 @@ def test_serve_overrides_are_validated_like_the_file():
     assert "sip.listen: expected HOST:PORT" in done.stderr
 
 
+def test_serve_set_overrides_are_validated_like_the_file():
+    done = run("serve", "--set", "media.inactivity_timeout_s=-1")
+    assert done.returncode == 2
+    assert "media.inactivity_timeout_s: Input should be greater than or equal to 0" in done.stderr
+    done = run("serve", "--set", "sip.max_calls")
+    assert done.returncode == 2 and "--set sip.max_calls: expected KEY=VALUE" in done.stderr
+
+
 def test_serve_with_a_missing_file_exits_2(tmp_path):
     done = run("serve", "--config", str(tmp_path / "absent.yaml"))
     assert done.returncode == 2 and "absent.yaml: cannot read" in done.stderr

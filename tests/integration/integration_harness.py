@@ -60,11 +60,14 @@ class RtpRecorder(asyncio.DatagramProtocol):
     """The caller's RTP port: keeps every packet with its arrival time (monotonic)."""
 
     packets: list[RtpPacketSeen] = field(default_factory=list)
+    sources: list[tuple[str, int]] = field(default_factory=list)  # where RTP came from, first-seen order
     transport: asyncio.DatagramTransport | None = None
 
     def datagram_received(self, data: bytes, addr) -> None:
         if len(data) < 12 or data[0] >> 6 != 2:
             return
+        if addr[:2] not in self.sources:
+            self.sources.append(addr[:2])
         seq, stamp, ssrc = struct.unpack("!HII", data[2:12])
         self.packets.append(RtpPacketSeen(time.monotonic(), bool(data[1] & 0x80), data[1] & 0x7F, seq, stamp,
                                           ssrc, data[12:]))
