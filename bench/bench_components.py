@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.full_model import DEFAULT_DIR, build_full_model_dir  # noqa: E402
 from bench.gpu_timing import replay_ms, wall_ms  # noqa: E402
+from bench.graphed_flow_call import GraphedFlowCall  # noqa: E402
 from tts_core.accel.batched_sampler import BatchedRasSampler  # noqa: E402
-from tts_core.accel.flow_graphs import GraphedFlowCall  # noqa: E402
 from tts_core.accel.hift_graphs import GraphedHift  # noqa: E402
 from tts_core.accel.lm_graphs import GraphedDecoder, GraphedPrefill  # noqa: E402
 from tts_core.flow.incremental import IncrementalFlow  # noqa: E402
@@ -89,7 +89,7 @@ def bench_lm(model_dir: Path, buckets: list[int], max_len: int, attend: list[int
         R["lm"]["decode_eager_ms"][b] = wall_ms(eager, iters=10)
 
     # Equality: graphed vs eager bf16 on 5 live slots of different lengths, and bf16 vs fp32.
-    dec = GraphedDecoder(lm, buckets, attend)
+    dec = GraphedDecoder(lm, BatchedRasSampler(SamplingConfig(), lm.speech_token_size), buckets, attend)
     live = [3, 0, 7, 2, 9]
     inputs = [lm_input[: 150 + 10 * i] for i in range(len(live))]
     lm.prefill(live, inputs)
@@ -160,12 +160,10 @@ def bench_lm(model_dir: Path, buckets: list[int], max_len: int, attend: list[int
     del pre
 
     # Decode + batched draw in one graph, eager modules vs torch.compile'd step.
-    hist_all = torch.randint(0, 6561, (128, 10), device="cuda")
-    allow_all = torch.ones(128, dtype=torch.bool, device="cuda")
     for name, kwargs in (("graph_sample", {}), ("compiled_graph_sample", {"compile": True})):
         t0 = time.perf_counter()
         try:
-            d = GraphedDecoder(lm, buckets, [max_len], sampler=batched, **kwargs)
+            d = GraphedDecoder(lm, batched, buckets, [max_len], **kwargs)
         except Exception:
             R.setdefault("errors", {})[f"lm.{name}"] = traceback.format_exc()[-1500:]
             continue
@@ -178,7 +176,7 @@ def bench_lm(model_dir: Path, buckets: list[int], max_len: int, attend: list[int
             slots = list(range(b))
 
             def step(slots=slots, b=b, d=d):
-                d.step_sample(slots, [7] * b, hist_all[:b], allow_all[:b]).cpu()
+                d.launch(slots, [True] * b).result()
             cache.lengths[:b] = 340
             row[b] = replay_ms(step, iters=10, rounds=5)
         R["lm"][f"decode_{name}_ms"] = row

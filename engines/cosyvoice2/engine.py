@@ -73,7 +73,7 @@ class CosyVoice2Engine(SpeechEngine):
             fast=SchedulerSettings(graphs=graphs, flow_encoder_tokens=encoder_tokens,
                                    flow_context_frames=s.flow_context_frames, compile_flow=s.compile_flow,
                                    compile_hift=s.compile_hift, slot_attention=s.slot_attention,
-                                   first_chunk_lanes=s.first_chunk_lanes, step_first_chunks=s.step_first_chunks),
+                                   first_chunk_lanes=s.first_chunk_lanes),
             llm_fp8=s.llm_fp8)
         try:
             if not pipeline.voices.names():
@@ -91,7 +91,6 @@ class CosyVoice2Engine(SpeechEngine):
                  compile_flow=graphs and s.compile_flow, compile_hift=graphs and s.compile_hift,
                  slot_attention=graphs and s.slot_attention,
                  first_chunk_lanes=s.first_chunk_lanes,
-                 step_first_chunks=s.step_first_chunks,
                  flow_encoder_tokens=encoder_tokens,
                  flow_context_s=s.flow_context_s, load_s=round(load_s, 3),
                  warmup_s=self.warmup_s and round(self.warmup_s, 3), voices=len(pipeline.voices))

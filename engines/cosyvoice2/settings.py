@@ -32,8 +32,8 @@ class CosyVoice2Settings:
     hop_tokens: int = 25
     max_hop_tokens: int = 50
     first_hop_tokens: int | None = None
-    # Fixed: every request replays the same draws (tests; on the GPU path the token draws are batched
-    # on the device and do not follow it, the flow and vocoder noise do); None: random per request.
+    # Fixed: every request's flow and vocoder noise is the same (tests; the token draws are batched on
+    # the device and do not follow it); None: random per request.
     seed: int | None = None
     warmup: bool = True
     # The GPU fast path (tts_core.runtime): CUDA graphs for decode, prefill, flow and HiFT. None =
@@ -63,11 +63,6 @@ class CosyVoice2Settings:
     # at 12-14 calls/s where two let it reach 46-72 ms (docs/PERF_NOTES.md); each lane costs its own
     # flow and HiFT graphs. 0: one lane renders everything.
     first_chunk_lanes: int = 3
-    # With first-chunk lanes: each lane steps all first chunks it holds together, each row at its
-    # own Euler step, instead of rendering them in calls of their own (tts_core/flow/stepped.py).
-    # Off: on the H100 at 13-15 calls/s one such lane was no better than three lanes of calls
-    # (p95 first chunk 293-491 ms against 262-409; docs/PERF_NOTES.md, 2026-11-24 morning).
-    step_first_chunks: bool = False
     # The LM's decoder-layer weights in FP8 (e4m3; CPU, or CUDA of compute capability 8.9+). Off by
     # default: on random full-size weights it moves the token distribution well beyond what bf16
     # does (bench/bench_lm_precision.py), and on the H100 its decode steps are slower than bf16's
@@ -98,7 +93,7 @@ class CosyVoice2Settings:
             raise ValueError("engine.cosyvoice2.flow_encoder_tokens: must be >= 0 (0 = every token, exact)")
         if "flow_context_s" in values and not 1.0 <= float(values["flow_context_s"]) <= 300.0:
             raise ValueError("engine.cosyvoice2.flow_context_s: must be between 1 and 300 seconds")
-        for key in ("llm_fp8", "compile_flow", "compile_hift", "slot_attention", "step_first_chunks"):
+        for key in ("llm_fp8", "compile_flow", "compile_hift", "slot_attention"):
             if key in values and not isinstance(values[key], bool):
                 raise ValueError(f"engine.cosyvoice2.{key}: {values[key]!r}; use true or false")
         if "first_chunk_lanes" in values and (isinstance(values["first_chunk_lanes"], bool)

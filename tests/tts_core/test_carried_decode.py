@@ -31,7 +31,7 @@ SAMPLES_PER_TOKEN = 960
 def pipeline(tiny_model_dir: Path):
     torch.set_num_threads(1)
     pipeline = CosyVoice2Pipeline.load(tiny_model_dir, max_batch=3, max_len=1024,
-                                       fast=SchedulerSettings(carried_decode=True))
+                                       fast=SchedulerSettings())
     yield pipeline
     pipeline.close()
 

@@ -7,7 +7,7 @@ generators (seeded), its chunk planner and its timings; the scheduler owns every
 
 After `submit` two scheduler threads share a job, each owning its half (see
 tts_core.runtime.scheduler):
-- the decode thread: `segments`, `segment`, `slot`, `tokens`, `kv_len`, `logp`, `lm_finished`, `lm_s`
+- the decode thread: `segments`, `segment`, `slot`, `tokens`, `kv_len`, `lm_finished`, `lm_s`
   (it appends tokens and sets `lm_finished` under the scheduler's lock, so that the render thread
   reads both as one snapshot);
 - the render thread: `planner`, `pending_chunk`, `token2wav`, `audio_s`, chunk timings, and the
@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
-import torch
 
 from tts_core.streaming.chunk_schedule import ChunkPlanner, ChunkSchedule, ChunkTask
 from tts_core.voices import Voice
@@ -55,8 +54,8 @@ class SynthesisError(RuntimeError):
 
 @dataclass(frozen=True)
 class JobOptions:
-    # None: a fresh random seed per job. It seeds the flow and vocoder noise, and the token draws
-    # where they run on the host (without graphs); batched device draws use the batch's generator.
+    # None: a fresh random seed per job. It seeds the flow and vocoder noise; token draws are
+    # batched on the device and come from the decoder's generator.
     seed: int | None = None
     min_tokens: int | None = None  # per segment; None: the model's text-length bound
     max_tokens: int | None = None  # per segment; min_tokens == max_tokens forces the count (benchmarks)
@@ -108,8 +107,6 @@ class SynthesisJob:
         # secrets, not torch.seed(): that would reseed the process-wide generator.
         seed = options.seed if options.seed is not None else secrets.randbits(62)
         self.seed = seed
-        # Sampling runs on the host over logp copied once per step; the generator lives there too.
-        self.sampling_generator = torch.Generator().manual_seed(seed)
         self.timings = JobTimings()
         # Filled by the scheduler's decode thread:
         self.segments: list[list[int]] = []  # text tokens per segment
@@ -119,7 +116,6 @@ class SynthesisJob:
         self.kv_len = 0  # cache positions written in this job's slot (host copy, for the decode bound)
         self.min_len = 0
         self.max_len = 0
-        self.logp: torch.Tensor | None = None  # host logp awaiting a sample (None: nothing to sample)
         self.lm_finished = False
         self.lm_s = 0.0  # decode/sampling wall time of this job's steps so far
         # Filled by the scheduler's render thread:
@@ -140,7 +136,7 @@ class SynthesisJob:
 
     @property
     def generating(self) -> bool:
-        return self.slot is not None and not self.lm_finished and self.logp is None and bool(self.tokens)
+        return self.slot is not None and not self.lm_finished and bool(self.tokens)
 
     def held_for_first_chunk(self, now: float, hold_s: float) -> float:
         """Seconds this job's hold lasts (0: not held; the scheduler pauses decoding only while
@@ -183,7 +179,6 @@ class SynthesisJob:
         self.segment += 1
         self.tokens = []
         self.lm_finished = False
-        self.logp = None
         self.min_len, self.max_len = min_len, max_len
         self.planner = None
         self.pending_chunk = None
@@ -221,7 +216,6 @@ class SynthesisJob:
         now = time.perf_counter()
         if self.timings.first_token is None:
             self.timings.first_token = now
-        self.logp = None
         if token >= speech_token_size:
             self.lm_finished = True
         else:

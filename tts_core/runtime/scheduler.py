@@ -90,13 +90,6 @@ class SchedulerSettings:
     # four_first_lanes,head_024200e}.json).
     first_chunk_lanes: int = 3
     flow_first_batches: tuple[int, ...] = (1, 2, 4, 8)
-    # Each first lane steps the first chunks it holds together, each at its own Euler step, up to
-    # max(flow_first_batches) rows (tts_core/flow/stepped.py), instead of a call per batch of them.
-    # H100, one stepped lane against three lanes of calls: about a fifth less kernel time per first
-    # chunk and a decode stage 9-30 ms shorter, but under load a step slows with the rows in it and
-    # a first chunk waits for ten: its render took 109-170 ms against 85-106, and p95 was no better
-    # (load_2026-11-24_h100_{stepped_first_chunks,stepped_row_inputs,flat_pool_calls*}.json).
-    step_first_chunks: bool = False
     # The captured flow solves run torch.compile'd resnets and transformer blocks (fewer, fused
     # kernels; compiled at start-up, one compiled block for all 56). Only with `graphs`. H100,
     # load_2026-11-23_h100_compile_flow_fixed*.json: a first chunk's solve 35 ms on the GPU against
@@ -119,15 +112,6 @@ class SchedulerSettings:
     # (bench/results/decode_2026-11-24_h100_rotary_write_fused.json): 1.15 -> 0.99 ms at 1 call,
     # 1.24 -> 1.01 at 16, 1.61 -> 1.11 at 64.
     slot_attention: bool = True
-    # The later chunks' lane on this many SMs (0: all), and the first-chunk lanes (the same SMs
-    # when both are set: the decode step then owns the rest). Beside a 16-row flow solve on every SM
-    # a decode step took 2.48 ms, 1.24 alone, and 1.91 ms with the flow on 100 of the H100's 132 SMs
-    # (bench/results/sm_partition_2026-11-23_h100.json). Under load neither helped: with every
-    # render lane on 100 SMs the decode step got 10-15 % faster and the first chunks' renders as
-    # much slower, p95 no better (load_2026-11-23_h100_render_sms100.json, _later_sms100.json).
-    # Off; kept for GPUs and loads where the balance differs.
-    later_lane_sms: int = 0
-    first_lane_sms: int = 0
     # Graphs per captured flow solve, cut at Euler-step boundaries and launched two ahead of the
     # GPU (accel/flow_pool_graphs.PooledFlowGraphs.capture). H100, 30 s of arrivals judged after
     # 10 s: a whole solve's launch held its lane's thread for 10-55 ms on average (up to 127), and
@@ -141,11 +125,6 @@ class SchedulerSettings:
     # that chunks of many streams gather into one batched flow call instead of many small ones
     # (first chunks never wait).
     defer_slack_s: float = 0.8
-    # The later chunks' lane waits while a first chunk renders, unless a due chunk's stream has
-    # this little unplayed audio left (0: never waits; `RenderLoop.yield_slack_s`). Off: on the H100
-    # 0.3 s cut p95 first chunk at 13 req/s (276 -> 259 ms) but made 6 chunks late at 14 req/s
-    # (bench/results/load_2026-11-24_h100_head_4441bb0_later_yield.json).
-    later_yield_slack_s: float = 0.0
     # Decode and render threads on two CUDA streams (decode at the highest priority), so a decode
     # step never queues behind a flow call. False: both issue on the default stream (host work still
     # overlaps). H100, bench/results/load_2026-11-23_h100_pooled_*: at 14 req/s two streams kept
@@ -159,11 +138,6 @@ class SchedulerSettings:
     # stream's first chunk p50 99.7 ms held, 115.8 ms not (its flow solve 43 ms instead of 58 on the
     # GPU); under load (11-17 req/s) p95 within -9..+7 % of not holding, 0 underruns either way.
     first_chunk_hold_s: float = 0.3
-    # Draw tokens on the device, each slot's next input kept there (carried_decode). None: with
-    # graphs (always batched sampling there). True without graphs: the same, eagerly (CPU tests).
-    # Token draws then come from the batch's device generator, not the job's seed (its flow and
-    # vocoder noise still follow the seed).
-    carried_decode: bool | None = None
     # Carried: steps launched and not yet read when an iteration ends. 0: each step is read at once;
     # 1: launch step k+1, then read step k; 2: launch k+2, then read k, so a host iteration that
     # runs late (the GIL shared with the render threads) still finds a step queued on the GPU. A
@@ -175,20 +149,10 @@ class SchedulerSettings:
     # ~30 ms better at 17 req/s only. Within the noise: 1 stays.
     decode_steps_ahead: int = 1
 
-    @property
-    def carries(self) -> bool:
-        return self.graphs if self.carried_decode is None else self.carried_decode
-
     def __post_init__(self) -> None:
         if not 0 <= self.decode_steps_ahead <= MAX_STEPS_AHEAD:
             raise ValueError(f"SchedulerSettings: decode_steps_ahead must be 0..{MAX_STEPS_AHEAD}, "
                              f"got {self.decode_steps_ahead}")
-        # A partitioned lane's graphs replay on its green stream, but without separate streams its
-        # eager work (whatever falls outside its captured graphs) would issue on the default stream,
-        # on every SM: the partition would hold for part of the work only.
-        if (self.later_lane_sms or self.first_lane_sms) and not self.separate_streams:
-            raise ValueError("SchedulerSettings: later_lane_sms/first_lane_sms need separate_streams=True "
-                             "(a partitioned lane issues all its work on its own CUDA stream)")
 
 
 @dataclass(frozen=True)
@@ -217,9 +181,8 @@ class SynthesisScheduler:
             stream_slots=settings.max_batch, context_frames=settings.flow_context_frames,
             encoder_tokens=settings.flow_encoder_tokens, batches=settings.flow_batches,
             voice_slots=settings.flow_voice_slots, first_batches=settings.flow_first_batches,
-            first_lanes=settings.first_chunk_lanes, step_first_chunks=settings.step_first_chunks,
-            compile=settings.compile_flow, compile_hift=settings.compile_hift,
-            later_sms=settings.later_lane_sms, first_sms=settings.first_lane_sms, solve_parts=settings.flow_solve_parts))
+            first_lanes=settings.first_chunk_lanes, compile=settings.compile_flow, compile_hift=settings.compile_hift,
+            solve_parts=settings.flow_solve_parts))
         self.decoder = None  # GraphedDecoder, once captured (or an EagerCarriedDecoder)
         # The carried decoder's steps in flight, oldest first: tokens, the (job, segment) of each
         # row, and the rows' slots (a row's job may have released its slot since).
@@ -228,7 +191,7 @@ class SynthesisScheduler:
         self._last_wait_s = 0.0
         # Carried: jobs whose prefill and first draw are launched, with their first token on its way.
         self._prefilling: list[tuple[SynthesisJob, int, PendingTokens]] = []
-        if settings.carries and not settings.graphs:
+        if not settings.graphs:
             self.decoder = EagerCarriedDecoder(lm, BatchedRasSampler(sampler.config, lm.speech_token_size))
         self.prefiller = None  # GraphedPrefill, once captured
         self.capture_report: dict = {}
@@ -247,8 +210,8 @@ class SynthesisScheduler:
         # Carried, on CUDA with separate streams: prefills and first draws run here. It waits for the
         # default stream when the decode thread starts, and for the decode stream only before a
         # prefill into a slot that a step in flight still uses (`_launch_prefills`).
-        self._prefill_stream = (torch.cuda.Stream(self.cache.device, priority=high) if settings.carries
-                                and self.cache.device.type == "cuda" and settings.separate_streams else None)
+        self._prefill_stream = (torch.cuda.Stream(self.cache.device, priority=high)
+                                if self.cache.device.type == "cuda" and settings.separate_streams else None)
         renders: deque[RenderTiming] = deque(maxlen=10_000)
         wake = threading.Condition(self._lock)
         lanes = [("first", name, high // 2) for name in self.renderer.first_lanes]
@@ -257,8 +220,6 @@ class SynthesisScheduler:
                                         settings.schedule, settings.defer_slack_s, settings.separate_streams,
                                         lane=kind, priority=priority, renders=renders, wake=wake, replays=name)
                              for kind, name, priority in lanes]
-        for lane in self.render_lanes:
-            lane.yield_slack_s = settings.later_yield_slack_s
         self._renders = renders
         self.steps: deque[StepTiming] = deque(maxlen=10_000)
 
@@ -281,10 +242,9 @@ class SynthesisScheduler:
 
         t0 = time.perf_counter()
         attend = tuple(b for b in s.attend_buckets if b < s.max_len) + (s.max_len,)
-        self.decoder = GraphedDecoder(self.lm, power_of_two_buckets(s.max_batch), attend,
-                                      scratch_slot=s.max_batch,
-                                      sampler=BatchedRasSampler(self.sampler.config, self.lm.speech_token_size),
-                                      carry=s.carries, slot_attention=s.slot_attention)
+        self.decoder = GraphedDecoder(self.lm, BatchedRasSampler(self.sampler.config, self.lm.speech_token_size),
+                                      power_of_two_buckets(s.max_batch), attend, scratch_slot=s.max_batch,
+                                      slot_attention=s.slot_attention)
         report["decode_capture_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         self.prefiller = GraphedPrefill(self.lm, tuple(b for b in s.prefill_buckets if b <= s.max_len))
@@ -375,7 +335,7 @@ class SynthesisScheduler:
         """Under the lock: work besides reading tokens already on their way to the host."""
         if self._waiting and self._free_slots:
             return True
-        if any(job.cancelled or job.segment_rendered or job.logp is not None for job in self._active):
+        if any(job.cancelled or job.segment_rendered for job in self._active):
             return True
         return any(job.generating for job in self._active) and self._hold_ends() is None
 
@@ -398,12 +358,10 @@ class SynthesisScheduler:
         t0 = time.perf_counter()
         self._drop_cancelled()
         starting = self._retire_rendered() + self._admit()
-        prefilled = self._prefill(starting) if starting else 0
+        prefilled = self._launch_prefills(starting) if starting else 0
         if self._prefilling:
             self._take_first_tokens()
-        t1 = time.perf_counter()
-        self._sample()
-        t2 = time.perf_counter()
+        t1 = t2 = time.perf_counter()
         self._last_wait_s = 0.0
         batch = self._decode()
         t3 = time.perf_counter()
@@ -462,11 +420,6 @@ class SynthesisScheduler:
                 job.sink.finish()
                 admitted.remove(job)
         return admitted
-
-    def _prefill(self, jobs: list[SynthesisJob]) -> int:
-        if self.settings.carries:
-            return self._launch_prefills(jobs)
-        return self._prefill_now(jobs)
 
     def _launch_prefills(self, jobs: list[SynthesisJob]) -> int:
         """Carried: each job's prefill and first draw, on the prefill stream (its LM input built
@@ -531,35 +484,6 @@ class SynthesisScheduler:
                 job.timings.prefill_done = now
         self._accept(taken)
 
-    def _prefill_now(self, jobs: list[SynthesisJob]) -> int:
-        """One batched prefill for all `jobs`; if it fails, each job alone, so one bad job fails alone."""
-        started = time.perf_counter()
-        ready = []
-        for job in jobs:
-            try:
-                ready.append(self._start_segment(job))
-            except Exception as exc:
-                self._fail(job, exc)
-        if not ready:
-            return 0
-        try:
-            self._run_prefill(ready)
-        except Exception as exc:
-            if len(ready) == 1:
-                self._fail(ready[0][0], exc)
-                return 0
-            for one in ready:
-                try:
-                    self._run_prefill([one])
-                except Exception as exc:
-                    self._fail(one[0], exc)
-        elapsed = time.perf_counter() - started
-        for job, _, _ in ready:
-            job.timings.prefill_s += elapsed
-            if job.timings.prefill_done is None:
-                job.timings.prefill_done = time.perf_counter()
-        return len(ready)
-
     def _start_segment(self, job: SynthesisJob) -> tuple[SynthesisJob, int, torch.Tensor]:
         """The next segment's LM input; hands the segment to the render thread, which sets up its
         rendering while the prefill runs. Returns (job, its slot, the prefill input)."""
@@ -583,31 +507,6 @@ class SynthesisScheduler:
         self._wake_render()
         return job, slot, lm_input
 
-    def _run_prefill(self, ready: list[tuple[SynthesisJob, int, torch.Tensor]]) -> None:
-        if self.prefiller is not None and all(self.prefiller.fits(x.shape[0]) for _, _, x in ready):
-            # One graph replay per job (batch-1 graphs); the host copy waits for them all.
-            rows = [self.prefiller.prefill(slot, x).clone() for _, slot, x in ready]
-            logp = torch.cat(rows).float().cpu()
-        else:
-            logp = self.lm.prefill([slot for _, slot, _ in ready], [x for _, _, x in ready]).float().cpu()
-        for row, (job, _, lm_input) in enumerate(ready):
-            job.logp = logp[row]
-            job.kv_len = lm_input.shape[0]
-
-    def _sample(self) -> None:
-        drawn = []
-        for job in self._jobs():
-            if job.logp is None:
-                continue
-            started = time.perf_counter()
-            try:
-                allow_stop = len(job.tokens) >= job.min_len
-                drawn.append((job, self.sampler.sample(job.logp, job.tokens, job.sampling_generator, allow_stop)))
-            except Exception as exc:
-                self._fail(job, exc)
-            job.lm_s += time.perf_counter() - started
-        self._accept(drawn)
-
     def _accept(self, drawn: Sequence[tuple[SynthesisJob, int]]) -> None:
         """Append the drawn tokens under the lock, so that the render thread reads each job's tokens
         and `lm_finished` as one snapshot; wake it if some job may now have a chunk due."""
@@ -622,45 +521,6 @@ class SynthesisScheduler:
             self._wake_render()
 
     def _decode(self) -> int:
-        if self.settings.carries:
-            return self._decode_carried()
-        with self._cond:  # slots read once, under the lock (see _start_segment)
-            if self._hold_ends() is not None:
-                return 0
-            batch = [(job, job.slot) for job in self._active if job.generating]
-        if not batch:
-            return 0
-        started = time.perf_counter()
-        jobs, slots = [job for job, _ in batch], [slot for _, slot in batch]
-        longest = max(job.kv_len for job in jobs)
-        if self.decoder is not None:
-            self._decode_graphed(jobs, slots, longest)
-        else:
-            logp = self.lm.decode_step(slots, [job.tokens[-1] for job in jobs], self.cache.attend_len(longest))
-            logp = logp.float().cpu()  # the one host copy of the step
-            for row, job in enumerate(jobs):
-                job.logp = logp[row]
-                job.kv_len += 1
-        elapsed = time.perf_counter() - started
-        for job in jobs:
-            job.lm_s += elapsed
-        return len(batch)
-
-    def _decode_graphed(self, jobs: list[SynthesisJob], slots: list[int], longest: int) -> None:
-        """Decode step and on-device RAS draw for every row in one graph replay; one host copy of
-        the drawn tokens per step, whatever the batch."""
-        window = self.decoder.sampler.config.win_size
-        history = torch.tensor([([-1] * window + job.tokens)[-window:] for job in jobs], dtype=torch.long)
-        allow_stop = torch.tensor([len(job.tokens) >= job.min_len for job in jobs])
-        device = self.cache.device
-        tokens = self.decoder.step_sample(slots, [job.tokens[-1] for job in jobs],
-                                          history.to(device, non_blocking=True),
-                                          allow_stop.to(device, non_blocking=True), kv_len=longest).tolist()
-        for job in jobs:
-            job.kv_len += 1
-        self._accept(list(zip(jobs, tokens)))
-
-    def _decode_carried(self) -> int:
         """Launch a step for every generating job (unless held), then read the oldest steps until
         only `decode_steps_ahead` are unread (all of them when nothing was launched)."""
         pending = self._pending

@@ -1,4 +1,5 @@
-"""CUDA-graph replay of one whole flow call (encoder + 10 guided Euler steps) for fixed shapes.
+"""CUDA-graph replay of one whole flow call (encoder + 10 guided Euler steps) for fixed shapes; a
+baseline of bench/bench_components.py only (the product renders through tts_core.flow.pooled).
 
 A flow call is ~20 estimator evaluations of ~900 small kernels each; eagerly the launches, not the
 arithmetic, set its time. With the official streaming schedule the shapes of a request's k-th call
@@ -14,34 +15,11 @@ do not fit a static graph.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import torch
 
+from tts_core.accel.flow_pool_graphs import device_position_tables
 from tts_core.accel.graph_capture import capture_graph
-from tts_core.flow import token_encoder
 from tts_core.flow.model import FlowModel
-
-
-@contextmanager
-def device_position_tables(tables: dict) -> Iterator[None]:
-    """The encoder builds its relative-position table on the host and copies it over, which graph
-    capture forbids; while capturing, serve each (length, width, device, dtype) table from `tables`
-    (filled by the warm-up calls; its tensors must outlive the graph, which reads their memory)."""
-    build = token_encoder.relative_position_table
-
-    def cached(length: int, d_model: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        key = (length, d_model, str(device), dtype)
-        if key not in tables:
-            tables[key] = build(length, d_model, device, dtype)
-        return tables[key]
-
-    token_encoder.relative_position_table = cached
-    try:
-        yield
-    finally:
-        token_encoder.relative_position_table = build
 
 
 class GraphedFlowCall:
