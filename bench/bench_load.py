@@ -25,6 +25,7 @@ e.g. `--duration 30 --settle-s 10`.
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import datetime
 import faulthandler
@@ -45,6 +46,8 @@ import gpu_trace
 from host_waits import HostWaits
 
 REPO = Path(__file__).resolve().parents[1]
+# The decode thread's iterations (tts_core.runtime.scheduler.StepTiming), from the hook main installs.
+STEPS: collections.deque = collections.deque(maxlen=10_000)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ZH = "您好欢迎致电客服中心请问有什么可以帮您的我们将尽快为您处理订单查询退款预约服务时间地址电话谢谢再见稍等正在转接人工"
 EN = ("hello thank you for calling your order has shipped please hold the line we will be with you shortly "
@@ -202,7 +205,7 @@ def run_rate(pipeline, voice: str, rate: float, duration: float, rng: random.Ran
     span = (max(e for _, e in busy) - min(s for s, _ in busy)) if busy else 1.0
     mean_conc = sum(e - s for s, e in busy) / span if busy else 0.0
     play_span = (max(e for _, e in playing) - min(s for s, _ in playing)) if playing else 1.0
-    steps = list(pipeline.scheduler.steps)
+    steps = list(STEPS)
     renders = list(pipeline.scheduler.renders)
     done = [job for job, sink, _, _, _ in requests if sink.error is None and sink.done.is_set() and sink.arrivals]
     return {
@@ -242,7 +245,7 @@ def decode_thread_split(steps) -> dict:
     if not steps:
         return {}
     parts = {"iteration": [s.wall_s for s in steps], "prefill_admit": [s.prefill_s for s in steps],
-             "sample": [s.sample_s for s in steps], "decode": [s.decode_s for s in steps],
+             "decode": [s.decode_s for s in steps],
              "decode_wait": [s.wait_s for s in steps], "first_token_wait": [s.first_wait_s for s in steps]}
     out = {f"{k}_ms_mean": 1e3 * float(np.mean(v)) for k, v in parts.items()}
     out["iteration_ms_p95"] = 1e3 * float(np.percentile(parts["iteration"], 95))
@@ -455,6 +458,7 @@ def main(argv: list[str] | None = None) -> int:
                                        max_len=args.max_len, schedule=ChunkSchedule(first_hop_tokens=args.first_hop),
                                        fast=fast, normalize=False, llm_fp8=args.llm_fp8)
     load_s = time.perf_counter() - t0
+    pipeline.scheduler.on_step = STEPS.append
     for lane in pipeline.scheduler.renderer.lanes.values():
         if lane.graphs is not None:
             lane.graphs.time_gpu = True  # CUDA events around each flow call's encoder and solve
@@ -520,7 +524,7 @@ def main(argv: list[str] | None = None) -> int:
                     report["one_stream"].append(one)
                     print("1 stream, one request at a time:", json.dumps(one), flush=True)
                 continue
-            pipeline.scheduler.steps.clear()
+            STEPS.clear()
             # If a rate never finishes, every thread's stack says where it hangs.
             faulthandler.dump_traceback_later(args.duration + 25, exit=False)
             pipeline.scheduler.renders.clear()

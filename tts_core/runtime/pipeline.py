@@ -23,7 +23,8 @@ from tts_core.llm.sampling import RasSampler
 from tts_core.model_dir import ModelDir, load_speech_lm
 from tts_core.runtime.collecting_sink import CollectingSink
 from tts_core.runtime.request import JobOptions, SynthesisError, SynthesisJob
-from tts_core.runtime.scheduler import SchedulerSettings, SynthesisScheduler
+from tts_core.runtime.scheduler import SynthesisScheduler
+from tts_core.runtime.settings import SchedulerSettings
 from tts_core.streaming.chunk_schedule import ChunkSchedule
 from tts_core.text.normalize import TextNormalizer, is_only_punctuation
 from tts_core.text.tokenizer import TextTokenizer
