@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import structlog
 
-from engines.base import SpeechEngine, SynthesisFailed, SynthesisRefused, SynthesisRequest
+from engines.base import EmptyText, SpeechEngine, SynthesisFailed, SynthesisRefused, SynthesisRequest
 from engines.channel import ChunkChannel
 from engines.cosyvoice2.settings import CosyVoice2Settings
 
@@ -127,7 +127,7 @@ class CosyVoice2Engine(SpeechEngine):
                                    f"{self.settings.max_len} no room is left to speak")
 
     def open_stream(self, request: SynthesisRequest) -> ChunkChannel:
-        from tts_core.runtime import JobOptions
+        from tts_core.runtime import JobOptions, NothingToSpeak
 
         self.validate(request)
         pipeline = self._running()
@@ -137,6 +137,8 @@ class CosyVoice2Engine(SpeechEngine):
                              max_tokens=_int_option(request.options, "max_tokens"))
         try:
             pipeline.synthesize(request.text, request.voice, _ChannelSink(channel), options, request.call_id)
+        except NothingToSpeak as exc:  # only punctuation: refused before the call is answered
+            raise EmptyText(str(exc)) from exc
         except Exception as exc:  # scheduler stopped between validate and submit
             raise SynthesisFailed(str(exc)) from exc
         return channel

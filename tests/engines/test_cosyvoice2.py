@@ -93,6 +93,13 @@ def test_validate_refuses_unknown_voice_and_empty_text(engine: CosyVoice2Engine)
         engine.validate(SynthesisRequest(text="   ", voice=VOICE))
 
 
+async def test_a_text_of_only_punctuation_is_refused_before_the_call_is_answered(engine: CosyVoice2Engine) -> None:
+    """Normalised, "... !" has nothing to speak: open_stream refuses it (EmptyText, the interface's
+    refusal) instead of answering with a stream that ends silent."""
+    with pytest.raises(EmptyText, match="nothing to speak"):
+        engine.open_stream(SynthesisRequest(text="... !", voice=VOICE))
+
+
 async def test_a_failing_job_fails_only_its_stream(engine: CosyVoice2Engine) -> None:
     good = engine.pipeline.voices.get(VOICE)
     # A voice whose prompt mel has the wrong width: the flow fails while rendering its first chunk.

@@ -151,7 +151,7 @@ def test_jobs_join_leave_and_cancel_while_steps_overlap(pipeline: CosyVoice2Pipe
     voice = pipeline.voices.get(VOICE)
     sinks = [CollectingSink() for _ in range(3)]
     counts = [40, 90, 300]
-    jobs = [SynthesisJob("Thank you for calling.", voice, sink, JobOptions(seed=i, min_tokens=n, max_tokens=n))
+    jobs = [pipeline.make_job("Thank you for calling.", voice, sink, JobOptions(seed=i, min_tokens=n, max_tokens=n))
             for i, (sink, n) in enumerate(zip(sinks, counts))]
     accept = jobs[2].accept_token
 
@@ -200,7 +200,7 @@ def test_a_prefill_in_flight_stalls_no_other_call(pipeline: CosyVoice2Pipeline, 
     scheduler.settings = dataclasses.replace(scheduler.settings, decode_steps_ahead=1)
     voice = pipeline.voices.get(VOICE)
     early_sink, late_sink = CollectingSink(), CollectingSink()
-    early = SynthesisJob("A long request.", voice, early_sink, JobOptions(seed=1, min_tokens=400, max_tokens=400))
+    early = pipeline.make_job("A long request.", voice, early_sink, JobOptions(seed=1, min_tokens=400, max_tokens=400))
     started = threading.Event()
     accept = early.accept_token
 
@@ -217,7 +217,7 @@ def test_a_prefill_in_flight_stalls_no_other_call(pipeline: CosyVoice2Pipeline, 
     real_draw_first = scheduler.decoder.draw_first
     monkeypatch.setattr(scheduler.decoder, "draw_first",
                         lambda *args: _LateFirstToken(real_draw_first(*args), arrived))
-    late = SynthesisJob("A short one.", voice, late_sink, JobOptions(seed=2, min_tokens=60, max_tokens=60))
+    late = pipeline.make_job("A short one.", voice, late_sink, JobOptions(seed=2, min_tokens=60, max_tokens=60))
     try:
         scheduler.submit(late)
         deadline = time.monotonic() + 60
@@ -256,8 +256,8 @@ def test_a_new_call_is_not_kept_waiting_behind_a_prefill_in_flight(pipeline: Cos
 
     monkeypatch.setattr(scheduler.decoder, "draw_first", draw_first)
     held_sink, new_sink = CollectingSink(), CollectingSink()
-    held = SynthesisJob("A held call.", voice, held_sink, JobOptions(seed=1, min_tokens=40, max_tokens=40))
-    new = SynthesisJob("A new call.", voice, new_sink, JobOptions(seed=2, min_tokens=30, max_tokens=30))
+    held = pipeline.make_job("A held call.", voice, held_sink, JobOptions(seed=1, min_tokens=40, max_tokens=40))
+    new = pipeline.make_job("A new call.", voice, new_sink, JobOptions(seed=2, min_tokens=30, max_tokens=30))
     try:
         scheduler.submit(held)
         deadline = time.monotonic() + 60

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from tts_core.runtime import (CollectingSink, CosyVoice2Pipeline, JobOptions, SchedulerSettings, SynthesisError,
-                              SynthesisJob)
+from tts_core.runtime import (CollectingSink, CosyVoice2Pipeline, JobOptions, NothingToSpeak, SchedulerSettings,
+                              SynthesisError, SynthesisJob)
 from tts_core.voices import Voice
 
 STEPS: list = []  # StepTiming of every decode iteration of the module's pipeline
@@ -99,10 +99,13 @@ def test_timings_cover_the_first_chunk(pipeline: CosyVoice2Pipeline) -> None:
     assert sum(c.tokens for c in t.chunks) == 60
 
 
-def test_punctuation_only_text_ends_the_stream_quietly(pipeline: CosyVoice2Pipeline) -> None:
+def test_punctuation_only_text_is_refused_at_submit(pipeline: CosyVoice2Pipeline) -> None:
+    """Nothing to say: refused on the caller's thread, before anything is queued (the official
+    model would speak a blip of silence)."""
     sink = CollectingSink()
-    pipeline.synthesize("... !", VOICE, sink, _forced(30))
-    assert sink.wait(30) == []
+    with pytest.raises(NothingToSpeak, match="nothing to speak"):
+        pipeline.synthesize("... !", VOICE, sink, _forced(30))
+    assert sink.error is None and pipeline.scheduler.active_jobs == 0
 
 
 def _wait_for(job: SynthesisJob, reached: Callable[[SynthesisJob], bool]) -> threading.Event:
@@ -167,7 +170,7 @@ def test_decoding_goes_on_while_a_chunk_renders(pipeline: CosyVoice2Pipeline, mo
         first = pipeline.synthesize("A long request.", VOICE, first_sink, _forced(150))
         assert entered.wait(60)  # the render thread now holds `first`'s first chunk
         held_at = len(first.tokens)
-        late = SynthesisJob("A short one.", pipeline.voices.get(VOICE), late_sink, _forced(60))
+        late = pipeline.make_job("A short one.", pipeline.voices.get(VOICE), late_sink, _forced(60))
         late_lm_done = _wait_lm_finished(late)
         pipeline.scheduler.submit(late)
         # A job submitted while the render is held is admitted, prefilled and decoded to its end.
@@ -197,7 +200,7 @@ def test_decoding_pauses_while_every_generating_job_waits_for_its_first_chunk(pi
         assert first.timings.first_chunk_due is not None and held_at < 150
         time.sleep(0.3)
         assert len(first.tokens) == held_at  # alone: no step while its first chunk renders
-        late = SynthesisJob("A short one.", pipeline.voices.get(VOICE), late_sink, _forced(60))
+        late = pipeline.make_job("A short one.", pipeline.voices.get(VOICE), late_sink, _forced(60))
         late_due = _wait_for(late, lambda j: j.timings.first_chunk_due is not None)
         pipeline.scheduler.submit(late)
         assert late_due.wait(60)  # `late` needed steps: they ran, and `first` took part in them
@@ -219,7 +222,7 @@ def test_a_first_chunk_hold_ends_after_its_limit(pipeline: CosyVoice2Pipeline, m
     entered, release = renders.held, renders.release
     sink = CollectingSink()
     try:
-        job = SynthesisJob("A long request.", pipeline.voices.get(VOICE), sink, _forced(150))
+        job = pipeline.make_job("A long request.", pipeline.voices.get(VOICE), sink, _forced(150))
         lm_done = _wait_lm_finished(job)
         pipeline.scheduler.submit(job)
         assert entered.wait(60)
@@ -247,8 +250,8 @@ def test_a_first_chunk_renders_while_a_later_chunk_call_is_held(pipeline: CosyVo
     calls = renders.calls
     voice = pipeline.voices.get(VOICE)
     a_sink, b_sink = CollectingSink(), _FirstChunkSink()
-    a = SynthesisJob("A long request.", voice, a_sink, _forced(300))
-    b = SynthesisJob("A short one.", voice, b_sink, _forced(60))
+    a = pipeline.make_job("A long request.", voice, a_sink, _forced(300))
+    b = pipeline.make_job("A short one.", voice, b_sink, _forced(60))
     assert renders.submit_while_held(a, b) == 1  # B's first chunk out while A's later-chunk call is held
     assert sum(map(len, a_sink.wait(60))) == 300 * SAMPLES_PER_TOKEN
     assert sum(map(len, b_sink.wait(60))) == 60 * SAMPLES_PER_TOKEN
@@ -268,8 +271,8 @@ def test_first_chunks_of_a_burst_render_side_by_side(pipeline: CosyVoice2Pipelin
     calls = renders.calls
     voice = pipeline.voices.get(VOICE)
     a_sink, b_sink = CollectingSink(), _FirstChunkSink()
-    a = SynthesisJob("A first call.", voice, a_sink, _forced(100))
-    b = SynthesisJob("A second call.", voice, b_sink, _forced(100))
+    a = pipeline.make_job("A first call.", voice, a_sink, _forced(100))
+    b = pipeline.make_job("A second call.", voice, b_sink, _forced(100))
     assert renders.submit_while_held(a, b) == 0  # B's first chunk out while A's first chunk is held
     for sink in (a_sink, b_sink):
         assert sum(map(len, sink.wait(60))) == 100 * SAMPLES_PER_TOKEN
@@ -285,7 +288,7 @@ def test_a_cancelled_job_frees_its_slot_and_gets_no_more_audio(pipeline: CosyVoi
     other_sink = CollectingSink()
     # Submitted after the hang-up is possible; it streams 150 tokens, long enough for the cancelled
     # job's next chunks to have been due had it kept going.
-    other = SynthesisJob("Another call.", pipeline.voices.get(VOICE), other_sink, _forced(150))
+    other = pipeline.make_job("Another call.", pipeline.voices.get(VOICE), other_sink, _forced(150))
     other_started = _wait_lm_finished(other)
     pipeline.scheduler.submit(other)
     assert other_started.wait(60)

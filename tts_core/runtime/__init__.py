@@ -9,9 +9,9 @@ what the runtime trades. Importing this package loads no model and needs no GPU.
 
 from tts_core.runtime.collecting_sink import CollectingSink
 from tts_core.runtime.pipeline import CosyVoice2Pipeline
-from tts_core.runtime.request import AudioSink, JobOptions, SynthesisError, SynthesisJob
+from tts_core.runtime.request import AudioSink, JobOptions, NothingToSpeak, SynthesisError, SynthesisJob
 from tts_core.runtime.scheduler import SynthesisScheduler
 from tts_core.runtime.settings import SchedulerSettings
 
-__all__ = ["AudioSink", "CollectingSink", "CosyVoice2Pipeline", "JobOptions", "SchedulerSettings",
+__all__ = ["AudioSink", "CollectingSink", "CosyVoice2Pipeline", "JobOptions", "NothingToSpeak", "SchedulerSettings",
            "SynthesisError", "SynthesisJob", "SynthesisScheduler"]

@@ -7,7 +7,7 @@ generators (seeded), its chunk planner and its timings; the scheduler owns every
 
 After `submit` two scheduler threads share a job, each owning its half (see
 tts_core.runtime.scheduler):
-- the decode thread: `segments`, `segment`, `slot`, `tokens`, `kv_len`, `lm_finished`, `lm_s`
+- the decode thread: `segment`, `slot`, `tokens`, `kv_len`, `lm_finished`, `lm_s`
   (it appends tokens and sets `lm_finished` under the scheduler's lock, so that the render thread
   reads both as one snapshot);
 - the render thread: `planner`, `pending_chunk`, `token2wav`, `audio_s`, chunk timings, and the
@@ -52,6 +52,10 @@ class SynthesisError(RuntimeError):
     """A job broke while being served; given to its sink's `fail`, never to other jobs."""
 
 
+class NothingToSpeak(ValueError):
+    """The text normalises to nothing speakable (only punctuation, or empty): refused at submit."""
+
+
 @dataclass(frozen=True)
 class JobOptions:
     # None: a fresh random seed per job. It seeds the flow and vocoder noise; token draws are
@@ -82,7 +86,7 @@ class JobTimings:
     submitted: float = field(default_factory=time.perf_counter)
     queued: float | None = None  # in the scheduler's waiting list (its lock taken)
     admitted: float | None = None
-    frontend_s: float = 0.0  # text normalisation and tokenisation
+    frontend_s: float = 0.0  # text normalisation and tokenisation (on the submitting thread)
     prefill_done: float | None = None
     first_token: float | None = None
     first_chunk_due: float | None = None  # its first chunk's tokens were all drawn (or the LM ended)
@@ -97,9 +101,13 @@ class JobTimings:
 
 
 class SynthesisJob:
-    def __init__(self, text: str, voice: Voice, sink: AudioSink, options: JobOptions = JobOptions(),
-                 call_id: str = "") -> None:
+    def __init__(self, text: str, segments: list[list[int]], voice: Voice, sink: AudioSink,
+                 options: JobOptions = JobOptions(), call_id: str = "") -> None:
+        """`segments`: the text's tokens per segment, from the text frontend on the caller's thread."""
+        if not segments:
+            raise NothingToSpeak(f"nothing to speak in {text!r}")
         self.text = text
+        self.segments = segments
         self.voice = voice
         self.sink = sink
         self.options = options
@@ -109,7 +117,6 @@ class SynthesisJob:
         self.seed = seed
         self.timings = JobTimings()
         # Filled by the scheduler's decode thread:
-        self.segments: list[list[int]] = []  # text tokens per segment
         self.segment = -1  # index of the segment being spoken
         self.slot: int | None = None
         self.tokens: list[int] = []  # speech tokens of the current segment (a new list per segment)

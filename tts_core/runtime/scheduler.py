@@ -6,7 +6,8 @@ The decode thread (here) drives the LM through `lm_runner.LMRunner`; the render 
 that LM decoding never waits for chunk rendering, and a new call's first chunk never waits for a
 later-chunk call. On CUDA each thread issues its work on its own stream, decode on the highest
 priority and later chunks on the lowest; only host ints (`job.tokens`) pass between them. Other
-threads only `submit` jobs and cancel them through their sinks.
+threads only `submit` jobs (their text already split and tokenised on the caller's thread) and
+cancel them through their sinks.
 
 One decode iteration:
 1. drop cancelled jobs (their KV slot is free at once); retire the jobs whose last chunk the render
@@ -51,8 +52,6 @@ log = structlog.get_logger(__name__)
 GIL_SWITCH_INTERVAL_S = 0.001  # as the gateway's packet clock sets it (gateway/app.py)
 FIRST_TOKEN_POLL_S = 0.0005  # how often an idle decode thread looks for a prefill's first token
 
-TextFrontend = Callable[[str], list[list[int]]]  # text -> text tokens per segment
-
 
 @dataclass(frozen=True)
 class StepTiming:
@@ -62,16 +61,15 @@ class StepTiming:
     prefills: int
     prefill_s: float
     decode_s: float
-    wall_s: float  # the whole iteration (admission and frontend included)
+    wall_s: float  # the whole iteration (admission included)
     wait_s: float = 0.0  # of decode_s: waiting for a step's tokens
     first_wait_s: float = 0.0  # after decode_s, nothing to step: waiting for a prefill's first token
 
 
 class SynthesisScheduler:
     def __init__(self, lm: SpeechTokenLM, sampler: RasSampler, flow: FlowModel, hift: HiftGenerator,
-                 frontend: TextFrontend, settings: SchedulerSettings = SchedulerSettings()) -> None:
+                 settings: SchedulerSettings = SchedulerSettings()) -> None:
         self.lm, self.sampler, self.flow, self.hift = lm, sampler, flow, hift
-        self.frontend = frontend
         self.settings = settings
         # With graphs one extra cache row is the decode graphs' scratch slot, never a job's.
         self.cache = lm.setup_cache(settings.max_batch + (1 if settings.graphs else 0), settings.max_len)
@@ -277,20 +275,9 @@ class SynthesisScheduler:
                 job.slot = self._free_slots.pop(0)
                 self._active.append(job)
                 admitted.append(job)
-        for job in list(admitted):
-            job.timings.admitted = time.perf_counter()
-            try:
-                job.segments = self.frontend(job.text)
-            except Exception as exc:
-                self._fail(job, exc)
-                admitted.remove(job)
-                continue
-            job.timings.frontend_s = time.perf_counter() - job.timings.admitted
-            if not job.segments:  # only punctuation: the official model returns a blip of silence
-                log.info("tts_job_nothing_to_speak", call_id=job.call_id)
-                self._release(job)
-                job.sink.finish()
-                admitted.remove(job)
+        now = time.perf_counter()
+        for job in admitted:
+            job.timings.admitted = now
         return admitted
 
     def _launch_prefills(self, jobs: list[SynthesisJob]) -> int:
