@@ -156,17 +156,13 @@ def test_fast_path_is_on_for_cuda_and_off_for_cpu_by_default(tmp_path):
         CosyVoice2Settings.from_config({"model_dir": str(tmp_path), "flow_context_s": 0})
     with pytest.raises(ValueError, match="engine.cosyvoice2.llm_fp8"):
         CosyVoice2Settings.from_config({"model_dir": str(tmp_path), "llm_fp8": "yes"})
-    assert auto.compile_flow  # the compiled flow is the GPU default (only graphs compile it)
     assert not CosyVoice2Settings.from_config({"model_dir": str(tmp_path), "compile_flow": False}).compile_flow
     with pytest.raises(ValueError, match="engine.cosyvoice2.compile_flow"):
         CosyVoice2Settings.from_config({"model_dir": str(tmp_path), "compile_flow": "no"})
-    assert auto.compile_hift  # likewise the compiled HiFT stages
     with pytest.raises(ValueError, match="engine.cosyvoice2.compile_hift"):
         CosyVoice2Settings.from_config({"model_dir": str(tmp_path), "compile_hift": 1})
-    assert auto.slot_attention  # the decode attention kernel, where graphs run
     with pytest.raises(ValueError, match="engine.cosyvoice2.slot_attention"):
         CosyVoice2Settings.from_config({"model_dir": str(tmp_path), "slot_attention": "on"})
-    assert auto.first_chunk_lanes == 3
     for bad in (-1, 9, 2.5, "3", True):
         with pytest.raises(ValueError, match="engine.cosyvoice2.first_chunk_lanes"):
             CosyVoice2Settings.from_config({"model_dir": str(tmp_path), "first_chunk_lanes": bad})
