@@ -1,5 +1,5 @@
 """GPU runners of tts_core.accel on the tiny golden model: replay equals the eager module calls.
-Skipped where no CUDA device is present (CI); the full-size timings live in bench/bench_components.py."""
+Skipped where no CUDA device is present (CI); the full-size timings come from the GPU benchmarks in bench/."""
 
 from __future__ import annotations
 

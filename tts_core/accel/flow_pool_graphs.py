@@ -64,7 +64,7 @@ def device_position_tables(tables: dict) -> Iterator[None]:
 # A solve's next part is launched while the part before it runs, so the GPU never waits for the
 # host, and no further: what is queued stays a part or two, not the whole solve. H100 at 20 req/s,
 # one start-up: 1, 2 and 3 ahead gave p95 first chunk 280.8, 279.9 and 282.7 ms, one stream p50
-# 68.8-69.1 ms (bench/results/load_2026-11-24_h100_parts_ahead.json): the cut is what matters.
+# 68.8-69.1 ms (docs/PERF_NOTES.md): the cut is what matters.
 PARTS_AHEAD = 2
 
 

@@ -210,6 +210,6 @@ class AttentionContext:
         # between the read and its use made inductor read the old frames after the write, which
         # it can only do from a copy of this layer's whole pool: 56 copies per Euler step, 102 ms
         # of flow solve on the H100 where the eager step takes 43
-        # (bench/results/load_2026-11-23_h100_compile_flow_per_module.json).
+        # (docs/PERF_NOTES.md, "The per-module compiled flow").
         self.hidden.index_copy_(0, self.index.write_rows, x.reshape(2 * b * n, d))
         return keys_values

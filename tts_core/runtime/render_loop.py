@@ -4,7 +4,7 @@ produces into audio chunks (flow + HiFT) and hands them to the jobs' sinks.
 The scheduler runs one per lane of `ChunkRenderer`: "first" lanes render the first chunk of every
 job (what a caller waits for in silence) and the "later" lane every other chunk. A large batched
 later-chunk call costs 100-400 ms on a busy GPU; in one thread a new call's first chunk waited
-behind it (H100, bench/results/load_2026-11-23_h100_head_edc5a52.json: p95 first chunk 650 ms at 4
+behind it (H100, docs/PERF_NOTES.md: p95 first chunk 650 ms at 4
 req/s). A job is of kind "first" until its first chunk is handed off, then "later"; a lane looks
 only at jobs of its kind, and claims a job (`SynthesisJob.render_lane`, under the lock) from taking
 its chunk until handing it off, so each job's render state has one owner at any time even with
