@@ -19,7 +19,7 @@ built on the device from a small per-row table, so a whole batched call is captu
 graph. Each layer keeps all Euler steps' memory in one tensor, rows (step, guidance half, frame or
 slot) flattened, and a step's index tensors point into its share: one compiled estimator step
 (torch.compile) serves every step, since nothing it reads tells steps apart but its tensor
-arguments, and the rows of one call may each be at a step of their own (tts_core.flow.stepped).
+arguments.
 The pool owns no parameters and never runs the model; slot bookkeeping is host-side and belongs to
 the one thread that renders.
 """
@@ -60,11 +60,9 @@ class CallIndex:
     # (see conv_input).
     conv_at: dict[int, torch.Tensor] = field(compare=False)
 
-    def at_step(self, pool: FlowContextPool, step: int | torch.Tensor) -> StepIndex:
-        """The pool rows of Euler step `step`: one int for every row, or (B,) long, a step per row."""
+    def at_step(self, pool: FlowContextPool, step: int) -> StepIndex:
+        """The pool rows of Euler step `step`, for every row."""
         frames, slots = step * (2 * pool.frames), step * (2 * pool.slots)
-        if isinstance(step, torch.Tensor):  # per row: broadcast over the halves (and the keys)
-            frames, slots = frames.view(1, -1, 1), slots.view(1, -1)
         return StepIndex(ctx_rows=(self.ctx_frames + frames).flatten(), write_rows=(self.write_frames + frames).flatten(),
                          left_src=(self.left_src + slots).flatten(), left_dst=(self.left_dst + slots).flatten(),
                          conv_at=self.conv_at)

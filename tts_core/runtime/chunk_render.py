@@ -157,7 +157,6 @@ class ChunkRenderer:
         if not graphs:
             return report
         from tts_core.accel.flow_pool_graphs import PooledFlowGraphs, compiled_estimator
-        from tts_core.accel.hift_graphs import GraphedHift, compiled_mix
 
         own_max = self.pooled.pool.shape.stream_frames
         step = -(-own_max // s.context_buckets // chunk) * chunk
@@ -200,24 +199,7 @@ class ChunkRenderer:
 
             report["flow_compiles"] = counters["stats"]["unique_graphs"]  # compiled graphs in this process
         t0 = time.perf_counter()
-        # HiFT, per lane, one memory pool and capture stream each (a lane replays one at a time):
-        # first chunks (no caches; "later" renders a later segment's first chunk); on "later", later
-        # chunks (8 cached frames + a full hop) in every row bucket and final chunks (8 cached frames
-        # + a final call's frames) one row each, so no chunk of a steady schedule runs
-        # eagerly (a first chunk that is also the last, a short utterance, does).
-        mix = compiled_mix() if s.compile_hift else None
-        cached = 8 * 480
-        finals = [(1, 8 + n * ratio, cached) for n in final_tokens]
-        firsts_hift = [(rows, first_hop, 0) for first_hop in sorted(first_hops) for rows in s.first_batches]
-        steady = [(rows, 8 + hop, cached) for rows in s.batches]
-        for lane, shapes in [(first, firsts_hift) for first in first_lanes] + [(later, firsts_hift + steady + finals)]:
-            pool = torch.cuda.graph_pool_handle()
-            stream = torch.cuda.Stream(self._device)
-            for key in sorted(shapes, key=lambda k: k[0] * k[1], reverse=True):  # largest first: pool reuse
-                if key not in lane.hift_graphs:
-                    rows, frames, cache = key
-                    lane.hift_graphs[key] = GraphedHift(self.hift, frames, cache, rows=rows, pool=pool, stream=stream,
-                                                        mix=mix)
+        self._capture_hift(first_lanes, sorted(first_hops), hop, final_tokens)
         report["hift_capture_s"] = time.perf_counter() - t0
         report.update({"flow_ctx_caps": ctx_caps, "flow_new_caps": new_caps, "flow_batches": list(s.batches),
                        "flow_first_batches": list(s.first_batches),
@@ -226,6 +208,31 @@ class ChunkRenderer:
                        "flow_graphs": sum(len(lane.graphs.solve_graphs) for lane in self.lanes.values()),
                        "hift_graphs": sum(len(lane.hift_graphs) for lane in self.lanes.values())})
         return report
+
+    def _capture_hift(self, first_lanes: list[RenderLane], first_hops: list[int], hop: int,
+                      final_tokens: range) -> None:
+        """HiFT, per lane, one memory pool and capture stream each (a lane replays one at a time):
+        first chunks (no caches; "later" renders a later segment's first chunk); on "later", later
+        chunks (8 cached frames + a full hop) in every row bucket and final chunks (8 cached frames
+        + a final call's frames) one row each, so no chunk of a steady schedule runs eagerly (a
+        first chunk that is also the last, a short utterance, does)."""
+        from tts_core.accel.hift_graphs import GraphedHift, compiled_mix
+
+        s, ratio = self.settings, self.flow.cfg.token_mel_ratio
+        mix = compiled_mix() if s.compile_hift else None
+        cached = 8 * 480
+        finals = [(1, 8 + n * ratio, cached) for n in final_tokens]
+        firsts_hift = [(rows, first_hop, 0) for first_hop in first_hops for rows in s.first_batches]
+        steady = [(rows, 8 + hop, cached) for rows in s.batches]
+        later = self.lanes["later"]
+        for lane, shapes in [(first, firsts_hift) for first in first_lanes] + [(later, firsts_hift + steady + finals)]:
+            pool = torch.cuda.graph_pool_handle()
+            stream = torch.cuda.Stream(self._device)
+            for key in sorted(shapes, key=lambda k: k[0] * k[1], reverse=True):  # largest first: pool reuse
+                if key not in lane.hift_graphs:
+                    rows, frames, cache = key
+                    lane.hift_graphs[key] = GraphedHift(self.hift, frames, cache, rows=rows, pool=pool, stream=stream,
+                                                        mix=mix)
 
     @property
     def dtype(self) -> torch.dtype:
