@@ -4,13 +4,13 @@ Builds the full-size model (random weights, bench/full_model.py), fills the KV c
 keys/values, gives each live slot a random length in [kv_min, kv_max) and times, per batch size:
 
   eager            SpeechTokenLM.decode_step, host wall time per step (launch-bound)
-  graph            GraphedDecoder, separate q/k/v and gate/up matmuls (fuse=False)
+  graph            GraphedDecoder (every graph draws its tokens too), separate q/k/v and gate/up
+                   matmuls (fuse=False)
   graph_fused      GraphedDecoder with fused q/k/v and gate/up weights
   compiled_gather  GraphedDecoder(compile=True, slot_attention=False), fused: attention over rows
                    gathered from the cache (SDPA with a length mask)
   compiled_fused   GraphedDecoder(compile=True), fused, rotary + cache write + attention by slot in
                    one kernel (tts_core/accel/decode_attention.py); construction time = compile + capture
-  compiled_sample  as above with the batched sampler drawn inside the graph (step_sample)
   compiled_fp8     compiled_fused with FP8 decoder-layer projections (tts_core/accel/fp8_linear.py);
                    its rel is FP8 rounding, checked against a looser bound (agreement of the token
                    distribution: bench/bench_lm_precision.py). `--variants` picks which run.
@@ -82,7 +82,7 @@ class Case:
 
 
 def time_variant(name: str, dec: GraphedDecoder | None, lm, cases: dict[int, Case], eager: dict[int, torch.Tensor],
-                 snap, sample: bool = False, tol: float = REL_TOL) -> None:
+                 snap, tol: float = REL_TOL) -> None:
     cache = lm.kv_cache
     for b, case in cases.items():
         row = R["rows"].setdefault(str(b), {})
@@ -103,15 +103,8 @@ def time_variant(name: str, dec: GraphedDecoder | None, lm, cases: dict[int, Cas
         row[f"{name}_ok"] = bool(torch.isfinite(out).all()) and error < tol
         if b in REFERENCE:
             row[f"{name}_rel_fp32"] = rel(out, REFERENCE[b])
-        if sample:
-            hist = torch.randint(0, lm.speech_token_size, (b, dec.sampler.config.win_size), device="cuda")
-            allow = torch.ones(b, dtype=torch.bool, device="cuda")
-            fast = lambda c=case: dec.step_sample(c.slots_dev, c.tokens_dev, hist, allow, kv_len=c.kv_len)  # noqa: E731
-            host = lambda c=case: dec.step_sample(c.slots.tolist(), c.tokens.tolist(), hist, allow,  # noqa: E731
-                                                  kv_len=c.kv_len).cpu()
-        else:
-            fast = lambda c=case: dec.step(c.slots_dev, c.tokens_dev, kv_len=c.kv_len)  # noqa: E731
-            host = lambda c=case: dec.step(c.slots.tolist(), c.tokens.tolist(), kv_len=c.kv_len).cpu()  # noqa: E731
+        fast = lambda c=case: dec.step(c.slots_dev, c.tokens_dev, kv_len=c.kv_len)  # noqa: E731
+        host = lambda c=case: dec.step(c.slots.tolist(), c.tokens.tolist(), kv_len=c.kv_len).cpu()  # noqa: E731
         row[f"{name}_replay_ms"] = replay_ms(fast, rewind=case.rewind)
         row[f"{name}_wall_ms"] = wall_ms(host, iters=20, rewind=case.rewind)
 
@@ -158,11 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--attend", type=int, default=512)
     p.add_argument("--max-len", type=int, default=1024)
     p.add_argument("--no-compile", action="store_true")
-    p.add_argument("--variants", default="graph,graph_fused,compiled_gather,compiled_fused,compiled_sample,compiled_fp8",
+    p.add_argument("--variants", default="graph,graph_fused,compiled_gather,compiled_fused,compiled_fp8",
                    help="graphed variants to run, comma-separated (eager always runs)")
-    p.add_argument("--budget-s", type=float, default=220.0, help="skip the last compile after this many seconds")
     args = p.parse_args(argv)
-    started = time.perf_counter()
     batches = [int(x) for x in args.batches.split(",")]
     R.update(device=torch.cuda.get_device_name(), torch=torch.__version__, batches=batches,
              kv=[args.kv_min, args.kv_max], attend=args.attend)
@@ -195,15 +186,15 @@ def main(argv: list[str] | None = None) -> int:
     attempt("eager", lambda: time_variant("eager", None, lm, cases, eager, snap))
     attempt("fp32_reference", lambda: fp32_reference(args.model_dir, lm, cases, snap, eager, REFERENCE))
 
-    def graphed(name: str, sample: bool = False, tol: float = REL_TOL, **kwargs) -> None:
-        sampler = BatchedRasSampler(SamplingConfig(), lm.speech_token_size) if sample else None
+    def graphed(name: str, tol: float = REL_TOL, **kwargs) -> None:
+        sampler = BatchedRasSampler(SamplingConfig(), lm.speech_token_size)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        dec = GraphedDecoder(lm, batches, attend, sampler=sampler, **kwargs)
+        dec = GraphedDecoder(lm, sampler, batches, attend, **kwargs)
         R[f"{name}_startup_s"] = time.perf_counter() - t0
         R[f"{name}_memory_mb"] = torch.cuda.memory_reserved() / 2**20
         save()
-        time_variant(name, dec, lm, cases, eager, snap, sample=sample, tol=tol)
+        time_variant(name, dec, lm, cases, eager, snap, tol=tol)
         del dec
         lm.kv_cache.decode_attention = None  # the eager variants keep the generic attention
         torch.cuda.empty_cache()
@@ -220,16 +211,13 @@ def main(argv: list[str] | None = None) -> int:
             attempt("compiled_gather", lambda: graphed("compiled_gather", compile=True, slot_attention=False))
         if "compiled_fused" in wanted:
             attempt("compiled_fused", lambda: graphed("compiled_fused", compile=True))
-        # A second compile of the same graph mostly hits inductor's cache; skip it if time is short.
-        if "compiled_sample" in wanted and time.perf_counter() - started < args.budget_s:
-            attempt("compiled_sample", lambda: graphed("compiled_sample", sample=True, compile=True))
         if "compiled_fp8" in wanted:  # last: the conversion stays on the model
             def fp8() -> None:
                 R["fp8_summary"] = vars(use_fp8_projections(lm))
                 graphed("compiled_fp8", compile=True, tol=FP8_REL_TOL)
             attempt("compiled_fp8", fp8)
 
-    names = ["eager", "graph", "graph_fused", "compiled_gather", "compiled_fused", "compiled_sample", "compiled_fp8"]
+    names = ["eager", "graph", "graph_fused", "compiled_gather", "compiled_fused", "compiled_fp8"]
     print(f"\ndecode step, {R['device']}, bf16, kv {args.kv_min}-{args.kv_max}, attend {args.attend}: "
           "replay ms (wall ms) [rel vs eager]")
     print("batch | " + " | ".join(names))

@@ -25,6 +25,7 @@ e.g. `--duration 30 --settle-s 10`.
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import datetime
 import faulthandler
@@ -45,6 +46,8 @@ import gpu_trace
 from host_waits import HostWaits
 
 REPO = Path(__file__).resolve().parents[1]
+# The decode thread's iterations (tts_core.runtime.scheduler.StepTiming), from the hook main installs.
+STEPS: collections.deque = collections.deque(maxlen=10_000)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ZH = "您好欢迎致电客服中心请问有什么可以帮您的我们将尽快为您处理订单查询退款预约服务时间地址电话谢谢再见稍等正在转接人工"
 EN = ("hello thank you for calling your order has shipped please hold the line we will be with you shortly "
@@ -202,7 +205,7 @@ def run_rate(pipeline, voice: str, rate: float, duration: float, rng: random.Ran
     span = (max(e for _, e in busy) - min(s for s, _ in busy)) if busy else 1.0
     mean_conc = sum(e - s for s, e in busy) / span if busy else 0.0
     play_span = (max(e for _, e in playing) - min(s for s, _ in playing)) if playing else 1.0
-    steps = list(pipeline.scheduler.steps)
+    steps = list(STEPS)
     renders = list(pipeline.scheduler.renders)
     done = [job for job, sink, _, _, _ in requests if sink.error is None and sink.done.is_set() and sink.arrivals]
     return {
@@ -242,7 +245,7 @@ def decode_thread_split(steps) -> dict:
     if not steps:
         return {}
     parts = {"iteration": [s.wall_s for s in steps], "prefill_admit": [s.prefill_s for s in steps],
-             "sample": [s.sample_s for s in steps], "decode": [s.decode_s for s in steps],
+             "decode": [s.decode_s for s in steps],
              "decode_wait": [s.wait_s for s in steps], "first_token_wait": [s.first_wait_s for s in steps]}
     out = {f"{k}_ms_mean": 1e3 * float(np.mean(v)) for k, v in parts.items()}
     out["iteration_ms_p95"] = 1e3 * float(np.percentile(parts["iteration"], 95))
@@ -380,19 +383,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--one-stream", action="store_true", help="decode and render on the default CUDA stream")
     p.add_argument("--first-lanes", type=int, default=None,
                    help="first-chunk render lanes (0: one render thread; default: the scheduler's)")
-    p.add_argument("--step-first-chunks", action=argparse.BooleanOptionalAction, default=None,
-                   help="first lanes step their first chunks together, each at its own Euler step "
-                        "(default: the scheduler's)")
     p.add_argument("--compile-flow", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the captured flow solves' estimator (default: the scheduler's)")
     p.add_argument("--compile-hift", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the captured HiFT graphs' upsampling stages (default: the scheduler's)")
     p.add_argument("--slot-attention", action=argparse.BooleanOptionalAction, default=None,
                    help="decode steps attend from the KV cache by slot, a Triton kernel (default: the scheduler's)")
-    p.add_argument("--later-lane-sms", type=int, default=0,
-                   help="CUDA: the later chunks' lane on this many SMs (tts_core/accel/sm_partition.py; 0: all)")
-    p.add_argument("--first-lane-sms", type=int, default=0,
-                   help="CUDA: each first-chunk lane on this many SMs (the same SMs as --later-lane-sms; 0: all)")
     p.add_argument("--llm-fp8", action="store_true", help="FP8 LM decoder-layer weights (tts_core/accel/fp8_linear.py)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--threads", type=int, nargs="+", default=[0],
@@ -404,9 +400,6 @@ def main(argv: list[str] | None = None) -> int:
                    help="GIL switch intervals to run every rate at (default: the scheduler's 1 ms)")
     p.add_argument("--first-chunk-hold-ms", type=float, nargs="+", default=None,
                    help="first_chunk_hold_s values (ms) to run everything at (default: the scheduler's)")
-    p.add_argument("--later-yield-s", type=float, nargs="+", default=None,
-                   help="later_yield_slack_s: the later lane waits while a first chunk renders unless a stream "
-                        "has this little audio left (0: never); several values: everything runs at each")
     p.add_argument("--steps-ahead", type=int, nargs="+", default=None,
                    help="carried decoder: decode steps launched and not yet read when an iteration ends "
                         "(decode_steps_ahead: 0 reads each at once); several: everything runs at each "
@@ -451,23 +444,21 @@ def main(argv: list[str] | None = None) -> int:
         args.slot_attention = SchedulerSettings.slot_attention
     if args.first_lanes is None:
         args.first_lanes = SchedulerSettings.first_chunk_lanes
-    if args.step_first_chunks is None:
-        args.step_first_chunks = SchedulerSettings.step_first_chunks
     if args.solve_parts is None:
         args.solve_parts = SchedulerSettings.flow_solve_parts
     fast = SchedulerSettings(flow_encoder_tokens=args.encoder_tokens or None, graphs=graphs,
                              flow_context_frames=args.context_frames,
                              defer_slack_s=args.defer_slack_s[0], separate_streams=not args.one_stream,
-                             first_chunk_lanes=args.first_lanes, step_first_chunks=args.step_first_chunks,
+                             first_chunk_lanes=args.first_lanes,
                              compile_flow=args.compile_flow, compile_hift=args.compile_hift,
                              slot_attention=args.slot_attention,
-                             later_lane_sms=args.later_lane_sms, first_lane_sms=args.first_lane_sms,
                              flow_solve_parts=args.solve_parts)
     t0 = time.perf_counter()
     pipeline = CosyVoice2Pipeline.load(model_dir, args.device, DTYPES[dtype], max_batch=args.max_batch,
                                        max_len=args.max_len, schedule=ChunkSchedule(first_hop_tokens=args.first_hop),
                                        fast=fast, normalize=False, llm_fp8=args.llm_fp8)
     load_s = time.perf_counter() - t0
+    pipeline.scheduler.on_step = STEPS.append
     for lane in pipeline.scheduler.renderer.lanes.values():
         if lane.graphs is not None:
             lane.graphs.time_gpu = True  # CUDA events around each flow call's encoder and solve
@@ -479,11 +470,10 @@ def main(argv: list[str] | None = None) -> int:
                     "llm_fp8": args.llm_fp8, "compile_flow": args.compile_flow and graphs,
                     "compile_hift": args.compile_hift and graphs,
                     "slot_attention": pipeline.scheduler.decoder.slot_attention if graphs else False,
-                    "later_lane_sms": args.later_lane_sms, "first_lane_sms": args.first_lane_sms,
                     "torch": torch.__version__, "graphs": graphs, "encoder_tokens": args.encoder_tokens,
                     "context_frames": args.context_frames,
                     "separate_streams": not args.one_stream, "first_chunk_lanes": args.first_lanes,
-                    "step_first_chunks": args.step_first_chunks, "solve_parts": args.solve_parts,
+                    "solve_parts": args.solve_parts,
                     "first_hop_tokens": args.first_hop, "max_batch": args.max_batch,
                     "tokens_bounds": [args.min_tokens, args.max_tokens], "duration_s": args.duration,
                     "settle_s": args.settle_s, "load_s": load_s,
@@ -503,17 +493,15 @@ def main(argv: list[str] | None = None) -> int:
         holds = args.first_chunk_hold_ms or [pipeline.scheduler.settings.first_chunk_hold_s * 1e3]
         aheads = args.steps_ahead if args.steps_ahead is not None else \
             [pipeline.scheduler.settings.decode_steps_ahead]
-        yields = args.later_yield_s or [pipeline.scheduler.settings.later_yield_slack_s]
         if any(args.paced_later) and waits is None:
             p.error("--paced-later needs --host-waits")
         if args.parts_ahead and min(args.parts_ahead) < 1:
             p.error("--parts-ahead: at least 1 (the part being launched)")
         flow_graphs = [lane.graphs for lane in pipeline.scheduler.renderer.lanes.values() if lane.graphs is not None]
         parts_ahead = args.parts_ahead or sorted({g.parts_ahead for g in flow_graphs}) or [0]
-        variants = [(d, h, i, a, y, n, pl, pa) for d in args.defer_slack_s for h in holds for i in intervals
-                    for a in aheads for y in yields for n in args.threads for pl in args.paced_later
-                    for pa in parts_ahead]
-        for (slack, hold, interval, ahead, later_yield, threads, paced, part_ahead), rate in \
+        variants = [(d, h, i, a, n, pl, pa) for d in args.defer_slack_s for h in holds for i in intervals
+                    for a in aheads for n in args.threads for pl in args.paced_later for pa in parts_ahead]
+        for (slack, hold, interval, ahead, threads, paced, part_ahead), rate in \
                 [(v, r) for v in variants for r in [None, *args.rates]]:
             torch.set_num_threads(threads or default_threads)
             for g in flow_graphs:
@@ -522,23 +510,21 @@ def main(argv: list[str] | None = None) -> int:
                 waits.paced_threads = frozenset({"tts-render-later"} if paced else ())
             # The scheduler and its render lanes read these each round: variants share one start-up.
             pipeline.scheduler.settings = dataclasses.replace(pipeline.scheduler.settings, decode_steps_ahead=ahead,
-                                                              first_chunk_hold_s=hold / 1e3, defer_slack_s=slack,
-                                                              later_yield_slack_s=later_yield)
+                                                              first_chunk_hold_s=hold / 1e3, defer_slack_s=slack)
             for lane in pipeline.scheduler.render_lanes:
                 lane.defer_slack_s = slack
-                lane.yield_slack_s = later_yield
             sys.setswitchinterval(interval / 1e3)
             if rate is None:
                 if args.one_stream_requests:
                     one = one_stream(pipeline, voice, args.one_stream_requests, random.Random(args.seed),
                                      args.min_tokens, args.max_tokens)
                     one.update(first_chunk_hold_ms=hold, switch_interval_ms=interval, defer_slack_s=slack,
-                               decode_steps_ahead=ahead, later_yield_s=later_yield,
+                               decode_steps_ahead=ahead,
                                torch_threads=torch.get_num_threads(), parts_ahead=part_ahead)
                     report["one_stream"].append(one)
                     print("1 stream, one request at a time:", json.dumps(one), flush=True)
                 continue
-            pipeline.scheduler.steps.clear()
+            STEPS.clear()
             # If a rate never finishes, every thread's stack says where it hangs.
             faulthandler.dump_traceback_later(args.duration + 25, exit=False)
             pipeline.scheduler.renders.clear()
@@ -558,7 +544,7 @@ def main(argv: list[str] | None = None) -> int:
             judged = r["steady"] if args.settle_s > 0 else r
             r["passes"] = r["failed"] == 0 and r["underruns"] == 0 and judged["first_chunk_ms"][95] <= 300.0
             r["switch_interval_ms"], r["first_chunk_hold_ms"], r["defer_slack_s"] = interval, hold, slack
-            r["decode_steps_ahead"], r["later_yield_s"] = ahead, later_yield
+            r["decode_steps_ahead"] = ahead
             r["torch_threads"] = torch.get_num_threads()
             r["paced_later"] = bool(paced)
             r["parts_ahead"] = part_ahead
@@ -584,8 +570,7 @@ def main(argv: list[str] | None = None) -> int:
         {"rate_per_s": best["rate_per_s"], "mean": best["concurrency_mean"], "peak": best["concurrency_peak"],
          "playing_mean": best["playing_mean"], "playing_peak": best["playing_peak"],
          "steady_playing_mean": best["steady"]["playing_mean"], "steady_playing_peak": best["steady"]["playing_peak"],
-         **{k: best[k] for k in ("defer_slack_s", "first_chunk_hold_ms", "switch_interval_ms", "decode_steps_ahead",
-                                 "later_yield_s")}}
+         **{k: best[k] for k in ("defer_slack_s", "first_chunk_hold_ms", "switch_interval_ms", "decode_steps_ahead")}}
         if best else None)
     _print(report)
     write_partial(out, report)
@@ -623,7 +608,7 @@ def _print_row(r: dict) -> None:
           f"{r['concurrency_peak']:>5} {r['playing_mean']:>6.1f} {r['playing_peak']:>5} {f[50]:>7.1f} {f[95]:>7.1f} "
           f"{f[99]:>7.1f} {r['underruns']:>6} {rtf:>6} {mem:>6} {r['passes']}  GIL {r.get('switch_interval_ms')} ms, "
           f"hold {r.get('first_chunk_hold_ms')} ms, defer slack {r.get('defer_slack_s')} s, "
-          f"steps ahead {r.get('decode_steps_ahead')}, later yield {r.get('later_yield_s')} s, torch threads {r.get('torch_threads')}, "
+          f"steps ahead {r.get('decode_steps_ahead')}, torch threads {r.get('torch_threads')}, "
           f"paced later {r.get('paced_later')}, parts ahead {r.get('parts_ahead')}, "
           f"step {r['step_ms_mean']:.1f} ms "
           f"(decode {r['decode_ms_mean'] or 0:.1f}; render {lanes})", flush=True)

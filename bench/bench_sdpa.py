@@ -1,6 +1,6 @@
 """The flow's attention by scaled_dot_product_attention backend, on the shapes a pooled flow call has
 (H100 question: cuDNN's attention was the largest kernel of a first chunk's Euler step, ~10 us a
-block alone, 14 under load; bench/results/load_2026-11-24_h100_profile_13.json).
+block alone, 14 under load; docs/PERF_NOTES.md).
 
 Queries (2B, 8 heads, new frames, 64), keys/values (2B, 8, context + new, 64) in bf16, and the
 additive chunk mask the pooled flow builds (tts_core/flow/pooled.additive_mask: (2B, 1, N, K) with

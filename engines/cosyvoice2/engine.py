@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import structlog
 
-from engines.base import SpeechEngine, SynthesisFailed, SynthesisRefused, SynthesisRequest
+from engines.base import EmptyText, SpeechEngine, SynthesisFailed, SynthesisRefused, SynthesisRequest
 from engines.channel import ChunkChannel
 from engines.cosyvoice2.settings import CosyVoice2Settings
 
@@ -73,7 +73,7 @@ class CosyVoice2Engine(SpeechEngine):
             fast=SchedulerSettings(graphs=graphs, flow_encoder_tokens=encoder_tokens,
                                    flow_context_frames=s.flow_context_frames, compile_flow=s.compile_flow,
                                    compile_hift=s.compile_hift, slot_attention=s.slot_attention,
-                                   first_chunk_lanes=s.first_chunk_lanes, step_first_chunks=s.step_first_chunks),
+                                   first_chunk_lanes=s.first_chunk_lanes),
             llm_fp8=s.llm_fp8)
         try:
             if not pipeline.voices.names():
@@ -91,7 +91,6 @@ class CosyVoice2Engine(SpeechEngine):
                  compile_flow=graphs and s.compile_flow, compile_hift=graphs and s.compile_hift,
                  slot_attention=graphs and s.slot_attention,
                  first_chunk_lanes=s.first_chunk_lanes,
-                 step_first_chunks=s.step_first_chunks,
                  flow_encoder_tokens=encoder_tokens,
                  flow_context_s=s.flow_context_s, load_s=round(load_s, 3),
                  warmup_s=self.warmup_s and round(self.warmup_s, 3), voices=len(pipeline.voices))
@@ -128,7 +127,7 @@ class CosyVoice2Engine(SpeechEngine):
                                    f"{self.settings.max_len} no room is left to speak")
 
     def open_stream(self, request: SynthesisRequest) -> ChunkChannel:
-        from tts_core.runtime import JobOptions
+        from tts_core.runtime import JobOptions, NothingToSpeak
 
         self.validate(request)
         pipeline = self._running()
@@ -138,6 +137,8 @@ class CosyVoice2Engine(SpeechEngine):
                              max_tokens=_int_option(request.options, "max_tokens"))
         try:
             pipeline.synthesize(request.text, request.voice, _ChannelSink(channel), options, request.call_id)
+        except NothingToSpeak as exc:  # only punctuation: refused before the call is answered
+            raise EmptyText(str(exc)) from exc
         except Exception as exc:  # scheduler stopped between validate and submit
             raise SynthesisFailed(str(exc)) from exc
         return channel

@@ -14,9 +14,8 @@ from typing import Any
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
           "float16": "float16", "fp16": "float16", "auto": "auto"}
 DEVICES = ("auto", "cpu", "cuda")
-# Tokens the flow encoder re-reads before each chunk on the GPU fast path: one static call shape for
-# every non-final chunk (graphable, batched). A 25-token window moved the mel by 0.2 % (relative,
-# full-size random weights, docs/PERF_NOTES.md); 50 is the default. 0 means every token (exact).
+# Tokens the flow encoder re-reads before each chunk on the GPU: one graphable call shape for every
+# non-final chunk; 25 moved the mel by 0.2 % (docs/PERF_NOTES.md). 0 means every token (exact).
 DEFAULT_GPU_ENCODER_TOKENS = 50
 MEL_FRAMES_PER_S = 50
 
@@ -32,8 +31,8 @@ class CosyVoice2Settings:
     hop_tokens: int = 25
     max_hop_tokens: int = 50
     first_hop_tokens: int | None = None
-    # Fixed: every request replays the same draws (tests; on the GPU path the token draws are batched
-    # on the device and do not follow it, the flow and vocoder noise do); None: random per request.
+    # Fixed: every request's flow and vocoder noise is the same (tests; the token draws are batched on
+    # the device and do not follow it); None: random per request.
     seed: int | None = None
     warmup: bool = True
     # The GPU fast path (tts_core.runtime): CUDA graphs for decode, prefill, flow and HiFT. None =
@@ -44,34 +43,13 @@ class CosyVoice2Settings:
     graphs: bool | None = None
     flow_context_s: float = 14.0
     flow_encoder_tokens: int | None = None
-    # With graphs: the flow's resnets and transformer blocks torch.compile'd before capture. Faster
-    # first chunks and more calls per GPU (tts_core.runtime.scheduler.SchedulerSettings.compile_flow);
-    # false saves 20-90 s of start-up (warm and cold compiler cache).
-    compile_flow: bool = True
-    # With graphs: HiFT's upsampling stages torch.compile'd before capture (each Snake one kernel
-    # with the add before it). On the H100 a first chunk's vocoder took 2.1 ms against 3.3 and a
-    # later chunk of 8 streams 7.6 against 12.8 (tts_core.runtime.scheduler.SchedulerSettings.compile_hift);
-    # false saves up to a minute of start-up with a cold compiler cache.
-    compile_hift: bool = True
-    # With graphs: decode steps rotate, write and attend from the KV cache by slot in one Triton
-    # kernel per layer, each call over its own positions only, instead of copying every call's cache
-    # rows out first (tts_core.runtime.scheduler.SchedulerSettings.slot_attention; decode step
-    # 14-31 % faster).
-    slot_attention: bool = True
-    # With graphs: render lanes (threads, CUDA streams, graph sets) for first chunks only, beside the
-    # later chunks' lane. On the H100 three kept a first chunk's wait for a lane under 15 ms (p95)
-    # at 12-14 calls/s where two let it reach 46-72 ms (docs/PERF_NOTES.md); each lane costs its own
-    # flow and HiFT graphs. 0: one lane renders everything.
-    first_chunk_lanes: int = 3
-    # With first-chunk lanes: each lane steps all first chunks it holds together, each row at its
-    # own Euler step, instead of rendering them in calls of their own (tts_core/flow/stepped.py).
-    # Off: on the H100 at 13-15 calls/s one such lane was no better than three lanes of calls
-    # (p95 first chunk 293-491 ms against 262-409; docs/PERF_NOTES.md, 2026-11-24 morning).
-    step_first_chunks: bool = False
-    # The LM's decoder-layer weights in FP8 (e4m3; CPU, or CUDA of compute capability 8.9+). Off by
-    # default: on random full-size weights it moves the token distribution well beyond what bf16
-    # does (bench/bench_lm_precision.py), and on the H100 its decode steps are slower than bf16's
-    # (docs/PERF_NOTES.md); try it on your own fine-tuned weights and listen first.
+    # With graphs, what each trades is in tts_core/runtime/settings.py (figures: docs/PERF_NOTES.md):
+    compile_flow: bool = True  # compiled flow: faster first chunks; false starts 20-90 s sooner
+    compile_hift: bool = True  # compiled HiFT stages: ~1.7x faster vocoder; false starts up to 1 min sooner
+    slot_attention: bool = True  # decode attention by slot in one Triton kernel (decode step 14-31 % faster)
+    first_chunk_lanes: int = 3  # render lanes for first chunks only, each with its own graphs; 0: one lane
+    # The LM's decoder-layer weights in FP8 (e4m3; CPU, or CUDA 8.9+): slower than bf16 on the H100 and
+    # it moves the token distribution (docs/PERF_NOTES.md); try it on your own weights and listen first.
     llm_fp8: bool = False
 
     @classmethod
@@ -98,7 +76,7 @@ class CosyVoice2Settings:
             raise ValueError("engine.cosyvoice2.flow_encoder_tokens: must be >= 0 (0 = every token, exact)")
         if "flow_context_s" in values and not 1.0 <= float(values["flow_context_s"]) <= 300.0:
             raise ValueError("engine.cosyvoice2.flow_context_s: must be between 1 and 300 seconds")
-        for key in ("llm_fp8", "compile_flow", "compile_hift", "slot_attention", "step_first_chunks"):
+        for key in ("llm_fp8", "compile_flow", "compile_hift", "slot_attention"):
             if key in values and not isinstance(values[key], bool):
                 raise ValueError(f"engine.cosyvoice2.{key}: {values[key]!r}; use true or false")
         if "first_chunk_lanes" in values and (isinstance(values["first_chunk_lanes"], bool)

@@ -40,7 +40,7 @@ def test_cosyvoice2_example_passes_engine_settings_through():
 
     engine = CosyVoice2Settings.from_config(settings)
     assert (engine.first_chunk_lanes, engine.compile_flow, engine.compile_hift, engine.slot_attention,
-            engine.llm_fp8, engine.step_first_chunks) == (3, True, True, True, False, False)
+            engine.llm_fp8) == (3, True, True, True, False)
 
 
 @pytest.mark.parametrize("overrides, expected", [

@@ -1,6 +1,5 @@
 """CPU-runnable logic of tts_core.accel: bucket choice, dtype names, the batched RAS sampler's
-distribution, the capturable istft's equality with torch.istft, and SM partitioning's refusal off
-CUDA."""
+distribution and the capturable istft's equality with torch.istft."""
 
 from __future__ import annotations
 
@@ -11,7 +10,6 @@ from tts_core.accel import resolve_dtype, select_bucket
 from tts_core.accel.batched_sampler import BatchedRasSampler
 from tts_core.accel.buckets import power_of_two_buckets
 from tts_core.accel.hift_graphs import overlap_add_istft
-from tts_core.accel.sm_partition import SmPartitionUnavailable, green_stream
 from tts_core.llm.sampling import SamplingConfig
 
 SPEECH = 6561
@@ -87,7 +85,3 @@ def test_capturable_istft_equals_torch_istft() -> None:
     expected = torch.istft(spec, 16, 4, 16, window=window)
     assert torch.allclose(overlap_add_istft(spec, 16, 4, 16, window=window), expected, atol=1e-5)
 
-
-def test_sm_partitioning_off_cuda_is_refused_with_the_device_named() -> None:
-    with pytest.raises(SmPartitionUnavailable, match="needs a CUDA device, not cpu"):
-        green_stream(16, torch.device("cpu"))

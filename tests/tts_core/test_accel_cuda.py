@@ -1,5 +1,5 @@
 """GPU runners of tts_core.accel on the tiny golden model: replay equals the eager module calls.
-Skipped where no CUDA device is present (CI); the full-size timings live in bench/bench_components.py."""
+Skipped where no CUDA device is present (CI); the full-size timings come from the GPU benchmarks in bench/."""
 
 from __future__ import annotations
 
@@ -32,7 +32,9 @@ def test_a_prefill_input_is_built_without_waiting_for_the_work_queued_on_the_str
 
 
 def test_graphed_decode_steps_equal_eager_steps(tiny_model_dir: Path) -> None:
+    from tts_core.accel.batched_sampler import BatchedRasSampler
     from tts_core.accel.lm_graphs import GraphedDecoder
+    from tts_core.llm.sampling import SamplingConfig
     from tts_core.model_dir import load_speech_lm
 
     lm = load_speech_lm(tiny_model_dir, "cuda", torch.float32)
@@ -44,7 +46,7 @@ def test_graphed_decode_steps_equal_eager_steps(tiny_model_dir: Path) -> None:
     snap = cache.snapshot()
     tokens = torch.randint(0, lm.speech_token_size, (3, len(live)), generator=gen)
     eager = [lm.decode_step(live, t.tolist()).clone() for t in tokens]
-    dec = GraphedDecoder(lm, (1, 2, 4, 8), (32, 96))
+    dec = GraphedDecoder(lm, BatchedRasSampler(SamplingConfig(), lm.speech_token_size), (1, 2, 4, 8), (32, 96))
     cache.restore(snap)
     for t, expected in zip(tokens, eager):
         kv = int(cache.lengths[live].max())
@@ -53,12 +55,14 @@ def test_graphed_decode_steps_equal_eager_steps(tiny_model_dir: Path) -> None:
     assert int(cache.lengths[dec.scratch_slot]) <= 8  # padding never runs the scratch row off the cache
 
 
-def test_carried_graphed_steps_draw_what_host_built_inputs_draw_and_overlap_changes_nothing(
+def test_graphed_steps_draw_what_the_eager_decoder_draws_and_overlap_changes_nothing(
         tiny_model_dir: Path) -> None:
-    """GraphedDecoder(carry=True) against the graphed step fed host-built tokens and RAS windows
-    (step_sample), their generators seeded alike; then the carried steps read one step behind
-    (launch k+1 before reading k, as the scheduler does): the same tokens each time."""
+    """The graphed decoder against the eager carried decoder (the CPU path) from the same cache and
+    generator seed, one bucket that fits the rows exactly (no padding rows, the eager step's attend
+    width); then the graphed steps read one step behind (launch k+1 before reading k, as the
+    scheduler does): the same tokens each time."""
     from tts_core.accel.batched_sampler import BatchedRasSampler
+    from tts_core.accel.carried_decode import EagerCarriedDecoder
     from tts_core.accel.lm_graphs import GraphedDecoder
     from tts_core.llm.sampling import SamplingConfig
     from tts_core.model_dir import load_speech_lm
@@ -71,31 +75,18 @@ def test_carried_graphed_steps_draw_what_host_built_inputs_draw_and_overlap_chan
                       for i in range(3)])
     snap = cache.snapshot()
     sampler = BatchedRasSampler(SamplingConfig(), lm.speech_token_size)
-    window = sampler.config.win_size
     first = [[7], [8, 9], [10]]
-    plain = GraphedDecoder(lm, (1, 2, 4), (128,), sampler=sampler, compile=False)
-    carried = GraphedDecoder(lm, (1, 2, 4), (128,), sampler=sampler, compile=False, carry=True)
+    eager = EagerCarriedDecoder(lm, sampler)
+    graphed = GraphedDecoder(lm, sampler, (3,), (cache.attend_len(40),), compile=False, slot_attention=False)
 
-    def host_built() -> list[list[int]]:
+    def run(decoder, behind: bool) -> list[list[int]]:
         cache.restore(snap)
-        plain.generator.manual_seed(5)
-        rows = [list(t) for t in first]
-        for _ in range(10):
-            history = torch.tensor([([-1] * window + r)[-window:] for r in rows], device="cuda")
-            drawn = plain.step_sample(live, [r[-1] for r in rows], history,
-                                      torch.ones(3, dtype=torch.bool, device="cuda"), kv_len=40).tolist()
-            for r, t in zip(rows, drawn):
-                r.append(t)
-        return rows
-
-    def carried_run(behind: bool) -> list[list[int]]:
-        cache.restore(snap)
-        carried.generator.manual_seed(5)
-        carried.seed(live, first)
+        decoder.generator.manual_seed(5)
+        decoder.seed(live, first)
         rows = [list(t) for t in first]
         pending = None
         for _ in range(10):
-            launched = carried.launch(live, [True] * 3, kv_len=40)
+            launched = decoder.launch(live, [True] * 3, kv_len=40)
             if behind:
                 pending, launched = launched, pending
             if launched is not None:
@@ -106,16 +97,15 @@ def test_carried_graphed_steps_draw_what_host_built_inputs_draw_and_overlap_chan
                 r.append(t)
         return rows
 
-    want = host_built()
-    assert carried_run(behind=False) == want
-    assert carried_run(behind=True) == want
+    want = run(eager, behind=False)
+    assert run(graphed, behind=False) == want
+    assert run(graphed, behind=True) == want
 
 
-@pytest.mark.parametrize("stepped", [False, True], ids=["first-chunk-calls", "stepped-first-chunks"])
 def test_the_graphed_scheduler_speaks_every_forced_token_with_prefills_on_their_own_stream(
-        tiny_model_dir: Path, stepped: bool) -> None:
+        tiny_model_dir: Path) -> None:
     """The whole GPU path as the gateway runs it (graphs, carried overlapped decode, prefills and
-    first draws on their own stream, two first lanes, their first chunks in calls or stepped):
+    first draws on their own stream, two first lanes):
     three calls of different lengths in one batch each get exactly their forced tokens' audio, and
     no stop token reaches a call."""
     from tts_core.runtime import (
@@ -127,13 +117,14 @@ def test_the_graphed_scheduler_speaks_every_forced_token_with_prefills_on_their_
 
     # normalize=False: the GPU path is under test, and the lent GPU hosts have no wetext wheel
     pipeline = CosyVoice2Pipeline.load(tiny_model_dir, "cuda", torch.float32, max_batch=3, max_len=1024,
-                                       fast=SchedulerSettings(graphs=True, compile_flow=False, first_chunk_lanes=2,
-                                                              step_first_chunks=stepped),
+                                       fast=SchedulerSettings(graphs=True, compile_flow=False, first_chunk_lanes=2),
                                        normalize=False)
     try:
         scheduler = pipeline.scheduler
-        assert scheduler.decoder.carry and scheduler.settings.decode_steps_ahead >= 1
+        assert scheduler.settings.decode_steps_ahead >= 1
         scheduler.renderer.time_gpu = True  # the benchmarks' vocoder timing changes nothing it times
+        steps = []
+        scheduler.on_step = steps.append
         counts = [60, 130, 250]
         sinks = [CollectingSink() for _ in counts]
         jobs = [pipeline.synthesize("Thank you for calling.", "golden_speaker", sink,
@@ -141,10 +132,8 @@ def test_the_graphed_scheduler_speaks_every_forced_token_with_prefills_on_their_
                 for i, (sink, n) in enumerate(zip(sinks, counts))]
         for sink, n in zip(sinks, counts):
             assert sum(map(len, sink.wait(180))) == n * 960  # 960 samples per token at 24 kHz
-        assert scheduler._prefill_stream is not None
-        assert any(step.batch >= 2 for step in scheduler.steps)
-        assert all((lane.stepped is not None) == stepped for name, lane in scheduler.renderer.lanes.items()
-                   if name.startswith("first-"))
+        assert scheduler.runner._prefill_stream is not None
+        assert any(step.batch >= 2 for step in steps)
         assert all(t < scheduler.lm.speech_token_size for job in jobs for t in job.tokens)
         assert all(c.hift_gpu_s is not None and min(c.hift_gpu_s) > 0 for job in jobs for c in job.timings.chunks)
     finally:
@@ -154,8 +143,10 @@ def test_the_graphed_scheduler_speaks_every_forced_token_with_prefills_on_their_
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9),
                     reason="FP8 matmuls need compute capability 8.9+")
 def test_compiled_fp8_decode_steps_equal_eager_fp8_steps(tiny_model_dir: Path) -> None:
+    from tts_core.accel.batched_sampler import BatchedRasSampler
     from tts_core.accel.fp8_linear import use_fp8_projections
     from tts_core.accel.lm_graphs import GraphedDecoder
+    from tts_core.llm.sampling import SamplingConfig
     from tts_core.model_dir import load_speech_lm
 
     lm = load_speech_lm(tiny_model_dir, "cuda", torch.bfloat16)
@@ -167,7 +158,8 @@ def test_compiled_fp8_decode_steps_equal_eager_fp8_steps(tiny_model_dir: Path) -
     snap = cache.snapshot()
     tokens = torch.randint(0, lm.speech_token_size, (3, len(live)), generator=gen)
     eager = [lm.decode_step(live, t.tolist()).clone() for t in tokens]
-    dec = GraphedDecoder(lm, (1, 2, 4), (64,))  # compiled: inductor lowers _scaled_mm itself
+    # compiled: inductor lowers _scaled_mm itself
+    dec = GraphedDecoder(lm, BatchedRasSampler(SamplingConfig(), lm.speech_token_size), (1, 2, 4), (64,))
     cache.restore(snap)
     for t, expected in zip(tokens, eager):
         got = dec.step(live, t.tolist(), kv_len=int(cache.lengths[live].max()))
@@ -224,77 +216,6 @@ def test_pooled_flow_graphs_equal_the_golden_streaming_calls(tiny_model_dir: Pat
     assert graphs.eager_encodes == 0  # and every encoder a graph, replayed row by row
 
 
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager-step", "compiled-step"])
-def test_graphed_stepped_rows_equal_the_golden_streaming_calls(tiny_model_dir: Path, golden_dir: Path,
-                                                               monkeypatch, compiled: bool) -> None:
-    """First chunks joining the graphed stepped flow two steps apart (buckets 1 and 4) each equal
-    the official first call, and the later calls that read what they kept equal the official ones."""
-    from tts_core.flow.encoder_window import encode_grouped
-
-    flow, case, pooled, voice, graphs = _golden_pool_graphs(tiny_model_dir, golden_dir, monkeypatch, compiled)
-    graphs.capture(rows=(4,), ctx_caps=(250,), new_caps=(112,))
-    stepped = graphs.capture_stepped((1, 4), voice.prefix_frames, 112)
-    first = case["first_hop"] + case["pre_lookahead_len"]
-    streams = [pooled.open_stream(voice) for _ in range(3)]
-    firsts = {}
-    with torch.inference_mode():
-        for at in range(40):
-            if at % 2 == 0 and at // 2 < len(streams):
-                s = streams[at // 2]
-                plan = pooled.plan(s, case["tokens"][:, :first].cuda(), False)
-                stepped.join(s, s, plan, encode_grouped(flow, [plan])[0])
-            for row, mel in stepped.step():
-                firsts[id(row.key)] = pooled.finish(row.stream, row.plan, mel)
-            if len(firsts) == len(streams):
-                break
-    for s in streams:
-        assert (firsts[id(s)].cpu() - case["mel_stream_first"]).abs().max().item() <= 1e-4
-    done = case["mel_stream_first"].size(2)
-    for key, n, finalize in (("mel_stream_second", first + case["hop"], False),
-                             ("mel_stream_final", case["tokens"].size(1), True)):
-        for out in graphs.render(streams, [case["tokens"][:, :n].cuda()] * 3, [finalize] * 3):
-            assert (out.cpu() - case[key][:, :, done:]).abs().max().item() <= 1e-4, key
-        done = case[key].size(2)
-
-
-def test_flow_graphs_captured_on_a_green_stream_equal_the_ordinary_ones(tiny_model_dir: Path, monkeypatch) -> None:
-    """A graph captured on a stream of a green context (tts_core/accel/sm_partition.py) keeps that
-    context's SMs when replayed: it must still compute what the ordinary graph does."""
-    from tts_core.accel.flow_pool_graphs import PooledFlowGraphs
-    from tts_core.accel.sm_partition import SmPartitionUnavailable, green_stream
-    from tts_core.flow import load_flow
-    from tts_core.flow.context_pool import PoolShape
-    from tts_core.flow.pooled import PooledFlow
-
-    device = torch.device("cuda")
-    # float32 convolutions: with TF32 cuDNN may pick another algorithm for fewer SMs and round otherwise
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-    try:
-        stream = green_stream(16, device)
-    except SmPartitionUnavailable as exc:
-        pytest.skip(str(exc))
-    flow = load_flow(tiny_model_dir, "cuda", torch.float32)
-    speaker = next(iter(torch.load(tiny_model_dir / "spk2info.pt", weights_only=False).values()))
-    pooled = PooledFlow(flow, PoolShape(stream_slots=4, stream_frames=400, voice_slots=1, voice_frames=100,
-                                        prompt_frames=200))
-    voice = pooled.register_voice(*(speaker[k].cuda() for k in ("flow_prompt_speech_token", "prompt_speech_feat",
-                                                                  "flow_embedding")))
-    tokens = torch.randint(0, 6561, (1, 28), generator=torch.Generator().manual_seed(2)).cuda()
-    mels = []
-    for capture_stream in (None, stream):
-        graphs = PooledFlowGraphs(pooled, stream=capture_stream)
-        # a first call renders the prompt's unshared 50 frames and 2 x 28 new ones
-        graphs.capture(rows=(2,), ctx_caps=(50,), new_caps=(112,))
-        streams = [pooled.open_stream(voice) for _ in range(2)]
-        with torch.cuda.stream(capture_stream or torch.cuda.current_stream()):
-            mels.append(torch.cat(graphs.render(streams, [tokens] * 2, [False] * 2)))
-        torch.cuda.synchronize()
-        assert graphs.eager_calls == 0
-        for s in streams:
-            pooled.close_stream(s)
-    assert (mels[0] - mels[1]).abs().max().item() <= 1e-4  # the golden parity tests' bound
-
-
 @pytest.mark.parametrize("compiled", [False, True], ids=["plain", "compiled-stages"])
 def test_graphed_hift_equals_the_eager_decode_of_its_own_source(tiny_model_dir: Path, compiled: bool) -> None:
     """A HiFT graph (first chunk: no cache; later chunk: cached source samples), plain or with the
@@ -338,7 +259,7 @@ def test_graphs_that_draw_use_generators_of_their_own_not_the_default_one(tiny_m
     lm = load_speech_lm(tiny_model_dir, "cuda", torch.float32)
     lm.setup_cache(5, 64)
     sampler = BatchedRasSampler(SamplingConfig(), lm.speech_token_size)
-    decoder = GraphedDecoder(lm, (1, 2), (64,), sampler=sampler, compile=False, carry=True)
+    decoder = GraphedDecoder(lm, sampler, (1, 2), (64,), compile=False)
     vocoder = load_hift(tiny_model_dir, "cuda", torch.float32, fold=True)
     hifts = [GraphedHift(vocoder, 56), GraphedHift(vocoder, 56)]
     mel = torch.randn(1, 80, 56, generator=torch.Generator().manual_seed(0)).cuda() - 6

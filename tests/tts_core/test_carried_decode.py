@@ -25,13 +25,15 @@ from tts_core.runtime import (
 
 VOICE = "golden_speaker"
 SAMPLES_PER_TOKEN = 960
+STEPS: list = []  # StepTiming of every decode iteration of the module's pipeline
 
 
 @pytest.fixture(scope="module")
 def pipeline(tiny_model_dir: Path):
     torch.set_num_threads(1)
     pipeline = CosyVoice2Pipeline.load(tiny_model_dir, max_batch=3, max_len=1024,
-                                       fast=SchedulerSettings(carried_decode=True))
+                                       fast=SchedulerSettings())
+    pipeline.scheduler.on_step = STEPS.append  # the decode thread's iterations, as bench_load collects them
     yield pipeline
     pipeline.close()
 
@@ -149,7 +151,7 @@ def test_jobs_join_leave_and_cancel_while_steps_overlap(pipeline: CosyVoice2Pipe
     voice = pipeline.voices.get(VOICE)
     sinks = [CollectingSink() for _ in range(3)]
     counts = [40, 90, 300]
-    jobs = [SynthesisJob("Thank you for calling.", voice, sink, JobOptions(seed=i, min_tokens=n, max_tokens=n))
+    jobs = [pipeline.make_job("Thank you for calling.", voice, sink, JobOptions(seed=i, min_tokens=n, max_tokens=n))
             for i, (sink, n) in enumerate(zip(sinks, counts))]
     accept = jobs[2].accept_token
 
@@ -172,7 +174,7 @@ def test_jobs_join_leave_and_cancel_while_steps_overlap(pipeline: CosyVoice2Pipe
     pipeline.synthesize("Goodbye.", VOICE, late, JobOptions(seed=9, min_tokens=50, max_tokens=50))
     assert sum(map(len, late.wait(120))) == 50 * SAMPLES_PER_TOKEN
     assert spoken == 100 and len(jobs[2].tokens) == spoken
-    assert any(step.batch >= 2 for step in scheduler.steps)
+    assert any(step.batch >= 2 for step in STEPS)
 
 
 class _LateFirstToken:
@@ -198,7 +200,7 @@ def test_a_prefill_in_flight_stalls_no_other_call(pipeline: CosyVoice2Pipeline, 
     scheduler.settings = dataclasses.replace(scheduler.settings, decode_steps_ahead=1)
     voice = pipeline.voices.get(VOICE)
     early_sink, late_sink = CollectingSink(), CollectingSink()
-    early = SynthesisJob("A long request.", voice, early_sink, JobOptions(seed=1, min_tokens=400, max_tokens=400))
+    early = pipeline.make_job("A long request.", voice, early_sink, JobOptions(seed=1, min_tokens=400, max_tokens=400))
     started = threading.Event()
     accept = early.accept_token
 
@@ -215,18 +217,18 @@ def test_a_prefill_in_flight_stalls_no_other_call(pipeline: CosyVoice2Pipeline, 
     real_draw_first = scheduler.decoder.draw_first
     monkeypatch.setattr(scheduler.decoder, "draw_first",
                         lambda *args: _LateFirstToken(real_draw_first(*args), arrived))
-    late = SynthesisJob("A short one.", voice, late_sink, JobOptions(seed=2, min_tokens=60, max_tokens=60))
+    late = pipeline.make_job("A short one.", voice, late_sink, JobOptions(seed=2, min_tokens=60, max_tokens=60))
     try:
         scheduler.submit(late)
         deadline = time.monotonic() + 60
         while late.kv_len == 0 and time.monotonic() < deadline:  # its prefill is launched
             time.sleep(0.005)
         at_launch = len(early.tokens)
-        steps_before = len(scheduler.steps)
+        steps_before = len(STEPS)
         time.sleep(0.3)
         assert late.tokens == [] and late.timings.prefill_done is None
         assert len(early.tokens) > at_launch or early.lm_finished  # the early call kept stepping
-        assert all(step.batch <= 1 for step in list(scheduler.steps)[steps_before:])  # without the late call
+        assert all(step.batch <= 1 for step in STEPS[steps_before:])  # without the late call
     finally:
         arrived.set()
     assert sum(map(len, late_sink.wait(120))) == 60 * SAMPLES_PER_TOKEN
@@ -254,8 +256,8 @@ def test_a_new_call_is_not_kept_waiting_behind_a_prefill_in_flight(pipeline: Cos
 
     monkeypatch.setattr(scheduler.decoder, "draw_first", draw_first)
     held_sink, new_sink = CollectingSink(), CollectingSink()
-    held = SynthesisJob("A held call.", voice, held_sink, JobOptions(seed=1, min_tokens=40, max_tokens=40))
-    new = SynthesisJob("A new call.", voice, new_sink, JobOptions(seed=2, min_tokens=30, max_tokens=30))
+    held = pipeline.make_job("A held call.", voice, held_sink, JobOptions(seed=1, min_tokens=40, max_tokens=40))
+    new = pipeline.make_job("A new call.", voice, new_sink, JobOptions(seed=2, min_tokens=30, max_tokens=30))
     try:
         scheduler.submit(held)
         deadline = time.monotonic() + 60

@@ -46,8 +46,7 @@ def rendered(tiny_model_dir: Path, golden_dir: Path) -> dict:
 
 
 def test_chunk_lengths_equal_official(rendered: dict) -> None:
-    assert [len(c) for c in rendered["chunks"]] == [len(c) for c in rendered["official"]] == [20160, 24000, 24000,
-                                                                                                18240]
+    assert [len(c) for c in rendered["chunks"]] == [len(c) for c in rendered["official"]]
     assert all(c.dtype == np.float32 for c in rendered["chunks"])
 
 
@@ -56,8 +55,9 @@ def test_mel_path_equals_official_streaming_flow(rendered: dict) -> None:
     flow = rendered["flow"]
     assert mel.shape == flow["mel_stream_final"].shape
     assert (mel - flow["mel_stream_final"]).abs().max().item() <= MEL_TOL
-    assert (mel[:, :, :50] - flow["mel_stream_first"]).abs().max().item() <= MEL_TOL
-    assert (mel[:, :, :100] - flow["mel_stream_second"]).abs().max().item() <= MEL_TOL
+    for key in ("mel_stream_first", "mel_stream_second"):  # the official calls' frames so far
+        official = flow[key]
+        assert (mel[:, :, :official.size(2)] - official).abs().max().item() <= MEL_TOL, key
 
 
 def _rms(x: np.ndarray, frame: int) -> np.ndarray:

@@ -3,7 +3,7 @@ read step k's tokens.
 
 The scheduler's decode step used to round-trip through the host: build each row's input token and
 RAS window from `job.tokens`, copy them up, replay, copy the drawn tokens down and wait. Under load
-on the H100 (bench/results/load_2026-11-23_h100_steady_trace.json, 17 req/s) the decode stream
+on the H100 (docs/PERF_NOTES.md, 17 req/s) the decode stream
 ran kernels for 3.5 ms of each 14 ms between steps: the rest was the host (its Python beside three
 render threads, the scheduler's lock, a graph launch lock since removed, the wait itself). Here each cache slot
 keeps its last drawn token and its RAS window on the device (`SlotTokens`); a step gathers them by

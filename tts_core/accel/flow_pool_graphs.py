@@ -20,30 +20,51 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 import structlog
 import torch
 from torch import nn
 
-from tts_core.accel.flow_graphs import device_position_tables
 from tts_core.accel.graph_capture import (
     capture_chain,
     capture_graph,
     compiling_at_start_up,
 )
+from tts_core.flow import token_encoder
 from tts_core.flow.encoder_window import encode_grouped, encode_new_frames
 from tts_core.flow.estimator import FlowEstimator, NhwcConv1d, Regions, SelfAttention
 from tts_core.flow.model import FlowModel
 from tts_core.flow.pooled import PooledFlow, PooledPlan, PooledStream, SolveParts
-from tts_core.flow.stepped import SteppedFlow
 
 log = structlog.get_logger(__name__)
+
+
+@contextmanager
+def device_position_tables(tables: dict) -> Iterator[None]:
+    """The encoder builds its relative-position table on the host and copies it over, which graph
+    capture forbids; while capturing, serve each (length, width, device, dtype) table from `tables`
+    (filled by the warm-up calls; its tensors must outlive the graph, which reads their memory)."""
+    build = token_encoder.relative_position_table
+
+    def cached(length: int, d_model: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        key = (length, d_model, str(device), dtype)
+        if key not in tables:
+            tables[key] = build(length, d_model, device, dtype)
+        return tables[key]
+
+    token_encoder.relative_position_table = cached
+    try:
+        yield
+    finally:
+        token_encoder.relative_position_table = build
+
 
 # A solve's next part is launched while the part before it runs, so the GPU never waits for the
 # host, and no further: what is queued stays a part or two, not the whole solve. H100 at 20 req/s,
 # one start-up: 1, 2 and 3 ahead gave p95 first chunk 280.8, 279.9 and 282.7 ms, one stream p50
-# 68.8-69.1 ms (bench/results/load_2026-11-24_h100_parts_ahead.json): the cut is what matters.
+# 68.8-69.1 ms (docs/PERF_NOTES.md): the cut is what matters.
 PARTS_AHEAD = 2
 
 
@@ -128,8 +149,7 @@ class PooledFlowGraphs:
                  stream: torch.cuda.Stream | None = None) -> None:
         """`estimator`: what the captured solves call per Euler step (default the model's own; or
         `compiled_estimator(...)`, which lanes may share). `stream`: the capture stream (default a
-        new one); a graph's kernels keep the SM partition of the stream it was captured on
-        (tts_core/accel/sm_partition.py)."""
+        new one)."""
         self.pooled = pooled
         self.estimator = estimator
         self.solve_graphs: dict[tuple[int, int, int], _SolveGraph] = {}  # (rows, ctx_cap, new_cap)
@@ -176,20 +196,6 @@ class PooledFlowGraphs:
         log.info("flow_pool_graphs_captured", graphs=len(self.solve_graphs), rows=list(rows), ctx_caps=list(ctx_caps),
                  new_caps=list(new_caps), parts=parts, seconds=round(seconds, 2))
         return seconds
-
-    def capture_stepped(self, rows: Sequence[int], ctx_cap: int, new_cap: int) -> SteppedFlow:
-        """A `SteppedFlow` of max(rows) rows whose step replays a graph for each bucket in `rows`."""
-        started = time.perf_counter()
-        pool = self._graph_pool()
-        stepped = SteppedFlow(self.pooled, max(rows), ctx_cap, new_cap, self.estimator)
-        with compiling_at_start_up():
-            for r in sorted(rows, reverse=True):
-                graph = torch.cuda.CUDAGraph()
-                capture_graph(graph, functools.partial(stepped.advance, r), warmup=2, pool=pool, stream=self._stream)
-                stepped.runners[r] = graph.replay
-        log.info("flow_step_graphs_captured", rows=list(rows), ctx_cap=ctx_cap, new_cap=new_cap,
-                 seconds=round(time.perf_counter() - started, 2))
-        return stepped
 
     def capture_encoder(self, rows: Sequence[int], tokens: int, new_frames: int, finalize: bool) -> None:
         pool = self._graph_pool()

@@ -7,7 +7,7 @@ its quiet neighbours). `torch._scaled_mm` multiplies the e4m3 operands, accumula
 and applies both scales, so the error is the two roundings to e4m3's 3 mantissa bits. How far that
 moves the LM's token distribution from bf16 is measured by bench/bench_lm_precision.py.
 On the H100 it is also slower than bf16: a lone first chunk's 28 decode steps took 51 ms against
-42-46 (bench/results/load_2026-11-23_h100_compile_flow_fp8.json). Per step it quantizes every
+42-46 (docs/PERF_NOTES.md). Per step it quantizes every
 activation and calls `_scaled_mm` for a few rows; which of the two costs more is not profiled.
 
 The same op runs on CPU (tests and agreement runs) and on CUDA devices of compute capability 8.9+

@@ -1,30 +1,26 @@
-"""CUDA-graph replay of `SpeechTokenLM.decode_step` for continuous batching.
+"""CUDA-graph replay of the speech LM's decode step and draw, for continuous batching, and of its
+prefill.
 
 One decode step of the 0.5B LM is ~350 small kernels; launched eagerly the CPU, not the GPU, sets
-the pace (tens of ms per step). `GraphedDecoder` captures the step once per (batch bucket, attend
-bucket) and replays the smallest one that fits: live rows are copied into static `slots`/`tokens`
-buffers and the rest of the bucket points at a reserved scratch slot, whose cache row absorbs the
-padding writes and is reset inside the graph every step (so its position never runs off the cache).
+the pace (tens of ms per step). `GraphedDecoder` captures the step and the batched RAS draw once per
+(batch bucket, attend bucket) and replays the smallest one that fits; the rest of the bucket points
+at a reserved scratch slot, whose cache row absorbs the padding writes and is reset inside the graph
+every step (so its position never runs off the cache). `attend_len` buckets bound how many cache
+columns attention reads: the caller passes `kv_len` (the longest live slot's length before the
+step) and the smallest attend bucket > kv_len is chosen.
 
-`attend_len` buckets bound how many cache columns attention reads: a step over short requests need
-not read the whole static cache. The caller passes `kv_len` (the longest live slot's length before
-the step, which the scheduler knows) and the smallest attend bucket > kv_len is chosen.
+Each slot's input token and RAS window stay on the device (`carried_decode.SlotTokens`): `seed`
+sets a slot's state when its segment starts, `launch` replays a step for some slots and returns
+their tokens as `PendingTokens`, copied to the host behind the step, so the caller can launch the
+next step before reading them (tts_core/accel/carried_decode.py; `EagerCarriedDecoder` is the same
+contract without graphs).
 
-With a `BatchedRasSampler` the draw is captured in the same graph (`step_sample`), so a step costs
-one replay and one small host copy. By default (`compile=True`) the step is first fused by
-torch.compile (inductor, dynamic batch) inside the warm-up before capture, so the cost lands in the
-constructor and never on a first step: on an H100 (bf16, full size) compiling takes ~2 minutes and
-cuts a step from 2.7-5.5 ms to 1.3-2.4 ms (batch 1-128; bench/bench_decode.py). The projections
-are fused too (`fuse=True`: one q/k/v and one gate/up matmul per layer; the LM's state-dict keys
-are unchanged).
-
-Outputs are views of the graph's static buffers: consume them before the next step. The scratch
-slot belongs to this runner; the scheduler must never assign it to a request.
-
-With `carry=True` (and a sampler) each slot's input token and RAS window stay on the device
-(`carried_decode.SlotTokens`): `seed` sets a slot's state when its segment starts, `launch` replays
-a step for some slots and returns their tokens as `PendingTokens`, copied to the host behind the
-step, so the caller can launch the next step before reading them (see tts_core/accel/carried_decode.py).
+By default (`compile=True`) the step is first fused by torch.compile (inductor, dynamic batch)
+inside the warm-up before capture, so the cost lands in the constructor and never on a first step
+(H100 bf16: ~2 minutes; a step 2.7-5.5 ms -> 1.3-2.4 ms at batch 1-128, bench/bench_decode.py). The
+projections are fused too (`fuse=True`: one q/k/v and one gate/up matmul per layer; the LM's
+state-dict keys are unchanged). The scratch slot belongs to this runner; the scheduler must never
+assign it to a request.
 
 `GraphedPrefill` does the same for `SpeechTokenLM.prefill` of one request, per input-length bucket.
 """
@@ -53,10 +49,9 @@ HOST_BUFFERS = 3  # carried launches whose pinned host buffers rotate (see Graph
 
 
 class GraphedDecoder:
-    def __init__(self, lm: SpeechTokenLM, batch_buckets: Sequence[int] | None = None,
+    def __init__(self, lm: SpeechTokenLM, sampler: BatchedRasSampler, batch_buckets: Sequence[int] | None = None,
                  attend_buckets: Sequence[int] | None = None, scratch_slot: int | None = None,
-                 sampler: BatchedRasSampler | None = None, compile: bool = True, warmup: int = 2,
-                 fuse: bool = True, carry: bool = False, slot_attention: bool = True) -> None:
+                 compile: bool = True, warmup: int = 2, fuse: bool = True, slot_attention: bool = True) -> None:
         cache = lm.kv_cache
         if cache is None:
             raise RuntimeError("GraphedDecoder: call lm.setup_cache(max_batch, max_len) first")
@@ -74,33 +69,24 @@ class GraphedDecoder:
             raise ValueError(f"GraphedDecoder: attend bucket {self.attend_buckets[-1]} exceeds the cache length")
         device = cache.device
         largest = self.batch_buckets[-1]
-        # Row inputs: the slots, then (carry) whether each row may stop; one host copy per step.
+        # Row inputs: the slots, then whether each row may stop; one host copy per step.
         self._inputs = torch.full((2, largest), self.scratch_slot, dtype=torch.long, device=device)
         self._slots = self._inputs[0]
-        self._tokens = torch.zeros(largest, dtype=torch.long, device=device)
         self.sampler = sampler
-        window = sampler.config.win_size if sampler is not None else 1
-        self._history = torch.full((largest, window), -1, dtype=torch.long, device=device)
-        self._allow_stop = torch.ones(largest, dtype=torch.bool, device=device)
-        if carry and sampler is None:
-            raise ValueError("GraphedDecoder: carry=True draws inside the graph and needs a sampler")
-        self.carry = carry
-        self.state = SlotTokens(cache.max_batch, window, device) if carry else None
+        self.state = SlotTokens(cache.max_batch, sampler.config.win_size, device)
         # Pinned host buffers, used in turn: the inputs of a launch and its drawn tokens. A buffer
         # is written again HOST_BUFFERS launches later; by then the caller has read that step (it
         # keeps at most HOST_BUFFERS - 1 steps unread when it launches), so its copies are done.
-        self._host_inputs = [torch.empty((2, largest), dtype=torch.long).pin_memory()
-                             for _ in range(HOST_BUFFERS)] if carry else []
-        self._host_tokens = [torch.empty(largest, dtype=torch.long).pin_memory()
-                             for _ in range(HOST_BUFFERS)] if carry else []
+        self._host_inputs = [torch.empty((2, largest), dtype=torch.long).pin_memory() for _ in range(HOST_BUFFERS)]
+        self._host_tokens = [torch.empty(largest, dtype=torch.long).pin_memory() for _ in range(HOST_BUFFERS)]
         # Their steps' done events, in turn with the buffers: made once, recorded again and again.
         # Under load a new CUDA event took up to 71 ms to make and record beside the render lanes'
         # graph launches (bench/host_waits.py), and the decode thread makes one per step.
-        self._step_events = [torch.cuda.Event() for _ in range(HOST_BUFFERS)] if carry else []
+        self._step_events = [torch.cuda.Event() for _ in range(HOST_BUFFERS)]
         self._turn = 0
         # First draws run eagerly, on the prefill stream: a generator apart from the graphs' (below),
         # so the two kinds of draws do not depend on each other's order.
-        self._first_generator = torch.Generator(device=device).manual_seed(0) if carry else None
+        self._first_generator = torch.Generator(device=device).manual_seed(0)
         # The graphs' draws come from a generator of their own, registered with each graph: only the
         # thread stepping this decoder replays them, so no other thread's replay races on its
         # offset (graph_capture). Seed it to repeat a run's draws.
@@ -114,36 +100,30 @@ class GraphedDecoder:
         self.slot_attention = slot_attention and decode_attention.available()
         cache.decode_attention = decode_attention.decode_attention if self.slot_attention else None
         self._decode = torch.compile(_decode_step, dynamic=True) if compile else _decode_step
-        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
+        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
         started = time.perf_counter()
         self._capture_all(warmup)
         # Compiling happens here, in the warm-up before capture: never on a caller's first step.
         self.capture_seconds = time.perf_counter() - started
         log.info("lm_decode_graphs_captured", buckets=len(self._graphs), compiled=compile, fused=fuse,
-                 slot_attention=self.slot_attention,
-                 seconds=round(self.capture_seconds, 1))
+                 slot_attention=self.slot_attention, seconds=round(self.capture_seconds, 1))
 
-    def _step(self, batch: int, attend: int) -> tuple[torch.Tensor, ...]:
+    def _step(self, batch: int, attend: int) -> tuple[torch.Tensor, torch.Tensor]:
         # Reset inside the graph: padding rows advance the scratch slot every replay.
         # A slice fill, not `lengths[i] = 0`: the latter copies a host scalar, which capture forbids.
         self.cache.lengths.narrow(0, self.scratch_slot, 1).zero_()
         slots = self._slots[:batch]
-        if self.state is not None:
-            tokens, history = self.state.gather(slots)
-            logp = self._decode(self.lm, slots, tokens, attend_len=attend)
-            drawn = self.sampler.sample(logp, history, self._inputs[1, :batch] != 0, self.generator)
-            self.state.advance(slots, history, drawn)
-            return logp, drawn
-        logp = self._decode(self.lm, slots, self._tokens[:batch], attend_len=attend)
-        if self.sampler is None:
-            return (logp,)
-        return logp, self.sampler.sample(logp, self._history[:batch], self._allow_stop[:batch], self.generator)
+        tokens, history = self.state.gather(slots)
+        logp = self._decode(self.lm, slots, tokens, attend_len=attend)
+        drawn = self.sampler.sample(logp, history, self._inputs[1, :batch] != 0, self.generator)
+        self.state.advance(slots, history, drawn)
+        return logp, drawn
 
     @torch.inference_mode()
     def _capture_all(self, warmup: int) -> None:
         pool = torch.cuda.graph_pool_handle()
         saved = self.cache.lengths.clone()
-        saved_state = (self.state.last.clone(), self.state.history.clone()) if self.state is not None else None
+        saved_state = self.state.last.clone(), self.state.history.clone()
         # Warm up and capture on a stream of the decoder's own (cuBLAS handles, workspace: see
         # graph_capture.capture_graph) with every row on the scratch slot.
         side = torch.cuda.Stream()
@@ -163,9 +143,8 @@ class GraphedDecoder:
                     out = self._step(batch, attend)
                 self._graphs[(batch, attend)] = (graph, out)
         self.cache.lengths.copy_(saved)
-        if saved_state is not None:
-            self.state.last.copy_(saved_state[0])
-            self.state.history.copy_(saved_state[1])
+        self.state.last.copy_(saved_state[0])
+        self.state.history.copy_(saved_state[1])
 
     def bucket(self, live: int, kv_len: int | None = None) -> tuple[int, int]:
         """(batch bucket, attend bucket) a step of `live` rows whose longest slot holds `kv_len`
@@ -173,50 +152,14 @@ class GraphedDecoder:
         attend = self.attend_buckets[-1] if kv_len is None else select_bucket(kv_len + 1, self.attend_buckets)
         return select_bucket(live, self.batch_buckets), attend
 
-    def _replay(self, slots: torch.Tensor | Sequence[int], tokens: torch.Tensor | Sequence[int],
-                kv_len: int | None) -> tuple[int, tuple[torch.Tensor, ...]]:
-        device = self._slots.device
-        slots = torch.as_tensor(slots, dtype=torch.long).to(device, non_blocking=True)
-        tokens = torch.as_tensor(tokens, dtype=torch.long).to(device, non_blocking=True)
-        live = slots.numel()
-        batch, attend = self.bucket(live, kv_len)
-        self._slots[:live].copy_(slots)
-        self._slots[live:batch].fill_(self.scratch_slot)
-        self._tokens[:live].copy_(tokens)
-        graph, out = self._graphs[(batch, attend)]
-        graph.replay()
-        return live, out
-
-    @torch.inference_mode()
-    def step(self, slots: torch.Tensor | Sequence[int], tokens: torch.Tensor | Sequence[int],
-             kv_len: int | None = None) -> torch.Tensor:
-        """Same contract as `SpeechTokenLM.decode_step(slots, tokens)`: feeds one token per slot and
-        returns logp (B, V) float32 — a view valid until the next step."""
-        live, out = self._replay(slots, tokens, kv_len)
-        return out[0][:live]
-
-    @torch.inference_mode()
-    def step_sample(self, slots: torch.Tensor | Sequence[int], tokens: torch.Tensor | Sequence[int],
-                    history: torch.Tensor, allow_stop: torch.Tensor, kv_len: int | None = None) -> torch.Tensor:
-        """Decode step and draw in one replay: history (B, win_size) last tokens per row (-1 pads),
-        allow_stop (B,) bool. Returns the next tokens (B,) on the device — a view valid until the next step."""
-        if self.sampler is None:
-            raise RuntimeError("GraphedDecoder: built without a sampler")
-        live = history.shape[0]
-        self._history[:live].copy_(history, non_blocking=True)
-        self._allow_stop[:live].copy_(allow_stop, non_blocking=True)
-        live, out = self._replay(slots, tokens, kv_len)
-        return out[1][:live]
-
     def seed(self, slots: Sequence[int], tokens: Sequence[Sequence[int]]) -> None:
-        """carry: set the slots' input token and RAS window from their tokens so far."""
-        self._carried().seed(slots, tokens)
+        """Set the slots' input token and RAS window from their tokens so far."""
+        self.state.seed(slots, tokens)
 
     @torch.inference_mode()
     def launch(self, slots: Sequence[int], allow_stop: Sequence[bool], kv_len: int | None = None) -> PendingTokens:
-        """carry: one decode step and draw for `slots` (each from its carried state), whether each
-        row may draw a stop token; returns the drawn tokens, copied to the host behind the step."""
-        self._carried()
+        """One decode step and draw for `slots` (each from its carried state), whether each row may
+        draw a stop token; returns the drawn tokens, copied to the host behind the step."""
         live = len(slots)
         batch, attend = self.bucket(live, kv_len)
         host = self._host_inputs[self._turn]
@@ -230,18 +173,32 @@ class GraphedDecoder:
         tokens[:live].copy_(out[1][:live], non_blocking=True)
         event = self._step_events[self._turn]
         event.record()
-        self._turn = (self._turn + 1) % len(self._host_tokens)
+        self._turn = (self._turn + 1) % HOST_BUFFERS
         return PendingTokens(tokens, live, event)
 
-    def draw_first(self, slots: Sequence[int], logp: torch.Tensor, allow_stop: Sequence[bool]) -> PendingTokens:
-        """carry: each slot's first token from its prefill's logp, drawn on the current stream; it
-        becomes the slot's carried state (see carried_decode.draw_first)."""
-        return draw_first(self._carried(), self.sampler, logp, slots, allow_stop, self._first_generator)
+    @torch.inference_mode()
+    def step(self, slots: torch.Tensor | Sequence[int], tokens: torch.Tensor | Sequence[int],
+             kv_len: int | None = None) -> torch.Tensor:
+        """Parity tests and benchmarks: one replay with `tokens` (one per slot) as the rows' inputs;
+        returns logp (B, V) — a view valid until the next step. The draw advances the slots'
+        carried state as `launch` does."""
+        device = self._slots.device
+        slots = torch.as_tensor(slots, dtype=torch.long).to(device, non_blocking=True)
+        tokens = torch.as_tensor(tokens, dtype=torch.long).to(device, non_blocking=True)
+        live = slots.numel()
+        batch, attend = self.bucket(live, kv_len)
+        self.state.last.index_copy_(0, slots, tokens)
+        self._slots[:live].copy_(slots)
+        self._slots[live:batch].fill_(self.scratch_slot)
+        self._inputs[1, :batch].fill_(1)
+        graph, out = self._graphs[(batch, attend)]
+        graph.replay()
+        return out[0][:live]
 
-    def _carried(self) -> SlotTokens:
-        if self.state is None:
-            raise RuntimeError("GraphedDecoder: built without carry=True")
-        return self.state
+    def draw_first(self, slots: Sequence[int], logp: torch.Tensor, allow_stop: Sequence[bool]) -> PendingTokens:
+        """Each slot's first token from its prefill's logp, drawn on the current stream; it becomes
+        the slot's carried state (see carried_decode.draw_first)."""
+        return draw_first(self.state, self.sampler, logp, slots, allow_stop, self._first_generator)
 
 
 class GraphedPrefill:

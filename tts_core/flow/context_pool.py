@@ -19,7 +19,7 @@ built on the device from a small per-row table, so a whole batched call is captu
 graph. Each layer keeps all Euler steps' memory in one tensor, rows (step, guidance half, frame or
 slot) flattened, and a step's index tensors point into its share: one compiled estimator step
 (torch.compile) serves every step, since nothing it reads tells steps apart but its tensor
-arguments, and the rows of one call may each be at a step of their own (tts_core.flow.stepped).
+arguments.
 The pool owns no parameters and never runs the model; slot bookkeeping is host-side and belongs to
 the one thread that renders.
 """
@@ -60,11 +60,9 @@ class CallIndex:
     # (see conv_input).
     conv_at: dict[int, torch.Tensor] = field(compare=False)
 
-    def at_step(self, pool: FlowContextPool, step: int | torch.Tensor) -> StepIndex:
-        """The pool rows of Euler step `step`: one int for every row, or (B,) long, a step per row."""
+    def at_step(self, pool: FlowContextPool, step: int) -> StepIndex:
+        """The pool rows of Euler step `step`, for every row."""
         frames, slots = step * (2 * pool.frames), step * (2 * pool.slots)
-        if isinstance(step, torch.Tensor):  # per row: broadcast over the halves (and the keys)
-            frames, slots = frames.view(1, -1, 1), slots.view(1, -1)
         return StepIndex(ctx_rows=(self.ctx_frames + frames).flatten(), write_rows=(self.write_frames + frames).flatten(),
                          left_src=(self.left_src + slots).flatten(), left_dst=(self.left_dst + slots).flatten(),
                          conv_at=self.conv_at)
@@ -210,6 +208,6 @@ class AttentionContext:
         # between the read and its use made inductor read the old frames after the write, which
         # it can only do from a copy of this layer's whole pool: 56 copies per Euler step, 102 ms
         # of flow solve on the H100 where the eager step takes 43
-        # (bench/results/load_2026-11-23_h100_compile_flow_per_module.json).
+        # (docs/PERF_NOTES.md, "The per-module compiled flow").
         self.hidden.index_copy_(0, self.index.write_rows, x.reshape(2 * b * n, d))
         return keys_values

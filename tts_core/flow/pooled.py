@@ -23,8 +23,7 @@ only then does it see less than the official call (logged once per stream).
 
 `pooled_solve` is capturable (no host syncs), also cut into parts (`SolveParts`);
 `PooledFlow.render` is the eager driver, and `tts_core.accel.flow_pool_graphs` replays captured
-calls. `pooled_row_step` is one step of rows that are each at their own step
-(tts_core.flow.stepped). One thread drives a `PooledFlow`.
+calls. One thread drives a `PooledFlow`.
 """
 
 from __future__ import annotations
@@ -164,31 +163,6 @@ def euler_steps(model: FlowModel) -> tuple[EulerStep, ...]:
 
 
 @dataclass(frozen=True)
-class StepTables:
-    """The solver's steps stacked by step number, for rows that are each at a step of their own."""
-
-    dt: torch.Tensor  # (steps,)
-    time_biases: torch.Tensor  # (steps, sum of channels): every estimator resnet's, side by side
-    widths: tuple[int, ...]  # each resnet's channels, in call order
-
-    @staticmethod
-    def of(steps: Sequence[EulerStep]) -> StepTables:
-        return StepTables(torch.cat([s.dt.reshape(1) for s in steps]),
-                          torch.cat([torch.cat(s.time_biases, dim=1) for s in steps]),
-                          tuple(b.size(1) for b in steps[0].time_biases))
-
-    @property
-    def steps(self) -> int:
-        return self.dt.size(0)
-
-    def time_biases_at(self, step: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """step (B,) long -> per resnet (2B, channels), rows [conditioned | unconditioned]: one
-        gather for all resnets (views of it), not one each."""
-        rows = self.time_biases.index_select(0, step)
-        return torch.cat([rows, rows]).split(self.widths, dim=1)
-
-
-@dataclass(frozen=True)
 class SolveInputs:
     """What every Euler step of a batched call reads besides x; made once per call (capturable)."""
 
@@ -276,20 +250,6 @@ class SolveParts:
         mel = self.x.float()
         self.inputs = self.x = None  # a solve's state lives from its first part to its last
         return mel
-
-
-def pooled_row_step(model: FlowModel, pool: FlowContextPool, inputs: SolveInputs, x: torch.Tensor,
-                    step: torch.Tensor, tables: StepTables, estimator: Callable | None = None) -> torch.Tensor:
-    """One guided Euler step of a batch whose rows are each at their own step: `inputs` as
-    `solve_inputs` makes them for these rows, step (B,) long in [0, steps); a row at step 0 starts
-    from its noise (its `x` is not read). x (B, 80, N) in the flow's dtype -> x after the step, the
-    same. Ten calls take a row where `pooled_solve` does, and the pool ends the same: each row reads
-    and writes its own step's memory. Capturable."""
-    estimator = model.decoder.estimator if estimator is None else estimator
-    x = torch.where((step == 0).view(-1, 1, 1), inputs.x0, x)
-    dt = tables.dt.index_select(0, step).view(-1, 1, 1)
-    return _euler_step(model, pool, inputs, x, inputs.index.at_step(pool, step), tables.time_biases_at(step), dt,
-                       estimator)
 
 
 class PooledFlow:

@@ -12,8 +12,7 @@ everything else (large batched calls). A graph cannot replay while it is already
 graphs captured into one memory pool share their scratch memory, so each lane replays graphs of
 its own (own pool, own capture stream); the context pool is shared, and no two lanes touch the same
 stream slot at the same time (a job is claimed by one lane per chunk, and its first chunk is handed
-off before its later chunks are planned). With `step_first_chunks` a first lane holds a
-`SteppedFlow` instead of rendering calls: `join_first`, `step_first`, `drop_first`.
+off before its later chunks are planned).
 """
 
 from __future__ import annotations
@@ -29,9 +28,7 @@ import torch
 
 from tts_core.flow import FlowModel
 from tts_core.flow.context_pool import PoolShape
-from tts_core.flow.encoder_window import encode_grouped
 from tts_core.flow.pooled import PooledFlow, PooledStream, VoicePrefix
-from tts_core.flow.stepped import SteppedFlow
 from tts_core.hift import HiftGenerator
 from tts_core.runtime.chunk_vocoder import ChunkVocoder, HiftGraphs, push_chunks
 from tts_core.streaming.chunk_schedule import ChunkPlanner, ChunkSchedule, ChunkTask
@@ -52,20 +49,8 @@ class FlowPoolSettings:
     context_buckets: int = 4  # context-capacity graph buckets between the prompt and the maximum
     first_batches: tuple[int, ...] = (1, 2, 4, 8)  # graph row buckets of a first-chunk lane
     first_lanes: int = 3  # first-chunk lanes (each its own graphs); 0: "later" renders first chunks too
-    # First lanes step their first chunks together, each row at its own Euler step
-    # (tts_core/flow/stepped.py), instead of rendering each batch in a call of its own.
-    step_first_chunks: bool = False
     compile: bool = False  # captured solves call a torch.compile'd estimator step (accel/flow_pool_graphs)
     compile_hift: bool = False  # captured HiFT graphs call torch.compile'd stages (accel/hift_graphs)
-    # CUDA: the "later" lane's work (its graphs are captured there) runs on this many SMs only
-    # (a green context, tts_core/accel/sm_partition.py), leaving the rest to the decode step and
-    # the first chunks. 0: every lane may use every SM.
-    later_sms: int = 0
-    # The same for each first-chunk lane. A green context of a given size always gets the same SMs,
-    # so with both set the render lanes share those SMs and the decode step alone owns the rest.
-    # green_stream asks for no priority (GreenContext.Stream takes none), so the first lanes lose
-    # their place above the later one.
-    first_sms: int = 0
     solve_parts: int = 1  # graphs per captured solve (accel/flow_pool_graphs.PooledFlowGraphs.capture)
 
 
@@ -77,20 +62,9 @@ class RenderLane:
     graphs: object | None = None  # PooledFlowGraphs
     hift_graphs: HiftGraphs = field(default_factory=dict)
     max_batch: int = 1
-    cuda_stream: object | None = None  # the stream it must render on (an SM partition's); None: any
-    stepped: SteppedFlow | None = None  # a first lane's, with `step_first_chunks`
     # Around each vocoder call, with ChunkRenderer.time_gpu: made once, recorded again each call
     # (making CUDA events under load stalls the host).
     timing_events: tuple | None = None
-
-
-@dataclass(frozen=True)
-class _FirstRow:
-    """A stepped flow row's key: the caller's key, and what its chunk's vocoding needs."""
-
-    key: object
-    stream: PooledChunkStream
-    finalize: bool
 
 
 @dataclass
@@ -168,16 +142,6 @@ class ChunkRenderer:
             self.voice(voice)
         report: dict = {"flow_voices_s": time.perf_counter() - started,
                         "flow_pool_gb": self.pooled.pool.nbytes() / 2**30}
-        if self.settings.later_sms or self.settings.first_sms:
-            from tts_core.accel.sm_partition import green_stream
-
-            if self.settings.later_sms:
-                self.lanes["later"].cuda_stream = green_stream(self.settings.later_sms, self._device)
-                report["later_lane_sms"] = self.settings.later_sms
-            if self.settings.first_sms:
-                for name in self.first_lanes:
-                    self.lanes[name].cuda_stream = green_stream(self.settings.first_sms, self._device)
-                report["first_lane_sms"] = self.settings.first_sms
         s, ratio, chunk = self.settings, self.flow.cfg.token_mel_ratio, self.pooled.chunk
         prefix = max((p.prefix_frames for _, p in self._voices.values()), default=0)
         # Per voice: its prompt's unshared tail and its first hop, padded as its ChunkPlanner pads it
@@ -190,13 +154,9 @@ class ChunkRenderer:
         extra = chunk if schedule.first_hop_tokens else 0
         first_news = sorted({-(-(tail + first_hop + extra) // 16) * 16 for tail, first_hop in firsts})
         first_lanes = [self.lanes[name] for name in self.first_lanes]
-        if s.step_first_chunks and not graphs:
-            for first in first_lanes:
-                first.stepped = SteppedFlow(self.pooled, max(s.first_batches), prefix, max(first_news, default=0))
         if not graphs:
             return report
         from tts_core.accel.flow_pool_graphs import PooledFlowGraphs, compiled_estimator
-        from tts_core.accel.hift_graphs import GraphedHift, compiled_mix
 
         own_max = self.pooled.pool.shape.stream_frames
         step = -(-own_max // s.context_buckets // chunk) * chunk
@@ -215,15 +175,13 @@ class ChunkRenderer:
         later = self.lanes["later"]
         t0 = time.perf_counter()
         estimator = compiled_estimator(self.flow.decoder.estimator) if s.compile else None
-        later.graphs = PooledFlowGraphs(self.pooled, estimator, stream=later.cuda_stream)
+        later.graphs = PooledFlowGraphs(self.pooled, estimator)
         later.graphs.capture(s.batches, ctx_caps, new_caps, s.solve_parts)
         # First lanes: first calls only, whose context is exactly their voice's shared prefix.
         for first in first_lanes:
-            first.graphs = PooledFlowGraphs(self.pooled, estimator, stream=first.cuda_stream)
+            first.graphs = PooledFlowGraphs(self.pooled, estimator)
             first.graphs.capture(s.first_batches, sorted({p.prefix_frames for _, p in self._voices.values()}),
                                  first_news, s.solve_parts)
-            if s.step_first_chunks:
-                first.stepped = first.graphs.capture_stepped(s.first_batches, prefix, max(first_news))
         if window is not None:
             later.graphs.capture_encoder(s.batches, window, hop, False)
             for first in first_lanes:
@@ -241,32 +199,40 @@ class ChunkRenderer:
 
             report["flow_compiles"] = counters["stats"]["unique_graphs"]  # compiled graphs in this process
         t0 = time.perf_counter()
-        # HiFT, per lane, one memory pool and capture stream each (a lane replays one at a time):
-        # first chunks (no caches; "later" renders a later segment's first chunk); on "later", later
-        # chunks (8 cached frames + a full hop) in every row bucket and final chunks (8 cached frames
-        # + a final call's frames) one row each, so no chunk of a steady schedule runs
-        # eagerly (a first chunk that is also the last, a short utterance, does).
+        self._capture_hift(first_lanes, sorted(first_hops), hop, final_tokens)
+        report["hift_capture_s"] = time.perf_counter() - t0
+        report.update({"flow_ctx_caps": ctx_caps, "flow_new_caps": new_caps, "flow_batches": list(s.batches),
+                       "flow_first_batches": list(s.first_batches),
+                       "first_lanes": len(first_lanes),
+                       "flow_compiled": s.compile, "hift_compiled": s.compile_hift, "flow_solve_parts": s.solve_parts,
+                       "flow_graphs": sum(len(lane.graphs.solve_graphs) for lane in self.lanes.values()),
+                       "hift_graphs": sum(len(lane.hift_graphs) for lane in self.lanes.values())})
+        return report
+
+    def _capture_hift(self, first_lanes: list[RenderLane], first_hops: list[int], hop: int,
+                      final_tokens: range) -> None:
+        """HiFT, per lane, one memory pool and capture stream each (a lane replays one at a time):
+        first chunks (no caches; "later" renders a later segment's first chunk); on "later", later
+        chunks (8 cached frames + a full hop) in every row bucket and final chunks (8 cached frames
+        + a final call's frames) one row each, so no chunk of a steady schedule runs eagerly (a
+        first chunk that is also the last, a short utterance, does)."""
+        from tts_core.accel.hift_graphs import GraphedHift, compiled_mix
+
+        s, ratio = self.settings, self.flow.cfg.token_mel_ratio
         mix = compiled_mix() if s.compile_hift else None
         cached = 8 * 480
         finals = [(1, 8 + n * ratio, cached) for n in final_tokens]
-        firsts_hift = [(rows, first_hop, 0) for first_hop in sorted(first_hops) for rows in s.first_batches]
+        firsts_hift = [(rows, first_hop, 0) for first_hop in first_hops for rows in s.first_batches]
         steady = [(rows, 8 + hop, cached) for rows in s.batches]
+        later = self.lanes["later"]
         for lane, shapes in [(first, firsts_hift) for first in first_lanes] + [(later, firsts_hift + steady + finals)]:
             pool = torch.cuda.graph_pool_handle()
-            stream = lane.cuda_stream if lane.cuda_stream is not None else torch.cuda.Stream(self._device)
+            stream = torch.cuda.Stream(self._device)
             for key in sorted(shapes, key=lambda k: k[0] * k[1], reverse=True):  # largest first: pool reuse
                 if key not in lane.hift_graphs:
                     rows, frames, cache = key
                     lane.hift_graphs[key] = GraphedHift(self.hift, frames, cache, rows=rows, pool=pool, stream=stream,
                                                         mix=mix)
-        report["hift_capture_s"] = time.perf_counter() - t0
-        report.update({"flow_ctx_caps": ctx_caps, "flow_new_caps": new_caps, "flow_batches": list(s.batches),
-                       "flow_first_batches": list(s.first_batches),
-                       "first_lanes": len(first_lanes), "first_chunks_stepped": s.step_first_chunks,
-                       "flow_compiled": s.compile, "hift_compiled": s.compile_hift, "flow_solve_parts": s.solve_parts,
-                       "flow_graphs": sum(len(lane.graphs.solve_graphs) for lane in self.lanes.values()),
-                       "hift_graphs": sum(len(lane.hift_graphs) for lane in self.lanes.values())})
-        return report
 
     @property
     def dtype(self) -> torch.dtype:
@@ -293,42 +259,6 @@ class ChunkRenderer:
         flow_gpu = replays.graphs.gpu_split() if replays.graphs is not None else None
         return self._vocode([s for s, _, _ in items], mels, finalize, [flow_done - started] * len(items), flow_gpu,
                             replays)
-
-    def join_first(self, items: Sequence[tuple[object, PooledChunkStream, Sequence[int], ChunkTask]],
-                   lane: str) -> list[object]:
-        """Rows for `lane`'s stepped flow: one per item (key, stream, the segment's tokens so far, its
-        first chunk's task), at most its free rows. Returns the keys of the items that do not fit its
-        buckets (a final first chunk of a short utterance may not): render those with `render`."""
-        stepped = self.lanes[lane].stepped
-        replays = self.lanes[lane].graphs
-        plans = [self.pooled.plan(s.flow, torch.tensor([list(t[:task.token_end])], dtype=torch.long), task.finalize)
-                 for _, s, t, task in items]
-        fits = [stepped.fits(plan) for plan in plans]
-        joining = [(item, plan) for item, plan, fit in zip(items, plans, fits) if fit]
-        joining_plans = [plan for _, plan in joining]
-        mus = replays.encode(joining_plans) if replays is not None else encode_grouped(self.flow, joining_plans)
-        for ((key, stream, _, task), plan), mu in zip(joining, mus):
-            stepped.join(_FirstRow(key, stream, task.finalize), stream.flow, plan, mu)
-        return [key for (key, *_), fit in zip(items, fits) if not fit]
-
-    def step_first(self, lane: str) -> list[tuple[object, RenderedChunk]]:
-        """One Euler step of `lane`'s stepped flow; (key, chunk) for each row that took its last step.
-        A chunk's flow time is from its row's join to the end of its last step."""
-        replays = self.lanes[lane]
-        done = replays.stepped.step()
-        if not done:
-            return []
-        flow_done = _synchronized(self._device)
-        streams = [row.key.stream for row, _ in done]
-        finalize = [row.key.finalize for row, _ in done]
-        mels = [self.pooled.finish(row.stream, row.plan, mel) for row, mel in done]
-        chunks = self._vocode(streams, mels, finalize, [flow_done - row.joined_at for row, _ in done], None, replays)
-        return [(row.key.key, chunk) for (row, _), chunk in zip(done, chunks)]
-
-    def drop_first(self, lane: str, keys: Sequence[object]) -> None:
-        """Take the rows of `keys` out of `lane`'s stepped flow (their jobs left: their slots may be reused)."""
-        gone = {id(k) for k in keys}
-        self.lanes[lane].stepped.drop(lambda row: id(row.key) in gone)
 
     def _vocode(self, streams: Sequence[PooledChunkStream], mels: Sequence[torch.Tensor], finalize: Sequence[bool],
                 flow_s: Sequence[float], flow_gpu: tuple[float, float] | None,

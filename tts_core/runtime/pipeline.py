@@ -23,11 +23,12 @@ from tts_core.llm.sampling import RasSampler
 from tts_core.model_dir import ModelDir, load_speech_lm
 from tts_core.runtime.collecting_sink import CollectingSink
 from tts_core.runtime.request import JobOptions, SynthesisError, SynthesisJob
-from tts_core.runtime.scheduler import SchedulerSettings, SynthesisScheduler
+from tts_core.runtime.scheduler import SynthesisScheduler
+from tts_core.runtime.settings import SchedulerSettings
 from tts_core.streaming.chunk_schedule import ChunkSchedule
 from tts_core.text.normalize import TextNormalizer, is_only_punctuation
 from tts_core.text.tokenizer import TextTokenizer
-from tts_core.voices import VoiceBank
+from tts_core.voices import Voice, VoiceBank
 
 log = structlog.get_logger(__name__)
 
@@ -90,8 +91,7 @@ class CosyVoice2Pipeline:
                            flow_voice_slots=len(voices.names()) + 2)
         if settings.graphs and device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device")
-        scheduler = SynthesisScheduler(lm, RasSampler(md.sampling, lm.speech_token_size), flow, hift, frontend,
-                                       settings)
+        scheduler = SynthesisScheduler(lm, RasSampler(md.sampling, lm.speech_token_size), flow, hift, settings)
         scheduler.capture([voices.get(name) for name in voices.names()])
         scheduler.start()
         log.info("tts_pipeline_loaded", model_dir=str(md.root), device=str(device), dtype=str(dtype), llm_fp8=llm_fp8,
@@ -101,9 +101,20 @@ class CosyVoice2Pipeline:
 
     def synthesize(self, text: str, voice: str, sink, options: JobOptions = JobOptions(),
                    call_id: str = "") -> SynthesisJob:
-        """Queue `text` in `voice`; audio arrives on `sink` from the scheduler's render thread. Thread-safe."""
-        job = SynthesisJob(text, self.voices.get(voice), sink, options, call_id)
+        """Queue `text` in `voice`; audio arrives on `sink` from the scheduler's render thread.
+        Thread-safe. Raises NothingToSpeak, before anything is queued, for a text with nothing to say."""
+        job = self.make_job(text, self.voices.get(voice), sink, options, call_id)
         self.scheduler.submit(job)
+        return job
+
+    def make_job(self, text: str, voice: Voice, sink, options: JobOptions = JobOptions(),
+                 call_id: str = "") -> SynthesisJob:
+        """A job for `text`, its text frontend (normalise, split, tokenise) run here, on the
+        caller's thread, so the decode thread never does text work."""
+        started = time.perf_counter()
+        job = SynthesisJob(text, self.frontend(text), voice, sink, options, call_id)
+        job.timings.submitted = started
+        job.timings.frontend_s = time.perf_counter() - started
         return job
 
     def warmup(self, voice: str | None = None, text: str = WARMUP_TEXT) -> float:

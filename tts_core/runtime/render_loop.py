@@ -4,18 +4,13 @@ produces into audio chunks (flow + HiFT) and hands them to the jobs' sinks.
 The scheduler runs one per lane of `ChunkRenderer`: "first" lanes render the first chunk of every
 job (what a caller waits for in silence) and the "later" lane every other chunk. A large batched
 later-chunk call costs 100-400 ms on a busy GPU; in one thread a new call's first chunk waited
-behind it (H100, bench/results/load_2026-11-23_h100_head_edc5a52.json: p95 first chunk 650 ms at 4
+behind it (H100, docs/PERF_NOTES.md: p95 first chunk 650 ms at 4
 req/s). A job is of kind "first" until its first chunk is handed off, then "later"; a lane looks
 only at jobs of its kind, and claims a job (`SynthesisJob.render_lane`, under the lock) from taking
 its chunk until handing it off, so each job's render state has one owner at any time even with
 several first lanes (a burst of new calls renders on them side by side: a small flow call is bound
 by kernel launches, so two run at once at nearly the speed of one). Kind "all" (one thread) does
 both.
-
-With `step_first_chunks` a first lane renders differently: it runs one Euler step at a time over
-every first chunk it holds (`tts_core/flow/stepped.py`), takes new ones in at step boundaries and
-hands each off after its tenth step (`_step_round`), so it does not wait for work while rows are in
-flight.
 
 A lane owns the render side of its jobs (chunk planner, deferred chunk, token -> waveform stream)
 and its own CUDA stream. It waits on a condition until a chunk is due (the decode thread wakes it when
@@ -85,15 +80,13 @@ def _is_first(d: _Due) -> bool:
     return d.job.timings.first_chunk is None
 
 
-def device_stream(device: torch.device, priority: int, separate: bool,
-                  stream: torch.cuda.Stream | None = None) -> AbstractContextManager:
-    """Enter a new CUDA stream of `priority` on `device` (or `stream`, given), which first waits for
-    the default stream (where the weights, caches and graphs were made before the threads started).
-    Nothing on CPU or without `separate`: the thread then issues on the default stream."""
+def device_stream(device: torch.device, priority: int, separate: bool) -> AbstractContextManager:
+    """Enter a new CUDA stream of `priority` on `device`, which first waits for the default stream
+    (where the weights, caches and graphs were made before the threads started). Nothing on CPU or
+    without `separate`: the thread then issues on the default stream."""
     if device.type != "cuda" or not separate:
         return nullcontext()
-    if stream is None:
-        stream = torch.cuda.Stream(device, priority=priority)
+    stream = torch.cuda.Stream(device, priority=priority)
     stream.wait_stream(torch.cuda.default_stream(device))
     return torch.cuda.stream(stream)
 
@@ -124,20 +117,11 @@ class RenderLoop:
         self._batch = renderer.lanes[self._replays].max_batch
         self._priority = priority
         self.defer_slack_s = defer_slack_s  # read every round: may be changed between runs (benchmarks)
-        # "later" lane: while some first chunk is rendering, due chunks whose streams all have more
-        # than this much unplayed audio wait for it (0: never), so that a first chunk, which a caller
-        # waits for in silence, shares the GPU with one call less. Read every round.
-        self.yield_slack_s = 0.0
         self._separate_streams = separate_streams
         self._device = next(renderer.hift.parameters()).device
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.renders: deque[RenderTiming] = renders if renders is not None else deque(maxlen=10_000)
-        # A first lane with a stepped flow (`FlowPoolSettings.step_first_chunks`, made by the
-        # renderer's `prepare`; read as the thread starts): the rows in flight, by id of their job,
-        # from join to hand-off (across rounds).
-        self._stepped = None
-        self._stepping: dict[int, _Due] = {}
 
     # ---- other threads ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -161,78 +145,25 @@ class RenderLoop:
     # ---- the render thread -----------------------------------------------------------------------
     def _run(self) -> None:
         torch.set_grad_enabled(False)  # thread-local
-        own = self.renderer.lanes[self._replays].cuda_stream  # an SM partition's: its graphs were captured there
-        self._stepped = self.renderer.lanes[self._replays].stepped if self.lane == "first" else None
-        with device_stream(self._device, priority=self._priority, separate=self._separate_streams, stream=own):
+        with device_stream(self._device, priority=self._priority, separate=self._separate_streams):
             while True:
                 with self._wake:
-                    # A stepped lane waits only while no row is in flight.
-                    work = self._wait_for_work(block=not self._stepping)
+                    work = self._wait_for_work()
                 if work is None:
                     return
                 setup, due = work
                 try:
                     for job in setup:
                         self._start_rendering(job)
-                    if self._stepped is None:
-                        self._render_due(due)
-                    else:
-                        self._step_round(due)
+                    self._render_due(due)
                 except Exception as exc:  # a bug outside any one job: fail what it held, keep serving
                     log.exception("tts_render_round_failed")
-                    for job in setup + [d.job for d in due] + self._abandon_rows():
+                    for job in setup + [d.job for d in due]:
                         self._fail(job, exc)  # once per job: a job failed already is not failed again
 
-    def _step_round(self, due: list[_Due]) -> None:
-        """The stepped first lane's round: the due first chunks join the stepped flow (as many as
-        it has free rows), one Euler step of every row runs, and the chunks of the rows that took
-        their last are handed off."""
-        self._drop_gone()
-        self._join(due)
-        for d, out in self.renderer.step_first(self._replays):
-            del self._stepping[id(d.job)]
-            self.renders.append(RenderTiming(1, time.perf_counter() - d.job.timings.first_render_started,
-                                             self._replays, out.flow_s, out.hift_s))
-            self._hand_off(d, out)
-
-    def _abandon_rows(self) -> list[SynthesisJob]:
-        """After a failed round: the stepped flow's rows leave; returns their jobs (none without one)."""
-        if self._stepped is None:
-            return []
-        jobs = [d.job for d in self._stepping.values()]
-        self._stepping.clear()
-        self._stepped.drop(lambda row: True)
-        return jobs
-
-    def _drop_gone(self) -> None:
-        """Rows whose job was cancelled or failed leave before any new row joins: their stream's slot
-        may go to the next call, whose rows must not be written by theirs."""
-        with self._lock:
-            gone = [d for d in self._stepping.values() if d.job.slot is None or d.job.cancelled]
-        if gone:
-            self.renderer.drop_first(self._replays, gone)
-            for d in gone:
-                del self._stepping[id(d.job)]
-
-    def _join(self, due: list[_Due]) -> None:
-        """Due first chunks into the stepped flow, most urgent first, as many as it has free rows
-        (the rest go back); one that fits no row is rendered in a call of its own now."""
-        due = _still_wanted(due)
-        due = self._take(due, due[:self._stepped.free])
-        if not due:
-            return
-        _render_started(due, time.perf_counter())
-        refused = self.renderer.join_first([(d, d.job.token2wav, d.tokens, d.task) for d in due], self._replays)
-        alone = {id(d) for d in refused}
-        for d in due:
-            if id(d) not in alone:
-                self._stepping[id(d.job)] = d
-        if refused:
-            self._render_batch(refused)
-
-    def _wait_for_work(self, block: bool = True) -> tuple[list[SynthesisJob], list[_Due]] | None:
+    def _wait_for_work(self) -> tuple[list[SynthesisJob], list[_Due]] | None:
         """Under the lock: the jobs whose rendering must be set up and the due chunks, sorted by
-        deadline; waits until there are some (None: stopping), or with `block` False returns at once.
+        deadline; waits until there are some (None: stopping).
         A chunk deferred on slack sets the wait's timeout to when its slack runs low."""
         while not self._stopping:
             now = time.perf_counter()
@@ -241,7 +172,7 @@ class RenderLoop:
                 if job.cancelled:
                     cancelled = True  # the decode thread frees its slot; nothing more is rendered for it
                     continue
-                if not self._owns(job) or id(job) in self._stepping:
+                if not self._owns(job):
                     continue
                 if job.segment < 0 or job.segment_rendered:
                     continue  # between segments: the decode thread's turn
@@ -265,11 +196,6 @@ class RenderLoop:
                 job.plan_wake()
             if cancelled:
                 self._decode_wake.notify()
-            if due and not setup:
-                until = self._yield_for_first_chunks(due, now)
-                if until is not None:
-                    due = []
-                    wake_at = until if wake_at is None else min(wake_at, until)
             if due and (self.lane == "later" or not any(_is_first(d) for d in due)):
                 # A call is being made anyway: fill it with the deferred chunks closest to running
                 # dry. One call of B streams costs far less than B calls (its fixed launch cost is
@@ -281,28 +207,11 @@ class RenderLoop:
                     job.render_lane = self
                     job.plan_wake()
                     due.append(_Due(job, task, job.tokens[:task.token_end]))
-            if setup or due or not block:
+            if setup or due:
                 due.sort(key=lambda d: d.job.deadline())
                 return setup, due
             self._wake.wait(None if wake_at is None else max(0.0, wake_at - time.perf_counter()))
         return None
-
-    def _yield_for_first_chunks(self, due: list[_Due], now: float) -> float | None:
-        """Under the lock, "later" lane with `yield_slack_s`: if a first chunk is rendering and every
-        due chunk's stream has more unplayed audio than `yield_slack_s`, hand the due chunks back
-        (deferred) and return when the first of them runs low; the first lane's hand-off wakes
-        this lane sooner. None: render them now."""
-        if self.lane != "later" or self.yield_slack_s <= 0:
-            return None
-        rendering = any(j.timings.first_chunk is None and j.timings.first_render_started is not None
-                        for j in self._jobs)
-        slack = min(d.job.slack(now) for d in due)
-        if not rendering or slack <= self.yield_slack_s:
-            return None
-        self._hand_back(due)
-        for d in due:
-            d.job.plan_wake()  # deferred: this lane wakes on its own clock, or at a hand-off
-        return now + slack - self.yield_slack_s
 
     @staticmethod
     def _hand_back(due: list[_Due]) -> None:

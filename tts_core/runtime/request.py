@@ -7,7 +7,7 @@ generators (seeded), its chunk planner and its timings; the scheduler owns every
 
 After `submit` two scheduler threads share a job, each owning its half (see
 tts_core.runtime.scheduler):
-- the decode thread: `segments`, `segment`, `slot`, `tokens`, `kv_len`, `logp`, `lm_finished`, `lm_s`
+- the decode thread: `segment`, `slot`, `tokens`, `kv_len`, `lm_finished`, `lm_s`
   (it appends tokens and sets `lm_finished` under the scheduler's lock, so that the render thread
   reads both as one snapshot);
 - the render thread: `planner`, `pending_chunk`, `token2wav`, `audio_s`, chunk timings, and the
@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
-import torch
 
 from tts_core.streaming.chunk_schedule import ChunkPlanner, ChunkSchedule, ChunkTask
 from tts_core.voices import Voice
@@ -53,10 +52,14 @@ class SynthesisError(RuntimeError):
     """A job broke while being served; given to its sink's `fail`, never to other jobs."""
 
 
+class NothingToSpeak(ValueError):
+    """The text normalises to nothing speakable (only punctuation, or empty): refused at submit."""
+
+
 @dataclass(frozen=True)
 class JobOptions:
-    # None: a fresh random seed per job. It seeds the flow and vocoder noise, and the token draws
-    # where they run on the host (without graphs); batched device draws use the batch's generator.
+    # None: a fresh random seed per job. It seeds the flow and vocoder noise; token draws are
+    # batched on the device and come from the decoder's generator.
     seed: int | None = None
     min_tokens: int | None = None  # per segment; None: the model's text-length bound
     max_tokens: int | None = None  # per segment; min_tokens == max_tokens forces the count (benchmarks)
@@ -83,7 +86,7 @@ class JobTimings:
     submitted: float = field(default_factory=time.perf_counter)
     queued: float | None = None  # in the scheduler's waiting list (its lock taken)
     admitted: float | None = None
-    frontend_s: float = 0.0  # text normalisation and tokenisation
+    frontend_s: float = 0.0  # text normalisation and tokenisation (on the submitting thread)
     prefill_done: float | None = None
     first_token: float | None = None
     first_chunk_due: float | None = None  # its first chunk's tokens were all drawn (or the LM ended)
@@ -98,9 +101,13 @@ class JobTimings:
 
 
 class SynthesisJob:
-    def __init__(self, text: str, voice: Voice, sink: AudioSink, options: JobOptions = JobOptions(),
-                 call_id: str = "") -> None:
+    def __init__(self, text: str, segments: list[list[int]], voice: Voice, sink: AudioSink,
+                 options: JobOptions = JobOptions(), call_id: str = "") -> None:
+        """`segments`: the text's tokens per segment, from the text frontend on the caller's thread."""
+        if not segments:
+            raise NothingToSpeak(f"nothing to speak in {text!r}")
         self.text = text
+        self.segments = segments
         self.voice = voice
         self.sink = sink
         self.options = options
@@ -108,18 +115,14 @@ class SynthesisJob:
         # secrets, not torch.seed(): that would reseed the process-wide generator.
         seed = options.seed if options.seed is not None else secrets.randbits(62)
         self.seed = seed
-        # Sampling runs on the host over logp copied once per step; the generator lives there too.
-        self.sampling_generator = torch.Generator().manual_seed(seed)
         self.timings = JobTimings()
         # Filled by the scheduler's decode thread:
-        self.segments: list[list[int]] = []  # text tokens per segment
         self.segment = -1  # index of the segment being spoken
         self.slot: int | None = None
         self.tokens: list[int] = []  # speech tokens of the current segment (a new list per segment)
         self.kv_len = 0  # cache positions written in this job's slot (host copy, for the decode bound)
         self.min_len = 0
         self.max_len = 0
-        self.logp: torch.Tensor | None = None  # host logp awaiting a sample (None: nothing to sample)
         self.lm_finished = False
         self.lm_s = 0.0  # decode/sampling wall time of this job's steps so far
         # Filled by the scheduler's render thread:
@@ -140,7 +143,7 @@ class SynthesisJob:
 
     @property
     def generating(self) -> bool:
-        return self.slot is not None and not self.lm_finished and self.logp is None and bool(self.tokens)
+        return self.slot is not None and not self.lm_finished and bool(self.tokens)
 
     def held_for_first_chunk(self, now: float, hold_s: float) -> float:
         """Seconds this job's hold lasts (0: not held; the scheduler pauses decoding only while
@@ -183,7 +186,6 @@ class SynthesisJob:
         self.segment += 1
         self.tokens = []
         self.lm_finished = False
-        self.logp = None
         self.min_len, self.max_len = min_len, max_len
         self.planner = None
         self.pending_chunk = None
@@ -221,7 +223,6 @@ class SynthesisJob:
         now = time.perf_counter()
         if self.timings.first_token is None:
             self.timings.first_token = now
-        self.logp = None
         if token >= speech_token_size:
             self.lm_finished = True
         else:

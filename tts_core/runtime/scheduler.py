@@ -1,31 +1,27 @@
-"""SynthesisScheduler: what runs next on the device, on two threads (nano-vllm's roles of scheduler
-and model runner, which stay small enough here to share a file).
+"""SynthesisScheduler: what runs next on the device (nano-vllm's `scheduler` role): admission into
+KV slots, the decode thread's loop, and retiring jobs; it starts and stops the render lanes.
 
-The decode thread (here) owns the LM and its KV cache; the render threads (`render_loop.RenderLoop`,
-one for first chunks and one for later chunks, started and stopped by the scheduler) own flow +
-HiFT. Split so that LM decoding never waits for chunk rendering: a batched later-chunk flow call
-costs 5-60 ms on a GPU and, on one thread, stalled every stream's decode step (docs/PERF_NOTES.md);
-and so that a new call's first chunk never waits for a later-chunk call. On CUDA each thread issues
-its work on its own stream, decode on the highest priority and later chunks on the lowest; only host
-ints (`job.tokens`) pass between them, so no device event crosses. Other threads only `submit` jobs and cancel them through their sinks.
+The decode thread (here) drives the LM through `lm_runner.LMRunner`; the render threads
+(`render_loop.RenderLoop`, first-chunk lanes and one later-chunk lane) own flow + HiFT. Split so
+that LM decoding never waits for chunk rendering, and a new call's first chunk never waits for a
+later-chunk call. On CUDA each thread issues its work on its own stream, decode on the highest
+priority and later chunks on the lowest; only host ints (`job.tokens`) pass between them. Other
+threads only `submit` jobs (their text already split and tokenised on the caller's thread) and
+cancel them through their sinks.
 
 One decode iteration:
 1. drop cancelled jobs (their KV slot is free at once); retire the jobs whose last chunk the render
-   thread handed out; admit waiting jobs while slots are free; one batched prefill for every job
-   that starts a segment (new jobs, and jobs whose previous segment is fully rendered);
-2. sample one token per job from the step's logp (copied to the host once per step), and append
-   the tokens under the lock, waking the render thread when a chunk may be due;
-3. one batched `decode_step` over all generating jobs (continuous batching: jobs join and leave
-   at any step; each sits at its own position in its own cache row).
-With a carried decoder (the default with graphs; tts_core/accel/carried_decode.py) steps 2-3 draw
-on the device and each row's next input stays there: the iteration launches step k+1, then reads
-step k's tokens (`decode_steps_ahead`), so the GPU does not wait for the host between steps. A
-segment's prefill and first draw run on a CUDA stream of their own; the job joins the steps once
-the host sees its first token (no step of the other jobs waits for a prefill).
+   thread handed out; admit waiting jobs while slots are free; launch a prefill and first draw for
+   every job that starts a segment (new jobs, and jobs whose previous segment is fully rendered);
+2. take the first tokens that reached the host; launch one batched decode step over all generating
+   jobs (continuous batching: each sits at its own position in its own cache row), then read the
+   oldest steps until `decode_steps_ahead` are unread, appending the tokens under the lock and
+   waking the render threads when a chunk may be due.
 
 All shared state (the job lists, slots, the hand-over flags of `request.SynthesisJob`) is guarded
-by one lock, under which both threads' conditions wait; neither thread polls. A failure inside
-one job (prefill, sampling, rendering, its sink) fails that job's sink only, from either thread.
+by one lock, under which both threads' conditions wait; neither thread polls, except an idle decode
+thread waiting for a prefill's first token. A failure inside one job (prefill, rendering, its sink)
+fails that job's sink only, from either thread.
 """
 
 from __future__ import annotations
@@ -33,183 +29,47 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import structlog
 import torch
 
-from tts_core.accel.batched_sampler import BatchedRasSampler
-from tts_core.accel.carried_decode import EagerCarriedDecoder, PendingTokens
-from tts_core.accel.lm_graphs import HOST_BUFFERS
 from tts_core.flow import FlowModel
 from tts_core.hift import HiftGenerator
 from tts_core.llm.sampling import RasSampler
 from tts_core.llm.speech_lm import SpeechTokenLM
 from tts_core.runtime.chunk_render import ChunkRenderer, FlowPoolSettings
+from tts_core.runtime.lm_runner import LMRunner
 from tts_core.runtime.render_loop import RenderLoop, RenderTiming, device_stream
 from tts_core.runtime.request import SynthesisError, SynthesisJob
-from tts_core.streaming.chunk_schedule import ChunkSchedule
+from tts_core.runtime.settings import SchedulerSettings
 from tts_core.voices import Voice
 
 log = structlog.get_logger(__name__)
 
-# The most decode steps left unread: the graphed carried decoder rotates HOST_BUFFERS pinned
-# buffers, and the step being launched needs one besides those of the unread steps.
-MAX_STEPS_AHEAD = HOST_BUFFERS - 1
 GIL_SWITCH_INTERVAL_S = 0.001  # as the gateway's packet clock sets it (gateway/app.py)
 FIRST_TOKEN_POLL_S = 0.0005  # how often an idle decode thread looks for a prefill's first token
-
-TextFrontend = Callable[[str], list[list[int]]]  # text -> text tokens per segment
-
-
-@dataclass(frozen=True)
-class SchedulerSettings:
-    max_batch: int = 8
-    max_len: int = 2048  # KV-cache positions per slot: prompt text + text + prompt speech + generated
-    schedule: ChunkSchedule = ChunkSchedule()
-    # The flow (tts_core.runtime.chunk_render, tts_core.flow.pooled): every frame once, batched across
-    # streams; exact up to `flow_context_frames` of a segment's own speech, then its latest frames.
-    flow_context_frames: int = 700
-    flow_encoder_tokens: int | None = None  # None: the encoder reads every token (exact); N: a window
-    flow_voice_slots: int = 8  # voices whose shared prompt frames the flow pool holds
-    graphs: bool = False  # CUDA only: captured decode (+ on-device sampling), prefill, flow and HiFT
-    prefill_buckets: tuple[int, ...] = (128, 192, 256, 320, 384, 512)
-    attend_buckets: tuple[int, ...] = (256, 512, 1024, 2048)
-    # Graph buckets of the batched flow call; the largest is the most chunks per call, which also
-    # bounds how long a new call's first chunk can wait behind a call in progress (~0.3 s at 32).
-    flow_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
-    # First chunks render on lanes (threads, CUDA streams, graphs) of their own, beside the later
-    # chunks' large calls (render_loop); their graph buckets. 0: one render thread does both.
-    # H100, 30 s of arrivals judged after 10 s: with 2 lanes a first chunk waited up to 46-72 ms
-    # (p95) for a lane at 12-14 req/s, with 3 0.8-12 ms. p95 first chunk at 12 req/s: 327-334 ms
-    # with 2 lanes, 285 and 300.2 with 3 (13 req/s: 278), 292 with 4; 4 were no better than 3 at
-    # 14-15 req/s (bench/results/load_2026-11-23_h100_{prefill_stream,three_first_lanes,
-    # four_first_lanes,head_024200e}.json).
-    first_chunk_lanes: int = 3
-    flow_first_batches: tuple[int, ...] = (1, 2, 4, 8)
-    # Each first lane steps the first chunks it holds together, each at its own Euler step, up to
-    # max(flow_first_batches) rows (tts_core/flow/stepped.py), instead of a call per batch of them.
-    # H100, one stepped lane against three lanes of calls: about a fifth less kernel time per first
-    # chunk and a decode stage 9-30 ms shorter, but under load a step slows with the rows in it and
-    # a first chunk waits for ten: its render took 109-170 ms against 85-106, and p95 was no better
-    # (load_2026-11-24_h100_{stepped_first_chunks,stepped_row_inputs,flat_pool_calls*}.json).
-    step_first_chunks: bool = False
-    # The captured flow solves run torch.compile'd resnets and transformer blocks (fewer, fused
-    # kernels; compiled at start-up, one compiled block for all 56). Only with `graphs`. H100,
-    # load_2026-11-23_h100_compile_flow_fixed*.json: a first chunk's solve 35 ms on the GPU against
-    # 43-45 eager, one stream p50 90 ms against 97-99; under load (10 s of arrivals) 14 req/s passes
-    # (p95 253-262 ms, 30 calls playing) where eager passed 8-11. It costs start-up: the flow
-    # capture takes 73-109 s with a warm compiler cache and ~150 s cold, against 50-60 s eager.
-    compile_flow: bool = True
-    # The captured HiFT graphs run torch.compile'd upsampling stages (accel/hift_graphs.compiled_mix:
-    # a Snake and the add before it in one kernel; ~450 kernels a chunk against ~1150). Only with
-    # `graphs`. H100, fp32, bench/results/hift_2026-11-24_h100.json: a first chunk 2.07 ms on the
-    # GPU against 3.33, a later chunk of 8 streams 7.6 against 12.8, of 32 streams 26 against 49;
-    # 56-80 dB SNR against the plain graphs at one row, and at two in some runs (cuDNN picks
-    # other algorithms there), bit-equal otherwise. Compiling takes ~60 s of start-up with a cold
-    # compiler cache.
-    compile_hift: bool = True
-    # Captured decode steps rotate q/k, write the step's keys/values and attend from the KV cache by
-    # slot, each row over its own columns, in one Triton kernel per layer (accel/decode_attention.py),
-    # instead of rotary and cache-write kernels and a gather of every row's `attend` columns for SDPA.
-    # Only with `graphs` and Triton. H100, bf16, compiled step, gathered -> this kernel
-    # (bench/results/decode_2026-11-24_h100_rotary_write_fused.json): 1.15 -> 0.99 ms at 1 call,
-    # 1.24 -> 1.01 at 16, 1.61 -> 1.11 at 64.
-    slot_attention: bool = True
-    # The later chunks' lane on this many SMs (0: all), and the first-chunk lanes (the same SMs
-    # when both are set: the decode step then owns the rest). Beside a 16-row flow solve on every SM
-    # a decode step took 2.48 ms, 1.24 alone, and 1.91 ms with the flow on 100 of the H100's 132 SMs
-    # (bench/results/sm_partition_2026-11-23_h100.json). Under load neither helped: with every
-    # render lane on 100 SMs the decode step got 10-15 % faster and the first chunks' renders as
-    # much slower, p95 no better (load_2026-11-23_h100_render_sms100.json, _later_sms100.json).
-    # Off; kept for GPUs and loads where the balance differs.
-    later_lane_sms: int = 0
-    first_lane_sms: int = 0
-    # Graphs per captured flow solve, cut at Euler-step boundaries and launched two ahead of the
-    # GPU (accel/flow_pool_graphs.PooledFlowGraphs.capture). H100, 30 s of arrivals judged after
-    # 10 s: a whole solve's launch held its lane's thread for 10-55 ms on average (up to 127), and
-    # the decode thread stalled 4.8-5.2 s a run in its CUDA calls meanwhile; cut into 10, launches
-    # take under 1 ms at p95 and the decode thread stalls 25-69 ms a run. Steady p95 first chunk
-    # at 19 req/s 318.9-329.4 -> 276.4 and 287.6 ms, at 20 req/s 355.9 -> 279.3-294.9, 21 req/s
-    # 275.8 and 286.2 (107 calls playing) (bench/results/load_2026-11-24_h100_{paced_later,
-    # launch_kinds,solve_parts*}.json). 1: one graph per solve.
-    flow_solve_parts: int = 10
-    # A later chunk whose stream still has more than this much unplayed audio waits, so
-    # that chunks of many streams gather into one batched flow call instead of many small ones
-    # (first chunks never wait).
-    defer_slack_s: float = 0.8
-    # The later chunks' lane waits while a first chunk renders, unless a due chunk's stream has
-    # this little unplayed audio left (0: never waits; `RenderLoop.yield_slack_s`). Off: on the H100
-    # 0.3 s cut p95 first chunk at 13 req/s (276 -> 259 ms) but made 6 chunks late at 14 req/s
-    # (bench/results/load_2026-11-24_h100_head_4441bb0_later_yield.json).
-    later_yield_slack_s: float = 0.0
-    # Decode and render threads on two CUDA streams (decode at the highest priority), so a decode
-    # step never queues behind a flow call. False: both issue on the default stream (host work still
-    # overlaps). H100, bench/results/load_2026-11-23_h100_pooled_*: at 14 req/s two streams kept
-    # p95 first chunk 1.8 s / 2 underruns where one stream gave 3.2 s / 185.
-    separate_streams: bool = True
-    # While every generating job has drawn its first chunk's tokens and waits for that chunk, the
-    # decode thread pauses, for at most this long per job (0: never): its steps would run beside
-    # those first chunks' renders and slow them (`SynthesisJob.held_for_first_chunk`). Once any job
-    # needs a step, all decode: the step costs about the same with a few more rows, and a held row
-    # would only fall behind. H100, bench/results/load_2026-11-23_h100_hold_all_or_none.json: one
-    # stream's first chunk p50 99.7 ms held, 115.8 ms not (its flow solve 43 ms instead of 58 on the
-    # GPU); under load (11-17 req/s) p95 within -9..+7 % of not holding, 0 underruns either way.
-    first_chunk_hold_s: float = 0.3
-    # Draw tokens on the device, each slot's next input kept there (carried_decode). None: with
-    # graphs (always batched sampling there). True without graphs: the same, eagerly (CPU tests).
-    # Token draws then come from the batch's device generator, not the job's seed (its flow and
-    # vocoder noise still follow the seed).
-    carried_decode: bool | None = None
-    # Carried: steps launched and not yet read when an iteration ends. 0: each step is read at once;
-    # 1: launch step k+1, then read step k; 2: launch k+2, then read k, so a host iteration that
-    # runs late (the GIL shared with the render threads) still finds a step queued on the GPU. A
-    # row steps up to this many times more after the step that draws its stop token (thrown away;
-    # steps in flight count against its token limit, so they stay inside its cache row). Read
-    # every iteration (benchmarks compare values on one start-up). H100, p95 first chunk with 1
-    # against 2 on one start-up: 16 req/s 243.9 / 253.7 ms, 17 293.0 / 293.1, 18 263.8 / 275.6
-    # (bench/results/load_2026-11-24_h100_steps_ahead_16_18.json); two earlier start-ups had 2
-    # ~30 ms better at 17 req/s only. Within the noise: 1 stays.
-    decode_steps_ahead: int = 1
-
-    @property
-    def carries(self) -> bool:
-        return self.graphs if self.carried_decode is None else self.carried_decode
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.decode_steps_ahead <= MAX_STEPS_AHEAD:
-            raise ValueError(f"SchedulerSettings: decode_steps_ahead must be 0..{MAX_STEPS_AHEAD}, "
-                             f"got {self.decode_steps_ahead}")
-        # A partitioned lane's graphs replay on its green stream, but without separate streams its
-        # eager work (whatever falls outside its captured graphs) would issue on the default stream,
-        # on every SM: the partition would hold for part of the work only.
-        if (self.later_lane_sms or self.first_lane_sms) and not self.separate_streams:
-            raise ValueError("SchedulerSettings: later_lane_sms/first_lane_sms need separate_streams=True "
-                             "(a partitioned lane issues all its work on its own CUDA stream)")
 
 
 @dataclass(frozen=True)
 class StepTiming:
-    """One decode-thread iteration (render calls are `render_loop.RenderTiming`s)."""
+    """One decode-thread iteration, given to `SynthesisScheduler.on_step` (benchmarks install it)."""
 
     batch: int  # jobs in the decode step
     prefills: int
     prefill_s: float
     decode_s: float
-    sample_s: float
-    wall_s: float  # the whole iteration (admission and frontend included)
-    wait_s: float = 0.0  # of decode_s: waiting for a step's tokens (carried decoder)
+    wall_s: float  # the whole iteration (admission included)
+    wait_s: float = 0.0  # of decode_s: waiting for a step's tokens
     first_wait_s: float = 0.0  # after decode_s, nothing to step: waiting for a prefill's first token
 
 
 class SynthesisScheduler:
     def __init__(self, lm: SpeechTokenLM, sampler: RasSampler, flow: FlowModel, hift: HiftGenerator,
-                 frontend: TextFrontend, settings: SchedulerSettings = SchedulerSettings()) -> None:
+                 settings: SchedulerSettings = SchedulerSettings()) -> None:
         self.lm, self.sampler, self.flow, self.hift = lm, sampler, flow, hift
-        self.frontend = frontend
         self.settings = settings
         # With graphs one extra cache row is the decode graphs' scratch slot, never a job's.
         self.cache = lm.setup_cache(settings.max_batch + (1 if settings.graphs else 0), settings.max_len)
@@ -217,20 +77,13 @@ class SynthesisScheduler:
             stream_slots=settings.max_batch, context_frames=settings.flow_context_frames,
             encoder_tokens=settings.flow_encoder_tokens, batches=settings.flow_batches,
             voice_slots=settings.flow_voice_slots, first_batches=settings.flow_first_batches,
-            first_lanes=settings.first_chunk_lanes, step_first_chunks=settings.step_first_chunks,
-            compile=settings.compile_flow, compile_hift=settings.compile_hift,
-            later_sms=settings.later_lane_sms, first_sms=settings.first_lane_sms, solve_parts=settings.flow_solve_parts))
-        self.decoder = None  # GraphedDecoder, once captured (or an EagerCarriedDecoder)
-        # The carried decoder's steps in flight, oldest first: tokens, the (job, segment) of each
-        # row, and the rows' slots (a row's job may have released its slot since).
-        self._pending: deque[tuple[PendingTokens, list[tuple[SynthesisJob, int]], list[int]]] = deque()
-        self._seeded: dict[int, tuple[SynthesisJob, int]] = {}  # slot -> the segment its carried state is
-        self._last_wait_s = 0.0
-        # Carried: jobs whose prefill and first draw are launched, with their first token on its way.
-        self._prefilling: list[tuple[SynthesisJob, int, PendingTokens]] = []
-        if settings.carries and not settings.graphs:
-            self.decoder = EagerCarriedDecoder(lm, BatchedRasSampler(sampler.config, lm.speech_token_size))
-        self.prefiller = None  # GraphedPrefill, once captured
+            first_lanes=settings.first_chunk_lanes, compile=settings.compile_flow, compile_hift=settings.compile_hift,
+            solve_parts=settings.flow_solve_parts))
+        # Decode at the device's highest stream priority, first chunks next, later chunks lowest: when
+        # several streams have kernels queued, the one a listener is waiting on goes first.
+        high = min(torch.cuda.Stream.priority_range()) if self.cache.device.type == "cuda" else 0
+        self._decode_priority = high
+        self.runner = LMRunner(lm, sampler.config, settings, priority=high)
         self.capture_report: dict = {}
         # Re-entrant: a job failed by the render thread while it holds the lock releases under it too.
         self._lock = threading.RLock()
@@ -240,15 +93,6 @@ class SynthesisScheduler:
         self._free_slots = list(range(settings.max_batch))
         self._stopping = False
         self._thread: threading.Thread | None = None
-        # Decode at the device's highest stream priority, first chunks next, later chunks lowest: when
-        # several streams have kernels queued, the one a listener is waiting on goes first.
-        high = min(torch.cuda.Stream.priority_range()) if self.cache.device.type == "cuda" else 0
-        self._decode_priority = high
-        # Carried, on CUDA with separate streams: prefills and first draws run here. It waits for the
-        # default stream when the decode thread starts, and for the decode stream only before a
-        # prefill into a slot that a step in flight still uses (`_launch_prefills`).
-        self._prefill_stream = (torch.cuda.Stream(self.cache.device, priority=high) if settings.carries
-                                and self.cache.device.type == "cuda" and settings.separate_streams else None)
         renders: deque[RenderTiming] = deque(maxlen=10_000)
         wake = threading.Condition(self._lock)
         lanes = [("first", name, high // 2) for name in self.renderer.first_lanes]
@@ -257,42 +101,30 @@ class SynthesisScheduler:
                                         settings.schedule, settings.defer_slack_s, settings.separate_streams,
                                         lane=kind, priority=priority, renders=renders, wake=wake, replays=name)
                              for kind, name, priority in lanes]
-        for lane in self.render_lanes:
-            lane.yield_slack_s = settings.later_yield_slack_s
         self._renders = renders
-        self.steps: deque[StepTiming] = deque(maxlen=10_000)
+        self.on_step: Callable[[StepTiming], None] | None = None  # benchmarks' hook, on the decode thread
 
     @property
     def renders(self) -> deque[RenderTiming]:
         return self._renders
+
+    @property
+    def decoder(self):
+        """The LM runner's decoder (GraphedDecoder once captured, else EagerCarriedDecoder)."""
+        return self.runner.decoder
 
     # ---- any thread ------------------------------------------------------------------------------
     def capture(self, voices: Sequence[Voice]) -> dict:
         """Capture every CUDA graph the loops will replay (before `start`; seconds, once per process),
         so no request pays for it. Returns what was captured and how long each part took. Registers
         the voices with the flow (their shared prompt frames) with or without graphs."""
-        s = self.settings
-        report = self.renderer.prepare(voices, s.schedule, s.graphs)
-        if not s.graphs:
-            self.capture_report = report
-            return report
-        from tts_core.accel.buckets import power_of_two_buckets
-        from tts_core.accel.lm_graphs import GraphedDecoder, GraphedPrefill
-
-        t0 = time.perf_counter()
-        attend = tuple(b for b in s.attend_buckets if b < s.max_len) + (s.max_len,)
-        self.decoder = GraphedDecoder(self.lm, power_of_two_buckets(s.max_batch), attend,
-                                      scratch_slot=s.max_batch,
-                                      sampler=BatchedRasSampler(self.sampler.config, self.lm.speech_token_size),
-                                      carry=s.carries, slot_attention=s.slot_attention)
-        report["decode_capture_s"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        self.prefiller = GraphedPrefill(self.lm, tuple(b for b in s.prefill_buckets if b <= s.max_len))
-        report["prefill_capture_s"] = time.perf_counter() - t0
-        torch.cuda.synchronize()
-        report["capture_s"] = sum(v for k, v in report.items() if k.endswith("_capture_s"))
+        report = self.renderer.prepare(voices, self.settings.schedule, self.settings.graphs)
+        if self.settings.graphs:
+            report.update(self.runner.capture())
+            torch.cuda.synchronize()
+            report["capture_s"] = sum(v for k, v in report.items() if k.endswith("_capture_s"))
+            log.info("tts_graphs_captured", **{k: v for k, v in report.items() if k.endswith("_s")})
         self.capture_report = report
-        log.info("tts_graphs_captured", **{k: v for k, v in report.items() if k.endswith("_s")})
         return report
 
     def start(self) -> None:
@@ -351,8 +183,7 @@ class SynthesisScheduler:
     def _run(self) -> None:
         torch.set_grad_enabled(False)  # thread-local
         with device_stream(self.cache.device, priority=self._decode_priority, separate=self.settings.separate_streams):
-            if self._prefill_stream is not None:  # prefills come after everything before this thread
-                self._prefill_stream.wait_stream(torch.cuda.current_stream(self.cache.device))
+            self.runner.thread_started()
             while True:
                 with self._cond:
                     while not self._stopping and not self._has_work():
@@ -369,13 +200,13 @@ class SynthesisScheduler:
     def _has_work(self) -> bool:
         """Under the lock. Jobs whose LM finished wait for the render thread, which wakes us; so do
         jobs held for their first chunk (or the hold's end, `_hold_ends`)."""
-        return bool(self._pending or self._prefilling) or self._has_new_work()  # or carried tokens to read
+        return self.runner.busy or self._has_new_work()  # or tokens on their way to read
 
     def _has_new_work(self) -> bool:
         """Under the lock: work besides reading tokens already on their way to the host."""
         if self._waiting and self._free_slots:
             return True
-        if any(job.cancelled or job.segment_rendered or job.logp is not None for job in self._active):
+        if any(job.cancelled or job.segment_rendered for job in self._active):
             return True
         return any(job.generating for job in self._active) and self._hold_ends() is None
 
@@ -398,22 +229,19 @@ class SynthesisScheduler:
         t0 = time.perf_counter()
         self._drop_cancelled()
         starting = self._retire_rendered() + self._admit()
-        prefilled = self._prefill(starting) if starting else 0
-        if self._prefilling:
+        prefilled = self._launch_prefills(starting) if starting else 0
+        if self.runner.prefilling:
             self._take_first_tokens()
         t1 = time.perf_counter()
-        self._sample()
-        t2 = time.perf_counter()
-        self._last_wait_s = 0.0
+        self.runner.wait_s = 0.0
         batch = self._decode()
-        t3 = time.perf_counter()
-        idle = bool(self._prefilling) and not batch and not self._pending
+        t2 = time.perf_counter()
+        idle = bool(self.runner.prefilling) and not batch and not self.runner.unread
         if idle:
             self._await_first_token()  # nothing else to do: wait for a first token, or other work
-        t4 = time.perf_counter()
-        if batch or prefilled or idle:
-            self.steps.append(StepTiming(batch, prefilled, t1 - t0, t3 - t2, t2 - t1, t4 - t0, self._last_wait_s,
-                                         t4 - t3))
+        t3 = time.perf_counter()
+        if self.on_step is not None and (batch or prefilled or idle):
+            self.on_step(StepTiming(batch, prefilled, t1 - t0, t2 - t1, t3 - t0, self.runner.wait_s, t3 - t2))
 
     def _drop_cancelled(self) -> None:
         for job in self._jobs():
@@ -447,57 +275,25 @@ class SynthesisScheduler:
                 job.slot = self._free_slots.pop(0)
                 self._active.append(job)
                 admitted.append(job)
-        for job in list(admitted):
-            job.timings.admitted = time.perf_counter()
-            try:
-                job.segments = self.frontend(job.text)
-            except Exception as exc:
-                self._fail(job, exc)
-                admitted.remove(job)
-                continue
-            job.timings.frontend_s = time.perf_counter() - job.timings.admitted
-            if not job.segments:  # only punctuation: the official model returns a blip of silence
-                log.info("tts_job_nothing_to_speak", call_id=job.call_id)
-                self._release(job)
-                job.sink.finish()
-                admitted.remove(job)
+        now = time.perf_counter()
+        for job in admitted:
+            job.timings.admitted = now
         return admitted
 
-    def _prefill(self, jobs: list[SynthesisJob]) -> int:
-        if self.settings.carries:
-            return self._launch_prefills(jobs)
-        return self._prefill_now(jobs)
-
     def _launch_prefills(self, jobs: list[SynthesisJob]) -> int:
-        """Carried: each job's prefill and first draw, on the prefill stream (its LM input built
-        there too); the first tokens are taken once they reach the host (`_take_first_tokens`)."""
-        context = nullcontext()
-        if self._prefill_stream is not None:
-            # A slot may still be a row of a step in flight (freed by a hang-up, or the job's own
-            # previous segment stepping on past its stop token): its cache row, length and carried
-            # state. A prefill into it must come after those steps. Other slots' prefills need not
-            # wait: a step writes only its own rows' slots. The steps never wait for a prefill.
-            in_flight = {slot for _, _, slots in self._pending for slot in slots}
-            if any(job.slot in in_flight for job in jobs):
-                self._prefill_stream.wait_stream(torch.cuda.current_stream(self.cache.device))
-            context = torch.cuda.stream(self._prefill_stream)
+        """Each job's next segment: its prefill and first draw, on the runner's prefill stream (its
+        LM input built there too); the first tokens are taken once they reach the host."""
         launched = 0
-        with context:
+        with self.runner.prefill_stream([job.slot for job in jobs]):
             for job in jobs:
                 started = time.perf_counter()
                 try:
                     _, slot, lm_input = self._start_segment(job)
-                    if self.prefiller is not None and self.prefiller.fits(lm_input.shape[0]):
-                        logp = self.prefiller.prefill(slot, lm_input)
-                    else:
-                        logp = self.lm.prefill([slot], [lm_input])
-                    first = self.decoder.draw_first([slot], logp, [job.min_len <= 0])
+                    self.runner.prefill(job, slot, lm_input)
                 except Exception as exc:
                     self._fail(job, exc)
                     continue
-                job.kv_len = lm_input.shape[0]
                 job.timings.prefill_s += time.perf_counter() - started
-                self._prefilling.append((job, job.segment, first))
                 launched += 1
         return launched
 
@@ -506,59 +302,18 @@ class SynthesisScheduler:
         admit, whose prefill should not queue behind the others'; a segment to retire; the decode
         hold's end), then take what arrived. Polled: a CUDA event cannot be waited on together with
         the condition that `submit` and the render lanes notify."""
-        firsts = [first for _, _, first in self._prefilling]
         with self._cond:
-            while not any(first.ready() for first in firsts) and not self._has_new_work() and not self._stopping:
+            while not self.runner.first_token_ready() and not self._has_new_work() and not self._stopping:
                 self._cond.wait(FIRST_TOKEN_POLL_S)
         self._take_first_tokens()
 
     def _take_first_tokens(self) -> None:
-        """Carried: accept the first tokens that reached the host; their jobs then join the next
-        step, their slots' carried state already set on the device."""
-        taken, left = [], []
-        for job, segment, first in self._prefilling:
-            if first.ready():
-                token = self._wait_for(first)[0]
-                if job.slot is not None and job.segment == segment:
-                    self._seeded[job.slot] = (job, segment)
-                    taken.append((job, token))
-            else:
-                left.append((job, segment, first))
-        self._prefilling = left
+        taken = self.runner.take_first_tokens()
         now = time.perf_counter()
         for job, _ in taken:
             if job.timings.prefill_done is None:
                 job.timings.prefill_done = now
         self._accept(taken)
-
-    def _prefill_now(self, jobs: list[SynthesisJob]) -> int:
-        """One batched prefill for all `jobs`; if it fails, each job alone, so one bad job fails alone."""
-        started = time.perf_counter()
-        ready = []
-        for job in jobs:
-            try:
-                ready.append(self._start_segment(job))
-            except Exception as exc:
-                self._fail(job, exc)
-        if not ready:
-            return 0
-        try:
-            self._run_prefill(ready)
-        except Exception as exc:
-            if len(ready) == 1:
-                self._fail(ready[0][0], exc)
-                return 0
-            for one in ready:
-                try:
-                    self._run_prefill([one])
-                except Exception as exc:
-                    self._fail(one[0], exc)
-        elapsed = time.perf_counter() - started
-        for job, _, _ in ready:
-            job.timings.prefill_s += elapsed
-            if job.timings.prefill_done is None:
-                job.timings.prefill_done = time.perf_counter()
-        return len(ready)
 
     def _start_segment(self, job: SynthesisJob) -> tuple[SynthesisJob, int, torch.Tensor]:
         """The next segment's LM input; hands the segment to the render thread, which sets up its
@@ -583,31 +338,6 @@ class SynthesisScheduler:
         self._wake_render()
         return job, slot, lm_input
 
-    def _run_prefill(self, ready: list[tuple[SynthesisJob, int, torch.Tensor]]) -> None:
-        if self.prefiller is not None and all(self.prefiller.fits(x.shape[0]) for _, _, x in ready):
-            # One graph replay per job (batch-1 graphs); the host copy waits for them all.
-            rows = [self.prefiller.prefill(slot, x).clone() for _, slot, x in ready]
-            logp = torch.cat(rows).float().cpu()
-        else:
-            logp = self.lm.prefill([slot for _, slot, _ in ready], [x for _, _, x in ready]).float().cpu()
-        for row, (job, _, lm_input) in enumerate(ready):
-            job.logp = logp[row]
-            job.kv_len = lm_input.shape[0]
-
-    def _sample(self) -> None:
-        drawn = []
-        for job in self._jobs():
-            if job.logp is None:
-                continue
-            started = time.perf_counter()
-            try:
-                allow_stop = len(job.tokens) >= job.min_len
-                drawn.append((job, self.sampler.sample(job.logp, job.tokens, job.sampling_generator, allow_stop)))
-            except Exception as exc:
-                self._fail(job, exc)
-            job.lm_s += time.perf_counter() - started
-        self._accept(drawn)
-
     def _accept(self, drawn: Sequence[tuple[SynthesisJob, int]]) -> None:
         """Append the drawn tokens under the lock, so that the render thread reads each job's tokens
         and `lm_finished` as one snapshot; wake it if some job may now have a chunk due."""
@@ -622,50 +352,9 @@ class SynthesisScheduler:
             self._wake_render()
 
     def _decode(self) -> int:
-        if self.settings.carries:
-            return self._decode_carried()
-        with self._cond:  # slots read once, under the lock (see _start_segment)
-            if self._hold_ends() is not None:
-                return 0
-            batch = [(job, job.slot) for job in self._active if job.generating]
-        if not batch:
-            return 0
-        started = time.perf_counter()
-        jobs, slots = [job for job, _ in batch], [slot for _, slot in batch]
-        longest = max(job.kv_len for job in jobs)
-        if self.decoder is not None:
-            self._decode_graphed(jobs, slots, longest)
-        else:
-            logp = self.lm.decode_step(slots, [job.tokens[-1] for job in jobs], self.cache.attend_len(longest))
-            logp = logp.float().cpu()  # the one host copy of the step
-            for row, job in enumerate(jobs):
-                job.logp = logp[row]
-                job.kv_len += 1
-        elapsed = time.perf_counter() - started
-        for job in jobs:
-            job.lm_s += elapsed
-        return len(batch)
-
-    def _decode_graphed(self, jobs: list[SynthesisJob], slots: list[int], longest: int) -> None:
-        """Decode step and on-device RAS draw for every row in one graph replay; one host copy of
-        the drawn tokens per step, whatever the batch."""
-        window = self.decoder.sampler.config.win_size
-        history = torch.tensor([([-1] * window + job.tokens)[-window:] for job in jobs], dtype=torch.long)
-        allow_stop = torch.tensor([len(job.tokens) >= job.min_len for job in jobs])
-        device = self.cache.device
-        tokens = self.decoder.step_sample(slots, [job.tokens[-1] for job in jobs],
-                                          history.to(device, non_blocking=True),
-                                          allow_stop.to(device, non_blocking=True), kv_len=longest).tolist()
-        for job in jobs:
-            job.kv_len += 1
-        self._accept(list(zip(jobs, tokens)))
-
-    def _decode_carried(self) -> int:
         """Launch a step for every generating job (unless held), then read the oldest steps until
         only `decode_steps_ahead` are unread (all of them when nothing was launched)."""
-        pending = self._pending
-        # id(job) -> its rows in the steps launched and not yet read
-        in_flight = Counter(id(job) for _, rows, _ in pending for job, _ in rows)
+        in_flight = self.runner.rows_in_flight()
         with self._cond:  # slots read once, under the lock (see _start_segment)
             held = self._hold_ends() is not None
             # A row whose steps in flight draw its last allowed token steps no further; a row whose
@@ -674,38 +363,17 @@ class SynthesisScheduler:
                                      and len(job.tokens) + in_flight[id(job)] < job.max_len]
         started = time.perf_counter()
         if batch:
-            jobs, slots = [job for job, _ in batch], [slot for _, slot in batch]
-            fresh = [(job, slot) for job, slot in batch if self._seeded.get(slot) != (job, job.segment)]
-            if fresh:
-                self.decoder.seed([slot for _, slot in fresh], [job.tokens for job, _ in fresh])
-                for job, slot in fresh:
-                    self._seeded[slot] = (job, job.segment)
-            allow_stop = [len(job.tokens) + in_flight[id(job)] >= job.min_len for job in jobs]
-            tokens = self.decoder.launch(slots, allow_stop, kv_len=max(job.kv_len for job in jobs))
-            pending.append((tokens, [(job, job.segment) for job in jobs], slots))
-            for job in jobs:
-                job.kv_len += 1
+            self.runner.launch(batch, [len(job.tokens) + in_flight[id(job)] >= job.min_len for job, _ in batch])
         keep = self.settings.decode_steps_ahead if batch else 0
-        while len(pending) > keep:
-            self._read_tokens(pending.popleft())
+        while self.runner.unread > keep:
+            # Not for rows whose job has since finished its segment's LM (the step after a stop
+            # token), moved on, or left.
+            self._accept([(job, token) for job, segment, token in self.runner.read_oldest()
+                          if job.slot is not None and job.segment == segment and not job.lm_finished])
         elapsed = time.perf_counter() - started
         for job, _ in batch:
             job.lm_s += elapsed
         return len(batch)
-
-    def _read_tokens(self, pending: tuple[PendingTokens, list[tuple[SynthesisJob, int]], list[int]]) -> None:
-        """Wait for a launched step and take its tokens, except for rows whose job has since
-        finished its segment's LM (the step after a stop token), moved on, or left."""
-        tokens = self._wait_for(pending[0])
-        self._accept([(job, token) for (job, segment), token in zip(pending[1], tokens)
-                      if job.slot is not None and job.segment == segment and not job.lm_finished])
-
-    def _wait_for(self, tokens: PendingTokens) -> list[int]:
-        """Carried tokens on the host; the wait counts into the iteration's `StepTiming.wait_s`."""
-        started = time.perf_counter()
-        out = tokens.result()
-        self._last_wait_s += time.perf_counter() - started
-        return out
 
     # ---- either thread ---------------------------------------------------------------------------
     def _fail(self, job: SynthesisJob, exc: BaseException) -> None:
