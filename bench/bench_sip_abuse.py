@@ -23,6 +23,7 @@ Each run replaces its label's entry in bench/results/sip_abuse.json and keeps th
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import resource
@@ -87,8 +88,9 @@ class GatewayProcess:
         env = {**os.environ, "PYTHONPATH": str(tree)}
         self.process = subprocess.Popen(
             [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config)], cwd=tree, env=env,
-            stdout=subprocess.DEVNULL, stderr=self.log_path.open("w"),
-            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (GATEWAY_NOFILE, GATEWAY_NOFILE)))
+            stdout=subprocess.DEVNULL, stderr=self.log_path.open("w"))
+        # before it has imported anything, let alone opened a socket
+        resource.prlimit(self.process.pid, resource.RLIMIT_NOFILE, (GATEWAY_NOFILE, GATEWAY_NOFILE))
         self.peak_rss_kib = 0
         self._sampling = True
         threading.Thread(target=self._sample_rss, daemon=True).start()
@@ -216,7 +218,7 @@ class LiveCall:
 
     def intervals_ms(self, start: float, end: float) -> dict:
         times = [t for t in self.arrivals if start <= t <= end]
-        gaps = sorted((b - a) * 1000 for a, b in zip(times, times[1:]))
+        gaps = sorted((b - a) * 1000 for a, b in itertools.pairwise(times))
         if not gaps:
             return {"packets": len(times)}
         return {"packets": len(times), "interval_p50_ms": round(gaps[len(gaps) // 2], 2),
