@@ -28,10 +28,9 @@ class _Bucket:
 
 @dataclass(frozen=True)
 class Verdict:
-    """What to do with one message: `admit`, or shed with (`reply`) or without a 503."""
+    """Admit one message, or shed it (`episode_started` on the first shed of an episode)."""
 
     admit: bool
-    reply: bool = False
     episode_started: bool = False
 
 
@@ -58,10 +57,15 @@ class SourceRateLimiter:
             bucket.tokens -= 1.0
             return ADMIT
         bucket.shed += 1
-        reply = bucket.replies >= 1.0
-        if reply:
-            bucket.replies -= 1.0
-        return Verdict(False, reply, episode_started=bucket.shed == 1)
+        return Verdict(False, episode_started=bucket.shed == 1)
+
+    def take_reply(self, source: str) -> bool:
+        """Whether a shed request from `source` (just checked) may still get its cheap 503."""
+        bucket = self._buckets.get(source)
+        if bucket is None or bucket.replies < 1.0:
+            return False
+        bucket.replies -= 1.0
+        return True
 
     def finished_episodes(self, now: float) -> list[tuple[str, int]]:
         """Sources whose bucket refilled since they were last shed: (source, requests shed). Each

@@ -140,7 +140,8 @@ class SipServer:
             if verdict.episode_started:
                 log.warning("sip_flood_started", source=_short(peer.address[0]),
                             limit_per_s=self.settings.max_requests_per_s_per_source)
-            if verdict.reply and not data.startswith((b"SIP/", b"ACK ")) and not self._is_retransmission(data):
+            if (not data.startswith((b"SIP/", b"ACK ")) and not self._is_retransmission(data)
+                    and self._limiter.take_reply(peer.address[0])):
                 metrics.sip_rate_limited_total.labels(action="503").inc()
                 self._cheap_503(data, peer)
             else:  # a dropped retransmission is harmless; a 503 to it would end a live transaction
@@ -185,14 +186,17 @@ class SipServer:
         self._log_sparingly("sip_malformed", reason=reason[:120], source=_short(peer.address[0]), transport="tcp")
         try:
             request = parse(head, stream=False)
-        except ParseError as exc:
-            self._answer_malformed(ParseError(reason, exc.partial), peer)
+        except ParseError as exc:  # the body is not there, so the Content-Length never matches
+            request = exc.partial
+        if not isinstance(request, SipRequest) or request.method in ("", "ACK"):
             return
-        if not isinstance(request, SipRequest) or request.method == "ACK":
+        try:
+            request = _stamp_via(request, peer)
+        except (ValueError, IndexError):
             return
-        response = self._simple(_stamp_via(request, peer), status,
-                                "Request Entity Too Large" if status == 413 else "Bad Request",
-                                (("Warning", f'399 {self.settings.user_agent} "{_quoted(reason)}"'),))
+        response = make_response(request, status, "Request Entity Too Large" if status == 413 else "Bad Request",
+                                 to_tag=new_tag(),
+                                 headers=(("Warning", f'399 {self.settings.user_agent} "{_quoted(reason)}"'),))
         metrics.sip_responses_total.labels(code=str(status)).inc()
         self._response_sender(response, peer)()
 
