@@ -26,6 +26,11 @@ COMPACT_FORMS = {
     "s": "Subject", "t": "To", "u": "Allow-Events", "v": "Via", "x": "Session-Expires", "y": "Identity",
 }
 
+# Bounds on what a peer chooses and every log line and metric downstream repeats. Real ones are far
+# shorter (Call-IDs of 20-80 characters, URIs under 200); RFC 3261 sets no limit, §21.4.12 has a code.
+MAX_CALL_ID_CHARS = 256
+MAX_REQUEST_URI_CHARS = 1024
+
 _TOKEN = re.compile(r"^[A-Za-z0-9\-.!%*_+`'~]+$")
 _ENCODING = "utf-8"
 _ERRORS = "surrogateescape"
@@ -38,7 +43,7 @@ class ParseError(ValueError):
         super().__init__(reason)
         self.reason = reason
         self.partial = partial
-        self.status = status  # 400, or 505 for a SIP version we do not speak (§21.5.6)
+        self.status = status  # 400; 414 for a Request-URI too long; 505 for another SIP version (§21.5.6)
 
 
 def canonical_name(name: str) -> str:
@@ -355,6 +360,8 @@ def parse(data: bytes, *, stream: bool = False) -> SipRequest | SipResponse:
     try:
         if version_error is not None:
             raise version_error
+        if isinstance(message, SipRequest) and len(message.uri) > MAX_REQUEST_URI_CHARS:
+            raise ParseError(f"Request-URI longer than {MAX_REQUEST_URI_CHARS} characters", status=414)
         if bad_line is not None:
             raise ParseError(f"bad header line {bad_line[:80]!r}")
         if "\x00" in text:
@@ -425,6 +432,8 @@ def _validate(message: SipRequest | SipResponse) -> None:
     for name in ("Via", "From", "To", "Call-ID", "CSeq"):
         if message.header(name) is None:
             raise ParseError(f"missing {name}")
+    if len(message.call_id or "") > MAX_CALL_ID_CHARS:
+        raise ParseError(f"Call-ID longer than {MAX_CALL_ID_CHARS} characters")
     try:
         if not message.vias:
             raise ValueError("empty Via")

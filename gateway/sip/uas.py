@@ -163,8 +163,8 @@ class SipServer:
         self._on_request(message, peer)
 
     def _answer_malformed(self, error: ParseError, peer: Peer) -> None:
-        """§21.4.1: 400 (505 for another SIP version, §21.5.6) when the request names where a
-        response goes (a usable Via); else drop."""
+        """§21.4.1: 400 (414 for a Request-URI too long, §21.4.12; 505 for another SIP version,
+        §21.5.6) when the request names where a response goes (a usable Via); else drop."""
         request = error.partial
         if not isinstance(request, SipRequest) or request.method in ("", "ACK"):
             return
@@ -174,7 +174,8 @@ class SipServer:
             request = _stamp_via(request, peer)
         except (ValueError, IndexError):
             return
-        status, reason = (505, "Version Not Supported") if error.status == 505 else (400, "Bad Request")
+        status = error.status
+        reason = {414: "Request-URI Too Long", 505: "Version Not Supported"}.get(status, "Bad Request")
         warning = ("Warning", f'399 {self.settings.user_agent} "{_quoted(error.reason)}"')
         response = make_response(request, status, reason, to_tag=new_tag(), headers=(warning,))
         metrics.sip_responses_total.labels(code=str(status)).inc()

@@ -133,6 +133,11 @@ def generated_cases() -> list[Case]:
     for header in ("Subject", "X-TTS-Text", "X-TTS-Voice", "User-Agent"):
         add(f"nul_in_{header}", 400, _message("INVITE", extra=(f"{header}: hello\x00world",)))
     add("nul_in_request_uri", 400, _message(uri="sip:10\x0000@127.0.0.1"))
+    # Lengths every log line would repeat: Call-ID and Request-URI are bounded (§21.4.12: 414)
+    add("call_id_257_chars", 400, _message(headers={"Call-ID": "{cid}" + "c" * 257}))
+    add("call_id_200_chars_ok", 200, _message(headers={"Call-ID": "{cid}" + "c" * 190}))
+    add("request_uri_too_long_options", 414, _message(uri="sip:" + "9" * 1100 + "@127.0.0.1"))
+    add("request_uri_too_long_invite", 414, _message("INVITE", uri="sip:" + "9" * 1100 + "@127.0.0.1"))
     # Header lines that are not headers
     for i, line in enumerate(["NoColonHere", "Bad Name: value", ": no name", "Näme: x", "(paren): x"]):
         add(f"bad_header_line_{i}", 400, _message(extra=(line,)))

@@ -183,3 +183,30 @@ async def test_merged_request_gets_482(gateway):
     first = next(c for c in gateway.phone.calls if c.call_id == "merged")
     first.reject(486, "Busy Here")
     await gateway.phone.ended(first)
+
+
+@pytest.mark.parametrize("body, status", [
+    (ANSWER_SDP.replace("c=IN IP4 127.0.0.1", "c=IN IP4 224.0.0.9"), 488),
+    (ANSWER_SDP.replace("m=audio 40000", "m=audio 70000"), 488),
+    (ANSWER_SDP.split("m=")[0], 488),
+])
+async def test_broken_reoffer_in_a_live_call_gets_488_and_the_call_goes_on(gateway, body, status):
+    phone, peer, address = gateway.phone, gateway.peer, gateway.server.udp_address
+    phone.policy = "accept"
+    n = next(_serial)
+    call_id = f"reoffer-{n}"
+    try:
+        peer.send(raw_request("INVITE", peer.port, call_id=call_id, branch=f"z9hG4bK-ri-{n}", body=ANSWER_SDP), address)
+        ok = await _final(peer, f"z9hG4bK-ri-{n}")
+    finally:
+        phone.policy = "reject_486"
+    peer.send(raw_request("ACK", peer.port, call_id=call_id, branch=f"z9hG4bK-ra-{n}", to_tag=ok.to_tag), address)
+    peer.send(raw_request("UPDATE", peer.port, call_id=call_id, branch=f"z9hG4bK-ru-{n}", cseq=2, to_tag=ok.to_tag,
+                          body=body), address)
+    refused = await _final(peer, f"z9hG4bK-ru-{n}")
+    assert refused.status == status and refused.header("Warning")
+    assert gateway.server.active_calls == 1
+    peer.send(raw_request("BYE", peer.port, call_id=call_id, branch=f"z9hG4bK-rb-{n}", cseq=3, to_tag=ok.to_tag),
+              address)
+    assert (await _final(peer, f"z9hG4bK-rb-{n}")).status == 200
+    assert await phone.ended(phone.calls[-1]) == Ended("remote_bye")
