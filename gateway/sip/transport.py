@@ -164,18 +164,15 @@ class _StreamConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._last_activity = self._loop.time()
-        was_empty = not self._buffer
+        fresh = not self._buffer  # this read starts a message
         self._buffer += data
         while not self.closed and self._take_one():
-            pass
-        if not self._buffer:
-            if self._read_timer is not None:
-                self._read_timer.cancel()
-                self._read_timer = None
-        elif was_empty or self._read_timer is None:
+            fresh = True  # a message completed: what is left started in this read
+        if self._read_timer is not None and (fresh or not self._buffer):
+            self._read_timer.cancel()
+            self._read_timer = None
+        if self._buffer and self._read_timer is None:
             # §18.3 gives no deadline; a message that trickles in forever holds memory and a descriptor.
-            if self._read_timer is not None:
-                self._read_timer.cancel()
             self._read_timer = self._loop.call_later(self._limits.read_timeout_s, self._read_timeout)
 
     def _take_one(self) -> bool:

@@ -149,3 +149,19 @@ async def test_message_sent_one_byte_at_a_time_is_framed(make_server):
             await writer.drain()
         response = parse(await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 2), stream=True)
         assert response.status == 200 and response.cseq == (n + 1, "OPTIONS")
+
+
+async def test_busy_pipelined_peer_is_not_mistaken_for_slowloris(make_server):
+    """Reads that always end mid-message are fine while messages keep completing."""
+    server, _ = await make_server(stream_limits=StreamLimits(read_timeout_s=0.3))
+    reader, writer = await _connect(server)
+    port = writer.get_extra_info("sockname")[1]
+    messages = b"".join(_tcp_request("OPTIONS", port, cseq=n, branch=f"z9hG4bK-p{n}") for n in range(1, 13))
+    step = len(messages) // 12 + 7  # each write completes one message and starts the next
+    for start in range(0, len(messages), step):
+        writer.write(messages[start:start + step])
+        await writer.drain()
+        await asyncio.sleep(0.1)  # 12 writes over 1.2 s: four read timeouts' worth, never one message's
+    for n in range(1, 13):
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 2)
+        assert parse(head, stream=True).cseq == (n, "OPTIONS")
