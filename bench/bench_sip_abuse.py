@@ -330,12 +330,14 @@ def tcp_abuse(sip_port: int, hold_s: float) -> tuple[list[socket.socket], dict]:
             for s in bodies:
                 big_sent[id(s)] += _send_some(s, big[big_sent[id(s)]:big_sent[id(s)] + 65536])
             time.sleep(0.05)
+    # What the client sees: a connection still queued in the listen backlog (never accepted, so it holds
+    # no gateway descriptor) looks as open as an accepted one; the gateway's own count is open_fds_*.
     still_open = {"idle": _open_count(idle), "slowloris": _open_count(slow), "bodies": _open_count(bodies)}
     return idle + slow + bodies, {
         "connected": {"idle": len(idle), "slowloris": len(slow), "bodies": len(bodies)},
         "not_connected": {"idle": refused_idle, "slowloris": refused_slow, "bodies": refused_bodies},
         "body_bytes_sent_mib": round(sum(big_sent.values()) / 2**20, 1),
-        "still_open_after_hold": still_open}
+        "client_sees_open_after_hold": still_open}
 
 
 def _open_count(sockets: list[socket.socket]) -> int:
