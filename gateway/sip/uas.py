@@ -11,7 +11,7 @@ is refused here, before the call layer sees it, and passed through as text.
 
 Log and metric hygiene: label values come from bounded sets (metrics.sip_method_label); peer-chosen
 strings in log lines are cut to `_LOG_FIELD_CHARS`; events a flood repeats (malformed messages, 503s)
-are logged at most `_LOGS_PER_S` a second, the rest summed into one `sip_log_suppressed` line.
+go through a `LogBudget` (log_budget.py): a few lines a second, the rest summed into one.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from gateway.sip.inbound_call import (
     InboundCall,
     offer_refusal,
 )
+from gateway.sip.log_budget import LogBudget
 from gateway.sip.message import (
     ParseError,
     SipRequest,
@@ -66,7 +67,6 @@ _NOT_ALLOWED = frozenset({"REGISTER", "SUBSCRIBE", "MESSAGE", "PUBLISH", "NOTIFY
 _IMPLEMENTED = frozenset({"INVITE", "ACK", "CANCEL", "BYE", "OPTIONS", "INFO", "UPDATE"})
 _URI_SCHEMES = ("sip:", "sips:", "tel:")  # §8.2.2.1: anything else is 416
 _LOG_FIELD_CHARS = 64  # Call-IDs, reasons and addresses a peer chose, as they appear in logs
-_LOGS_PER_S = 10
 _SWEEP_S = 1.0  # how often ended flood episodes and suppressed log lines are reported
 _CHEAP_HEADERS = frozenset({"via", "from", "to", "call-id", "cseq"})
 _BRANCH = re.compile(rb";\s*branch\s*=\s*(z9hG4bK[^;,\s]*)", re.IGNORECASE)  # the first is the top Via's
@@ -105,8 +105,7 @@ class SipServer:
         self._tasks: set[asyncio.Task[None]] = set()
         self._limiter = SourceRateLimiter(settings.max_requests_per_s_per_source)
         self._sweeper: asyncio.TimerHandle | None = None
-        self._logged_this_second = 0
-        self._suppressed: dict[str, int] = {}
+        self._sparse_log = LogBudget(log)
 
     @property
     def active_calls(self) -> int:
@@ -151,7 +150,7 @@ class SipServer:
             message = parse(data, stream=peer.transport == "tcp")
         except ParseError as exc:
             metrics.sip_malformed_total.inc()
-            self._log_sparingly("sip_malformed", reason=exc.reason[:120], source=_short(peer.address[0]),
+            self._sparse_log.info("sip_malformed", reason=exc.reason[:120], source=_short(peer.address[0]),
                                 transport=peer.transport)
             self._answer_malformed(exc, peer)
             return
@@ -184,7 +183,7 @@ class SipServer:
     def _on_stream_error(self, head: bytes, peer: Peer, status: int, reason: str) -> None:
         """TCP framing failed (§18.3): answer what the header block allows, then the connection closes."""
         metrics.sip_malformed_total.inc()
-        self._log_sparingly("sip_malformed", reason=reason[:120], source=_short(peer.address[0]), transport="tcp")
+        self._sparse_log.info("sip_malformed", reason=reason[:120], source=_short(peer.address[0]), transport="tcp")
         try:
             request = parse(head, stream=False)
         except ParseError as exc:  # the body is not there, so the Content-Length never matches
@@ -285,7 +284,7 @@ class SipServer:
         reason = "Unsupported Media Type" if status == 415 else "Not Acceptable Here"
         warning = ("Warning", f'399 {self.settings.user_agent} "{_quoted(detail)}"')
         transaction.respond(self._simple(request, status, reason, (*headers, warning)))
-        self._log_sparingly("sip_offer_refused", call_id=_short(request.call_id), status=status,
+        self._sparse_log.info("sip_offer_refused", call_id=_short(request.call_id), status=status,
                             detail=detail[:120])
         return False
 
@@ -294,7 +293,7 @@ class SipServer:
         if self.draining or len(self._calls) >= self.settings.max_calls:
             retry = (("Retry-After", str(self.settings.retry_after_s)),)
             transaction.respond(self._simple(invite, 503, "Service Unavailable", retry))
-            self._log_sparingly("sip_invite_refused", call_id=_short(invite.call_id), draining=self.draining,
+            self._sparse_log.info("sip_invite_refused", call_id=_short(invite.call_id), draining=self.draining,
                                 active_calls=len(self._calls))
             return
         transaction.respond(self._simple(invite, 100, "Trying"))  # §17.2.1: stop INVITE retransmits
@@ -343,21 +342,11 @@ class SipServer:
         address = ipaddress.ip_address(host.split("%", 1)[0])
         return any(address in network for network in self.settings.allowed_sources)
 
-    # --- what a flood leaves in the logs --------------------------------------------------------
-
-    def _log_sparingly(self, event: str, **fields: object) -> None:
-        if self._logged_this_second < _LOGS_PER_S:
-            self._logged_this_second += 1
-            log.info(event, **fields)
-        else:
-            self._suppressed[event] = self._suppressed.get(event, 0) + 1
+    # --- once a second: log budget and flood episodes --------------------------------------------------------
 
     def _sweep(self) -> None:
         self._sweeper = asyncio.get_running_loop().call_later(_SWEEP_S, self._sweep)
-        self._logged_this_second = 0
-        if self._suppressed:
-            log.info("sip_log_suppressed", events=self._suppressed)
-            self._suppressed = {}
+        self._sparse_log.roll()
         for source, shed in self._limiter.finished_episodes(time.monotonic()):
             log.warning("sip_flood_ended", source=_short(source), requests_shed=shed)
 
