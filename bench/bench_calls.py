@@ -51,6 +51,8 @@ sip:
   listen: "127.0.0.1:{sip_port}"
   transports: [udp]
   max_calls: {max_calls}
+  flood:
+    max_requests_per_s_per_source: 100000  # SIPp places every call from one address, hundreds a second
 trunks:
   - name: loopback
     allow: ["127.0.0.0/8"]

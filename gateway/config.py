@@ -23,7 +23,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 LOOPBACK_SOURCES: tuple[IPNetwork, ...] = (ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1/128"))
@@ -111,6 +119,27 @@ class _Section(BaseModel):
 
 
 # -- sections ------------------------------------------------------------------------------------
+class SipTcpSection(_Section):
+    """What one TCP peer may cost (sip.tcp); the total is also kept below the process's descriptor limit."""
+
+    max_connections: int = Field(500, ge=1)
+    max_connections_per_source: int = Field(50, ge=1)
+    idle_timeout_s: float = Field(60.0, gt=0)  # no byte at all for this long: close
+    read_timeout_s: float = Field(10.0, gt=0)  # a message begun must arrive whole within this
+
+    @model_validator(mode="after")
+    def _per_source_within_total(self) -> SipTcpSection:
+        if self.max_connections_per_source > self.max_connections:
+            raise _FieldProblem("max_connections_per_source", "must not exceed max_connections")
+        return self
+
+
+class SipFloodSection(_Section):
+    """Per-source rate limit before parsing (sip.flood); over it: a few cheap 503s, the rest dropped."""
+
+    max_requests_per_s_per_source: float = Field(100.0, gt=0)  # bursts of twice this pass
+
+
 class SipSection(_Section):
     listen: ListenAddress = HostPort("127.0.0.1", 5060)
     transports: tuple[Literal["udp", "tcp"], ...] = ("udp", "tcp")
@@ -123,6 +152,9 @@ class SipSection(_Section):
     t2_ms: int = Field(4000, ge=1)
     t4_ms: int = Field(5000, ge=1)
     user_agent: str = "cosyvoice-gateway"
+    max_message_bytes: int = Field(65535, ge=1500, le=1048576)  # one message, headers + body
+    tcp: SipTcpSection = SipTcpSection()
+    flood: SipFloodSection = SipFloodSection()
 
     @field_validator("transports")
     @classmethod
@@ -201,7 +233,7 @@ class _EngineWithVoices(_Section):
 
     @model_validator(mode="after")
     def _default_is_a_voice(self) -> _EngineWithVoices:
-        voices, default = getattr(self, "voices"), getattr(self, "default_voice")
+        voices, default = self.voices, self.default_voice
         if default not in voices:
             raise _FieldProblem("default_voice", f"{default!r} is not one of voices ({', '.join(voices)})")
         return self
@@ -477,13 +509,18 @@ class GatewayConfig(_Section):
         return self.engine.settings()
 
     def sip_settings(self):
+        from gateway.sip.transport import StreamLimits
         from gateway.sip.uas import SipSettings
 
         sip = self.sip
         return SipSettings(listen_host=sip.listen.host, listen_port=sip.listen.port, transports=sip.transports,
                            allowed_sources=self.allowed_sources, max_calls=sip.max_calls,
                            retry_after_s=sip.retry_after_s, t1=sip.t1_ms / 1000, t2=sip.t2_ms / 1000,
-                           t4=sip.t4_ms / 1000, user_agent=sip.user_agent, advertised_host=sip.public_host)
+                           t4=sip.t4_ms / 1000, user_agent=sip.user_agent, advertised_host=sip.public_host,
+                           stream_limits=StreamLimits(sip.tcp.max_connections, sip.tcp.max_connections_per_source,
+                                                      sip.tcp.idle_timeout_s, sip.tcp.read_timeout_s,
+                                                      sip.max_message_bytes),
+                           max_requests_per_s_per_source=sip.flood.max_requests_per_s_per_source)
 
     def media_settings(self):
         from gateway.media.call_media import MediaSettings

@@ -23,10 +23,46 @@ sip_responses_total = Counter(
     "gateway_sip_responses_total", "SIP responses sent, by status code", ["code"], registry=registry
 )
 sip_requests_total = Counter(
-    "gateway_sip_requests_total", "SIP requests received, by method", ["method"], registry=registry
+    "gateway_sip_requests_total",
+    "SIP requests received from allowed sources, by method (unknown methods count as OTHER)",
+    ["method"],
+    registry=registry,
 )
+# Label values must come from bounded sets: a peer that invents methods must not invent series.
+SIP_METHOD_LABELS = frozenset({"INVITE", "ACK", "BYE", "CANCEL", "OPTIONS", "INFO", "UPDATE", "PRACK", "REGISTER",
+                               "SUBSCRIBE", "NOTIFY", "PUBLISH", "MESSAGE", "REFER"})
+
+
+def sip_method_label(method: str) -> str:
+    return method if method in SIP_METHOD_LABELS else "OTHER"
+
+
 sip_malformed_total = Counter(
     "gateway_sip_malformed_total", "Datagrams/stream messages that did not parse as SIP", registry=registry
+)
+sip_dropped_total = Counter(
+    "gateway_sip_dropped_total",
+    "SIP datagrams/messages dropped unanswered, by reason (oversize, rate_limited)",
+    ["reason"],
+    registry=registry,
+)
+sip_rate_limited_total = Counter(
+    "gateway_sip_rate_limited_total",
+    "Requests over a source's rate limit (sip.flood): answered 503 or dropped",
+    ["action"],
+    registry=registry,
+)
+sip_tcp_refused_total = Counter(
+    "gateway_sip_tcp_refused_total",
+    "TCP connections closed at accept, by reason (not_allowed, max_connections, max_connections_per_source)",
+    ["reason"],
+    registry=registry,
+)
+sip_tcp_closed_total = Counter(
+    "gateway_sip_tcp_closed_total",
+    "TCP connections the gateway closed, by reason (idle_timeout, read_timeout, framing)",
+    ["reason"],
+    registry=registry,
 )
 rtp_packets_sent_total = Counter("gateway_rtp_packets_sent_total", "RTP packets sent", registry=registry)
 rtp_packets_received_total = Counter(

@@ -10,6 +10,7 @@ answer changes (§8). No sockets, no clocks.
 
 from __future__ import annotations
 
+import ipaddress
 import random
 from dataclasses import dataclass, field
 
@@ -71,7 +72,7 @@ class MediaPlan:
 def _connection_address(value: str) -> str:
     parts = value.split()
     if len(parts) != 3 or parts[0] != "IN":
-        raise SdpError(f"bad c= line: {value!r}")
+        raise SdpError(f"bad c= line: {value[:80]!r}")
     return parts[2].split("/", 1)[0]  # drop a multicast TTL / address count
 
 
@@ -90,12 +91,14 @@ def parse_sdp(text: str) -> SessionDescription:
         if not line:
             continue
         if len(line) < 2 or line[1] != "=":
-            raise SdpError(f"bad SDP line: {line!r}")
+            raise SdpError(f"bad SDP line: {line[:80]!r}")
         kind, value = line[0], line[2:]
         if kind == "m":
             parts = value.split()
             if len(parts) < 4 or not parts[1].split("/")[0].isdigit():
-                raise SdpError(f"bad m= line: {value!r}")
+                raise SdpError(f"bad m= line: {value[:80]!r}")
+            if int(parts[1].split("/")[0]) > 65535:  # RFC 4566 §5.14: a UDP port
+                raise SdpError(f"m= port out of range: {parts[1][:20]}")
             media.append({"media": parts[0], "port": int(parts[1].split("/")[0]), "proto": parts[2],
                           "formats": tuple(parts[3:]), "connection": None, "attributes": []})
         elif kind == "c":
@@ -116,6 +119,51 @@ def parse_sdp(text: str) -> SessionDescription:
         media=tuple(MediaDescription(m["media"], m["port"], m["proto"], m["formats"], m["connection"],
                                      tuple(m["attributes"])) for m in media),
     )
+
+
+def check_offer(text: str) -> None:
+    """Raise SdpError, with the reason a peer can read, unless the offer is SDP we could answer or
+    decline cleanly: v=0 first (RFC 4566 §5), no NUL, and every active audio stream with a unicast
+    address of its c= address type (§5.7) and a port below 65536. Codecs are not judged here."""
+    if "\x00" in text:
+        raise SdpError("NUL byte in SDP")
+    first = text.lstrip("\r\n").split("\n", 1)[0].strip()
+    if first != "v=0":
+        raise SdpError(f"SDP must start with v=0, got {first[:20]!r}")
+    offer = parse_sdp(text)
+    lines = _connection_lines(text)
+    for index, stream in enumerate(offer.media):
+        if stream.media != "audio" or stream.port == 0:
+            continue
+        value = lines[index + 1] or lines[0]
+        if value is None:
+            raise SdpError("no c= line at session or media level for the audio stream")
+        _check_address(value)
+
+
+def _connection_lines(text: str) -> list[str | None]:
+    """The c= value of the session (index 0) and of each m= section, as written."""
+    found: list[str | None] = [None]
+    for raw in text.replace("\r\n", "\n").split("\n"):
+        line = raw.strip()
+        if line.startswith("m="):
+            found.append(None)
+        elif line.startswith("c=") and found[-1] is None:
+            found[-1] = line[2:]
+    return found
+
+
+def _check_address(value: str) -> None:
+    _, family, address = value.split()
+    host = address.split("/", 1)[0]
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        raise SdpError(f"c= address {host[:60]!r} is not an IP address") from None
+    if (family, ip.version) not in (("IP4", 4), ("IP6", 6)):
+        raise SdpError(f"c= address {host[:60]!r} does not match address type {family[:10]!r}")
+    if ip.is_multicast:
+        raise SdpError(f"c= address {host[:60]} is multicast; only unicast RTP is supported")
 
 
 def _rtpmaps(stream: MediaDescription) -> dict[str, tuple[str, int]]:

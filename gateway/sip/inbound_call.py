@@ -15,9 +15,14 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from gateway.media.sdp import SdpError, check_offer
 from gateway.sip.dialog import Dialog, new_tag
 from gateway.sip.message import SipRequest, SipResponse, make_response
-from gateway.sip.transaction import AnswerRetransmission, InviteServerTransaction, ServerTransaction
+from gateway.sip.transaction import (
+    AnswerRetransmission,
+    InviteServerTransaction,
+    ServerTransaction,
+)
 from gateway.sip.transport import Peer
 
 if TYPE_CHECKING:
@@ -64,7 +69,7 @@ class InboundCall:
         self._hangup_pending = False
         self._local_sdp: str | None = None
         self._answer: AnswerRetransmission | None = None
-        self._log = log.bind(call_id=self.call_id)
+        self._log = log.bind(call_id=self.call_id[:64])  # a peer chooses its length
 
     @property
     def ended(self) -> bool:
@@ -142,6 +147,13 @@ class InboundCall:
 
     def _on_offer(self, request: SipRequest, transaction: ServerTransaction) -> None:
         """re-INVITE / UPDATE (RFC 3311): an SDP offer gets the call layer's answer or 488."""
+        refusal = offer_refusal(request)
+        if refusal is not None:
+            status, detail = refusal
+            reason = "Unsupported Media Type" if status == 415 else "Not Acceptable Here"
+            warning = ("Warning", f'399 {self._server.settings.user_agent} "{detail[:120]}"')
+            transaction.respond(self._response(request, status, reason, (warning,)))
+            return
         offer = sdp_of(request)
         if offer is None:
             if request.method == "UPDATE" or self._local_sdp is None:
@@ -237,3 +249,19 @@ def sdp_of(request: SipRequest) -> str | None:
     if not request.body or content_type != SDP_TYPE:
         return None
     return request.body.decode("utf-8", "replace")
+
+
+def offer_refusal(request: SipRequest) -> tuple[int, str] | None:
+    """(status, reason) when the request's body is an offer we must refuse, else None."""
+    if not request.body:
+        return None
+    content_type = (request.header("Content-Type") or "").split(";", 1)[0].strip().lower()
+    if content_type != SDP_TYPE:
+        return 415, f"body type {content_type[:40] or 'missing'!r} is not {SDP_TYPE}"
+    try:
+        check_offer(request.body.decode("utf-8"))
+    except UnicodeDecodeError:
+        return 488, "SDP is not valid UTF-8"
+    except SdpError as exc:  # the reason goes into a Warning's quoted-string (§20.43)
+        return 488, "".join(ch if ch.isprintable() and ch not in '"\\' else "?" for ch in str(exc))
+    return None

@@ -26,6 +26,11 @@ COMPACT_FORMS = {
     "s": "Subject", "t": "To", "u": "Allow-Events", "v": "Via", "x": "Session-Expires", "y": "Identity",
 }
 
+# Bounds on what a peer chooses and every log line and metric downstream repeats. Real ones are far
+# shorter (Call-IDs of 20-80 characters, URIs under 200); RFC 3261 sets no limit, §21.4.12 has a code.
+MAX_CALL_ID_CHARS = 256
+MAX_REQUEST_URI_CHARS = 1024
+
 _TOKEN = re.compile(r"^[A-Za-z0-9\-.!%*_+`'~]+$")
 _ENCODING = "utf-8"
 _ERRORS = "surrogateescape"
@@ -34,10 +39,11 @@ _ERRORS = "surrogateescape"
 class ParseError(ValueError):
     """The bytes are not a SIP message we can process; `partial` holds what could be read."""
 
-    def __init__(self, reason: str, partial: SipRequest | SipResponse | None = None) -> None:
+    def __init__(self, reason: str, partial: SipRequest | SipResponse | None = None, status: int = 400) -> None:
         super().__init__(reason)
         self.reason = reason
         self.partial = partial
+        self.status = status  # 400; 414 for a Request-URI too long; 505 for another SIP version (§21.5.6)
 
 
 def canonical_name(name: str) -> str:
@@ -319,14 +325,22 @@ class NameAddr:
 
 def content_length_of(header_block: str) -> int | None:
     """The Content-Length named in a header block (stream framing, §18.3); None if absent."""
-    for line in header_block.split("\r\n")[1:]:
-        name, sep, value = line.partition(":")
-        if sep and canonical_name(name) == "content-length":
-            value = value.strip()
-            if not value.isdigit():
-                raise ParseError(f"bad Content-Length {value!r}")
-            return int(value)
-    return None
+    lengths = {line.partition(":")[2].strip() for line in header_block.split("\r\n")[1:]
+               if ":" in line and canonical_name(line.partition(":")[0]) == "content-length"}
+    return _one_length(lengths)
+
+
+def _one_length(values: set[str]) -> int | None:
+    """Content-Length given once (or repeated identically). Two different values leave the message
+    boundary to whoever reads it: request smuggling, so refuse (RFC 7230 §3.3.3 reasons the same)."""
+    if not values:
+        return None
+    if len(values) > 1:
+        raise ParseError(f"conflicting Content-Length headers {sorted(values)!r}"[:120])
+    value = values.pop()
+    if not value.isdigit() or len(value) > 10:
+        raise ParseError(f"bad Content-Length {value[:20]!r}")
+    return int(value)
 
 
 def parse(data: bytes, *, stream: bool = False) -> SipRequest | SipResponse:
@@ -340,22 +354,25 @@ def parse(data: bytes, *, stream: bool = False) -> SipRequest | SipResponse:
     text = head.decode(_ENCODING, _ERRORS).replace("\r\n", "\n")
     lines = text.lstrip("\n").split("\n")
     start_line, header_lines = lines[0], lines[1:]
-    message = _parse_start_line(start_line)
+    message, version_error = _parse_start_line(start_line)
     headers, bad_line = _parse_headers(header_lines)
     message = replace(message, headers=headers)
     try:
+        if version_error is not None:
+            raise version_error
+        if isinstance(message, SipRequest) and len(message.uri) > MAX_REQUEST_URI_CHARS:
+            raise ParseError(f"Request-URI longer than {MAX_REQUEST_URI_CHARS} characters", status=414)
         if bad_line is not None:
             raise ParseError(f"bad header line {bad_line[:80]!r}")
-        length_text = message.header("Content-Length")
-        if length_text is None:
+        if "\x00" in text:
+            # A raw NUL is no part of any SIP token or TEXT-UTF8 (§25.1); C code downstream would
+            # read the value cut short at it. Escaped %00 in a URI stays legal (RFC 4475 §3.1.1.6).
+            raise ParseError("NUL byte in the header section")
+        length = _one_length({value.strip() for value in message.header_lines("Content-Length")})
+        if length is None:
             if stream:
                 raise ParseError("Content-Length required on a stream transport", message)
             length = len(body)
-        else:
-            length_text = length_text.strip()
-            if not length_text.isdigit():
-                raise ParseError(f"bad Content-Length {length_text!r}", message)
-            length = int(length_text)
         if length > len(body):
             raise ParseError(f"Content-Length {length} exceeds body of {len(body)} bytes", message)
         message = replace(message, body=body[:length])
@@ -367,21 +384,25 @@ def parse(data: bytes, *, stream: bool = False) -> SipRequest | SipResponse:
     return message
 
 
-def _parse_start_line(line: str) -> SipRequest | SipResponse:
+def _parse_start_line(line: str) -> tuple[SipRequest | SipResponse, ParseError | None]:
+    """The start line, and a version error to raise once the headers are read (so the 505 can be sent)."""
     if line.startswith("SIP/"):
         parts = line.split(" ", 2)
         if len(parts) < 2 or parts[0] != SIP_VERSION or not parts[1].isdigit() or len(parts[1]) != 3:
             raise ParseError(f"bad status line {line[:80]!r}")
-        return SipResponse(status=int(parts[1]), reason=parts[2] if len(parts) > 2 else "")
+        return SipResponse(status=int(parts[1]), reason=parts[2] if len(parts) > 2 else ""), None
     # §7.1: Method SP Request-URI SP SIP-Version, single spaces, no whitespace inside the URI.
     parts = line.split(" ")
     if len(parts) != 3 or not _TOKEN.match(parts[0]) or not parts[1]:
         raise ParseError(f"bad request line {line[:80]!r}")
-    if parts[2] != SIP_VERSION:
-        raise ParseError(f"unsupported version {parts[2][:20]!r}")
     if ":" not in parts[1]:
         raise ParseError(f"bad Request-URI {parts[1][:80]!r}")
-    return SipRequest(method=parts[0], uri=parts[1])
+    request = SipRequest(method=parts[0], uri=parts[1])
+    if parts[2].upper() != SIP_VERSION:  # §7.1: the version is case-insensitive
+        if re.fullmatch(r"SIP/\d+\.\d+", parts[2], re.IGNORECASE):
+            return request, ParseError(f"unsupported version {parts[2][:20]!r}", status=505)
+        raise ParseError(f"bad SIP version {parts[2][:20]!r}")
+    return request, None
 
 
 def _parse_headers(lines: list[str]) -> tuple[tuple[tuple[str, str], ...], str | None]:
@@ -411,6 +432,8 @@ def _validate(message: SipRequest | SipResponse) -> None:
     for name in ("Via", "From", "To", "Call-ID", "CSeq"):
         if message.header(name) is None:
             raise ParseError(f"missing {name}")
+    if len(message.call_id or "") > MAX_CALL_ID_CHARS:
+        raise ParseError(f"Call-ID longer than {MAX_CALL_ID_CHARS} characters")
     try:
         if not message.vias:
             raise ValueError("empty Via")

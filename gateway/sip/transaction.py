@@ -248,19 +248,46 @@ class AnswerRetransmission(_TimerOwner):
         self._stop_all()
 
 
+def merge_key(request: SipRequest) -> tuple:
+    """§8.2.2.2: requests with equal Call-ID, From tag and CSeq are one request, however they came."""
+    return (request.call_id, request.from_tag, request.cseq)
+
+
 class TransactionTable:
     """The live transactions, found by their keys; each removes itself when it terminates."""
 
     def __init__(self) -> None:
         self.server: dict[TransactionKey, ServerTransaction] = {}
         self.client: dict[TransactionKey, NonInviteClientTransaction] = {}
+        self._by_request: dict[tuple, ServerTransaction] = {}  # the first transaction per merge_key
+        self._branches: dict[str, int] = {}  # live server transactions per branch
+
+    def has_branch(self, branch: str) -> bool:
+        return branch in self._branches
 
     def add_server(self, transaction: ServerTransaction) -> None:
         self.server[transaction.key] = transaction
+        self._by_request.setdefault(merge_key(transaction.request), transaction)
+        branch = transaction.key[0] if str(transaction.key[0]).startswith(MAGIC_COOKIE) else ""
+        self._branches[branch] = self._branches.get(branch, 0) + 1
 
     def forget_server(self, transaction: ServerTransaction) -> None:
         if self.server.get(transaction.key) is transaction:
             del self.server[transaction.key]
+            branch = transaction.key[0] if str(transaction.key[0]).startswith(MAGIC_COOKIE) else ""
+            left = self._branches.get(branch, 1) - 1
+            if left > 0:
+                self._branches[branch] = left
+            else:
+                self._branches.pop(branch, None)
+        key = merge_key(transaction.request)
+        if self._by_request.get(key) is transaction:
+            del self._by_request[key]
+
+    def merged_with(self, transaction: ServerTransaction) -> ServerTransaction | None:
+        """An earlier live transaction for the same request on another branch (a merged request)."""
+        first = self._by_request.get(merge_key(transaction.request))
+        return first if first is not None and first is not transaction else None
 
     def add_client(self, transaction: NonInviteClientTransaction) -> None:
         self.client[transaction.key] = transaction
@@ -281,3 +308,5 @@ class TransactionTable:
             transaction._stop_all()
         self.server.clear()
         self.client.clear()
+        self._by_request.clear()
+        self._branches.clear()

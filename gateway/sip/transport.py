@@ -4,25 +4,40 @@ The transport layer moves bytes; it never parses beyond what stream framing need
 Content-Length delimits messages on TCP). Every received message is handed up as
 `(data, Peer)`; `Peer` remembers the connection it came on so responses can go back on it
 (§18.2.2). TCP connections are kept open and reused for requests to the same address.
+What a TCP peer may cost is bounded by `StreamLimits`: connections in total and per source (checked,
+with the trunk allow-list, at accept), idle and read timeouts, and the size of one message.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ipaddress
+import resource
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import structlog
 
+from gateway import metrics
 from gateway.sip.message import ParseError, content_length_of
 
 log = structlog.get_logger(__name__)
 
-_MAX_HEADER_BYTES = 64 * 1024  # a stream that sends more without a blank line is not SIP
-_MAX_BODY_BYTES = 1024 * 1024
 _BIND_ATTEMPTS = 10
+_FD_RESERVE = 256  # descriptors kept free for RTP/RTCP sockets, /healthz and log files
+
+
+@dataclass(frozen=True)
+class StreamLimits:
+    """What one TCP peer may cost us. Without these, idle or half-sent connections stay forever and
+    enough of them exhaust the process's file descriptors, which breaks UDP calls and /healthz too."""
+
+    max_connections: int = 500
+    max_connections_per_source: int = 50
+    idle_timeout_s: float = 60.0  # no byte at all for this long: close
+    read_timeout_s: float = 10.0  # a message begun must be complete within this (slowloris)
+    max_message_bytes: int = 65535  # headers + body of one message, UDP or TCP
 
 
 @dataclass(frozen=True, eq=False)
@@ -35,14 +50,21 @@ class Peer:
 
 
 OnMessage = Callable[[bytes, Peer], None]
+# A stream whose framing broke: the header block (may be empty), the peer, and the status to answer.
+OnStreamError = Callable[[bytes, Peer, int, str], None]
+SourceAllowed = Callable[[str], bool]
 
 
 class _DatagramEndpoint(asyncio.DatagramProtocol):
-    def __init__(self, on_message: OnMessage) -> None:
+    def __init__(self, on_message: OnMessage, max_bytes: int) -> None:
         self._on_message = on_message
+        self._max_bytes = max_bytes
 
     def datagram_received(self, data: bytes, addr: tuple) -> None:
         if data.strip(b"\r\n\t ") == b"":  # RFC 5626 §3.5.1 keep-alive, not a message
+            return
+        if len(data) > self._max_bytes:
+            metrics.sip_dropped_total.labels(reason="oversize").inc()
             return
         self._on_message(data, Peer("udp", (addr[0], addr[1])))
 
@@ -51,87 +73,189 @@ class _DatagramEndpoint(asyncio.DatagramProtocol):
 
 
 class _StreamConnection(asyncio.Protocol):
-    """One TCP connection: splits the byte stream into messages by Content-Length (§18.3)."""
+    """One TCP connection: splits the byte stream into messages by Content-Length (§18.3).
 
-    def __init__(self, transport_layer: SipTransport) -> None:
+    The buffer never holds more than one message's worth (`max_message_bytes`); the search for the
+    blank line resumes where the last read left off, so a header sent a byte at a time costs O(n),
+    not O(n^2). Two timers guard the connection: idle (no bytes) and read (a message left unfinished).
+    """
+
+    def __init__(self, transport_layer: SipTransport, inbound: bool) -> None:
         self._layer = transport_layer
+        self._limits = transport_layer.limits
+        self._inbound = inbound
         self._buffer = bytearray()
+        self._scanned = 0  # bytes of the buffer already searched for the end of the header block
+        self._frame_length: int | None = None  # the current message's total length, once known
         self._stream: asyncio.Transport | None = None
+        self._loop = asyncio.get_running_loop()
+        self._last_activity = self._loop.time()
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._read_timer: asyncio.TimerHandle | None = None
         self.address: tuple[str, int] = ("", 0)
         self.closed = False
+        self.admitted = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self._stream = transport
         peer = transport.get_extra_info("peername")
         self.address = (peer[0], peer[1])
+        refusal = self._layer._admit(self) if self._inbound else None
+        if refusal is not None:
+            metrics.sip_tcp_refused_total.labels(reason=refusal).inc()
+            self.closed = True
+            transport.abort()  # at accept: no byte of an unwanted peer is read or buffered
+            return
+        self.admitted = True
         self._layer._connections[self.address] = self
+        self._layer._per_source[self.address[0]] = self._layer._per_source.get(self.address[0], 0) + 1
+        self._idle_timer = self._loop.call_later(self._limits.idle_timeout_s, self._check_idle)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        if self._layer._connections.get(self.address) is self:
-            del self._layer._connections[self.address]
+        self._cancel_timers()
+        if not self.admitted:
+            return
+        self.admitted = False
+        layer = self._layer
+        if layer._connections.get(self.address) is self:
+            del layer._connections[self.address]
+        left = layer._per_source.get(self.address[0], 1) - 1
+        if left > 0:
+            layer._per_source[self.address[0]] = left
+        else:
+            layer._per_source.pop(self.address[0], None)
 
     def write(self, data: bytes) -> None:
         if self._stream is not None and not self.closed:
+            self._last_activity = self._loop.time()
             self._stream.write(data)
 
     def close(self) -> None:
         if self._stream is not None:
             self._stream.close()
 
+    def _cancel_timers(self) -> None:
+        for timer in (self._idle_timer, self._read_timer):
+            if timer is not None:
+                timer.cancel()
+        self._idle_timer = self._read_timer = None
+
+    def _check_idle(self) -> None:
+        quiet = self._loop.time() - self._last_activity
+        if quiet >= self._limits.idle_timeout_s:
+            metrics.sip_tcp_closed_total.labels(reason="idle_timeout").inc()
+            self._abort()
+        else:
+            self._idle_timer = self._loop.call_later(self._limits.idle_timeout_s - quiet, self._check_idle)
+
+    def _read_timeout(self) -> None:
+        self._read_timer = None
+        if self._buffer:
+            metrics.sip_tcp_closed_total.labels(reason="read_timeout").inc()
+            self._abort()
+
+    def _abort(self) -> None:
+        self._buffer.clear()
+        self._cancel_timers()
+        if self._stream is not None:
+            self._stream.abort()
+
     def data_received(self, data: bytes) -> None:
+        self._last_activity = self._loop.time()
+        fresh = not self._buffer  # this read starts a message
         self._buffer += data
-        while self._take_one():
-            pass
+        while not self.closed and self._take_one():
+            fresh = True  # a message completed: what is left started in this read
+        if self._read_timer is not None and (fresh or not self._buffer):
+            self._read_timer.cancel()
+            self._read_timer = None
+        if self._buffer and self._read_timer is None:
+            # §18.3 gives no deadline; a message that trickles in forever holds memory and a descriptor.
+            self._read_timer = self._loop.call_later(self._limits.read_timeout_s, self._read_timeout)
 
     def _take_one(self) -> bool:
         buffer = self._buffer
-        # RFC 5626 §3.5.1: CRLFCRLF is a keep-alive ping answered with CRLF; stray CRLFs are skipped.
-        while buffer[:2] == b"\r\n":
-            if buffer[:4] == b"\r\n\r\n":
-                del buffer[:4]
-                self.write(b"\r\n")
-            else:
-                del buffer[:2]
-        end = buffer.find(b"\r\n\r\n")
-        if end < 0:
-            if len(buffer) > _MAX_HEADER_BYTES:
-                self._fail(bytes(buffer))
+        if self._frame_length is None:
+            # RFC 5626 §3.5.1: CRLFCRLF is a keep-alive ping answered with CRLF; stray CRLFs are skipped.
+            while buffer[:2] == b"\r\n":
+                if buffer[:4] == b"\r\n\r\n":
+                    del buffer[:4]
+                    self.write(b"\r\n")
+                else:
+                    del buffer[:2]
+                self._scanned = 0
+            end = buffer.find(b"\r\n\r\n", max(0, self._scanned - 3))
+            if end < 0:
+                self._scanned = len(buffer)
+                if len(buffer) > self._limits.max_message_bytes:
+                    self._fail(b"", 413, "header block larger than the message limit")
+                return False
+            head = bytes(buffer[: end + 4])
+            try:
+                length = content_length_of(head.decode("utf-8", "replace"))
+            except ParseError as exc:
+                self._fail(head, 400, exc.reason)  # no next message boundary: answer and close
+                return False
+            if length is None:
+                self._fail(head, 400, "Content-Length required on a stream transport")
+                return False
+            if end + 4 + length > self._limits.max_message_bytes:
+                self._fail(head, 413, f"message of {end + 4 + length} bytes exceeds the limit")
+                return False
+            self._frame_length = end + 4 + length
+        if len(buffer) < self._frame_length:
             return False
-        head = bytes(buffer[: end + 4])
-        try:
-            length = content_length_of(head.decode("utf-8", "replace"))
-        except ParseError:
-            length = None
-        if length is None or length > _MAX_BODY_BYTES:
-            self._fail(head)  # cannot find the next message boundary: let the parser answer 400
-            return False
-        if len(buffer) < end + 4 + length:
-            return False
-        frame = bytes(buffer[: end + 4 + length])
-        del buffer[: end + 4 + length]
+        frame = bytes(buffer[: self._frame_length])
+        del buffer[: self._frame_length]
+        self._frame_length = None
+        self._scanned = 0
         self._layer._deliver(frame, Peer("tcp", self.address, self))
         return True
 
-    def _fail(self, data: bytes) -> None:
+    def _fail(self, head: bytes, status: int, reason: str) -> None:
         self._buffer.clear()
-        self._layer._deliver(data, Peer("tcp", self.address, self))
+        self._frame_length = None
+        self._scanned = 0
+        self._layer._stream_error(head, Peer("tcp", self.address, self), status, reason)
         self.close()
 
 
 class SipTransport:
     """UDP and TCP listeners sharing one host:port, and the sending side for both."""
 
-    def __init__(self, host: str, port: int, transports: tuple[str, ...], on_message: OnMessage) -> None:
+    def __init__(self, host: str, port: int, transports: tuple[str, ...], on_message: OnMessage,
+                 on_stream_error: OnStreamError | None = None, limits: StreamLimits = StreamLimits(),
+                 source_allowed: SourceAllowed | None = None) -> None:
         self._host, self._port, self._kinds = host, port, transports
         self._on_message = on_message
+        self._on_stream_error = on_stream_error
+        self._source_allowed = source_allowed
+        self.limits = limits
+        self._max_connections = _descriptor_bounded(limits.max_connections)
         self._udp: asyncio.DatagramTransport | None = None
         self._server: asyncio.Server | None = None
         self._connections: dict[tuple[str, int], _StreamConnection] = {}
+        self._per_source: dict[str, int] = {}
         self._connecting: dict[tuple[str, int], asyncio.Task[_StreamConnection]] = {}
         self.udp_address: tuple[str, int] | None = None
         self.tcp_address: tuple[str, int] | None = None
+
+    @property
+    def connection_count(self) -> int:
+        return len(self._connections)
+
+    def _admit(self, connection: _StreamConnection) -> str | None:
+        """Why an accepted connection must be closed at once, or None to keep it."""
+        source = connection.address[0]
+        if self._source_allowed is not None and not self._source_allowed(source):
+            return "not_allowed"
+        if len(self._connections) >= self._max_connections:
+            return "max_connections"
+        if self._per_source.get(source, 0) >= self.limits.max_connections_per_source:
+            return "max_connections_per_source"
+        return None
 
     async def start(self) -> None:
         # With port 0, UDP picks a free port first and TCP must get the same one; retry if taken.
@@ -149,12 +273,13 @@ class SipTransport:
         port = self._port
         if "udp" in self._kinds:
             self._udp, _ = await loop.create_datagram_endpoint(
-                lambda: _DatagramEndpoint(self._deliver), local_addr=(self._host, port))
+                lambda: _DatagramEndpoint(self._deliver, self.limits.max_message_bytes),
+                local_addr=(self._host, port))
             self.udp_address = self._udp.get_extra_info("sockname")[:2]
             port = self.udp_address[1]
         if "tcp" in self._kinds:
             self._server = await loop.create_server(
-                lambda: _StreamConnection(self), self._host, port, reuse_address=True)
+                lambda: _StreamConnection(self, inbound=True), self._host, port, reuse_address=True)
             self.tcp_address = self._server.sockets[0].getsockname()[:2]
 
     async def stop(self) -> None:
@@ -169,11 +294,21 @@ class SipTransport:
         for connection in list(self._connections.values()):
             connection.close()
         self._connections.clear()
+        self._per_source.clear()
 
     def _deliver(self, data: bytes, peer: Peer) -> None:
         try:
             self._on_message(data, peer)
         except Exception:  # one bad message must never take the listener down
+            log.exception("sip_message_handler_failed", source=f"{peer.address[0]}:{peer.address[1]}")
+
+    def _stream_error(self, head: bytes, peer: Peer, status: int, reason: str) -> None:
+        metrics.sip_tcp_closed_total.labels(reason="framing").inc()
+        if self._on_stream_error is None:
+            return
+        try:
+            self._on_stream_error(head, peer, status, reason)
+        except Exception:
             log.exception("sip_message_handler_failed", source=f"{peer.address[0]}:{peer.address[1]}")
 
     def send(self, data: bytes, transport: str, address: tuple[str, int],
@@ -204,8 +339,18 @@ class SipTransport:
 
     async def _connect(self, address: tuple[str, int]) -> _StreamConnection:
         loop = asyncio.get_running_loop()
-        _, connection = await loop.create_connection(lambda: _StreamConnection(self), *address)
+        _, connection = await loop.create_connection(lambda: _StreamConnection(self, inbound=False), *address)
         return connection
+
+
+def _descriptor_bounded(wanted: int) -> int:
+    """Keep TCP from taking the descriptors RTP sockets and /healthz need (RLIMIT_NOFILE is per process)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or wanted <= soft - _FD_RESERVE:
+        return wanted
+    bounded = max(1, soft - _FD_RESERVE)
+    log.warning("sip_tcp_connections_capped", configured=wanted, allowed=bounded, nofile_limit=soft)
+    return bounded
 
 
 async def resolve(host: str, port: int) -> tuple[str, int]:

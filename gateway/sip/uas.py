@@ -1,28 +1,53 @@
 """The SIP user-agent server core (RFC 3261 §8.2, §12-§15): admits INVITEs and runs their dialogs.
 
-`SipServer` receives every message from the transport, applies the edge policy (parse errors -> 400,
-source allow-list -> 403, Max-Forwards 0 -> 483, capacity and draining -> 503), hands requests to
-transactions and answers each method. Each new INVITE becomes an `InboundCall` (inbound_call.py) that
+`SipServer` receives every message from the transport, applies the edge policy (per-source rate
+limit before parsing -> cheap 503 or drop, parse errors -> 400/505, source allow-list -> 403,
+Max-Forwards 0 -> 483, unknown URI scheme -> 416, merged request -> 482, bad SDP offer -> 488/415,
+capacity and draining -> 503), hands requests to transactions and answers each method. Each new INVITE becomes an `InboundCall` (inbound_call.py) that
 the call layer drives; every name the call layer uses is importable from this module.
 
-This module never touches media or speech: SDP is passed through as text.
+This module never touches media or speech: SDP is only checked (media/sdp.py) so a malformed offer
+is refused here, before the call layer sees it, and passed through as text.
+
+Log and metric hygiene: label values come from bounded sets (metrics.sip_method_label); peer-chosen
+strings in log lines are cut to `_LOG_FIELD_CHARS`; events a flood repeats (malformed messages, 503s)
+go through a `LogBudget` (log_budget.py): a few lines a second, the rest summed into one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ipaddress
+import re
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import structlog
 
 from gateway import metrics
 from gateway.sip.dialog import DialogKey, new_tag
-from gateway.sip.inbound_call import ALLOW, SDP_TYPE, CallEvent, Confirmed, Ended, InboundCall
-from gateway.sip.message import ParseError, SipRequest, SipResponse, Via, make_response, parse
+from gateway.sip.inbound_call import (
+    ALLOW,
+    SDP_TYPE,
+    CallEvent,
+    Confirmed,
+    Ended,
+    InboundCall,
+    offer_refusal,
+)
+from gateway.sip.log_budget import LogBudget
+from gateway.sip.message import (
+    ParseError,
+    SipRequest,
+    SipResponse,
+    Via,
+    canonical_name,
+    make_response,
+    parse,
+)
+from gateway.sip.rate_limit import SourceRateLimiter
 from gateway.sip.transaction import (
     InviteServerTransaction,
     NonInviteClientTransaction,
@@ -32,7 +57,7 @@ from gateway.sip.transaction import (
     TransactionTable,
     server_key,
 )
-from gateway.sip.transport import Peer, SipTransport, resolve
+from gateway.sip.transport import Peer, SipTransport, StreamLimits, resolve
 
 __all__ = ["CallEvent", "Confirmed", "Ended", "InboundCall", "SipServer", "SipSettings"]
 
@@ -40,6 +65,11 @@ log = structlog.get_logger(__name__)
 
 _NOT_ALLOWED = frozenset({"REGISTER", "SUBSCRIBE", "MESSAGE", "PUBLISH", "NOTIFY", "REFER"})
 _IMPLEMENTED = frozenset({"INVITE", "ACK", "CANCEL", "BYE", "OPTIONS", "INFO", "UPDATE"})
+_URI_SCHEMES = ("sip:", "sips:", "tel:")  # §8.2.2.1: anything else is 416
+_LOG_FIELD_CHARS = 64  # Call-IDs, reasons and addresses a peer chose, as they appear in logs
+_SWEEP_S = 1.0  # how often ended flood episodes and suppressed log lines are reported
+_CHEAP_HEADERS = frozenset({"via", "from", "to", "call-id", "cseq"})
+_BRANCH = re.compile(rb";\s*branch\s*=\s*(z9hG4bK[^;,\s]*)", re.IGNORECASE)  # the first is the top Via's
 
 
 @dataclass(frozen=True)
@@ -55,6 +85,8 @@ class SipSettings:
     t4: float = 5.0
     user_agent: str = "cosyvoice-gateway"
     advertised_host: str | None = None  # host for Contact/SDP if different from listen_host
+    stream_limits: StreamLimits = field(default_factory=StreamLimits)
+    max_requests_per_s_per_source: float = 100.0  # burst: twice this; over it -> cheap 503 or drop
 
 
 class SipServer:
@@ -68,10 +100,14 @@ class SipServer:
         self._on_invite = on_invite
         self._timers = Timers(settings.t1, settings.t2, settings.t4)
         self._transport = SipTransport(settings.listen_host, settings.listen_port, settings.transports,
-                                       self._on_message)
+                                       self._on_message, self._on_stream_error, settings.stream_limits,
+                                       self._address_allowed)
         self._transactions = TransactionTable()
         self._calls: dict[DialogKey, InboundCall] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._limiter = SourceRateLimiter(settings.max_requests_per_s_per_source)
+        self._sweeper: asyncio.TimerHandle | None = None
+        self._sparse_log = LogBudget(log)
 
     @property
     def active_calls(self) -> int:
@@ -79,11 +115,15 @@ class SipServer:
 
     async def start(self) -> None:
         await self._transport.start()
+        self._sweeper = asyncio.get_running_loop().call_later(_SWEEP_S, self._sweep)
         self.udp_address = self._transport.udp_address
         self.tcp_address = self._transport.tcp_address
         log.info("sip_listening", udp=self.udp_address, tcp=self.tcp_address)
 
     async def stop(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -96,12 +136,24 @@ class SipServer:
     # --- receiving ------------------------------------------------------------------------------
 
     def _on_message(self, data: bytes, peer: Peer) -> None:
+        verdict = self._limiter.check(peer.address[0], time.monotonic())
+        if not verdict.admit:  # before parsing: a flood costs a dict lookup and, at most, a cheap 503
+            if verdict.episode_started:
+                log.warning("sip_flood_started", source=_short(peer.address[0]),
+                            limit_per_s=self.settings.max_requests_per_s_per_source)
+            if (not data.startswith((b"SIP/", b"ACK ")) and not self._is_retransmission(data)
+                    and self._limiter.take_reply(peer.address[0])):
+                metrics.sip_rate_limited_total.labels(action="503").inc()
+                self._cheap_503(data, peer)
+            else:  # a dropped retransmission is harmless; a 503 to it would end a live transaction
+                metrics.sip_rate_limited_total.labels(action="dropped").inc()
+            return
         try:
             message = parse(data, stream=peer.transport == "tcp")
         except ParseError as exc:
             metrics.sip_malformed_total.inc()
-            log.info("sip_malformed", reason=exc.reason, source=f"{peer.address[0]}:{peer.address[1]}",
-                     transport=peer.transport)
+            self._sparse_log.info("sip_malformed", reason=exc.reason[:120], source=_short(peer.address[0]),
+                                transport=peer.transport)
             self._answer_malformed(exc, peer)
             return
         if isinstance(message, SipResponse):
@@ -112,29 +164,72 @@ class SipServer:
         self._on_request(message, peer)
 
     def _answer_malformed(self, error: ParseError, peer: Peer) -> None:
-        """§21.4.1: 400 when the request names where a response goes (a usable Via); else drop."""
+        """§21.4.1: 400 (414 for a Request-URI too long, §21.4.12; 505 for another SIP version,
+        §21.5.6) when the request names where a response goes (a usable Via); else drop."""
         request = error.partial
+        if not isinstance(request, SipRequest) or request.method in ("", "ACK"):
+            return
+        if not self._address_allowed(peer.address[0]):
+            return  # no answer to strangers' garbage: it only tells a scanner that we are here
+        try:
+            request = _stamp_via(request, peer)
+        except (ValueError, IndexError):
+            return
+        status = error.status
+        reason = {414: "Request-URI Too Long", 505: "Version Not Supported"}.get(status, "Bad Request")
+        warning = ("Warning", f'399 {self.settings.user_agent} "{_quoted(error.reason)}"')
+        response = make_response(request, status, reason, to_tag=new_tag(), headers=(warning,))
+        metrics.sip_responses_total.labels(code=str(status)).inc()
+        self._response_sender(response, peer)()
+
+    def _on_stream_error(self, head: bytes, peer: Peer, status: int, reason: str) -> None:
+        """TCP framing failed (§18.3): answer what the header block allows, then the connection closes."""
+        metrics.sip_malformed_total.inc()
+        self._sparse_log.info("sip_malformed", reason=reason[:120], source=_short(peer.address[0]), transport="tcp")
+        try:
+            request = parse(head, stream=False)
+        except ParseError as exc:  # the body is not there, so the Content-Length never matches
+            request = exc.partial
         if not isinstance(request, SipRequest) or request.method in ("", "ACK"):
             return
         try:
             request = _stamp_via(request, peer)
         except (ValueError, IndexError):
             return
-        warning = ("Warning", f'399 {self.settings.user_agent} "{error.reason[:120]}"')
-        response = make_response(request, 400, "Bad Request", to_tag=new_tag(), headers=(warning,))
-        metrics.sip_responses_total.labels(code="400").inc()
+        response = make_response(request, status, "Request Entity Too Large" if status == 413 else "Bad Request",
+                                 to_tag=new_tag(),
+                                 headers=(("Warning", f'399 {self.settings.user_agent} "{_quoted(reason)}"'),))
+        metrics.sip_responses_total.labels(code=str(status)).inc()
         self._response_sender(response, peer)()
 
+    def _is_retransmission(self, data: bytes) -> bool:
+        match = _BRANCH.search(data, 0, 4096)
+        return match is not None and self._transactions.has_branch(match.group(1).decode("latin-1"))
+
+    def _cheap_503(self, data: bytes, peer: Peer) -> None:
+        """A 503 built from the raw header lines, without parsing or a transaction (§21.5.4), sent
+        to the source address only: a forged Via must not turn us into an amplifier."""
+        head = data[:8192].split(b"\r\n\r\n", 1)[0].split(b"\r\n")[1:]
+        copied = [line for line in head
+                  if canonical_name(line.split(b":", 1)[0].decode("latin-1")) in _CHEAP_HEADERS]
+        if len(copied) < 5:
+            return
+        response = b"\r\n".join([b"SIP/2.0 503 Service Unavailable", *copied,
+                                  f"Retry-After: {self.settings.retry_after_s}".encode(),
+                                  b"Content-Length: 0", b"", b""])
+        metrics.sip_responses_total.labels(code="503").inc()
+        self._transport.send(response, peer.transport, peer.address, peer.connection)
+
     def _on_request(self, request: SipRequest, peer: Peer) -> None:
-        metrics.sip_requests_total.labels(method=request.method).inc()
         request = _stamp_via(request, peer)
         existing = self._transactions.server.get(server_key(request))
         if existing is not None and existing.on_retransmission(request):
             return
-        if not self._source_allowed(peer):
+        if not self._address_allowed(peer.address[0]):
             if request.method != "ACK":
                 self._new_transaction(request, peer).respond(self._simple(request, 403, "Forbidden"))
             return
+        metrics.sip_requests_total.labels(method=metrics.sip_method_label(request.method)).inc()
         if request.method == "ACK":
             self._on_ack(request)
             return
@@ -142,7 +237,8 @@ class SipServer:
         try:
             self._dispatch(request, transaction, peer)
         except Exception:  # a bug in one request's handling must not stop the server
-            log.exception("sip_request_failed", call_id=request.call_id, method=request.method)
+            log.exception("sip_request_failed", call_id=_short(request.call_id),
+                          method=metrics.sip_method_label(request.method))
             if not transaction.final_sent:
                 transaction.respond(self._simple(request, 500, "Server Internal Error"))
 
@@ -155,6 +251,11 @@ class SipServer:
             transaction.respond(self._simple(request, 405, "Method Not Allowed", (("Allow", ALLOW),)))
         elif method not in _IMPLEMENTED:
             transaction.respond(self._simple(request, 501, "Not Implemented", (("Allow", ALLOW),)))
+        elif not request.uri.lower().startswith(_URI_SCHEMES):
+            transaction.respond(self._simple(request, 416, "Unsupported URI Scheme"))
+        elif request.to_tag is None and self._transactions.merged_with(transaction) is not None:
+            # §8.2.2.2: the same request reached us twice by different paths (a forking proxy).
+            transaction.respond(self._simple(request, 482, "Loop Detected"))
         elif method == "CANCEL":
             self._on_cancel(request, transaction)
         elif method == "OPTIONS":  # qualify pings (Kamailio/Asterisk), in or out of a dialog
@@ -175,9 +276,25 @@ class SipServer:
             self._on_in_dialog(request, transaction)
         elif method == "INVITE":
             assert isinstance(transaction, InviteServerTransaction)
-            self._on_new_invite(request, transaction, peer)
+            if self._offer_acceptable(request, transaction):
+                self._on_new_invite(request, transaction, peer)
         else:  # BYE/INFO/UPDATE outside any dialog
             transaction.respond(self._simple(request, 481, "Call/Transaction Does Not Exist"))
+
+    def _offer_acceptable(self, request: SipRequest, transaction: ServerTransaction) -> bool:
+        """An offer we cannot use is refused before the call layer sees it: 415 for a body that is
+        not SDP (§8.2.3), 488 with the reason in a Warning for broken SDP (§21.4.26)."""
+        refusal = offer_refusal(request)
+        if refusal is None:
+            return True
+        status, detail = refusal
+        headers = (("Accept", SDP_TYPE),) if status == 415 else ()
+        reason = "Unsupported Media Type" if status == 415 else "Not Acceptable Here"
+        warning = ("Warning", f'399 {self.settings.user_agent} "{_quoted(detail)}"')
+        transaction.respond(self._simple(request, status, reason, (*headers, warning)))
+        self._sparse_log.info("sip_offer_refused", call_id=_short(request.call_id), status=status,
+                            detail=detail[:120])
+        return False
 
     def _on_new_invite(self, invite: SipRequest, transaction: InviteServerTransaction, peer: Peer) -> None:
         received_at = time.monotonic()
@@ -186,17 +303,18 @@ class SipServer:
             retry = (("Retry-After", str(self.settings.retry_after_s)),)
             transaction.respond(self._simple(invite, 503, "Service Unavailable", retry))
             metrics.calls_refused_total.labels(reason=refusal.partition(":")[0]).inc()
-            log.info("sip_invite_refused", call_id=invite.call_id, refusal=refusal, active_calls=len(self._calls))
+            self._sparse_log.info("sip_invite_refused", call_id=_short(invite.call_id), refusal=refusal,
+                                  active_calls=len(self._calls))
             return
         transaction.respond(self._simple(invite, 100, "Trying"))  # §17.2.1: stop INVITE retransmits
         call = InboundCall(self, invite, transaction, peer, received_at)
         self._calls[call.dialog.key] = call
-        log.info("sip_invite", call_id=call.call_id, user=call.request_user, transport=peer.transport,
-                 source=f"{peer.address[0]}:{peer.address[1]}")
+        log.info("sip_invite", call_id=_short(call.call_id), user=_short(call.request_user),
+                 transport=peer.transport, source=f"{peer.address[0]}:{peer.address[1]}")
         try:
             self._on_invite(call)
         except Exception:
-            log.exception("sip_on_invite_failed", call_id=call.call_id)
+            log.exception("sip_on_invite_failed", call_id=_short(call.call_id))
             call.reject(500, "Server Internal Error")
 
     def _why_refused(self) -> str | None:
@@ -237,11 +355,19 @@ class SipServer:
         if call is not None:
             call._on_ack(ack)
 
-    def _source_allowed(self, peer: Peer) -> bool:
+    def _address_allowed(self, host: str) -> bool:
         if not self.settings.allowed_sources:
             return True
-        address = ipaddress.ip_address(peer.address[0].split("%", 1)[0])
+        address = ipaddress.ip_address(host.split("%", 1)[0])
         return any(address in network for network in self.settings.allowed_sources)
+
+    # --- once a second: log budget and flood episodes --------------------------------------------------------
+
+    def _sweep(self) -> None:
+        self._sweeper = asyncio.get_running_loop().call_later(_SWEEP_S, self._sweep)
+        self._sparse_log.roll()
+        for source, shed in self._limiter.finished_episodes(time.monotonic()):
+            log.warning("sip_flood_ended", source=_short(source), requests_shed=shed)
 
     # --- sending --------------------------------------------------------------------------------
 
@@ -309,6 +435,15 @@ class SipServer:
         task = asyncio.get_running_loop().create_task(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def _short(value: str | None) -> str | None:
+    return value if value is None or len(value) <= _LOG_FIELD_CHARS else value[:_LOG_FIELD_CHARS] + "..."
+
+
+def _quoted(text: str) -> str:
+    """Text safe inside a Warning's quoted-string (§20.43): no quotes, backslashes or control bytes."""
+    return "".join(ch if ch.isprintable() and ch not in '"\\' else "?" for ch in text[:120])
 
 
 def _stamp_via(request: SipRequest, peer: Peer) -> SipRequest:

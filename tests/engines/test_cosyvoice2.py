@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from engines.base import EmptyText, SynthesisFailed, SynthesisRequest, UnknownVoice
+from engines.base import EmptyText, SynthesisFailed, SynthesisRefused, SynthesisRequest, UnknownVoice
 from engines.cosyvoice2 import CosyVoice2Engine
 from tts_core.voices import Voice
 
@@ -94,9 +94,9 @@ def test_validate_refuses_unknown_voice_and_empty_text(engine: CosyVoice2Engine)
 
 
 async def test_a_text_of_only_punctuation_is_refused_before_the_call_is_answered(engine: CosyVoice2Engine) -> None:
-    """Normalised, "... !" has nothing to speak: open_stream refuses it (EmptyText, the interface's
-    refusal) instead of answering with a stream that ends silent."""
-    with pytest.raises(EmptyText, match="nothing to speak"):
+    """ "... !" has nothing to speak: open_stream refuses it (a SynthesisRefused the gateway turns into a SIP
+    rejection) instead of answering with a stream that ends silent."""
+    with pytest.raises(SynthesisRefused, match="nothing to speak|no letters or digits"):
         engine.open_stream(SynthesisRequest(text="... !", voice=VOICE))
 
 

@@ -199,3 +199,29 @@ def test_engine_worker_keys_are_validated_and_plan_one_worker_per_gpu():
         with pytest.raises(ConfigError) as caught:
             load_config(None, overrides)
         assert str(caught.value).startswith(message), (overrides, str(caught.value))
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    ({"sip.tcp.max_connections": 0}, "sip.tcp.max_connections:"),
+    ({"sip.tcp.max_connections": 10, "sip.tcp.max_connections_per_source": 20},
+     "sip.tcp.max_connections_per_source: must not exceed max_connections"),
+    ({"sip.tcp.idle_timeout_s": 0}, "sip.tcp.idle_timeout_s:"),
+    ({"sip.tcp.read_timeout_s": -1}, "sip.tcp.read_timeout_s:"),
+    ({"sip.tcp.keepalive": 1}, "sip.tcp.keepalive: unknown field"),
+    ({"sip.max_message_bytes": 100}, "sip.max_message_bytes:"),
+    ({"sip.flood.max_requests_per_s_per_source": 0}, "sip.flood.max_requests_per_s_per_source:"),
+])
+def test_sip_abuse_limits_name_their_key(overrides, expected):
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, overrides)
+    assert str(caught.value).startswith(expected), str(caught.value)
+
+
+def test_sip_abuse_limits_reach_the_sip_settings():
+    sip = load_config(REPO / "sip_config" / "gateway.yaml").sip_settings()
+    limits = sip.stream_limits
+    assert (limits.max_connections, limits.max_connections_per_source) == (500, 50)
+    assert (limits.idle_timeout_s, limits.read_timeout_s, limits.max_message_bytes) == (60, 10, 65535)
+    assert sip.max_requests_per_s_per_source == 100
+    default = load_config(None, {"sip.flood.max_requests_per_s_per_source": 5}).sip_settings()
+    assert default.max_requests_per_s_per_source == 5 and default.stream_limits.max_connections == 500

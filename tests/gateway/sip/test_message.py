@@ -167,7 +167,7 @@ def test_malformed_requests_keep_enough_to_answer_400(mutate, reason):
         b"\x16\x03\x01\x02\x00garbage",
         b"INVITE sip:x@y SIP/2.0\r\nVia: SIP/2.0/UDP h;branch=z9hG4bK1\r\n",  # no blank line
         b"INVITE  sip:x@y SIP/2.0\r\n\r\n",  # two spaces in the request line
-        b"INVITE sip:x@y SIP/7.0\r\n\r\n",
+        b"INVITE sip:x@y SIP/two\r\n\r\n",
         b"SIP/2.0 2000 OK\r\n\r\n",
     ],
 )
@@ -175,6 +175,12 @@ def test_garbage_is_a_parse_error_without_partial(data):
     with pytest.raises(ParseError) as caught:
         parse(data)
     assert caught.value.partial is None
+
+
+def test_other_sip_version_keeps_the_headers_for_a_505():
+    with pytest.raises(ParseError) as caught:
+        parse(b"INVITE sip:x@y SIP/7.0\r\nVia: SIP/2.0/UDP h;branch=z9hG4bK1\r\n\r\n")
+    assert caught.value.status == 505 and caught.value.partial.vias[0].branch == "z9hG4bK1"
 
 
 def test_via_received_rport_round_trip():

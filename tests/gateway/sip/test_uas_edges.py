@@ -162,7 +162,7 @@ async def test_tcp_framing_split_and_pipelined_messages(make_server):
     reader, writer = await asyncio.open_connection(*server.tcp_address)
     port = writer.get_extra_info("sockname")[1]
     first = raw_request("OPTIONS", port, branch="z9hG4bK-t1").replace(b"SIP/2.0/UDP", b"SIP/2.0/TCP")
-    second = raw_request("OPTIONS", port, branch="z9hG4bK-t2").replace(b"SIP/2.0/UDP", b"SIP/2.0/TCP")
+    second = raw_request("OPTIONS", port, branch="z9hG4bK-t2", cseq=2).replace(b"SIP/2.0/UDP", b"SIP/2.0/TCP")
     writer.write(b"\r\n\r\n" + first[:40])  # keep-alive ping, then a message split across writes
     await writer.drain()
     assert await asyncio.wait_for(reader.readexactly(2), 2) == b"\r\n"  # RFC 5626 pong

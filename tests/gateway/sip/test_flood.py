@@ -1,0 +1,76 @@
+"""Flood shedding over real sockets: one source over its budget gets a few cheap 503s and silence,
+counted in metrics and logged once; another source and the flooder's own transactions are unharmed."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from structlog.testing import capture_logs
+
+from gateway import metrics
+from gateway.sip.message import SipResponse, parse
+from tests.gateway.sip.peers import ANSWER_SDP, UdpPeer, raw_request
+
+pytestmark = pytest.mark.timeout(20)
+
+
+def _shed(action: str) -> float:
+    return metrics.registry.get_sample_value("gateway_sip_rate_limited_total", {"action": action}) or 0.0
+
+
+async def _peer(host: str) -> UdpPeer:
+    transport, peer = await asyncio.get_running_loop().create_datagram_endpoint(UdpPeer, local_addr=(host, 0))
+    peer.transport = transport
+    return peer
+
+
+async def test_flood_is_shed_with_503_counted_and_logged_once(make_server):
+    server, phone = await make_server("ring", max_requests_per_s_per_source=20)  # burst 40
+    flooder, bystander = await _peer("127.0.0.1"), await _peer("127.0.0.2")
+    answered_before, dropped_before = _shed("503"), _shed("dropped")
+    with capture_logs() as logs:
+        for n in range(400):
+            flooder.send(raw_request("INVITE", flooder.port, call_id=f"flood-{n}", branch=f"z9hG4bK-f{n}",
+                                     user="9999", body=ANSWER_SDP), server.udp_address)
+            await asyncio.sleep(0)  # let the gateway read it: a full socket buffer would drop, not shed
+        bystander.send(raw_request("OPTIONS", bystander.port, branch="z9hG4bK-by"), server.udp_address)
+        assert (await bystander.response()).status == 200  # its own budget: unaffected
+        # the flooder's datagrams were all read before the bystander's: count what came back
+        await asyncio.sleep(0)
+        statuses: dict[int, int] = {}
+        while not flooder.inbox.empty():
+            message = parse(flooder.inbox.get_nowait())
+            assert isinstance(message, SipResponse)
+            statuses[message.status] = statuses.get(message.status, 0) + 1
+    shed_503, dropped = _shed("503") - answered_before, _shed("dropped") - dropped_before
+    admitted = len(phone.calls)
+    assert 40 <= admitted <= 45  # the burst (and what refilled while the loop read them)
+    assert shed_503 == statuses.get(503, 0) and 10 <= shed_503 <= 11
+    assert admitted + shed_503 + dropped == 400
+    events = [entry["event"] for entry in logs]
+    assert events.count("sip_flood_started") == 1
+    assert len(events) < 60  # one line per admitted call at most, never one per shed request
+    for call in phone.calls:
+        call.reject(486, "Busy Here")
+
+
+async def test_retransmission_over_the_limit_is_dropped_not_refused(make_server):
+    """A 503 to a retransmitted INVITE would end a transaction that is already being served."""
+    server, phone = await make_server("ring", max_requests_per_s_per_source=1)  # burst 2
+    peer = await _peer("127.0.0.1")
+    invite = raw_request("INVITE", peer.port, call_id="live", branch="z9hG4bK-live", body=ANSWER_SDP)
+    peer.send(invite, server.udp_address)
+    assert (await peer.response()).status == 100
+    assert (await peer.response()).status == 180
+    dropped_before, refused_before = _shed("dropped"), _shed("503")
+    for _ in range(20):  # the first finds the bucket's last token and is absorbed by the transaction
+        peer.send(invite, server.udp_address)
+    peer.send(raw_request("OPTIONS", peer.port, call_id="other", branch="z9hG4bK-other"), server.udp_address)
+    answers = []
+    while not answers or answers[-1].vias[0].branch != "z9hG4bK-other":
+        answers.append(await peer.response())
+    assert answers[-1].status == 503 and answers[-1].header("Retry-After")  # a new request: refused cheaply
+    assert all(a.status == 180 for a in answers[:-1])  # the INVITE's transaction never saw a 503
+    assert (_shed("dropped") - dropped_before, _shed("503") - refused_before) == (19, 1)
+    phone.calls[0].reject(486, "Busy Here")
