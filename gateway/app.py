@@ -62,6 +62,13 @@ class Gateway:
         self._sessions[task] = session
         task.add_done_callback(lambda done: self._sessions.pop(done, None))
 
+    async def calls_ended(self, timeout_s: float) -> bool:
+        """Wait until every call session now running has finished and counted its outcome (True), or timeout."""
+        if self._sessions:
+            _, pending = await asyncio.wait(set(self._sessions), timeout=timeout_s)
+            return not pending
+        return True
+
     def reconfigure(self, resolve_prompt: PromptResolver, allowed_sources) -> None:
         """Adopt reloaded routes/prompts and trunk allow-list; calls already admitted keep their prompt."""
         self.resolve_prompt = resolve_prompt

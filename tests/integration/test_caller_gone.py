@@ -43,6 +43,7 @@ async def test_a_stay_call_whose_caller_sends_nothing_is_ended_with_bye(tmp_path
         rc, errors = await run_sipp(SCENARIOS / "gw_stay.xml", gateway.sip.udp_address, tmp_path, keys={
             "text": "hello", "rtp_rx": str(recorder.port), "codec_pt": "0", "codec_name": "PCMU"})
         assert rc == 0, errors  # the gateway's BYE arrived (gw_stay never hangs up itself)
+        assert await gateway.calls_ended(5)
         assert _outcome("media_timeout") == timeouts0 + 1
         assert gateway.status()["calls_active"] == 0
     finally:
@@ -67,6 +68,7 @@ async def test_rtp_from_the_caller_keeps_the_call_up(tmp_path):
             assert not call.done(), "the call ended while the caller was sending RTP"
         rc, errors = await call  # the caller stopped sending: now it is ended
         assert rc == 0, errors
+        assert await gateway.calls_ended(5)
         assert _outcome("media_timeout") == timeouts0 + 1
     finally:
         await gateway.stop()
@@ -81,6 +83,7 @@ async def test_a_call_on_hold_is_not_ended_for_its_silence(tmp_path):
         rc, errors = await run_sipp(SCENARIOS / "gw_hold_silent.xml", gateway.sip.udp_address, tmp_path, keys={
             "text": "hello", "rtp_rx": str(recorder.port), "codec_pt": "0", "codec_name": "PCMU"})
         assert rc == 0, errors
+        assert await gateway.calls_ended(5)  # SIPp may exit before the session has counted its outcome
         assert _outcome("caller_hangup") == hangups0 + 1
         assert _outcome("media_timeout") == timeouts0
     finally:
