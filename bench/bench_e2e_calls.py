@@ -33,7 +33,7 @@ import numpy as np
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_calls import cpu_seconds, free_port, gateway_config, wait_http  # noqa: E402
+from bench_calls import cpu_seconds, free_port, gateway_config, metric, wait_http  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -135,8 +135,10 @@ def _children(pid: int) -> list[int]:
     return [int(p) for p in path.read_text().split()] if path.exists() else []
 
 
-async def run_step(calls: int, rate: float, sip: tuple[str, int], gateway_pid: int, timeout_s: float) -> dict:
+async def run_step(calls: int, rate: float, sip: tuple[str, int], gateway_pid: int, timeout_s: float,
+                   http_port: int) -> dict:
     workers = _children(gateway_pid)
+    underruns0 = await asyncio.to_thread(metric, http_port, "gateway_playout_underruns_total")
     cpu0, wcpu0 = cpu_seconds(gateway_pid), sum(cpu_seconds(p) for p in workers)
     started = time.monotonic()
     tasks = []
@@ -147,6 +149,7 @@ async def run_step(calls: int, rate: float, sip: tuple[str, int], gateway_pid: i
     wall = time.monotonic() - started
     cpu = cpu_seconds(gateway_pid) - cpu0
     worker_cpu = sum(cpu_seconds(p) for p in workers if Path(f"/proc/{p}").exists()) - wcpu0
+    underruns = await asyncio.to_thread(metric, http_port, "gateway_playout_underruns_total") - underruns0
     answered = [c for c in results if c.status == 200]
     first = [1000 * (c.first_speech_at - c.invite_at) for c in answered if c.first_speech_at is not None]
     intervals = np.concatenate([np.diff(c.arrivals) for c in answered if len(c.arrivals) > 1] or [np.zeros(0)])
@@ -166,6 +169,7 @@ async def run_step(calls: int, rate: float, sip: tuple[str, int], gateway_pid: i
             "first_speech_max_ms": pct(first, 100),
             "rtp_interval_p50_ms": pct(1000 * intervals, 50), "rtp_interval_p99_ms": pct(1000 * intervals, 99),
             "rtp_interval_max_ms": pct(1000 * intervals, 100), "calls_with_gap_over_60ms": gappy,
+            "underruns": int(underruns),
             "gateway_cpu_s": round(cpu, 2), "gateway_cpu_ms_per_call": round(1000 * cpu / max(len(answered), 1), 1),
             "worker_cpu_s": round(worker_cpu, 2), "engine_workers": len(workers)}
 
@@ -204,7 +208,8 @@ async def main_async(args) -> dict:
         try:
             await asyncio.to_thread(wait_http, http_port, args.start_timeout)
             for calls in args.calls:
-                row = await run_step(calls, args.rate, ("127.0.0.1", sip_port), serve.pid, args.prompt_seconds * 3 + 30)
+                row = await run_step(calls, args.rate, ("127.0.0.1", sip_port), serve.pid, args.prompt_seconds * 3 + 30,
+                                     http_port)
                 print(json.dumps(row), flush=True)
                 rows.append(row)
         finally:

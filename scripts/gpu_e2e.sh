@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The end-to-end GPU benchmark of the product: real SIP calls into `cosyvoice-gateway serve` with the
+# CosyVoice2 engine on full-size random weights, RTP received and timed per call (bench/bench_e2e_calls.py).
+# Run through scripts/gpu_bench.sh on a GPU host (it brings the wheels, golden files and compiler cache):
+#
+#   bash scripts/gpu_bench.sh bash scripts/gpu_e2e.sh workers "$OUT" 1 50 100 150 200
+#   bash scripts/gpu_bench.sh bash scripts/gpu_e2e.sh in_process "$OUT" 1 50 100
+#   bash scripts/gpu_bench.sh bash scripts/gpu_e2e.sh instant "$OUT" 100 200 500
+#
+# workers: the engine in a worker process the gateway supervises (the product's shape); in_process: the
+# same engine inside the gateway's process (engine.workers: 0, the arrangement before the split);
+# instant: no GPU work at all, the media path alone. The engine settings match bench_load's, so the
+# carried compiler cache serves both.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+arrangement="$1"; out="$2"; shift 2
+model=/tmp/cosyvoice2_full_bench
+if [ "$arrangement" != instant ] && [ ! -f "$model/llm.pt" ]; then
+    python3 bench/full_model.py --out "$model"
+fi
+config="$out/e2e_$arrangement.yaml"
+case "$arrangement" in
+    workers) workers_line="" ;;
+    in_process) workers_line="  workers: 0" ;;
+    instant)
+        exec python3 bench/bench_e2e_calls.py --engine instant --calls "$@" --prompt-seconds 20 \
+            --out "$out/e2e_instant.json" ;;
+    *) echo "unknown arrangement $arrangement (workers, in_process, instant)" >&2; exit 2 ;;
+esac
+cat > "$config" <<YAML
+engine:
+  name: cosyvoice2
+$workers_line
+  cosyvoice2:
+    model_dir: $model
+    device: cuda
+    dtype: bf16
+    default_voice: bench_voice
+    max_batch: 128
+    max_len: 768
+    flow_context_s: 13.0
+sip:
+  max_calls: 1000
+YAML
+exec python3 bench/bench_e2e_calls.py --config "$config" --calls "$@" --prompt-seconds 20 --rate 10 \
+    --out "$out/e2e_$arrangement.json"
