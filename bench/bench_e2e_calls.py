@@ -174,6 +174,21 @@ async def run_step(calls: int, rate: float, sip: tuple[str, int], gateway_pid: i
             "worker_cpu_s": round(worker_cpu, 2), "engine_workers": len(workers)}
 
 
+def _wait_serving(serve: subprocess.Popen, http_port: int, timeout_s: float, log_path: Path) -> None:
+    """Until /healthz says 200; a serve that exits, or never gets there, fails with its log's tail."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if serve.poll() is not None:
+            break
+        try:
+            wait_http(http_port, timeout=5.0)
+            return
+        except RuntimeError:
+            continue
+    tail = "".join(log_path.read_text(errors="replace").splitlines(keepends=True)[-30:])
+    raise RuntimeError(f"serve not serving (exit code {serve.poll()}); its log ends:\n{tail}")
+
+
 def _config_text(args, sip_port: int, http_port: int, prompt_chars: int, max_calls: int) -> str:
     if args.config:
         config = yaml.safe_load(Path(args.config).read_text())
@@ -202,11 +217,14 @@ async def main_async(args) -> dict:
         cfg = Path(tmp) / "gateway.yaml"
         max_calls = max(args.calls) + 50
         cfg.write_text(_config_text(args, sip_port, http_port, int(args.prompt_seconds / 0.06), max_calls))
-        log = open(Path(tmp) / "serve.log", "w")
+        log_path = args.serve_log or Path(tmp) / "serve.log"
+        log = open(log_path, "w")
         serve = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg)], cwd=ROOT,
                                  stdout=subprocess.DEVNULL, stderr=log, env={**os.environ, "PYTHONPATH": str(ROOT)})
         try:
-            await asyncio.to_thread(wait_http, http_port, args.start_timeout)
+            started = time.monotonic()
+            await asyncio.to_thread(_wait_serving, serve, http_port, args.start_timeout, log_path)
+            print(json.dumps({"serving_after_s": round(time.monotonic() - started, 1)}), flush=True)
             for calls in args.calls:
                 row = await run_step(calls, args.rate, ("127.0.0.1", sip_port), serve.pid, args.prompt_seconds * 3 + 30,
                                      http_port)
@@ -233,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-first-audio-ms", type=float, default=None, help="engine.admission bound")
     parser.add_argument("--start-timeout", type=float, default=900.0)
     parser.add_argument("--out", type=Path, default=RESULTS / "e2e_calls.json")
+    parser.add_argument("--serve-log", type=Path, default=None, help="keep the gateway's log here")
     args = parser.parse_args(argv)
     result = asyncio.run(main_async(args))
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 arrangement="$1"; out="$2"; shift 2
 model=/tmp/cosyvoice2_full_bench
 if [ "$arrangement" != instant ] && [ ! -f "$model/llm.pt" ]; then
-    python3 bench/full_model.py --out "$model"
+    python3 bench/full_model.py --out "$model" --golden "${COSYVOICE_GOLDEN_DIR:-../shared/golden}"
 fi
 config="$out/e2e_$arrangement.yaml"
 case "$arrangement" in
@@ -43,4 +43,4 @@ sip:
   max_calls: 1000
 YAML
 exec python3 bench/bench_e2e_calls.py --config "$config" --calls "$@" --prompt-seconds 20 --rate 10 \
-    --out "$out/e2e_$arrangement.json"
+    --out "$out/e2e_$arrangement.json" --serve-log "$out/serve_$arrangement.log"
