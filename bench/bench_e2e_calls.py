@@ -220,7 +220,8 @@ async def main_async(args) -> dict:
         log_path = args.serve_log or Path(tmp) / "serve.log"
         log = open(log_path, "w")
         serve = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg)], cwd=ROOT,
-                                 stdout=subprocess.DEVNULL, stderr=log, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                                 stdout=subprocess.DEVNULL, stderr=log, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                     p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)})
         try:
             started = time.monotonic()
             await asyncio.to_thread(_wait_serving, serve, http_port, args.start_timeout, log_path)
