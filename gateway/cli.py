@@ -110,7 +110,7 @@ def _call(args: argparse.Namespace) -> int:
     except ImportError:
         print(f"{PROG}: the test phone needs pjsua2: pip install 'cosyvoice-gateway[phone]'", file=sys.stderr)
         return 2
-    from gateway.test_phone import call_in_this_process, describe
+    from gateway.pjsua_phone import call_in_this_process, describe
 
     result = call_in_this_process(args.uri, args.text, args.record, args.timeout, args.voice, verbose=args.verbose)
     print(describe(result))

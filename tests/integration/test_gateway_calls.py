@@ -132,7 +132,7 @@ async def test_options_ping_is_answered(gateway, tmp_path):
 
 async def test_pjsua2_test_phone_records_speech_from_a_route(gateway, tmp_path):
     pytest.importorskip("pjsua2")
-    from gateway.test_phone import place_call_async
+    from gateway.pjsua_phone import place_call_async
 
     host, port = gateway.sip.udp_address
     wav = tmp_path / "heard.wav"
