@@ -24,10 +24,11 @@ import structlog
 from engines.base import SpeechEngine
 from engines.remote import FIRST_AUDIO_REASON
 from gateway import metrics
-from gateway.call import CallSession, PromptResolver
+from gateway.call import CallSession
 from gateway.config import ConfigError, GatewayConfig
 from gateway.engine_watchdog import EngineWatchdog, WatchdogSettings
 from gateway.media.call_media import MediaEngine, MediaSettings
+from gateway.routing import PromptResolver
 from gateway.sip.uas import InboundCall, SipServer, SipSettings
 
 log = structlog.get_logger(__name__)

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
-from urllib.parse import unquote
 
 import structlog
 
@@ -27,37 +25,10 @@ from gateway import metrics
 from gateway.media.call_media import CallMedia, MediaEngine
 from gateway.media.inactivity import peer_silent_for
 from gateway.media.sdp import NoCommonCodec
+from gateway.routing import NoPrompt, Prompt, PromptResolver
 from gateway.sip.uas import Ended, InboundCall
 
 log = structlog.get_logger(__name__)
-
-
-@dataclass(frozen=True)
-class Prompt:
-    """What one call says, and whether the gateway hangs up once it has been said."""
-
-    text: str
-    voice: str
-    hangup_after: bool = True
-    barge_in: bool = False
-
-
-class NoPrompt(Exception):
-    """Neither an X-TTS-Text header nor a route for the dialed number."""
-
-
-PromptResolver = Callable[[InboundCall], Prompt]
-
-
-def prompt_from_headers(call: InboundCall, default_voice: str) -> Prompt | None:
-    """X-TTS-Text (UTF-8, percent-encoding allowed) with optional X-TTS-Voice; None if absent."""
-    text = call.invite.header("X-TTS-Text")
-    if text is None:
-        return None
-    voice = call.invite.header("X-TTS-Voice")
-    hangup = (call.invite.header("X-TTS-After") or "hangup").strip().lower() != "stay"
-    return Prompt(text=unquote(text, encoding="utf-8", errors="strict").strip(),
-                  voice=unquote(voice).strip() if voice else default_voice, hangup_after=hangup)
 
 
 # Refusal class name -> the bounded `reason` label of gateway_calls_refused_total.

@@ -3,7 +3,8 @@
 
 Exit codes: 0 success; 1 the action ran and failed (call not answered, voice not registered);
 2 the invocation or the configuration is wrong (one line on stderr naming the key or option).
-Heavy modules (the gateway, pjsua2, tts_core) are imported only by the subcommand that needs them.
+Heavy modules (the gateway, pjsua2, the CosyVoice2 engine) are imported only by the subcommand that
+needs them; `voice add` reaches tts_core through engines/cosyvoice2/voices.py, never directly.
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ def _call(args: argparse.Namespace) -> int:
     except ImportError:
         print(f"{PROG}: the test phone needs pjsua2: pip install 'cosyvoice-gateway[phone]'", file=sys.stderr)
         return 2
-    from gateway.test_phone import call_in_this_process, describe
+    from gateway.pjsua_phone import call_in_this_process, describe
 
     result = call_in_this_process(args.uri, args.text, args.record, args.timeout, args.voice, verbose=args.verbose)
     print(describe(result))
@@ -117,13 +118,13 @@ def _call(args: argparse.Namespace) -> int:
 
 
 def _voice_add(args: argparse.Namespace) -> int:
+    from engines.cosyvoice2.voices import EnrolmentUnavailable, add_voice
+
     try:
-        from tts_core.voices import register_voice
-    except ImportError as exc:
+        add_voice(args.model_dir, args.name, args.wav, args.text)
+    except EnrolmentUnavailable as exc:
         print(f"{PROG}: voice registration is not available in this installation ({exc})", file=sys.stderr)
         return 2
-    try:
-        register_voice(args.model_dir, args.name, args.wav, args.text)
     except (OSError, ValueError) as exc:
         print(f"{PROG}: voice {args.name!r} not added: {exc}", file=sys.stderr)
         return 1

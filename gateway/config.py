@@ -10,17 +10,18 @@ Security default: `trunks` lists who may send INVITEs. With no trunks only loopb
 (127.0.0.0/8, ::1) are accepted; a PBX must be listed before it can reach the gateway.
 
 This module owns parsing and validation only. The SIP and media packages take their own settings
-objects; `sip_settings()` / `media_settings()` build those (imported lazily so the config can be
-loaded and checked without them). Nothing here reads environment variables.
+objects; `sip_settings()` / `media_settings()` build those, and `prompt_resolver()` builds the
+route lookup (gateway/routing.py), all imported lazily so the config can be loaded and checked
+without them. Nothing here reads environment variables.
 """
 
 from __future__ import annotations
 
 import ipaddress
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -32,6 +33,9 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+if TYPE_CHECKING:
+    from gateway.routing import PromptRouter
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 LOOPBACK_SOURCES: tuple[IPNetwork, ...] = (ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1/128"))
@@ -479,17 +483,6 @@ class GatewayConfig(_Section):
     def resolve_voice(self, voice: str) -> str:
         return self.voices.get(voice, voice)
 
-    def route_for(self, dialed_user: str) -> Route | None:
-        """Exact matches win, then the longest prefix ("*" is the empty prefix); ties go to the first listed."""
-        best: Route | None = None
-        for route in self.routes:
-            if route.prefix is None:
-                if route.match == dialed_user:
-                    return route
-            elif dialed_user.startswith(route.prefix) and (best is None or len(route.prefix) > len(best.prefix or "")):
-                best = route
-        return best
-
     def unknown_voices(self, engine_voices: Sequence[str]) -> list[str]:
         """'key: problem' lines for prompts/routes whose voice the engine does not have."""
         known = set(engine_voices)
@@ -533,36 +526,14 @@ class GatewayConfig(_Section):
                              rtp_latching=media.rtp_latching, dtmf_max_per_second=media.dtmf_max_per_second,
                              inactivity_timeout_s=media.inactivity_timeout_s)
 
-    def prompt_for_route(self, route: Route, default_voice: str):
-        from gateway.call import Prompt
-
-        if route.prompt is not None:
-            named = self.prompts[route.prompt]
-            text, voice, barge_in = named.text, named.voice, named.barge_in or route.barge_in
-        else:
-            text, voice, barge_in = route.text, route.voice, route.barge_in
-        return Prompt(text=text, voice=self.resolve_voice(voice or default_voice),
-                      hangup_after=route.after == "hangup", barge_in=barge_in)
-
-    def prompt_resolver(self, default_voice: str | None = None):
-        """INVITE -> Prompt: the X-TTS-Text header if present, else the route for the dialed user.
+    def prompt_resolver(self, default_voice: str | None = None) -> PromptRouter:
+        """INVITE -> Prompt over these routes and prompts (gateway/routing.py owns the lookup).
 
         Pass the running engine's `default_voice`; without it the engine block's default is used.
         """
-        from gateway.call import NoPrompt, prompt_from_headers
+        from gateway.routing import PromptRouter
 
-        fallback = default_voice or self.engine.default_voice
-
-        def resolve(call):
-            prompt = prompt_from_headers(call, fallback)
-            if prompt is not None:
-                return replace(prompt, voice=self.resolve_voice(prompt.voice))
-            route = self.route_for(call.request_user)
-            if route is None:
-                raise NoPrompt(f"no X-TTS-Text header and no route for {call.request_user!r}")
-            return self.prompt_for_route(route, fallback)
-
-        return resolve
+        return PromptRouter(self.routes, self.prompts, self.voices, default_voice or self.engine.default_voice)
 
 
 # -- loading -------------------------------------------------------------------------------------

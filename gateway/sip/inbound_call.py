@@ -3,15 +3,17 @@
 The call layer drives an `InboundCall` with reject/ring/accept/hangup and reads `events`: Confirmed
 when the ACK for our 2xx arrives, then exactly one Ended. Here live the UAS core's duties for one
 dialog: the 2xx retransmission until ACK (§13.3.1.4), answering re-INVITE/UPDATE offers, CANCEL and
-BYE from the peer, and our own BYE. The `SipServer` (uas.py) owns transports and transactions.
+BYE from the peer, and our own BYE. The `SipServer` (uas.py) owns transports and transactions and
+lends each call the few things it needs as a `UasServices` given at construction; this module never
+imports uas.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 import structlog
 
@@ -22,11 +24,9 @@ from gateway.sip.transaction import (
     AnswerRetransmission,
     InviteServerTransaction,
     ServerTransaction,
+    Timers,
 )
 from gateway.sip.transport import Peer
-
-if TYPE_CHECKING:
-    from gateway.sip.uas import SipServer
 
 log = structlog.get_logger(__name__)
 
@@ -47,10 +47,25 @@ class Ended:
 CallEvent = Confirmed | Ended
 
 
+@dataclass(frozen=True)
+class UasServices:
+    """What the UAS core lends every call: its identity, its timers and the few operations a
+    dialog needs from the server that owns the transports and transaction table."""
+
+    user_agent: str
+    retry_after_s: int
+    timers: Timers
+    contact_address: Callable[[Peer], tuple[str, int]]  # (host, port) we take requests at, per peer
+    # A request inside the dialog (our BYE) -> its final response, None on timeout (§17.1.2).
+    send_request: Callable[[SipRequest, str, str, int, Peer], Awaitable[SipResponse | None]]
+    spawn: Callable[[Coroutine[Any, Any, None]], None]  # a task the server cancels when it stops
+    forget: Callable[[InboundCall], None]  # the dialog is over: in-dialog requests now get 481
+
+
 class InboundCall:
     """One INVITE and the dialog it creates, as seen by the call layer."""
 
-    def __init__(self, server: SipServer, invite: SipRequest, transaction: InviteServerTransaction,
+    def __init__(self, services: UasServices, invite: SipRequest, transaction: InviteServerTransaction,
                  peer: Peer, received_at: float) -> None:
         self.call_id: str = invite.call_id or ""
         self.invite = invite
@@ -62,7 +77,7 @@ class InboundCall:
         self.events: asyncio.Queue[CallEvent] = asyncio.Queue()
         self.offer_handler: Callable[[str], str | None] | None = None
         self.dialog = Dialog(invite, new_tag())
-        self._server = server
+        self._services = services
         self._transaction = transaction
         self._peer = peer
         self._state = "offered"  # offered -> accepted -> confirmed -> ending -> ended
@@ -78,7 +93,7 @@ class InboundCall:
     @property
     def retry_after_s(self) -> int:
         """The Retry-After a 503 for this call carries (RFC 3261 §20.33), from the SIP settings."""
-        return self._server.settings.retry_after_s
+        return self._services.retry_after_s
 
     # --- the call layer's controls -------------------------------------------------------------
 
@@ -115,13 +130,22 @@ class InboundCall:
 
     # --- driven by the server ------------------------------------------------------------------
 
-    def _on_cancel(self) -> None:
+    def answers(self, transaction: ServerTransaction) -> bool:
+        """Whether `transaction` is this call's INVITE transaction (what a CANCEL names, §9.2)."""
+        return transaction is self._transaction
+
+    def stop_timers(self) -> None:
+        """The server is stopping: no more 2xx retransmissions."""
+        if self._answer is not None:
+            self._answer.stop()
+
+    def on_cancel(self) -> None:
         if self._state != "offered":
             return
         self._transaction.respond(self._response(self.invite, 487, "Request Terminated"))
         self._end("cancelled")
 
-    def _on_ack(self, ack: SipRequest) -> None:
+    def on_ack(self, ack: SipRequest) -> None:
         if self._answer is None or ack.cseq[0] != self._answer.cseq:
             return  # a retransmitted ACK, or one for an answer we no longer wait for
         self._answer.stop()
@@ -133,7 +157,7 @@ class InboundCall:
             if self._hangup_pending:
                 self._send_bye(end_reason=True)
 
-    def _on_request(self, request: SipRequest, transaction: ServerTransaction) -> None:
+    def on_request(self, request: SipRequest, transaction: ServerTransaction) -> None:
         """A request inside this dialog (its CSeq already accepted)."""
         method = request.method
         if method == "BYE":
@@ -151,7 +175,7 @@ class InboundCall:
         if refusal is not None:
             status, detail = refusal
             reason = "Unsupported Media Type" if status == 415 else "Not Acceptable Here"
-            warning = ("Warning", f'399 {self._server.settings.user_agent} "{detail[:120]}"')
+            warning = ("Warning", f'399 {self._services.user_agent} "{detail[:120]}"')
             transaction.respond(self._response(request, status, reason, (warning,)))
             return
         offer = sdp_of(request)
@@ -176,7 +200,7 @@ class InboundCall:
         if self._answer is not None:
             self._answer.stop()
         self._answer = AnswerRetransmission(cseq, transaction.retransmit, self.transport == "tcp",
-                                            self._server._timers, self._on_ack_timeout)
+                                            self._services.timers, self._on_ack_timeout)
 
     def _on_ack_timeout(self) -> None:
         self._answer = None
@@ -190,18 +214,18 @@ class InboundCall:
             return
         if self._state != "ended":
             self._state = "ending"
-        self._server._spawn(self._bye(end_reason))
+        self._services.spawn(self._bye(end_reason))
 
     async def _bye(self, end_reason: bool) -> None:
-        server = self._server
-        host, port = server._contact_address(self._peer)
+        services = self._services
+        host, port = services.contact_address(self._peer)
         via_host = f"[{host}]" if ":" in host else host
         request, hop = self.dialog.make_request("BYE", f"{via_host}:{port}", self.transport,
-                                                server.settings.user_agent)
+                                                services.user_agent)
         self._log.info("sip_bye_sent", to=request.uri)
         response: SipResponse | None = None
         try:
-            response = await server._send_request(request, hop.transport, hop.host, hop.port, self._peer)
+            response = await services.send_request(request, hop.transport, hop.host, hop.port, self._peer)
         except OSError as exc:
             self._log.warning("sip_bye_failed", error=repr(exc))
         if end_reason:
@@ -215,7 +239,7 @@ class InboundCall:
             self._answer.stop()
             self._answer = None
         self.events.put_nowait(Ended(reason))
-        self._server._forget(self)
+        self._services.forget(self)
         self._log.info("sip_call_ended", reason=reason)
 
     # --- responses ------------------------------------------------------------------------------
@@ -223,18 +247,25 @@ class InboundCall:
     def _response(self, request: SipRequest, status: int, reason: str,
                   headers: tuple[tuple[str, str], ...] = ()) -> SipResponse:
         return make_response(request, status, reason, to_tag=self.dialog.local_tag,
-                             headers=(*headers, ("Server", self._server.settings.user_agent)))
+                             headers=(*headers, ("Server", self._services.user_agent)))
 
     def _contact(self) -> tuple[tuple[str, str], ...]:
-        return (("Contact", self._server._contact_value(self._peer)),)
+        return (("Contact", contact_value(*self._services.contact_address(self._peer), self.transport)),)
 
     def _answer_ok(self, request: SipRequest, sdp: str) -> SipResponse:
         # §12.1.1: Record-Route copied into the 2xx in order; Contact names where we take requests.
         record_route = tuple(("Record-Route", value) for value in request.header_lines("Record-Route"))
         headers = (*record_route, *self._contact(), ("Allow", ALLOW), ("Supported", ""),
-                   ("Server", self._server.settings.user_agent))
+                   ("Server", self._services.user_agent))
         return make_response(request, 200, "OK", to_tag=self.dialog.local_tag, headers=headers,
                              body=sdp.encode(), content_type=SDP_TYPE)
+
+
+def contact_value(host: str, port: int, transport: str) -> str:
+    """The Contact URI for where we take requests (§8.1.1.8), IPv6 bracketed (RFC 3261 §25.1)."""
+    host = f"[{host}]" if ":" in host else host
+    suffix = ";transport=tcp" if transport == "tcp" else ""
+    return f"<sip:{host}:{port}{suffix}>"
 
 
 def _request_user(invite: SipRequest) -> str:

@@ -35,6 +35,8 @@ from gateway.sip.inbound_call import (
     Confirmed,
     Ended,
     InboundCall,
+    UasServices,
+    contact_value,
     offer_refusal,
 )
 from gateway.sip.log_budget import LogBudget
@@ -108,6 +110,8 @@ class SipServer:
         self._limiter = SourceRateLimiter(settings.max_requests_per_s_per_source)
         self._sweeper: asyncio.TimerHandle | None = None
         self._sparse_log = LogBudget(log)
+        self._services = UasServices(settings.user_agent, settings.retry_after_s, self._timers,
+                                     self._contact_address, self._send_request, self._spawn, self._forget)
 
     @property
     def active_calls(self) -> int:
@@ -129,8 +133,7 @@ class SipServer:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._transactions.close()
         for call in list(self._calls.values()):
-            if call._answer is not None:
-                call._answer.stop()
+            call.stop_timers()
         await self._transport.stop()
 
     # --- receiving ------------------------------------------------------------------------------
@@ -260,7 +263,7 @@ class SipServer:
             self._on_cancel(request, transaction)
         elif method == "OPTIONS":  # qualify pings (Kamailio/Asterisk), in or out of a dialog
             headers = (("Allow", ALLOW), ("Accept", SDP_TYPE), ("Supported", ""),
-                       ("Contact", self._contact_value(peer)))
+                       ("Contact", contact_value(*self._contact_address(peer), peer.transport)))
             if request.to_tag is None and self._why_refused() is not None:
                 # Out of dialog, a qualify ping: 503 while we would refuse an INVITE, so the proxy
                 # (Kamailio dispatcher, Asterisk qualify) marks us down and routes elsewhere.
@@ -307,7 +310,7 @@ class SipServer:
                                   active_calls=len(self._calls))
             return
         transaction.respond(self._simple(invite, 100, "Trying"))  # §17.2.1: stop INVITE retransmits
-        call = InboundCall(self, invite, transaction, peer, received_at)
+        call = InboundCall(self._services, invite, transaction, peer, received_at)
         self._calls[call.dialog.key] = call
         log.info("sip_invite", call_id=_short(call.call_id), user=_short(call.request_user),
                  transport=peer.transport, source=f"{peer.address[0]}:{peer.address[1]}")
@@ -332,13 +335,13 @@ class SipServer:
         if invite_transaction is None:
             transaction.respond(self._simple(cancel, 481, "Call/Transaction Does Not Exist"))
             return
-        call = next((c for c in self._calls.values() if c._transaction is invite_transaction), None)
+        call = next((c for c in self._calls.values() if c.answers(invite_transaction)), None)
         # §9.2: the 200 to the CANCEL SHOULD carry the same To tag as the INVITE's responses.
         tag = call.dialog.local_tag if call is not None else new_tag()
         transaction.respond(make_response(cancel, 200, "OK", to_tag=tag,
                                           headers=(("Server", self.settings.user_agent),)))
         if call is not None:
-            call._on_cancel()
+            call.on_cancel()
 
     def _on_in_dialog(self, request: SipRequest, transaction: ServerTransaction) -> None:
         call = self._calls.get((request.call_id or "", request.to_tag or "", request.from_tag))
@@ -348,12 +351,12 @@ class SipServer:
             transaction.respond(self._simple(request, 500, "Server Internal Error",
                                              (("Warning", '399 - "CSeq out of order"'),)))
         else:
-            call._on_request(request, transaction)
+            call.on_request(request, transaction)
 
     def _on_ack(self, ack: SipRequest) -> None:
         call = self._calls.get((ack.call_id or "", ack.to_tag or "", ack.from_tag))
         if call is not None:
-            call._on_ack(ack)
+            call.on_ack(ack)
 
     def _address_allowed(self, host: str) -> bool:
         if not self.settings.allowed_sources:
@@ -420,12 +423,6 @@ class SipServer:
         if _is_ip(host) and ipaddress.ip_address(host).is_unspecified:
             host = _local_address_towards(peer.address[0])
         return host, port
-
-    def _contact_value(self, peer: Peer) -> str:
-        host, port = self._contact_address(peer)
-        host = f"[{host}]" if ":" in host else host
-        suffix = ";transport=tcp" if peer.transport == "tcp" else ""
-        return f"<sip:{host}:{port}{suffix}>"
 
     def _forget(self, call: InboundCall) -> None:
         if self._calls.get(call.dialog.key) is call:

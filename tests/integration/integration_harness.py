@@ -62,6 +62,7 @@ class RtpRecorder(asyncio.DatagramProtocol):
     packets: list[RtpPacketSeen] = field(default_factory=list)
     sources: list[tuple[str, int]] = field(default_factory=list)  # where RTP came from, first-seen order
     transport: asyncio.DatagramTransport | None = None
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)  # set by every packet
 
     def datagram_received(self, data: bytes, addr) -> None:
         if len(data) < 12 or data[0] >> 6 != 2:
@@ -71,6 +72,16 @@ class RtpRecorder(asyncio.DatagramProtocol):
         seq, stamp, ssrc = struct.unpack("!HII", data[2:12])
         self.packets.append(RtpPacketSeen(time.monotonic(), bool(data[1] & 0x80), data[1] & 0x7F, seq, stamp,
                                           ssrc, data[12:]))
+        self.arrived.set()
+
+    async def wait_for_packets(self, count: int = 1, timeout_s: float = 10.0) -> None:
+        """Until `count` packets have arrived in all (TimeoutError after `timeout_s`): woken by each packet."""
+        async def enough() -> None:
+            while len(self.packets) < count:
+                self.arrived.clear()
+                await self.arrived.wait()
+
+        await asyncio.wait_for(enough(), timeout_s)
 
     @property
     def port(self) -> int:

@@ -30,8 +30,7 @@ async def _gateway():
 
 
 async def _first_packet(recorder) -> tuple[str, int]:
-    while not recorder.packets:
-        await asyncio.sleep(0.02)
+    await recorder.wait_for_packets(1)
     return recorder.sources[0]
 
 

@@ -2,6 +2,8 @@
 
 The gateway runs in the test's event loop with the CPU engine (eSpeak NG); a plain UDP socket plays the
 caller's RTP port, so the packets the gateway sends are checked exactly as a phone would receive them.
+SIPp may exit before the gateway's call session has counted its outcome: tests that read outcomes or
+metrics first wait on `Gateway.calls_ended`.
 """
 
 from __future__ import annotations
@@ -36,13 +38,6 @@ async def gateway():
     await gw.stop()
 
 
-async def _settle(gateway, timeout: float = 5.0) -> None:
-    """Wait until every call session of the gateway has finished (its outcome is counted)."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while gateway.status()["calls_active"] and asyncio.get_running_loop().time() < deadline:
-        await asyncio.sleep(0.05)
-
-
 @pytest.mark.parametrize("codec", ["PCMU", "PCMA"])
 async def test_call_is_answered_spoken_as_paced_g711_and_hung_up(gateway, tmp_path, codec):
     recorder = await rtp_recorder()
@@ -51,7 +46,7 @@ async def test_call_is_answered_spoken_as_paced_g711_and_hung_up(gateway, tmp_pa
         "text": "Hello caller, this is the speech gateway.", "rtp_rx": str(recorder.port),
         "codec_pt": CODECS[codec], "codec_name": codec})
     recorder.transport.close()
-    await _settle(gateway)
+    assert await gateway.calls_ended(5)
     assert rc == 0, errors
     packets = recorder.packets
     assert len(packets) > 50  # > 1 s of audio
@@ -91,8 +86,10 @@ async def test_caller_hangs_up_mid_prompt_and_rtp_stops(gateway, tmp_path):
     rc, errors = await run_sipp(SCENARIOS / "gw_caller_bye.xml", gateway.sip.udp_address, tmp_path, keys={
         "text": LONG_TEXT, "rtp_rx": str(recorder.port), "codec_pt": "0", "codec_name": "PCMU"})
     assert rc == 0, errors
-    await _settle(gateway)
+    assert await gateway.calls_ended(5)
     count = len(recorder.packets)
+    # A negative check: the session has ended and closed its RTP socket, so nothing can be sent any more;
+    # the bounded wait only lets a packet already in flight (a late send would be one) reach the recorder.
     await asyncio.sleep(0.3)
     recorder.transport.close()
     assert 20 < count < 80  # spoke for about the 0.8 s before the BYE, not the whole prompt
@@ -104,7 +101,7 @@ async def test_offer_without_g711_is_refused_with_488(gateway, tmp_path):
     before = _outcomes().get("rejected", 0)
     rc, errors = await run_sipp(SCENARIOS / "gw_no_common_codec.xml", gateway.sip.udp_address, tmp_path)
     assert rc == 0, errors
-    await _settle(gateway)
+    assert await gateway.calls_ended(5)
     assert _outcomes().get("rejected", 0) == before + 1
 
 
@@ -113,7 +110,7 @@ async def test_lost_ack_ends_the_call_with_bye(gateway, tmp_path):
     before = _outcomes().get("ack_timeout", 0)
     rc, errors = await run_sipp(SIP_SCENARIOS / "uac_no_ack.xml", gateway.sip.udp_address, tmp_path)
     assert rc == 0, errors
-    await _settle(gateway)
+    assert await gateway.calls_ended(5)
     assert _outcomes().get("ack_timeout", 0) == before + 1
 
 
@@ -121,7 +118,7 @@ async def test_retransmitted_invite_gives_one_call(gateway, tmp_path):
     before = sum(_outcomes().values())
     rc, errors = await run_sipp(SIP_SCENARIOS / "uac_invite_retransmit.xml", gateway.sip.udp_address, tmp_path)
     assert rc == 0, errors
-    await _settle(gateway)
+    assert await gateway.calls_ended(5)
     assert sum(_outcomes().values()) == before + 1
 
 
@@ -132,7 +129,7 @@ async def test_options_ping_is_answered(gateway, tmp_path):
 
 async def test_pjsua2_test_phone_records_speech_from_a_route(gateway, tmp_path):
     pytest.importorskip("pjsua2")
-    from gateway.test_phone import place_call_async
+    from gateway.pjsua_phone import place_call_async
 
     host, port = gateway.sip.udp_address
     wav = tmp_path / "heard.wav"
@@ -154,7 +151,7 @@ async def test_engine_first_chunk_latency_is_exported(gateway, tmp_path):
     rc, errors = await run_sipp(SCENARIOS / "gw_listen.xml", gateway.sip.udp_address, tmp_path, keys={
         "text": "Metrics, please.", "rtp_rx": str(recorder.port), "codec_pt": "0", "codec_name": "PCMU"})
     recorder.transport.close()
-    await _settle(gateway)
+    assert await gateway.calls_ended(5)
     assert rc == 0, errors
     after = metrics.registry.get_sample_value("tts_first_chunk_latency_seconds_count", {"engine": "espeak"})
     assert after == before + 1

@@ -75,10 +75,9 @@ async def test_draining_refuses_new_calls_while_the_current_prompt_finishes(tmp_
         recorder = await rtp_recorder()
         call = asyncio.create_task(run_sipp(SCENARIOS / "gw_listen.xml", gateway.sip.udp_address, tmp_path, keys={
             "text": "x" * 40, "rtp_rx": str(recorder.port), "codec_pt": "0", "codec_name": "PCMU"}))
-        while gateway.status()["calls_active"] == 0:
-            await asyncio.sleep(0.02)
+        await recorder.wait_for_packets(1)  # answered and speaking
         drain = asyncio.create_task(gateway.drain(timeout_s=20))
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0)  # one turn of the loop: drain() stops admitting before its first await
         status = await invite_final_response(gateway.sip.udp_address, {"X-TTS-Text": "too late"})
         assert status.startswith("SIP/2.0 503")
         assert gateway.status()["draining"] is True
@@ -128,8 +127,7 @@ async def test_drain_timeout_hangs_up_remaining_calls_with_bye(tmp_path):
         recorder = await rtp_recorder()
         call = asyncio.create_task(run_sipp(SCENARIOS / "gw_listen.xml", gateway.sip.udp_address, tmp_path, keys={
             "text": "y" * 200, "rtp_rx": str(recorder.port), "codec_pt": "0", "codec_name": "PCMU"}))
-        while gateway.status()["calls_active"] == 0:
-            await asyncio.sleep(0.02)
+        await recorder.wait_for_packets(1)  # answered and speaking
         await gateway.drain(timeout_s=0.5)  # the 12 s prompt cannot finish in time
         rc, errors = await call
         assert rc == 0, errors  # the caller got a BYE (gw_listen waits for it and answers 200)

@@ -60,8 +60,9 @@ async def test_shipped_config_serves_a_call_through_sighup_and_stops_cleanly(con
         recorder = await rtp_recorder()
         call = asyncio.create_task(run_sipp(SCENARIOS / "gw_listen.xml", gateway.sip_address, tmp_path, keys={
             "text": text, "rtp_rx": str(recorder.port), "codec_pt": "0", "codec_name": "PCMU"}, timeout_s=120))
-        while not recorder.packets and not call.done():
-            await asyncio.sleep(0.02)
+        first = asyncio.create_task(recorder.wait_for_packets(1, timeout_s=120))
+        await asyncio.wait([first, call], return_when=asyncio.FIRST_COMPLETED)
+        first.cancel()
         assert recorder.packets, f"no RTP before the call ended: {call.result()}"
         gateway.signal(signal.SIGHUP)  # mid-prompt
         reloaded = await gateway.wait_for_event("config_reloaded")

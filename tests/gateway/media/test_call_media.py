@@ -263,7 +263,7 @@ async def test_cancel_stops_sending_and_the_call_can_play_again(engine: MediaEng
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # packets sent before the cancel may still be on their way: let them land
     while not phone.received.empty():
         phone.received.get_nowait()
     assert await phone.nothing_more()

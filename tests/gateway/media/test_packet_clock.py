@@ -46,11 +46,26 @@ async def test_ticks_stay_on_their_deadlines_for_two_seconds() -> None:
     assert sum(late[-20:]) / 20 < 0.010
 
 
-async def test_unsubscribe_and_a_failing_subscriber_do_not_stop_the_others() -> None:
+async def _ticks(clock: PacketClock, count: int) -> list[tuple[int, float, float]]:
+    """The next `count` ticks as (index, deadline, ran_at), from a subscriber of their own."""
     loop = asyncio.get_running_loop()
+    seen: list[tuple[int, float, float]] = []
+    enough = loop.create_future()
+
+    def on_tick(index: int, deadline: float) -> None:
+        seen.append((index, deadline, loop.time()))
+        if len(seen) == count:
+            clock.unsubscribe(on_tick)
+            enough.set_result(None)
+
+    clock.subscribe(on_tick)
+    await asyncio.wait_for(enough, 5)
+    return seen
+
+
+async def test_unsubscribe_and_a_failing_subscriber_do_not_stop_the_others() -> None:
     clock = PacketClock()
     calls: list[int] = []
-    three = loop.create_future()
 
     def broken(index: int, deadline: float) -> None:
         raise RuntimeError("boom")
@@ -59,49 +74,61 @@ async def test_unsubscribe_and_a_failing_subscriber_do_not_stop_the_others() -> 
         calls.append(index)
         if len(calls) == 3:
             clock.unsubscribe(counting)
-            three.set_result(None)
 
     clock.subscribe(broken)
     clock.subscribe(counting)
     clock.start()
     try:
-        await asyncio.wait_for(three, 5)
-        await asyncio.sleep(0.1)
+        later = await _ticks(clock, 6)  # the clock ticks on past the third
     finally:
         clock.stop()
-    assert len(calls) == 3
+    assert len(calls) == 3 and later[-1][0] > calls[-1]
 
 
 async def test_bulk_work_that_polls_the_clock_does_not_hold_a_tick_back() -> None:
     loop = asyncio.get_running_loop()
     clock = PacketClock()
-    lateness: list[float] = []
-    clock.subscribe(lambda index, deadline: lateness.append(loop.time() - deadline))
     clock.start()
-    await asyncio.sleep(3 * PERIOD_S)
+    burst_window: list[float] = []
 
     def burst() -> None:  # 150 ms of back-to-back work in ONE callback, polling between items
-        end = loop.time() + 0.150
+        start = loop.time()
+        end = start + 0.150
         while loop.time() < end:
             sum(range(2000))
             clock.run_if_due()
+        burst_window[:] = [start, loop.time()]
 
-    loop.call_soon(burst)
-    await asyncio.sleep(0.3)
-    clock.stop()
-    assert len(lateness) >= 15
-    assert max(lateness) < 0.005  # without polling, ticks inside the burst would run up to 150 ms late
+    try:
+        await _ticks(clock, 3)
+        loop.call_soon(burst)
+        seen = await _ticks(clock, 12)  # 240 ms: the burst and a few ticks after it
+    finally:
+        clock.stop()
+    start, end = burst_window
+    inside = [ran_at for _, deadline, ran_at in seen if start < deadline < end - PERIOD_S]
+    # Without polling, every tick due inside the burst would run after it, up to 150 ms late.
+    assert len(inside) >= 5 and all(ran_at < end for ran_at in inside)
 
 
 async def test_calls_are_spread_over_phases_and_each_keeps_a_20ms_period() -> None:
     loop = asyncio.get_running_loop()
     clock = PacketClock(phases=4)
     seen: dict[int, list[tuple[int, float]]] = {n: [] for n in range(8)}
+    ten_each = loop.create_future()
+
+    def record(n: int, index: int, deadline: float) -> None:
+        seen[n].append((index, deadline))
+        if all(len(ticks) >= 10 for ticks in seen.values()) and not ten_each.done():
+            ten_each.set_result(None)
+
     for n in range(8):
-        clock.subscribe(lambda index, deadline, n=n: seen[n].append((index, deadline)))
+        clock.subscribe(lambda index, deadline, n=n: record(n, index, deadline))
     clock.start()
-    await asyncio.sleep(0.25)
-    clock.stop()
+    try:
+        await asyncio.wait_for(ten_each, 5)
+    finally:
+        clock.stop()
     offsets = set()
     for ticks in seen.values():
         indices = [index for index, _ in ticks]

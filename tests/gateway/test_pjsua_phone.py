@@ -1,4 +1,5 @@
-"""The test phone against SIPp acting as the far end: it places calls, records, and reports outcomes."""
+"""The operator's pjsua2 test phone (gateway/pjsua_phone.py) against SIPp acting as the far end: it places
+calls, records, and reports outcomes."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gateway.test_phone import RECORD_RATE, place_call
+from gateway.pjsua_phone import RECORD_RATE, place_call
 
 pytest.importorskip("pjsua2")
 pytestmark = [pytest.mark.sipp, pytest.mark.skipif(shutil.which("sipp") is None, reason="sipp not installed")]

@@ -10,7 +10,7 @@ Recording format: pjsua's WAV writer at the conference bridge rate, mono 16-bit 
 `RECORD_RATE` (16 kHz), whatever the codec; G.711 audio is upsampled by PJSIP.
 
 pjsua2 keeps process-global state (one library per process, created once), so `place_call` and
-`place_call_async` run each call in a fresh `python -m gateway.test_phone` subprocess and read its
+`place_call_async` run each call in a fresh `python -m gateway.pjsua_phone` subprocess and read its
 JSON result; `call_in_this_process` is what that subprocess (and the CLI's `call`) runs. PJSIP is
 driven without worker threads (`threadCnt = 0`): `libHandleEvents` waits for SIP events on our
 thread, so callbacks never race with the code that reads their results.
@@ -213,7 +213,7 @@ def _prefer_codecs(endpoint, codecs: Sequence[str]) -> None:
 
 def _command(uri: str, text: str | None, record_path: str | None, timeout_s: float,
              voice: str | None) -> list[str]:
-    command = [sys.executable, "-m", "gateway.test_phone", uri, "--timeout", str(timeout_s), "--json"]
+    command = [sys.executable, "-m", "gateway.pjsua_phone", uri, "--timeout", str(timeout_s), "--json"]
     if text is not None:
         command += ["--text", text]
     if record_path is not None:
@@ -254,7 +254,7 @@ async def place_call_async(uri: str, text: str | None, record_path: str | Path |
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gateway.test_phone", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m gateway.pjsua_phone", description=__doc__.splitlines()[0])
     parser.add_argument("uri")
     parser.add_argument("--text")
     parser.add_argument("--voice")

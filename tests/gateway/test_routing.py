@@ -1,0 +1,63 @@
+"""Route lookup and prompt resolution (gateway/routing.py) over a validated config."""
+
+import pytest
+
+from gateway.config import load_config
+from gateway.routing import NoPrompt, Prompt
+from gateway.sip.message import parse
+
+
+def test_route_lookup_prefers_exact_then_longest_prefix():
+    config = load_config(None, {
+        "prompts": {"p": {"text": "hello"}},
+        "routes": [
+            {"match": "*", "text": "anything"},
+            {"match": "49*", "text": "germany"},
+            {"match": "4930*", "text": "berlin"},
+            {"match": "4930123", "text": "one number"},
+            {"match": "4930*", "text": "second berlin, never chosen"},
+        ],
+    })
+    router = config.prompt_resolver("en")
+    assert router.route_for("4930123").text == "one number"
+    assert router.route_for("4930999").text == "berlin"
+    assert router.route_for("4989").text == "germany"
+    assert router.route_for("1000").text == "anything"
+    assert load_config(None, {"routes": [{"match": "1000", "text": "x"}]}).prompt_resolver("en").route_for("2000") is None
+
+
+def test_route_prompts_resolve_voice_aliases_and_after():
+    config = load_config(None, {
+        "voices": {"mandarin": "zh"},
+        "prompts": {"hello_zh": {"text": "您好", "voice": "mandarin", "barge_in": True}},
+        "routes": [{"match": "1", "prompt": "hello_zh", "after": "stay"}, {"match": "2", "text": "hi"}],
+    })
+    router = config.prompt_resolver("en")
+    assert router.prompt_for_route(router.route_for("1")) == Prompt("您好", "zh", hangup_after=False, barge_in=True)
+    assert router.prompt_for_route(router.route_for("2")) == Prompt("hi", "en")
+
+
+class _Offered:
+    """What the router reads of an InboundCall: the parsed INVITE and its dialed user."""
+
+    def __init__(self, user: str, headers: str = "") -> None:
+        raw = (f"INVITE sip:{user}@gw.example.com SIP/2.0\r\n"
+               "Via: SIP/2.0/UDP 192.0.2.10:5060;branch=z9hG4bK-r1\r\n"
+               "From: <sip:alice@example.com>;tag=1\r\nTo: <sip:{user}@gw.example.com>\r\n"
+               f"Call-ID: routing-test\r\nCSeq: 1 INVITE\r\n{headers}Content-Length: 0\r\n\r\n")
+        self.invite = parse(raw.encode())
+        self.request_user = user
+
+
+def test_x_tts_headers_win_over_the_route_and_resolve_voice_aliases():
+    router = load_config(None, {"voices": {"mandarin": "zh"}}).prompt_resolver("en")
+    spoken = router(_Offered("1000", "X-TTS-Text: %E4%BD%A0%E5%A5%BD\r\nX-TTS-Voice: mandarin\r\n"
+                                     "X-TTS-After: stay\r\n"))
+    assert spoken == Prompt("你好", "zh", hangup_after=False)
+    assert router(_Offered("1000")).text.startswith("Hello! This is the CosyVoice gateway")
+
+
+def test_no_header_and_no_route_is_no_prompt():
+    router = load_config(None, {"routes": [{"match": "1000", "text": "x"}]}).prompt_resolver("en")
+    with pytest.raises(NoPrompt, match="'2000'"):
+        router(_Offered("2000"))
