@@ -55,7 +55,9 @@ async def serve(engine: SpeechEngine, api_settings: TtsApiSettings | None = None
 
 
 class GatedEngine(SpeechEngine):
-    """First chunk at once, the rest (`chunks` in all, 100 ms each) once `gate` is set."""
+    """First chunk at once, the rest (`chunks` in all, 100 ms each) once `gate` is set (one chunk: no wait).
+
+    Stream n (from 1) is a constant level of n / 10 (`level_of`), so a test can tell whose audio it got."""
 
     name = "gated"
 
@@ -80,19 +82,25 @@ class GatedEngine(SpeechEngine):
         self.channels.append(channel)
         self.texts.append(request.text)
         if self._admit:
-            asyncio.get_running_loop().create_task(self._produce(channel))
+            asyncio.get_running_loop().create_task(self._produce(channel, len(self.channels) / 10))
         return channel  # not admitted: the engine never answers (a hung worker)
 
-    async def _produce(self, channel: ChunkChannel) -> None:
-        chunk = np.full(SAMPLE_RATE // 10, 0.25, dtype=np.float32)
+    async def _produce(self, channel: ChunkChannel, level: float) -> None:
+        chunk = np.full(SAMPLE_RATE // 10, level, dtype=np.float32)
         channel.put(chunk)
-        await self.gate.wait()
+        if self._chunks > 1 or self._fail_after_first:
+            await self.gate.wait()
         if self._fail_after_first:
             channel.fail(SynthesisFailed("gated engine told to fail"))
             return
         for _ in range(self._chunks - 1):
             channel.put(chunk)
         channel.finish()
+
+    @staticmethod
+    def level_of(stream_number: int) -> int:
+        """The int16 value stream `stream_number` (from 1) decodes to."""
+        return round(stream_number / 10 * 32768)
 
     @property
     def samples_per_stream(self) -> int:

@@ -14,6 +14,8 @@ from engine_service.api.g711 import encode_g711
 from engines.base import SynthesisRequest
 from tests.engine_service.api.api_server import AUTH, OTHER_KEY, GatedEngine, serve, settings, until
 
+pytestmark = pytest.mark.timeout(60)
+
 TEXT = "The quick brown fox jumps over the lazy dog, twice."
 
 
