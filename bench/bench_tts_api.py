@@ -1,6 +1,7 @@
 """Time to first audio through the TTS API, beside the engine's own first chunk, at 1/10/50 concurrent clients.
 
-Scenarios (each: N clients start together; time from a client's request to its first audio byte):
+Scenarios (each: N clients start together, repeated to ~--samples samples; time from a client's request to its
+first audio byte):
   engine      the engine's first chunk, opened in this process (what the API cannot beat)
   http        POST /v1/tts (pcm_s16le, 8 kHz): first body byte
   bot_ws      /v1/tts/ws, socket already open: from sending the text + flush to the first binary frame
@@ -49,7 +50,12 @@ def summary(samples_s: list[float]) -> dict:
 
 # -- the server (child process) -------------------------------------------------------------------------
 async def serve(engine_name: str, engine_settings: dict, port: int, key: str) -> None:
+    import structlog
     from aiohttp import web
+
+    # stdout carries only the "listening" line, which the parent stops reading; logs on stdout would fill
+    # the pipe and block this process's event loop.
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
 
     from engine_service.api import TtsApiSettings, add_tts_routes
     from engines.registry import create_engine
@@ -66,11 +72,12 @@ async def serve(engine_name: str, engine_settings: dict, port: int, key: str) ->
     await asyncio.Event().wait()
 
 
-def start_server(engine: str, engine_settings: dict, key: str) -> tuple[subprocess.Popen, str]:
+def start_server(engine: str, engine_settings: dict, key: str, log_path: Path | None) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     child = subprocess.Popen([sys.executable, __file__, "--serve", "--engine", engine,
                               "--engine-settings", json.dumps(engine_settings), "--key", key],
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+                             stdout=subprocess.PIPE, text=True, env=env,
+                             stderr=subprocess.DEVNULL if log_path is None else log_path.open("w"))
     assert child.stdout is not None
     for line in child.stdout:
         if line.startswith("listening "):
@@ -120,7 +127,7 @@ async def ws_first_audio(session: aiohttp.ClientSession, ws_url: str, jambonz: b
         for token in TOKENS:
             await ws.send_json({"type": kind, "text": token})
         await ws.send_json({"type": "flush"})
-        while (message := await ws.receive(timeout=60)).type != aiohttp.WSMsgType.BINARY:
+        while (await ws.receive(timeout=60)).type != aiohttp.WSMsgType.BINARY:
             pass
         return time.monotonic() - started
 
@@ -179,19 +186,27 @@ async def run(args: argparse.Namespace) -> dict:
     url, key = args.url, args.key
     if url is None:
         key = secrets.token_hex(16)
-        child, url = start_server(args.engine, engine_settings, key)
+        child, url = start_server(args.engine, engine_settings, key, args.server_log)
     try:
         for clients in args.clients:
-            row: dict = {}
+            rounds = max(1, args.samples // clients)  # enough rounds for ~`samples` samples per row
+
+            async def pooled(scenario) -> dict:
+                samples: list[float] = []
+                for _ in range(rounds):
+                    samples += await scenario()
+                return summary(samples)
+
+            row: dict = {"rounds": rounds}
             if args.url is None or args.engine_given:
-                row["engine"] = summary(await engine_first_chunk(args.engine, engine_settings, clients))
-            row["http"] = summary(await http_scenario(url, key, clients))
-            row["bot_ws"] = summary(await ws_scenario(url, key, clients, jambonz=False))
+                row["engine"] = await pooled(lambda: engine_first_chunk(args.engine, engine_settings, clients))
+            row["http"] = await pooled(lambda: http_scenario(url, key, clients))
+            row["bot_ws"] = await pooled(lambda: ws_scenario(url, key, clients, jambonz=False))
             if clients == args.jambonz_clients:
-                row["jambonz_ws"] = summary(await ws_scenario(url, key, clients, jambonz=True))
+                row["jambonz_ws"] = await pooled(lambda: ws_scenario(url, key, clients, jambonz=True))
             report["scenarios"][str(clients)] = row
             print(f"{clients:>3} clients: " + ", ".join(f"{name} p50 {s['p50_ms']} ms p95 {s['p95_ms']} ms"
-                                                      for name, s in row.items()), flush=True)
+                                                      for name, s in row.items() if name != "rounds"), flush=True)
         if args.jambonz_clients not in args.clients:
             report["scenarios"][f"{args.jambonz_clients}_jambonz"] = {
                 "jambonz_ws": summary(await ws_scenario(url, key, args.jambonz_clients, jambonz=True))}
@@ -212,6 +227,8 @@ def main() -> None:
     parser.add_argument("--key", help="its API key")
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 10, 50])
     parser.add_argument("--jambonz-clients", type=int, default=10)
+    parser.add_argument("--samples", type=int, default=50, help="first-audio samples per row (rounds of N clients)")
+    parser.add_argument("--server-log", type=Path, help="where the local server's log goes (default: nowhere)")
     parser.add_argument("--out", type=Path, default=RESULTS / "tts_api.json")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()

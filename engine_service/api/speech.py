@@ -56,7 +56,7 @@ async def open_speech(engine: SpeechEngine, settings: TtsApiSettings, text: str,
     except SynthesisRefused as refusal:
         channel.cancel()
         raise refusal_error(refusal, settings.retry_after_s) from None
-    except asyncio.TimeoutError:
+    except TimeoutError:
         channel.cancel()
         raise unavailable("at_capacity", f"the engine did not take the stream within "
                           f"{settings.admission_timeout_s:g} s", settings.retry_after_s) from None

@@ -25,8 +25,8 @@ import structlog
 from engine_service.api.audio_format import AudioEncoder, AudioFormat
 from engine_service.api.errors import ApiError
 from engine_service.api.sentences import SentenceSplitter
-from engine_service.api.speech import encoded_audio, open_speech
 from engine_service.api.settings import TtsApiSettings
+from engine_service.api.speech import encoded_audio, open_speech
 from engines.base import SpeechEngine, SynthesisFailed
 
 log = structlog.get_logger(__name__)
