@@ -42,13 +42,13 @@ class AudioFormat:
     sample_rate: int
 
     @classmethod
-    def parse(cls, name: str | None, sample_rate: int | None) -> AudioFormat:
+    def parse(cls, name: str | None, sample_rate: int | None, default_rate: int = 24000) -> AudioFormat:
         """Validate a request's format and rate; G.711 defaults to (and only exists at) 8 kHz."""
         name = name or "wav"
         if name not in FORMATS:
             raise FormatProblem("format", f"unknown format {name!r}; choose one of {', '.join(FORMATS)}")
         if sample_rate is None:
-            sample_rate = 8000 if name in _G711 else 24000
+            sample_rate = 8000 if name in _G711 else default_rate
         if isinstance(sample_rate, bool) or not isinstance(sample_rate, int) or sample_rate not in SAMPLE_RATES:
             raise FormatProblem("sample_rate", f"sample_rate must be one of {', '.join(map(str, SAMPLE_RATES))}")
         if name in _G711 and sample_rate != 8000:

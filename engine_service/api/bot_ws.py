@@ -49,11 +49,11 @@ class _BotSink:
         await self._ws.send_json(message)
 
 
-def _query_format(request: web.Request) -> AudioFormat:
+def _query_format(request: web.Request, default_rate: int) -> AudioFormat:
     rate = request.query.get("sample_rate")
     try:
         audio_format = AudioFormat.parse(request.query.get("format", "pcm_s16le"),
-                                         int(rate) if rate is not None and rate.isdigit() else rate)
+                                         int(rate) if rate is not None and rate.isdigit() else rate, default_rate)
     except FormatProblem as problem:
         raise ApiError(400, "invalid_field", f"{problem.field}: {problem}") from None
     if audio_format.name == "wav":
@@ -65,7 +65,7 @@ def _query_format(request: web.Request) -> AudioFormat:
 async def bot_websocket(request: web.Request) -> web.StreamResponse:
     api = request.app[TTS_API]
     key = authenticate(request, api.settings)
-    audio_format = _query_format(request)
+    audio_format = _query_format(request, api.settings.default_sample_rate)
     voice = resolve_voice(api.engine, api.settings, request.query.get("voice"))
     stream_id = uuid.uuid4().hex[:16]
     with api.slots.hold(key):
@@ -76,7 +76,7 @@ async def bot_websocket(request: web.Request) -> web.StreamResponse:
         sink = _BotSink(ws)
         await ws.send_json({"type": "ready", "voice": voice, "format": audio_format.name,
                             "sample_rate": audio_format.sample_rate})
-        spoken = SpokenTextStream(api.engine, api.settings, voice, audio_format, sink, stream_id)
+        spoken = SpokenTextStream(api, voice, audio_format, sink, stream_id)
         try:
             async for message in ws:
                 if message.type != WSMsgType.TEXT:

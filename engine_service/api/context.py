@@ -6,6 +6,7 @@ One instance per aiohttp application, stored under `TTS_API`; handlers read it f
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from aiohttp import web
 
@@ -14,11 +15,23 @@ from engine_service.api.settings import TtsApiSettings
 from engines.base import SpeechEngine
 
 
+class SharedSlots(Protocol):
+    """The worker's engine slots, shared with its gateway links, so an API stream counts where they count.
+
+    `take()` claims one (False: none free, the API answers 503); `give_back()` returns it. Without it (None)
+    the API relies on the engine's own refusals and health alone."""
+
+    def take(self) -> bool: ...
+
+    def give_back(self) -> None: ...
+
+
 @dataclass
 class TtsApi:
     engine: SpeechEngine
     settings: TtsApiSettings
-    slots: StreamSlots = field(default_factory=StreamSlots)
+    shared_slots: SharedSlots | None = None
+    slots: StreamSlots = field(default_factory=StreamSlots)  # per API key
 
 
 TTS_API = web.AppKey("tts_api", TtsApi)

@@ -18,7 +18,7 @@ from engine_service.api.audio_format import FORMATS, SAMPLE_RATES, AudioEncoder,
 from engine_service.api.context import TTS_API
 from engine_service.api.errors import ApiError, answers_errors
 from engine_service.api.json_body import int_field, read_json_object, refuse_unknown_fields, string_field
-from engine_service.api.speech import open_speech, resolve_voice
+from engine_service.api.speech import resolve_voice, speech_stream
 from engine_service.api.streaming_response import stream_audio
 
 _TTS_FIELDS = ("text", "voice", "format", "sample_rate")
@@ -32,15 +32,16 @@ async def post_tts(request: web.Request) -> web.StreamResponse:
     refuse_unknown_fields(body, _TTS_FIELDS)
     text = string_field(body, "text", required=True)
     try:
-        audio_format = AudioFormat.parse(string_field(body, "format"), int_field(body, "sample_rate"))
+        audio_format = AudioFormat.parse(string_field(body, "format"), int_field(body, "sample_rate"),
+                                        api.settings.default_sample_rate)
     except FormatProblem as problem:
         raise ApiError(400, "invalid_field", f"{problem.field}: {problem}") from None
     voice = resolve_voice(api.engine, api.settings, string_field(body, "voice"))
     request_id = uuid.uuid4().hex[:16]
     with api.slots.hold(key):
-        channel = await open_speech(api.engine, api.settings, text, voice, request_id)
-        encoder = AudioEncoder(audio_format, api.engine.sample_rate)
-        return await stream_audio(request, channel, encoder, audio_format.content_type, request_id)
+        async with speech_stream(api, text, voice, request_id) as channel:
+            encoder = AudioEncoder(audio_format, api.engine.sample_rate)
+            return await stream_audio(request, channel, encoder, audio_format.content_type, request_id)
 
 
 @answers_errors

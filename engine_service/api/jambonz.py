@@ -30,7 +30,7 @@ from engine_service.api.audio_format import SAMPLE_RATES, AudioEncoder, AudioFor
 from engine_service.api.context import TTS_API
 from engine_service.api.errors import ApiError, answers_errors
 from engine_service.api.json_body import read_json_object, string_field
-from engine_service.api.speech import open_speech, resolve_voice
+from engine_service.api.speech import resolve_voice, speech_stream
 from engine_service.api.ssml import is_ssml, ssml_text
 from engine_service.api.streaming_response import stream_audio
 from engine_service.api.text_stream import Sentence, SpokenTextStream
@@ -51,9 +51,9 @@ async def jambonz_http(request: web.Request) -> web.StreamResponse:
     audio_format = AudioFormat("pcm_s16le", api.settings.jambonz_sample_rate)
     request_id = uuid.uuid4().hex[:16]
     with api.slots.hold(key):
-        channel = await open_speech(api.engine, api.settings, text, voice, request_id)
-        encoder = AudioEncoder(audio_format, api.engine.sample_rate)
-        return await stream_audio(request, channel, encoder, audio_format.content_type, request_id)
+        async with speech_stream(api, text, voice, request_id) as channel:
+            encoder = AudioEncoder(audio_format, api.engine.sample_rate)
+            return await stream_audio(request, channel, encoder, audio_format.content_type, request_id)
 
 
 class _JambonzSink:
@@ -91,7 +91,7 @@ async def jambonz_websocket(request: web.Request) -> web.StreamResponse:
         await ws.send_json({"type": "connect",
                             "data": {"sample_rate": audio_format.sample_rate, "base64_encoding": False}})
         sink = _JambonzSink(ws)
-        spoken = SpokenTextStream(api.engine, api.settings, voice, audio_format, sink, stream_id)
+        spoken = SpokenTextStream(api, voice, audio_format, sink, stream_id)
         try:
             async for message in ws:
                 if message.type != WSMsgType.TEXT:

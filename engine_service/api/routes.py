@@ -18,7 +18,7 @@ from importlib import resources
 from aiohttp import web
 
 from engine_service.api.bot_ws import bot_websocket
-from engine_service.api.context import TTS_API, TtsApi
+from engine_service.api.context import TTS_API, SharedSlots, TtsApi
 from engine_service.api.http_tts import get_voices, post_tts
 from engine_service.api.jambonz import jambonz_http, jambonz_websocket
 from engine_service.api.settings import TtsApiSettings
@@ -27,11 +27,13 @@ from engines.base import SpeechEngine
 _PAGE = web.AppKey("tts_api_page", bytes)
 
 
-def add_tts_routes(app: web.Application, engine: SpeechEngine, settings: TtsApiSettings) -> None:
+def add_tts_routes(app: web.Application, engine: SpeechEngine, settings: TtsApiSettings,
+                   shared_slots: SharedSlots | None = None) -> None:
+    """Add the routes; `shared_slots` lets API streams count against the worker's own slots (see SharedSlots)."""
     if settings.default_voice is not None and settings.default_voice not in engine.voices():
         raise ValueError(f"tts_api.default_voice: {settings.default_voice!r} is not a voice of the "
                          f"{engine.name} engine ({', '.join(engine.voices())})")
-    app[TTS_API] = TtsApi(engine, settings)
+    app[TTS_API] = TtsApi(engine, settings, shared_slots)
     app[_PAGE] = resources.files("engine_service.api").joinpath("try_voice.html").read_bytes()
     app.router.add_get("/", _try_voice_page)
     app.router.add_get("/v1/voices", get_voices)

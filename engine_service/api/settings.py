@@ -7,6 +7,7 @@
           max_streams: 20            # concurrent streams (HTTP responses + open WebSockets); more get 429
       max_text_chars: 2000           # longer texts get 413 (and a bot WebSocket's unflushed text, too)
       default_voice: null            # null: the engine's default voice
+      default_sample_rate: 24000     # POST /v1/tts and the bot WebSocket when the client names no rate
       jambonz_sample_rate: 8000      # rate of jambonz's HTTP vendor API when nothing else says
       admission_timeout_s: 2.0       # an engine that has not taken a stream by then is full: 503, never a stall
       retry_after_s: 1               # the Retry-After of a 503
@@ -52,6 +53,7 @@ class TtsApiSettings(_Section):
     api_keys: tuple[ApiKey, ...] = ()
     max_text_chars: int = Field(default=2000, ge=1)
     default_voice: str | None = None
+    default_sample_rate: int = 24000
     jambonz_sample_rate: int = 8000
     admission_timeout_s: float = Field(default=2.0, gt=0)
     retry_after_s: int = Field(default=1, ge=1)
@@ -69,7 +71,7 @@ class TtsApiSettings(_Section):
                 seen.add(value)
         return keys
 
-    @field_validator("jambonz_sample_rate")
+    @field_validator("default_sample_rate", "jambonz_sample_rate")
     @classmethod
     def _known_rate(cls, rate: int) -> int:
         if rate not in SAMPLE_RATES:

@@ -23,11 +23,11 @@ from typing import Protocol
 import structlog
 
 from engine_service.api.audio_format import AudioEncoder, AudioFormat
+from engine_service.api.context import TtsApi
 from engine_service.api.errors import ApiError
 from engine_service.api.sentences import SentenceSplitter
-from engine_service.api.settings import TtsApiSettings
-from engine_service.api.speech import encoded_audio, open_speech
-from engines.base import SpeechEngine, SynthesisFailed
+from engine_service.api.speech import encoded_audio, speech_stream
+from engines.base import SynthesisFailed
 
 log = structlog.get_logger(__name__)
 
@@ -47,10 +47,10 @@ class SpeechSink(Protocol):
 
 
 class SpokenTextStream:
-    def __init__(self, engine: SpeechEngine, settings: TtsApiSettings, voice: str, audio_format: AudioFormat,
-                 sink: SpeechSink, stream_id: str) -> None:
-        self._engine = engine
-        self._settings = settings
+    def __init__(self, api: TtsApi, voice: str, audio_format: AudioFormat, sink: SpeechSink,
+                 stream_id: str) -> None:
+        self._api = api
+        self._settings = api.settings
         self._voice = voice
         self._format = audio_format
         self._sink = sink
@@ -108,11 +108,11 @@ class SpokenTextStream:
         sent = 0
         if any(char.isalnum() for char in sentence.text):  # "..." or a lone quote is nothing to say
             request_id = f"{self._stream_id}-{sentence.index}"
-            channel = await open_speech(self._engine, self._settings, sentence.text, self._voice, request_id)
-            encoder = AudioEncoder(self._format, self._engine.sample_rate)
-            async with aclosing(encoded_audio(channel, encoder)) as audio:
-                async for data in audio:
-                    await self._sink.audio(sentence, data)
-                    sent += len(data)
+            async with speech_stream(self._api, sentence.text, self._voice, request_id) as channel:
+                encoder = AudioEncoder(self._format, self._api.engine.sample_rate)
+                async with aclosing(encoded_audio(channel, encoder)) as audio:
+                    async for data in audio:
+                        await self._sink.audio(sentence, data)
+                        sent += len(data)
         await self._sink.sentence_end(sentence, sent)
         log.debug("tts_sentence_spoken", stream_id=self._stream_id, index=sentence.index, bytes=sent)

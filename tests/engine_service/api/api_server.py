@@ -43,6 +43,18 @@ class Server:
 async def serve(engine: SpeechEngine, api_settings: TtsApiSettings | None = None) -> AsyncIterator[Server]:
     app = web.Application()
     add_tts_routes(app, engine, api_settings or settings())
+    async with _serving(app) as server:
+        yield server
+
+
+@asynccontextmanager
+async def serve_app(app: web.Application) -> AsyncIterator[str]:
+    async with _serving(app) as server:
+        yield server.url
+
+
+@asynccontextmanager
+async def _serving(app: web.Application) -> AsyncIterator[Server]:
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

@@ -8,11 +8,13 @@ import wave
 import aiohttp
 import numpy as np
 import pytest
+from aiohttp import web
 
+from engine_service.api import add_tts_routes
 from engine_service.api.context import TTS_API
 from engine_service.api.g711 import encode_g711
 from engines.base import SynthesisRequest
-from tests.engine_service.api.api_server import AUTH, OTHER_KEY, GatedEngine, serve, settings, until
+from tests.engine_service.api.api_server import AUTH, OTHER_KEY, GatedEngine, serve, serve_app, settings, until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -172,3 +174,46 @@ async def test_voices_lists_the_engine_s_voices_and_needs_a_key(espeak):
             body = await response.json()
     assert [voice["name"] for voice in body["voices"]] == ["en", "zh"]
     assert body["default_voice"] == "en" and body["sample_rates"] == [8000, 16000, 24000]
+
+
+class WorkerSlots:
+    """What the worker passes as SharedSlots: its one count of engine streams, gateways' and ours."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.in_use = total, 0
+
+    def take(self) -> bool:
+        if self.in_use >= self.total:
+            return False
+        self.in_use += 1
+        return True
+
+    def give_back(self) -> None:
+        self.in_use -= 1
+
+
+async def test_api_streams_count_against_the_worker_s_shared_slots():
+    engine, worker_slots = GatedEngine(), WorkerSlots(total=1)
+    app = web.Application()
+    add_tts_routes(app, engine, settings(), shared_slots=worker_slots)
+    async with serve_app(app) as url, aiohttp.ClientSession(headers=AUTH) as client:
+        async with client.post(f"{url}/v1/tts", json={"text": "one"}) as first:
+            await first.content.readany()
+            assert worker_slots.in_use == 1
+            async with client.post(f"{url}/v1/tts", json={"text": "two"}) as second:
+                assert second.status == 503 and "Retry-After" in second.headers
+                assert (await second.json())["error"] == "at_capacity"
+            engine.gate.set()
+            await first.read()
+        async with client.post(f"{url}/v1/tts", json={"text": "three", "voice": "nope"}) as refused:
+            assert refused.status == 400
+    assert worker_slots.in_use == 0
+
+
+async def test_default_sample_rate_applies_when_the_request_names_none():
+    engine = GatedEngine(chunks=1)
+    async with serve(engine, settings(default_sample_rate=8000)) as server, \
+            aiohttp.ClientSession(headers=AUTH) as client:
+        async with client.post(f"{server.url}/v1/tts", json={"text": "hi", "format": "pcm_s16le"}) as response:
+            assert response.headers["Content-Type"] == "audio/l16;rate=8000"
+            assert abs(len(await response.read()) - 800 * 2) <= 8

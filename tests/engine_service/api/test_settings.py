@@ -43,6 +43,7 @@ def test_no_block_means_no_keys_so_nobody_gets_in():
     ({"api_keys": [{"name": "a", "key": "k" * 16}, {"name": "b", "key": "k" * 16}]},
      "tts_api.api_keys: two keys share the key of 'b'"),
     ({"jambonz_sample_rate": 44100}, "tts_api.jambonz_sample_rate: must be one of 8000, 16000, 24000"),
+    ({"default_sample_rate": 22050}, "tts_api.default_sample_rate: must be one of 8000, 16000, 24000"),
     ({"max_text_chars": 0}, "tts_api.max_text_chars: Input should be greater than or equal to 1"),
 ])
 def test_mistakes_are_named_by_key_path(block, message):
