@@ -12,6 +12,7 @@ import functools
 from collections.abc import Awaitable, Callable, Mapping
 from types import MappingProxyType
 
+import structlog
 from aiohttp import web
 
 from engines.base import (
@@ -65,6 +66,8 @@ def refusal_error(refusal: SynthesisRefused, retry_after_s: int) -> ApiError:
     return ApiError(400, "refused", str(refusal))
 
 
+log = structlog.get_logger(__name__)
+
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -76,6 +79,10 @@ def answers_errors(handler: Handler) -> Handler:
         try:
             return await handler(request)
         except ApiError as error:
+            # Capacity refusals matter to an operator; a stranger's bad requests only at debug (no log flood).
+            level = log.info if error.status == 429 or error.status >= 500 else log.debug
+            level("tts_api_refused", path=request.path, status=error.status, reason=error.reason,
+                  message=error.message[:200])
             return error.response()
 
     return wrapped

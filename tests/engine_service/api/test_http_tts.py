@@ -217,3 +217,11 @@ async def test_default_sample_rate_applies_when_the_request_names_none():
         async with client.post(f"{server.url}/v1/tts", json={"text": "hi", "format": "pcm_s16le"}) as response:
             assert response.headers["Content-Type"] == "audio/l16;rate=8000"
             assert abs(len(await response.read()) - 800 * 2) <= 8
+
+
+async def test_a_body_over_aiohttp_s_limit_is_a_json_413():
+    async with serve(GatedEngine()) as server, aiohttp.ClientSession(headers=AUTH) as client:
+        body = b'{"text": "' + b"a" * (2 * 2**20) + b'"}'
+        async with client.post(f"{server.url}/v1/tts", data=body) as response:
+            assert response.status == 413
+            assert (await response.json())["error"] == "body_too_large"
