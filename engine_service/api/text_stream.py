@@ -31,6 +31,8 @@ from engines.base import SynthesisFailed
 
 log = structlog.get_logger(__name__)
 
+_QUEUED_TEXTS = 10  # unspoken text a socket may queue, in max_text_chars: a long LLM reply fits, a flood does not
+
 
 @dataclass(frozen=True)
 class Sentence:
@@ -57,14 +59,19 @@ class SpokenTextStream:
         self._stream_id = stream_id
         self._splitter = SentenceSplitter()
         self._queue: asyncio.Queue[Sentence] = asyncio.Queue()
+        self._queued_chars = 0
         self._next_index = 0
         self._speaker = asyncio.create_task(self._speak_queued())
 
     async def push(self, text: str) -> None:
-        if len(self._splitter.pending) + len(text) > self._settings.max_text_chars:
+        limit = self._settings.max_text_chars
+        if len(self._splitter.pending) + len(text) > limit:
             self._splitter.clear()
-            raise ApiError(413, "text_too_long", f"more than {self._settings.max_text_chars} characters "
-                           "without a sentence end or flush; the unsent text was dropped")
+            raise ApiError(413, "text_too_long", f"more than {limit} characters without a sentence end or "
+                           "flush; the unsent text was dropped")
+        if self._queued_chars + len(text) > _QUEUED_TEXTS * limit:  # memory: a client cannot queue without end
+            raise ApiError(429, "too_much_queued", f"over {_QUEUED_TEXTS * limit} characters wait to be "
+                           "spoken; this text was dropped")
         for sentence in self._splitter.push(text):
             self._enqueue(sentence)
 
@@ -76,6 +83,7 @@ class SpokenTextStream:
         self._splitter.clear()
         while not self._queue.empty():
             self._queue.get_nowait()
+        self._queued_chars = 0
         await self._stop_speaker()
         self._speaker = asyncio.create_task(self._speak_queued())
 
@@ -89,12 +97,14 @@ class SpokenTextStream:
             await self._speaker
 
     def _enqueue(self, text: str) -> None:
+        self._queued_chars += len(text)
         self._queue.put_nowait(Sentence(self._next_index, text))
         self._next_index += 1
 
     async def _speak_queued(self) -> None:
         while True:
             sentence = await self._queue.get()
+            self._queued_chars -= len(sentence.text)
             try:
                 await self._speak(sentence)
             except ApiError as error:

@@ -130,3 +130,16 @@ async def test_an_open_socket_holds_a_slot_until_it_closes():
         await until(lambda: slots.in_use("other") == 0)
         async with client.ws_connect(f"{server.ws_url}/v1/tts/ws", headers=other) as again:
             assert (await next_event(again))[0] == "ready"
+
+
+async def test_a_flood_of_unspoken_text_is_refused_not_queued_without_end():
+    engine = GatedEngine(chunks=50)  # the first sentence never finishes: everything after it waits
+    async with serve(engine, settings(max_text_chars=50)) as server, aiohttp.ClientSession() as client:
+        async with client.ws_connect(f"{server.ws_url}/v1/tts/ws", headers=AUTH) as ws:
+            await next_event(ws)
+            for _ in range(16):  # 16 x 37 characters against the 500 (10 x 50) a socket may queue
+                await ws.send_json({"type": "text", "text": "A sentence of some forty characters. "})
+            while (event := await next_event(ws))[0] == "audio":
+                pass
+            kind, error = event
+            assert (kind, error["error"]) == ("error", "too_much_queued")
