@@ -10,6 +10,9 @@ command -v sipp >/dev/null || need_apt+=(sip-tester)
 command -v espeak-ng >/dev/null || need_apt+=(espeak-ng)
 # the failover test runs Kamailio's dispatcher in front of several gateways (sip_config/kamailio/)
 command -v kamailio >/dev/null || [ -x /usr/sbin/kamailio ] || need_apt+=(kamailio)
+# the TTS API's try-a-voice page is tested in a real headless browser
+command -v chromium >/dev/null || need_apt+=(chromium)
+command -v chromedriver >/dev/null || need_apt+=(chromium-driver)
 if [ "${#need_apt[@]}" -gt 0 ] && [ "$extras" = "test" ]; then
     sudo_cmd=""; [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
     echo ">> installing system packages: ${need_apt[*]}"

@@ -1,0 +1,246 @@
+"""Time to first audio through the TTS API, beside the engine's own first chunk, at 1/10/50 concurrent clients.
+
+Scenarios (each: N clients start together, repeated to ~--samples samples; time from a client's request to its
+first audio byte):
+  engine      the engine's first chunk, opened in this process (what the API cannot beat)
+  http        POST /v1/tts (pcm_s16le, 8 kHz): first body byte
+  bot_ws      /v1/tts/ws, socket already open: from sending the text + flush to the first binary frame
+  jambonz_ws  /v1/jambonz/ws at 10 clients, the same measure with jambonz's messages
+  bot_clear   one bot socket: from sending clear to the `cleared` ack, and audio bytes that arrived after it
+
+The API server runs in a child process (this script with --serve), so the clients' CPU time is not the
+server's; or pass --url and --key to measure a server that is already running (the engine row is then
+measured only if --engine is given explicitly).
+
+    python bench/bench_tts_api.py --engine espeak                # local server, writes bench/results/tts_api.json
+    python bench/bench_tts_api.py --url http://10.0.0.5:8090 --key ... --clients 1 10 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import secrets
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from report_file import RESULTS, write_report  # noqa: E402
+
+TEXT = "Thank you for calling. Your appointment is confirmed for Tuesday at nine in the morning."
+TOKENS = ["Thank", " you", " for", " calling", ".", " Your", " appointment", " is", " confirmed", " for",
+          " Tuesday", " at", " nine", " in", " the", " morning", "."]
+
+
+def summary(samples_s: list[float]) -> dict:
+    ms = np.array(samples_s) * 1000.0
+    return {"n": len(ms), "p50_ms": round(float(np.percentile(ms, 50)), 2),
+            "p95_ms": round(float(np.percentile(ms, 95)), 2), "max_ms": round(float(ms.max()), 2)}
+
+
+# -- the server (child process) -------------------------------------------------------------------------
+async def serve(engine_name: str, engine_settings: dict, port: int, key: str) -> None:
+    import structlog
+    from aiohttp import web
+
+    # stdout carries only the "listening" line, which the parent stops reading; logs on stdout would fill
+    # the pipe and block this process's event loop.
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+
+    from engine_service.api import TtsApiSettings, add_tts_routes
+    from engines.registry import create_engine
+
+    engine = create_engine(engine_name, engine_settings)
+    await engine.start()
+    app = web.Application()
+    add_tts_routes(app, engine, TtsApiSettings.from_mapping(
+        {"api_keys": [{"name": "bench", "key": key, "max_streams": 10_000}], "admission_timeout_s": 30}))
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    print(f"listening {runner.addresses[0][1]}", flush=True)
+    await asyncio.Event().wait()
+
+
+def start_server(engine: str, engine_settings: dict, key: str, log_path: Path | None) -> tuple[subprocess.Popen, str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    child = subprocess.Popen([sys.executable, __file__, "--serve", "--engine", engine,
+                              "--engine-settings", json.dumps(engine_settings), "--key", key],
+                             stdout=subprocess.PIPE, text=True, env=env,
+                             stderr=subprocess.DEVNULL if log_path is None else log_path.open("w"))
+    assert child.stdout is not None
+    for line in child.stdout:
+        if line.startswith("listening "):
+            return child, f"http://127.0.0.1:{int(line.split()[1])}"
+    raise RuntimeError("the API server did not start")
+
+
+# -- the clients ------------------------------------------------------------------------------------------
+async def engine_first_chunk(engine_name: str, engine_settings: dict, clients: int) -> list[float]:
+    from engines.base import SynthesisRequest
+    from engines.registry import create_engine
+
+    engine = create_engine(engine_name, engine_settings)
+    await engine.start()
+    try:
+        async def one() -> float:
+            started = time.monotonic()
+            channel = engine.open_stream(SynthesisRequest(text=TEXT, voice=engine.default_voice))
+            await channel.admitted()
+            first = None
+            async for _ in channel:
+                first = first or time.monotonic() - started
+            return first
+
+        return list(await asyncio.gather(*(one() for _ in range(clients))))
+    finally:
+        await engine.close()
+
+
+async def http_first_byte(session: aiohttp.ClientSession, url: str) -> float:
+    started = time.monotonic()
+    async with session.post(f"{url}/v1/tts", json={"text": TEXT, "format": "pcm_s16le", "sample_rate": 8000}) as r:
+        r.raise_for_status()
+        await r.content.readany()
+        first = time.monotonic() - started
+        await r.read()
+    return first
+
+
+async def ws_first_audio(session: aiohttp.ClientSession, ws_url: str, jambonz: bool,
+                         opened: asyncio.Barrier) -> float:
+    async with session.ws_connect(ws_url) as ws:
+        await ws.receive_json()  # ready / connect
+        await opened.wait()  # every client connected: the clock starts for all together
+        started = time.monotonic()
+        kind = "stream" if jambonz else "text"
+        for token in TOKENS:
+            await ws.send_json({"type": kind, "text": token})
+        await ws.send_json({"type": "flush"})
+        while (await ws.receive(timeout=60)).type != aiohttp.WSMsgType.BINARY:
+            pass
+        return time.monotonic() - started
+
+
+async def ws_scenario(url: str, key: str, clients: int, jambonz: bool) -> list[float]:
+    path = "/v1/jambonz/ws?voice=&language=en-US&sampleRate=8000" if jambonz else "/v1/tts/ws?sample_rate=8000"
+    ws_url = url.replace("http", "ws", 1) + path
+    opened = asyncio.Barrier(clients)
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {key}"}, connector=connector) as session:
+        return list(await asyncio.gather(*(ws_first_audio(session, ws_url, jambonz, opened)
+                                           for _ in range(clients))))
+
+
+async def http_scenario(url: str, key: str, clients: int) -> list[float]:
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {key}"}, connector=connector) as session:
+        return list(await asyncio.gather(*(http_first_byte(session, url) for _ in range(clients))))
+
+
+async def clear_scenario(url: str, key: str, rounds: int = 20) -> dict:
+    """Barge-in: after the first audio of a long reply, time to `cleared`, audio in flight, and old audio after."""
+    ack_s, in_flight, old_after = [], [], 0
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {key}"}) as session:
+        async with session.ws_connect(url.replace("http", "ws", 1) + "/v1/tts/ws?sample_rate=8000") as ws:
+            await ws.receive_json()
+            for _ in range(rounds):
+                await ws.send_json({"type": "text", "text": TEXT * 6})
+                await ws.send_json({"type": "flush"})
+                while (await ws.receive(timeout=60)).type != aiohttp.WSMsgType.BINARY:
+                    pass
+                started = time.monotonic()
+                await ws.send_json({"type": "clear"})
+                flight = 0
+                while (message := await ws.receive(timeout=60)).type == aiohttp.WSMsgType.BINARY \
+                        or message.json()["type"] != "cleared":
+                    flight += len(message.data) if message.type == aiohttp.WSMsgType.BINARY else 0
+                ack_s.append(time.monotonic() - started)
+                in_flight.append(flight)
+                await ws.send_json({"type": "text", "text": "Okay."})  # the next reply: nothing old may precede it
+                await ws.send_json({"type": "flush"})
+                received = 0
+                while (message := await ws.receive(timeout=60)).type == aiohttp.WSMsgType.BINARY \
+                        or message.json()["type"] != "sentence_end":
+                    received += len(message.data) if message.type == aiohttp.WSMsgType.BINARY else 0
+                old_after += received - message.json()["audio_bytes"]
+    return {"clear_to_cleared": summary(ack_s), "rounds": rounds,
+            "audio_bytes_between_clear_and_cleared_max": max(in_flight), "old_audio_bytes_after_cleared": old_after}
+
+
+async def run(args: argparse.Namespace) -> dict:
+    engine_settings = json.loads(args.engine_settings)
+    report: dict = {"engine": args.engine, "text_chars": len(TEXT), "host": platform.node(),
+                    "cpu_count": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M"), "scenarios": {}}
+    child = None
+    url, key = args.url, args.key
+    if url is None:
+        key = secrets.token_hex(16)
+        child, url = start_server(args.engine, engine_settings, key, args.server_log)
+    try:
+        for clients in args.clients:
+            rounds = max(1, args.samples // clients)  # enough rounds for ~`samples` samples per row
+
+            async def pooled(scenario) -> dict:
+                samples: list[float] = []
+                for _ in range(rounds):
+                    samples += await scenario()
+                return summary(samples)
+
+            row: dict = {"rounds": rounds}
+            if args.url is None or args.engine_given:
+                row["engine"] = await pooled(lambda: engine_first_chunk(args.engine, engine_settings, clients))
+            row["http"] = await pooled(lambda: http_scenario(url, key, clients))
+            row["bot_ws"] = await pooled(lambda: ws_scenario(url, key, clients, jambonz=False))
+            if clients == args.jambonz_clients:
+                row["jambonz_ws"] = await pooled(lambda: ws_scenario(url, key, clients, jambonz=True))
+            report["scenarios"][str(clients)] = row
+            print(f"{clients:>3} clients: " + ", ".join(f"{name} p50 {s['p50_ms']} ms p95 {s['p95_ms']} ms"
+                                                      for name, s in row.items() if name != "rounds"), flush=True)
+        if args.jambonz_clients not in args.clients:
+            report["scenarios"][f"{args.jambonz_clients}_jambonz"] = {
+                "jambonz_ws": summary(await ws_scenario(url, key, args.jambonz_clients, jambonz=True))}
+        report["bot_clear"] = await clear_scenario(url, key)
+        print(f"clear -> cleared: {report['bot_clear']['clear_to_cleared']}", flush=True)
+    finally:
+        if child is not None:
+            child.terminate()
+            child.wait(10)
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--engine", default=None, help="espeak (default), instant or cosyvoice2")
+    parser.add_argument("--engine-settings", default="{}", help="the engine's settings as JSON")
+    parser.add_argument("--url", help="an API server already running (then --key is required)")
+    parser.add_argument("--key", help="its API key")
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 10, 50])
+    parser.add_argument("--jambonz-clients", type=int, default=10)
+    parser.add_argument("--samples", type=int, default=50, help="first-audio samples per row (rounds of N clients)")
+    parser.add_argument("--server-log", type=Path, help="where the local server's log goes (default: nowhere)")
+    parser.add_argument("--out", type=Path, default=RESULTS / "tts_api.json")
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    args.engine_given = args.engine is not None
+    args.engine = args.engine or "espeak"
+    if args.serve:
+        asyncio.run(serve(args.engine, json.loads(args.engine_settings), 0, args.key))
+        return
+    if args.url is not None and args.key is None:
+        parser.error("--url needs --key")
+    write_report(asyncio.run(run(args)), args.out, "tts_api")
+
+
+if __name__ == "__main__":
+    main()

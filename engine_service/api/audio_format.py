@@ -1,0 +1,111 @@
+"""The audio the API sends: which formats and rates exist, and the streaming encoder for one response.
+
+An engine hands out float32 mono chunks at its own rate (24 kHz); a response wants wav, raw 16-bit PCM, or
+G.711 at 8, 16 or 24 kHz. `AudioEncoder` turns chunks into bytes as they arrive: it resamples with
+python-soxr's streaming resampler (filter state carried across chunks, so no clicks at the seams; quality HQ
+delays the audio ~17 ms, against ~60 ms for VHQ, and first audio is what a caller waits for), converts to
+int16 and, for G.711, companders. A wav stream starts with a header whose sizes say "unknown length"
+(0xFFFFFFFF), the usual convention for WAV that is written before its end is known; players and `soxr`-free
+decoders read to the end of the stream.
+
+`audio/l16` is, strictly (RFC 2586), big-endian; jambonz and most TTS vendors use it for little-endian PCM,
+and so do we, because jambonz is the client that reads it.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+import soxr
+
+from engine_service.api.g711 import encode_g711
+
+FORMATS = ("wav", "pcm_s16le", "pcmu", "pcma")
+SAMPLE_RATES = (8000, 16000, 24000)
+_G711 = ("pcmu", "pcma")
+_UNKNOWN_LENGTH = 0xFFFFFFFF
+
+
+class FormatProblem(ValueError):
+    """A format/rate pair the API cannot produce; `field` names the request field at fault."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass(frozen=True)
+class AudioFormat:
+    name: str
+    sample_rate: int
+
+    @classmethod
+    def parse(cls, name: str | None, sample_rate: int | None, default_rate: int = 24000) -> AudioFormat:
+        """Validate a request's format and rate; G.711 defaults to (and only exists at) 8 kHz."""
+        name = name or "wav"
+        if name not in FORMATS:
+            raise FormatProblem("format", f"unknown format {name!r}; choose one of {', '.join(FORMATS)}")
+        if sample_rate is None:
+            sample_rate = 8000 if name in _G711 else default_rate
+        if isinstance(sample_rate, bool) or not isinstance(sample_rate, int) or sample_rate not in SAMPLE_RATES:
+            raise FormatProblem("sample_rate", f"sample_rate must be one of {', '.join(map(str, SAMPLE_RATES))}")
+        if name in _G711 and sample_rate != 8000:
+            raise FormatProblem("sample_rate", f"{name} is defined at 8000 Hz only")
+        return cls(name, sample_rate)
+
+    @property
+    def content_type(self) -> str:
+        if self.name == "wav":
+            return "audio/wav"
+        if self.name == "pcm_s16le":
+            return f"audio/l16;rate={self.sample_rate}"
+        return f"audio/{self.name.upper()};rate={self.sample_rate}"  # RFC 4856 audio/PCMU, audio/PCMA
+
+    @property
+    def bytes_per_sample(self) -> int:
+        return 1 if self.name in _G711 else 2
+
+
+def wav_header(sample_rate: int) -> bytes:
+    """RIFF/WAVE header for mono 16-bit PCM of unknown length."""
+    fmt = struct.pack("<HHIIHH", 1, 1, sample_rate, sample_rate * 2, 2, 16)
+    return (b"RIFF" + struct.pack("<I", _UNKNOWN_LENGTH) + b"WAVE"
+            + b"fmt " + struct.pack("<I", len(fmt)) + fmt
+            + b"data" + struct.pack("<I", _UNKNOWN_LENGTH))
+
+
+def pcm16(samples: np.ndarray) -> np.ndarray:
+    """float32 in [-1, 1) -> int16, rounded; out-of-range audio saturates, never wraps."""
+    return np.clip(np.rint(samples * 32768.0), -32768, 32767).astype(np.int16)
+
+
+class AudioEncoder:
+    """One response's engine chunks -> bytes of `audio_format`. Call `encode` per chunk, `finish` once."""
+
+    def __init__(self, audio_format: AudioFormat, source_rate: int) -> None:
+        self.format = audio_format
+        self._resampler = (soxr.ResampleStream(source_rate, audio_format.sample_rate, 1, dtype="float32",
+                                               quality="HQ")
+                           if source_rate != audio_format.sample_rate else None)
+        self._header_due = audio_format.name == "wav"
+
+    def encode(self, chunk: np.ndarray) -> bytes:
+        samples = chunk if self._resampler is None else self._resampler.resample_chunk(chunk)
+        return self._bytes(samples)
+
+    def finish(self) -> bytes:
+        """The resampler's tail (and the wav header, if no chunk came at all)."""
+        if self._resampler is None:
+            return self._bytes(np.zeros(0, dtype=np.float32))
+        return self._bytes(self._resampler.resample_chunk(np.zeros(0, dtype=np.float32), last=True))
+
+    def _bytes(self, samples: np.ndarray) -> bytes:
+        header = b""
+        if self._header_due:
+            header, self._header_due = wav_header(self.format.sample_rate), False
+        linear = pcm16(samples)
+        if self.format.name in _G711:
+            return header + encode_g711(linear, self.format.name)
+        return header + linear.astype("<i2").tobytes()

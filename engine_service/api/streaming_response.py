@@ -1,0 +1,60 @@
+"""One synthesis sent as one chunked HTTP response, its first bytes leaving with the engine's first chunk.
+
+The status line and headers wait for the first chunk: until then a refusal or an engine failure can still be
+a proper JSON error. After that the status is spent, so a mid-stream failure aborts the connection instead of
+ending the chunked body (a client must never take half an utterance for a whole one). A client that goes
+away shows as a failed write; the stream is cancelled at once and the handler returns, which frees the key's
+slot. (aiohttp does not cancel handlers on disconnect; a stream waiting on its next chunk notices at that
+chunk, within one chunk's synthesis time.)
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import aclosing
+
+import structlog
+from aiohttp import web
+
+from engine_service.api.audio_format import AudioEncoder
+from engine_service.api.errors import ApiError
+from engine_service.api.speech import encoded_audio
+from engines.base import SynthesisFailed
+from engines.channel import ChunkChannel
+
+log = structlog.get_logger(__name__)
+
+
+async def stream_audio(request: web.Request, channel: ChunkChannel, encoder: AudioEncoder,
+                       content_type: str, request_id: str) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": content_type, "Cache-Control": "no-store",
+                                           "X-Request-Id": request_id})
+    response.enable_chunked_encoding()
+    started = time.monotonic()
+    sent = 0
+    outcome = "completed"
+    try:
+        async with aclosing(encoded_audio(channel, encoder)) as audio:
+            async for data in audio:
+                if not response.prepared:
+                    await response.prepare(request)
+                await response.write(data)
+                sent += len(data)
+    except SynthesisFailed as failure:
+        outcome = "failed"
+        if not response.prepared:
+            raise ApiError(500, "synthesis_failed", str(failure)) from None
+        if request.transport is not None:
+            request.transport.abort()  # no terminating chunk: the client sees a truncated body
+        return response
+    except ConnectionError:
+        outcome = "client_gone"
+        return response
+    finally:
+        log.info("tts_http_stream_ended", request_id=request_id, outcome=outcome, bytes=sent,
+                 first_chunk_s=None if channel.first_chunk_at is None else round(channel.first_chunk_at - started, 4),
+                 duration_s=round(time.monotonic() - started, 4))
+    if not response.prepared:
+        await response.prepare(request)
+    await response.write_eof()
+    return response
