@@ -53,9 +53,33 @@ def _parser() -> argparse.ArgumentParser:
                                                   f"else {DEFAULT_SLOTS})")
     parser.add_argument("--listen", default="127.0.0.1:0", metavar="HOST:PORT", help="default 127.0.0.1:0")
     parser.add_argument("--token-file", metavar="PATH", help="bearer token gateways must send ('-': stdin)")
+    parser.add_argument("--tts-api", metavar="JSON", help="serve the speech API with this tts_api block (JSON); "
+                        "with --config, the config's tts_api block")
     parser.add_argument("--supervised", action="store_true", help="exit when stdin closes (the supervisor died)")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return parser
+
+
+def _tts_api_choice(args: argparse.Namespace):
+    """The speech API's validated settings, or None when it is not to be served. Raises ValueError naming the key."""
+    from engine_service.api.settings import TtsApiConfigError, TtsApiSettings
+
+    block = None
+    if args.config:
+        from gateway.config import load_config
+
+        block = load_config(args.config).tts_api
+    if args.tts_api:
+        try:
+            block = json.loads(args.tts_api)
+        except ValueError as exc:
+            raise ValueError(f"--tts-api: not JSON ({exc})") from None
+    if block is None:
+        return None
+    try:
+        return TtsApiSettings.from_mapping(block)
+    except TtsApiConfigError as exc:
+        raise ValueError(f"config error: {exc}") from None
 
 
 def _engine_choice(args: argparse.Namespace) -> tuple[str, dict[str, Any], int]:
@@ -126,6 +150,7 @@ async def _serve(args: argparse.Namespace, name: str, settings: dict[str, Any], 
     try:
         host, port = _listen_address(args.listen)
         token = await _read_token(args)
+        tts_api = _tts_api_choice(args)
         engine = create_engine(name, settings)
     except (OSError, ValueError, TypeError) as exc:
         print(f"engine_service: {exc}", file=sys.stderr)
@@ -139,7 +164,7 @@ async def _serve(args: argparse.Namespace, name: str, settings: dict[str, Any], 
     except Exception as exc:  # noqa: BLE001 - any start failure: report it in one line and exit 1
         log.error("engine_worker_start_failed", engine=name, error=repr(exc))
         return 1
-    runner = web.AppRunner(make_app(engine, WorkerSettings(token=token, slots=slots)), access_log=None,
+    runner = web.AppRunner(make_app(engine, WorkerSettings(token=token, slots=slots), tts_api), access_log=None,
                            handler_cancellation=True)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
@@ -147,7 +172,8 @@ async def _serve(args: argparse.Namespace, name: str, settings: dict[str, Any], 
     shown_host = f"[{bound_host}]" if ":" in bound_host else bound_host
     url = f"ws://{shown_host}:{bound_port}{STREAM_PATH}"
     print(json.dumps({"event": "engine_worker_listening", "url": url, "pid": os.getpid()}), flush=True)
-    log.info("engine_worker_listening", engine=name, url=url, slots=slots, token=bool(token))
+    log.info("engine_worker_listening", engine=name, url=url, slots=slots, token=bool(token),
+             speech_api=f"http://{shown_host}:{bound_port}/" if tts_api is not None else None)
     if args.supervised:
         _stop_when_stdin_closes(loop, stop)
     await stop.wait()

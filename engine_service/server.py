@@ -24,6 +24,8 @@ import structlog
 from aiohttp import WSMsgType, web
 
 from engine_service import protocol
+from engine_service.api.routes import add_tts_routes
+from engine_service.api.settings import TtsApiSettings
 from engine_service.first_audio import FirstAudioEstimate
 from engines.base import SpeechEngine, SynthesisFailed, SynthesisRefused, SynthesisRequest
 
@@ -67,16 +69,31 @@ class EngineWorker:
     def next_key(self) -> int:
         return next(self._keys)
 
+    # The speech API's streams take the same slots as the gateways' (engine_service.api.context.SharedSlots),
+    # so the free count every gateway sees includes them.
+    def take(self) -> bool:
+        if self.streams_active >= self.settings.slots:
+            return False
+        self.streams_active += 1
+        return True
+
+    def give_back(self) -> None:
+        self.streams_active -= 1
+
 
 _STATUS_DUE = ""  # a placeholder in the outbox: the status is built when the writer reaches it
 
 WORKER = web.AppKey("engine_worker", EngineWorker)
 
 
-def make_app(engine: SpeechEngine, settings: WorkerSettings) -> web.Application:
-    """The worker's routes around an engine that is already started (its owner closes it)."""
+def make_app(engine: SpeechEngine, settings: WorkerSettings, tts_api: TtsApiSettings | None = None
+             ) -> web.Application:
+    """The worker's routes around an engine that is already started (its owner closes it); with `tts_api`,
+    the speech API's routes too (engine_service/api), sharing the worker's slots."""
     app = web.Application()
-    app[WORKER] = EngineWorker(engine, settings)
+    worker = app[WORKER] = EngineWorker(engine, settings)
+    if tts_api is not None:
+        add_tts_routes(app, engine, tts_api, shared_slots=worker)
     app.router.add_get(protocol.STREAM_PATH, _stream_endpoint)
     app.router.add_get("/v1/status", _status_endpoint)
     app.router.add_get("/healthz", _healthz)

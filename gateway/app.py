@@ -161,7 +161,7 @@ def _engine_for(config):
                           dead_after_s=engine_config.worker.dead_after_ms / 1000,
                           on_streams_lost=lambda worker, count:
                           metrics.engine_worker_streams_lost_total.labels(worker=worker).inc(count))
-    plans = engine_config.worker_plans()
+    plans = config.worker_plans()
     if not plans:
         return engine, None
     token = secrets.token_urlsafe(32)  # this gateway's own workers: a fresh secret per start

@@ -17,6 +17,8 @@ without them. Nothing here reads environment variables.
 
 from __future__ import annotations
 
+import dataclasses
+
 import ipaddress
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -267,6 +269,9 @@ class EngineWorkerSection(_Section):
     slots: int | None = Field(None, ge=1)  # streams per worker; None: cosyvoice2's max_batch, else 64
     dead_after_ms: int = Field(1000, ge=100, le=60000)  # a worker silent this long is dead: its calls end
     start_timeout_s: float = Field(900.0, gt=0)  # model load, compile and warm-up of a GPU worker
+    # The speech API (tts_api block) is served by each supervised worker on this port + its index;
+    # None: on a free port (the API is then for the gateway's links only, so it is not served at all).
+    api_port: int | None = Field(None, ge=1, le=65535)
 
 
 class EngineRemoteSection(_Section):
@@ -299,6 +304,8 @@ class WorkerPlan:
     device: str | None
     slots: int | None
     listen_host: str
+    listen_port: int = 0  # 0: any free port (the gateway learns it from the worker)
+    tts_api: dict[str, Any] | None = None  # the speech API's block, checked by the worker at its start
 
 
 class EngineSection(_Section):
@@ -449,6 +456,18 @@ class GatewayConfig(_Section):
     http: HttpSection = HttpSection()
     logging: LoggingSection = LoggingSection()
     shutdown: ShutdownSection = ShutdownSection()
+    # The speech API (HTTP, WebSocket, jambonz) the engine workers serve; its keys are checked by the
+    # worker at start (engine_service/api/settings.py), a mistake there stops the start with exit 2.
+    tts_api: dict[str, Any] | None = None
+
+    def worker_plans(self) -> list[WorkerPlan]:
+        """The engine's worker processes, each also serving the speech API when `tts_api` and a port are set."""
+        plans = self.engine.worker_plans()
+        port = self.engine.worker.api_port
+        if self.tts_api is None or port is None:
+            return plans
+        return [dataclasses.replace(plan, tts_api=self.tts_api, listen_port=port + index)
+                for index, plan in enumerate(plans)]
 
     @model_validator(mode="after")
     def _references(self) -> GatewayConfig:

@@ -111,8 +111,10 @@ class WorkerSupervisor:
 
     async def _run_once(self, plan: WorkerPlan) -> int:
         command = [sys.executable, "-m", "engine_service", "--engine", plan.engine,
-                   "--settings", json.dumps(plan.settings, default=str), "--listen", f"{plan.listen_host}:0",
-                   "--token-file", "-", "--supervised"]
+                   "--settings", json.dumps(plan.settings, default=str),
+                   "--listen", f"{plan.listen_host}:{plan.listen_port}", "--token-file", "-", "--supervised"]
+        if plan.tts_api is not None:
+            command += ["--tts-api", json.dumps(plan.tts_api, default=str)]
         if plan.device is not None:
             command += ["--device", plan.device]
         if plan.slots is not None:

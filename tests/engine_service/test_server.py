@@ -184,3 +184,39 @@ async def test_a_dropped_link_frees_its_streams_slots(worker):
         await first.ws.close()
         second = await _link(session, worker)
         await second.until(lambda f: isinstance(f, protocol.Status) and f.slots_free == 2)
+
+
+async def test_speech_api_streams_share_the_workers_slots_with_gateway_links():
+    """The worker serves the speech API beside the link: an API stream takes a worker slot, so gateways see it
+    taken and are refused when the API holds them all; when the API stream ends the slot is free again."""
+    from engine_service.api.settings import TtsApiSettings
+
+    key = "k" * 24
+    engine = InstantEngine(chunk_ms=100, ms_per_char=20.0, max_duration_s=30.0, first_chunk_delay_ms=800)
+    await engine.start()
+    api = TtsApiSettings.from_mapping({"api_keys": [{"name": "bot", "key": key, "max_streams": 4}]})
+    runner = web.AppRunner(make_app(engine, WorkerSettings(token=TOKEN, slots=2, status_interval_s=0.05), api))
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    host, port = runner.addresses[0][:2]
+    base = f"http://{host}:{port}"
+    try:
+        async with aiohttp.ClientSession() as session:
+            async def speak() -> bytes:
+                async with session.post(f"{base}/v1/tts", headers={"Authorization": f"Bearer {key}"},
+                                        json={"text": "hello from the api", "format": "pcm_s16le"}) as response:
+                    assert response.status == 200, await response.text()
+                    return await response.read()
+
+            api_streams = [asyncio.create_task(speak()) for _ in range(2)]
+            link = await _link(session, base)
+            await link.until(lambda f: isinstance(f, protocol.Status) and f.slots_free == 0)
+            await link.send(protocol.Open(stream=1, text="hello", voice="en"))
+            refused = await link.until(_is(protocol.Refused, 1))
+            assert refused.reason == "no_capacity"
+            assert all(len(audio) > 0 for audio in await asyncio.gather(*api_streams))
+            await link.until(lambda f: isinstance(f, protocol.Status) and f.slots_free == 2)
+            await link.ws.close()
+    finally:
+        await runner.cleanup()
+        await engine.close()

@@ -193,3 +193,13 @@ def test_sip_abuse_limits_reach_the_sip_settings():
     assert sip.max_requests_per_s_per_source == 100
     default = load_config(None, {"sip.flood.max_requests_per_s_per_source": 5}).sip_settings()
     assert default.max_requests_per_s_per_source == 5 and default.stream_limits.max_connections == 500
+
+
+def test_supervised_workers_serve_the_speech_api_on_consecutive_ports_only_when_asked():
+    from gateway.config import load_config
+
+    block = {"api_keys": [{"name": "jambonz", "key": "j" * 24, "max_streams": 10}]}
+    asked = load_config(None, {"engine.workers": 2, "engine.worker.api_port": 8090, "tts_api": block})
+    assert [(plan.listen_port, plan.tts_api) for plan in asked.worker_plans()] == [(8090, block), (8091, block)]
+    unasked = load_config(None, {"engine.workers": 2, "tts_api": block})  # no port: no public API
+    assert [(plan.listen_port, plan.tts_api) for plan in unasked.worker_plans()] == [(0, None), (0, None)]
