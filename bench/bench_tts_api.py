@@ -113,7 +113,9 @@ async def http_first_byte(session: aiohttp.ClientSession, url: str) -> float:
         r.raise_for_status()
         await r.content.readany()
         first = time.monotonic() - started
-        await r.read()
+        # Hang up after the first byte: a GPU engine paces later chunks to playback, so reading the whole
+        # body would take the audio's length (20 s a request, seen on the H100); the server frees the slot.
+        r.close()
     return first
 
 
