@@ -19,6 +19,20 @@ ENGINES: dict[str, str] = {
 }
 
 
+# name -> "module:function" that checks an engine's settings block without loading anything heavy (no torch,
+# no model): called at config load, so a typo is a one-line error naming the key, not a worker's traceback.
+SETTINGS_CHECKS: dict[str, str] = {
+    "cosyvoice2": "engines.cosyvoice2.settings:check_settings",
+}
+
+
+def check_settings(name: str, settings: Mapping[str, Any]) -> None:
+    """Raise ValueError("engine.<name>.<key>: ...") for settings the engine would refuse at start."""
+    if name in SETTINGS_CHECKS:
+        module_name, function_name = SETTINGS_CHECKS[name].split(":")
+        getattr(importlib.import_module(module_name), function_name)(settings)
+
+
 def create_engine(name: str, settings: Mapping[str, Any] | None = None) -> SpeechEngine:
     if name not in ENGINES:
         raise ValueError(f"engine.name: unknown engine {name!r}; choose one of {', '.join(sorted(ENGINES))}")

@@ -195,6 +195,7 @@ async def _engine_ready(engine, supervisor, config, stop: asyncio.Event) -> bool
     finally:
         for task in (*waits, ready, stopped):
             task.cancel()
+        await asyncio.gather(*waits, ready, stopped, return_exceptions=True)  # retrieved: no "never retrieved"
 
 
 async def run(config, load_again: Callable[[], GatewayConfig] | None = None) -> None:

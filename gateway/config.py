@@ -337,6 +337,13 @@ class EngineSection(_Section):
                                                "cosyvoice2 runs one worker per device")
         if self.name == "remote" and not self.remote.urls:
             raise _FieldProblem("remote.urls", "engine remote needs at least one worker URL")
+        if self.name == "cosyvoice2":
+            from engines.registry import check_settings
+
+            try:
+                check_settings(self.name, self.settings())
+            except ValueError as exc:  # its message already names the key: engine.cosyvoice2.<key>: ...
+                raise ValueError("@@" + str(exc)) from None
         return self
 
     @field_validator("name")

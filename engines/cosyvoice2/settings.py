@@ -125,3 +125,8 @@ class CosyVoice2Settings:
         if device.startswith("cuda"):
             return device, torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         return device, torch.float32
+
+
+def check_settings(raw: Mapping[str, Any]) -> None:
+    """The config-load check (engines.registry.check_settings): the same rules as at start, nothing loaded."""
+    CosyVoice2Settings.from_config(raw)

@@ -203,3 +203,14 @@ def test_supervised_workers_serve_the_speech_api_on_consecutive_ports_only_when_
     assert [(plan.listen_port, plan.tts_api) for plan in asked.worker_plans()] == [(8090, block), (8091, block)]
     unasked = load_config(None, {"engine.workers": 2, "tts_api": block})  # no port: no public API
     assert [(plan.listen_port, plan.tts_api) for plan in unasked.worker_plans()] == [(0, None), (0, None)]
+
+
+def test_a_typo_in_the_cosyvoice2_block_is_a_one_line_error_at_load():
+    from gateway.config import ConfigError, load_config
+
+    for block, expected in [({"model_dir": "/m", "compile_flw": True}, "engine.cosyvoice2: unknown key(s) compile_flw"),
+                            ({"model_dir": "/m", "dtype": "fp64"}, "engine.cosyvoice2.dtype: 'fp64'"),
+                            ({"compile_flow": True}, "engine.cosyvoice2.model_dir: required")]:
+        with pytest.raises(ConfigError) as caught:
+            load_config(None, {"engine.name": "cosyvoice2", "engine.cosyvoice2": block})
+        assert str(caught.value).startswith(expected), str(caught.value)
