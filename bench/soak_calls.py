@@ -32,14 +32,11 @@ import time
 import urllib.request
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_calls import free_port, wait_http  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
-
-
-def free_port(kind: int = socket.SOCK_DGRAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def gateway_config(sip_port: int, http_port: int, prompt_s: float, max_calls: int) -> str:
@@ -74,15 +71,6 @@ def metrics(http_port: int) -> dict:
     return {key: int(value) for key, value in out.items()}
 
 
-def wait_http(http_port: int, timeout_s: float = 30.0) -> None:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{http_port}/healthz", timeout=1)
-            return
-        except OSError:
-            time.sleep(0.2)  # start-up wait in a benchmark driver, not media pacing
-    raise RuntimeError("gateway did not come up")
 
 
 def verdict(samples: list[dict], warmup_s: float, tail: int, rss_mb: float, rss_pct: float) -> dict:
@@ -121,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     config.write_text(gateway_config(sip_port, http_port, args.prompt_s, args.calls + 50))
     serve = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config)]
     gateway = subprocess.Popen(serve, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=(workdir / "gateway.log").open("w"),
-                               env={**os.environ, "PYTHONPATH": str(ROOT)})
+                               env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                   p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)})
     sipp = None
     report: dict = {"bench": "soak_calls", "engine": "instant", "calls": args.calls, "prompt_s": args.prompt_s,
                     "duration_s": args.duration_s, "sample_s": args.sample_s, "samples": []}

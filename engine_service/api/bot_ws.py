@@ -15,7 +15,6 @@ the Bearer header (browsers cannot set it on a WebSocket: a browser page uses PO
 
 from __future__ import annotations
 
-import json
 import uuid
 
 import structlog
@@ -25,6 +24,7 @@ from engine_service.api.access import authenticate
 from engine_service.api.audio_format import AudioFormat, FormatProblem
 from engine_service.api.context import TTS_API
 from engine_service.api.errors import ApiError, answers_errors
+from engine_service.api.json_body import parse_message, string_field
 from engine_service.api.speech import resolve_voice
 from engine_service.api.text_stream import Sentence, SpokenTextStream
 
@@ -95,18 +95,9 @@ async def bot_websocket(request: web.Request) -> web.StreamResponse:
 
 
 async def _handle(spoken: SpokenTextStream, ws: web.WebSocketResponse, data: str) -> None:
-    try:
-        message = json.loads(data)
-    except json.JSONDecodeError as exc:
-        raise ApiError(400, "bad_json", f"message is not JSON: {exc}") from None
-    if not isinstance(message, dict):
-        raise ApiError(400, "bad_json", "message must be a JSON object")
-    kind = message.get("type")
+    kind, message = parse_message(data)
     if kind == "text":
-        text = message.get("text")
-        if not isinstance(text, str):
-            raise ApiError(400, "invalid_field", "text: must be a string")
-        await spoken.push(text)
+        await spoken.push(string_field(message, "text", required=True))
     elif kind == "flush":
         spoken.flush()
     elif kind == "clear":

@@ -19,7 +19,6 @@ else the default voice. SSML is spoken as its text until an engine speaks SSML.
 
 from __future__ import annotations
 
-import json
 import uuid
 
 import structlog
@@ -29,7 +28,7 @@ from engine_service.api.access import authenticate
 from engine_service.api.audio_format import SAMPLE_RATES, AudioEncoder, AudioFormat
 from engine_service.api.context import TTS_API
 from engine_service.api.errors import ApiError, answers_errors
-from engine_service.api.json_body import read_json_object, string_field
+from engine_service.api.json_body import parse_message, read_json_object, string_field
 from engine_service.api.speech import resolve_voice, speech_stream
 from engine_service.api.ssml import is_ssml, ssml_text
 from engine_service.api.streaming_response import stream_audio
@@ -112,18 +111,9 @@ async def jambonz_websocket(request: web.Request) -> web.StreamResponse:
 
 async def _handle(spoken: SpokenTextStream, data: str) -> bool:
     """Act on one jambonz message; False when the session is over."""
-    try:
-        message = json.loads(data)
-    except json.JSONDecodeError as exc:
-        raise ApiError(400, "bad_json", f"message is not JSON: {exc}") from None
-    if not isinstance(message, dict):
-        raise ApiError(400, "bad_json", "message must be a JSON object")
-    kind = message.get("type")
+    kind, message = parse_message(data)
     if kind == "stream":
-        text = message.get("text")
-        if not isinstance(text, str):
-            raise ApiError(400, "invalid_field", "text: must be a string")
-        await spoken.push(text)
+        await spoken.push(string_field(message, "text", required=True))
     elif kind == "flush":
         spoken.flush()
     elif kind == "stop":

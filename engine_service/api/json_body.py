@@ -24,6 +24,17 @@ async def read_json_object(request: web.Request) -> dict[str, Any]:
     return body
 
 
+def parse_message(data: str) -> tuple[object, dict[str, Any]]:
+    """One WebSocket text message: a JSON object, returned with its `type`."""
+    try:
+        message = json.loads(data)
+    except json.JSONDecodeError as exc:
+        raise ApiError(400, "bad_json", f"message is not JSON: {exc}") from None
+    if not isinstance(message, dict):
+        raise ApiError(400, "bad_json", "message must be a JSON object")
+    return message.get("type"), message
+
+
 def string_field(body: dict[str, Any], name: str, required: bool = False) -> str | None:
     value = body.get(name)
     if value is None:
