@@ -132,3 +132,10 @@ def raw_request(method: str, port: int, *, call_id: str = "raw-call-1", branch: 
         f"CSeq: {cseq} {method}\r\nContact: <sip:raw@127.0.0.1:{port}>\r\nMax-Forwards: 70\r\n"
         f"{extra}{content_type}Content-Length: {len(body.encode())}\r\n\r\n{body}"
     ).encode()
+
+
+async def udp_peer(host: str = "127.0.0.1") -> UdpPeer:
+    """A UdpPeer bound to `host` (127.0.0.x stand for distinct sources)."""
+    transport, peer = await asyncio.get_running_loop().create_datagram_endpoint(UdpPeer, local_addr=(host, 0))
+    peer.transport = transport
+    return peer

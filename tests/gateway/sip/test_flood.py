@@ -10,7 +10,7 @@ from structlog.testing import capture_logs
 
 from gateway import metrics
 from gateway.sip.message import SipResponse, parse
-from tests.gateway.sip.peers import ANSWER_SDP, UdpPeer, raw_request
+from tests.gateway.sip.peers import ANSWER_SDP, raw_request, udp_peer
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -19,15 +19,9 @@ def _shed(action: str) -> float:
     return metrics.registry.get_sample_value("gateway_sip_rate_limited_total", {"action": action}) or 0.0
 
 
-async def _peer(host: str) -> UdpPeer:
-    transport, peer = await asyncio.get_running_loop().create_datagram_endpoint(UdpPeer, local_addr=(host, 0))
-    peer.transport = transport
-    return peer
-
-
 async def test_flood_is_shed_with_503_counted_and_logged_once(make_server):
     server, phone = await make_server("ring", max_requests_per_s_per_source=20)  # burst 40
-    flooder, bystander = await _peer("127.0.0.1"), await _peer("127.0.0.2")
+    flooder, bystander = await udp_peer("127.0.0.1"), await udp_peer("127.0.0.2")
     answered_before, dropped_before = _shed("503"), _shed("dropped")
     with capture_logs() as logs:
         for n in range(400):
@@ -58,7 +52,7 @@ async def test_flood_is_shed_with_503_counted_and_logged_once(make_server):
 async def test_retransmission_over_the_limit_is_dropped_not_refused(make_server):
     """A 503 to a retransmitted INVITE would end a transaction that is already being served."""
     server, phone = await make_server("ring", max_requests_per_s_per_source=1)  # burst 2
-    peer = await _peer("127.0.0.1")
+    peer = await udp_peer("127.0.0.1")
     invite = raw_request("INVITE", peer.port, call_id="live", branch="z9hG4bK-live", body=ANSWER_SDP)
     peer.send(invite, server.udp_address)
     assert (await peer.response()).status == 100

@@ -10,7 +10,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from gateway import metrics
-from tests.gateway.sip.peers import ANSWER_SDP, UdpPeer, raw_request
+from tests.gateway.sip.peers import ANSWER_SDP, raw_request, udp_peer
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -19,15 +19,9 @@ def _requests(method: str) -> float:
     return metrics.registry.get_sample_value("gateway_sip_requests_total", {"method": method}) or 0.0
 
 
-async def _peer(host: str) -> UdpPeer:
-    transport, peer = await asyncio.get_running_loop().create_datagram_endpoint(UdpPeer, local_addr=(host, 0))
-    peer.transport = transport
-    return peer
-
-
 async def test_requests_are_counted_after_the_allow_list(make_server):
     server, _ = await make_server(allowed_sources=(ipaddress.ip_network("127.0.0.2/32"),))
-    stranger, trunk = await _peer("127.0.0.1"), await _peer("127.0.0.2")
+    stranger, trunk = await udp_peer("127.0.0.1"), await udp_peer("127.0.0.2")
     before_other, before_options = _requests("OTHER"), _requests("OPTIONS")
     stranger.send(raw_request("MADEUP", stranger.port, branch="z9hG4bK-s1"), server.udp_address)
     assert (await stranger.response()).status == 403
