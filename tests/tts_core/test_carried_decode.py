@@ -20,7 +20,6 @@ from tts_core.runtime import (
     CosyVoice2Pipeline,
     JobOptions,
     SchedulerSettings,
-    SynthesisJob,
 )
 
 VOICE = "golden_speaker"
