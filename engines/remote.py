@@ -351,11 +351,16 @@ class RemoteEngine(SpeechEngine):
         return EngineHealth("ready", slots_total=sum(link.status.slots_total for link in usable), slots_free=free,
                             queue_depth=sum(link.status.queue_depth for link in usable), reason=reason)
 
+    def validate(self, request: SynthesisRequest) -> None:
+        # With no worker connected there is no voice list to check against: that is the engine being
+        # unavailable (503, try elsewhere), not the caller's voice being unknown (404).
+        if not any(link.usable for link in self._links.values()):
+            raise EngineUnavailable(f"no engine worker ready (0 of {len(self._links)})")
+        super().validate(request)
+
     def open_stream(self, request: SynthesisRequest) -> ChunkChannel:
         self.validate(request)
         usable = [link for link in self._links.values() if link.usable]
-        if not usable:
-            raise EngineUnavailable(f"no engine worker ready (0 of {len(self._links)})")
         eligible = [link for link in usable if self._within_bound(link) and link.slots_free > 0]
         if not eligible:
             if not any(self._within_bound(link) for link in usable):

@@ -1,0 +1,100 @@
+"""Placement across engine workers (the gateway's side of several GPUs or hosts): each stream goes to the worker
+with the most free slots, a full worker is skipped, a worker that goes away is skipped, and with none left the
+refusal is the 503 kind. Real worker servers (engine_service) on loopback sockets, each with its own instant
+engine, and the gateway's RemoteEngine client."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from aiohttp import web
+
+from engine_service.protocol import STREAM_PATH
+from engine_service.server import WORKER, WorkerSettings, make_app
+from engines.base import EngineUnavailable, NoCapacity, SynthesisRequest
+from engines.instant import InstantEngine
+from engines.remote import RemoteEngine
+
+TOKEN = "placement-token"
+
+
+class Worker:
+    """One engine worker on a free loopback port; its streams stay open (the instant engine's first chunk waits)."""
+
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+
+    async def start(self) -> None:
+        self.engine = InstantEngine(first_chunk_delay_ms=30_000)
+        await self.engine.start()
+        self.app = make_app(self.engine, WorkerSettings(token=TOKEN, slots=self.slots, status_interval_s=0.05))
+        self.runner = web.AppRunner(self.app)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", 0).start()
+        host, port = self.runner.addresses[0][:2]
+        self.url = f"ws://{host}:{port}{STREAM_PATH}"
+
+    @property
+    def streams(self) -> int:
+        return self.app[WORKER].streams_active
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+        await self.engine.close()
+
+
+@pytest.fixture
+async def two_workers():
+    big, small = Worker(slots=3), Worker(slots=1)
+    for worker in (big, small):
+        await worker.start()
+    client = RemoteEngine(urls=[big.url, small.url], token=TOKEN, engine_name="instant", dead_after_s=0.5)
+    await client.start()
+    await client.wait_ready(10)
+    await asyncio.wait_for(_until(lambda: all(link.usable for link in client.links)), 10)
+    yield client, big, small
+    await client.close()
+    for worker in (big, small):
+        await worker.stop()
+
+
+async def _until(condition) -> None:
+    while not condition():
+        await asyncio.sleep(0.02)  # polling the client's view of the workers' heartbeats
+
+
+async def _admit(client: RemoteEngine, index: int):
+    stream = client.open_stream(SynthesisRequest(text=f"hello caller {index}", voice="en", call_id=f"c{index}"))
+    await asyncio.wait_for(stream.admitted(), 5)
+    return stream
+
+
+async def test_streams_go_to_the_worker_with_the_most_free_slots_until_every_slot_is_taken(two_workers):
+    client, big, small = two_workers
+    assert client.health().slots_free == 4
+    streams = [await _admit(client, 0), await _admit(client, 1)]
+    assert (big.streams, small.streams) == (2, 0)  # 3 free against 1, then 2 against 1
+    streams += [await _admit(client, 2), await _admit(client, 3)]  # 1 against 1: either; then the other
+    assert (big.streams, small.streams) == (3, 1)
+    assert not client.health().accepting
+    with pytest.raises(NoCapacity):
+        client.open_stream(SynthesisRequest(text="one too many", voice="en"))
+    streams[0].cancel()  # a call ends: its slot is free again, on the worker that had it
+    await asyncio.wait_for(_until(lambda: big.streams == 2 and client.health().slots_free == 1), 5)
+    await _admit(client, 4)
+    assert (big.streams, small.streams) == (3, 1)
+
+
+async def test_a_worker_that_goes_away_is_skipped_and_with_none_left_calls_are_refused(two_workers):
+    client, big, small = two_workers
+    await big.stop()
+    await asyncio.wait_for(_until(lambda: client.health().slots_total == 1), 5)
+    await _admit(client, 0)
+    assert small.streams == 1
+    with pytest.raises(NoCapacity):  # the one worker left is full
+        client.open_stream(SynthesisRequest(text="no room", voice="en"))
+    await small.stop()
+    await asyncio.wait_for(_until(lambda: client.health().state != "ready"), 5)
+    with pytest.raises(EngineUnavailable):
+        client.open_stream(SynthesisRequest(text="nobody home", voice="en"))
