@@ -10,6 +10,11 @@ made from one worker thread per engine, under one process-wide lock (two engines
 as in tests, take turns). The library is initialised once per process and never terminated:
 `espeak_Terminate` would pull it from under another engine. Nothing here runs on the event loop.
 
+A long prompt must not delay everyone: the worker thread speaks each job a piece at a time (a sentence, or
+about `_PIECE_CHARS` of them) and takes the jobs in turn, so a short prompt queued behind five 2,000-character
+ones waits for at most one piece of each (espeak speaks a piece in tens of milliseconds, far ahead of
+playback), not for their whole texts.
+
 One bad request fails its own stream only: everything a job does is inside one try on the worker thread. The
 worker reports when it started its current job, so `health()` can call it stuck (espeak speaks a few hundred
 times faster than real time: a job that runs for `stuck_after_s` is hung in C) or dead, and the watchdog
@@ -22,10 +27,12 @@ import asyncio
 import concurrent.futures
 import ctypes
 import queue
+import re
 import threading
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import soxr
@@ -46,10 +53,30 @@ _EE_OK = 0
 # Length of each buffer the callback receives. espeak runs a few hundred times faster than real
 # time, so this sets the streaming granularity, not latency; 100 ms keeps the chunk count small.
 _CALLBACK_MS = 100
+# One turn of the worker thread speaks at most this much of a job (whole sentences when they fit): long enough
+# that espeak's per-call set-up is noise, short enough that a turn takes tens of milliseconds.
+_PIECE_CHARS = 240
+_SENTENCE_END = re.compile(r"(?<=[.!?;。！？；\n])")
 
 _SynthCallback = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p)
 
 DEFAULT_VOICES: Mapping[str, str] = {"en": "en-us", "zh": "cmn"}
+
+
+def speaking_pieces(text: str, limit: int = _PIECE_CHARS) -> list[str]:
+    """`text` cut at sentence ends into pieces of at most about `limit` characters (a longer sentence is cut
+    at a space, else anywhere); joined, the pieces are the text."""
+    pieces: list[str] = []
+    for sentence in filter(None, _SENTENCE_END.split(text)):
+        while len(sentence) > limit:
+            cut = sentence.rfind(" ", 0, limit) + 1 or limit
+            pieces.append(sentence[:cut])
+            sentence = sentence[cut:]
+        if pieces and len(pieces[-1]) + len(sentence) <= limit:
+            pieces[-1] += sentence
+        elif sentence:
+            pieces.append(sentence)
+    return pieces
 
 
 @dataclass
@@ -58,6 +85,12 @@ class _Job:
     espeak_voice: str
     channel: ChunkChannel
     call_id: str = ""
+    pieces: deque[str] = field(default_factory=deque)  # what is left to speak, a turn each
+    synthesis: _Synthesis | None = None  # one per job: its resampler runs across the pieces
+
+    def __post_init__(self) -> None:
+        if not self.pieces:
+            self.pieces.extend(speaking_pieces(self.text))
 
 
 class _Library:
@@ -241,29 +274,51 @@ class EspeakEngine(SpeechEngine):
             ready.set_exception(exc)
             return
         ready.set_result(None)
-        while (job := jobs.get()) is not None:
+        turns: deque[_Job] = deque()  # jobs with pieces left, spoken a piece each in turn
+        while True:
+            try:  # wait only when there is nothing to speak; newcomers join the end of the turn
+                while True:
+                    job = jobs.get(block=not turns)
+                    if job is None:
+                        break
+                    turns.append(job)
+            except queue.Empty:
+                job = turns[0]
+            if job is None:
+                break
+            job = turns.popleft()
             if stopping.is_set():
                 job.channel.fail(SynthesisFailed("espeak engine closed"))
                 continue
             self._current_job, self._job_started_at = job, time.monotonic()
+            more = False
             try:
-                self._speak(job, stopping)
+                more = self._speak(job, stopping)
             except Exception as exc:  # one request's failure ends its stream, never the thread
                 log.exception("espeak_job_failed", call_id=job.call_id)
                 job.channel.fail(SynthesisFailed(f"espeak: {exc!r}"))
             # Not in a `finally`: if the thread dies, the job stays recorded so restart() can fail its stream.
             if self._jobs is jobs:  # an abandoned (restarted-away) thread must not clear its successor's
                 self._current_job, self._job_started_at = None, None
-        # Streams queued behind the stop marker are failed rather than left hanging.
+            if more:
+                turns.append(job)
+        # Streams in turn or queued behind the stop marker are failed rather than left hanging.
+        for job in turns:
+            job.channel.fail(SynthesisFailed("espeak engine closed"))
         while not jobs.empty():
             if (job := jobs.get()) is not None:
                 job.channel.fail(SynthesisFailed("espeak engine closed"))
 
-    def _speak(self, job: _Job, stopping: threading.Event) -> None:
+    def _speak(self, job: _Job, stopping: threading.Event) -> bool:
+        """Speak the job's next piece; True when pieces are left for a later turn."""
         library = self._library
         assert library is not None
-        synthesis = _Synthesis(job.channel, library.native_rate, stopping)
-        text = job.text.encode("utf-8") + b"\0"
+        if job.synthesis is None:
+            job.synthesis = _Synthesis(job.channel, library.native_rate, stopping)
+        synthesis = job.synthesis
+        if job.channel.cancelled or not job.pieces:
+            return False
+        text = job.pieces.popleft().encode("utf-8") + b"\0"
         with library.lock:
             library.on_audio = synthesis
             try:
@@ -279,9 +334,12 @@ class EspeakEngine(SpeechEngine):
         elif stopping.is_set():
             job.channel.fail(SynthesisFailed("espeak engine closed"))
         elif job.channel.cancelled:
-            return
+            return False
         elif status != _EE_OK:
             job.channel.fail(SynthesisFailed(f"espeak: synthesis failed with status {status}"))
+        elif job.pieces:
+            return True
         else:
             synthesis.flush()
             job.channel.finish()
+        return False

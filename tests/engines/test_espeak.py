@@ -111,3 +111,34 @@ async def test_two_engines_in_one_process_take_turns_and_restart():
     assert len(await collect(first.open_stream(SynthesisRequest(text="again", voice="en")))) >= 1
     await first.close()
     await second.close()
+
+
+async def test_a_short_prompt_is_not_kept_waiting_behind_long_ones(engine):
+    """Five 2,000-character prompts are queued first; the short one behind them starts speaking before any of
+    them has finished (the worker speaks every job a piece at a time, in turn), and all of them complete."""
+    long_text = (LONG_EN + " ") * 12
+    events: list[tuple[str, str]] = []
+
+    async def follow(name: str, channel: ChunkChannel) -> int:
+        samples = 0
+        async for chunk in channel:
+            if samples == 0:
+                events.append(("first", name))
+            samples += len(chunk)
+        events.append(("end", name))
+        return samples
+
+    longs = [engine.open_stream(SynthesisRequest(text=long_text[:2000], voice="en")) for _ in range(5)]
+    short = engine.open_stream(SynthesisRequest(text="Hello there.", voice="en"))
+    lengths = await asyncio.gather(*(follow(f"long{i}", c) for i, c in enumerate(longs)), follow("short", short))
+    short_first = events.index(("first", "short"))
+    assert all(events.index(("end", f"long{i}")) > short_first for i in range(5)), events
+    assert min(lengths[:5]) > 10 * lengths[5]  # the long prompts were spoken whole, not cut
+
+
+def test_pieces_cut_at_sentence_ends_and_join_back_to_the_text():
+    text = "First sentence. Second one! 第三句。" + "word " * 100
+    pieces = espeak_module.speaking_pieces(text, limit=60)
+    assert "".join(pieces) == text
+    assert all(len(piece) <= 60 for piece in pieces)
+    assert pieces[0].endswith("。") or pieces[0].endswith("!")  # whole sentences while they fit
