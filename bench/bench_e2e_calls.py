@@ -3,12 +3,14 @@
 bench_calls.py measures the gateway's sending side (tcpdump on its RTP). This one is an independent caller:
 each call has its own SIP socket and RTP socket in this process (plain asyncio UDP, no SIPp), places its INVITE
 at ~`--rate` new calls per second, ACKs the 200, answers the gateway's BYE, and times at the receiver:
-first speech (INVITE sent -> first RTP payload that is not G.711 silence), RTP arrival intervals, gaps over
+first packet (INVITE sent -> first RTP packet) and first speech (-> first payload that is not all G.711 zero
+codes: an engine whose audio starts quietly shows as a later first speech than first packet), RTP arrival intervals, gaps over
 60 ms, 503 answers (with the reason the gateway gave). The gateway is started by the bench itself from a config
 (`--config`, or bench_calls' loopback config with `--engine` and `--workers`), with its CPU time read from
 /proc for the serve process and its engine workers separately.
 
     python bench/bench_e2e_calls.py --engine instant --calls 1 50 100
+    python bench/bench_e2e_calls.py --engine instant --first-chunk-delay-ms 70 --workers 1 --calls 1 1 1 1 1
     python bench/bench_e2e_calls.py --config gpu.yaml --calls 50 100 200 --rate 10   # a GPU host
 
 Results: bench/results/e2e_calls.json (one row per step).
@@ -38,7 +40,7 @@ from bench_calls import cpu_seconds, free_port, gateway_config, metric, wait_htt
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 GAP_S = 0.060
-_SILENCE = {0: 0xFF, 8: 0xD5}  # PCMU / PCMA silence byte
+_SILENCE = {0: {0xFF, 0x7F}, 8: {0xD5, 0x55}}  # PCMU / PCMA codes of +0 and -0 (G.711 tables)
 
 
 @dataclass
@@ -70,7 +72,8 @@ class _Rtp(asyncio.DatagramProtocol):
         now = time.monotonic()
         self.call.arrivals.append(now)
         payload_type = data[1] & 0x7F
-        if self.call.first_speech_at is None and any(b != _SILENCE.get(payload_type, 0xFF) for b in data[12:]):
+        silence = _SILENCE.get(payload_type, _SILENCE[0])
+        if self.call.first_speech_at is None and any(b not in silence for b in data[12:]):
             self.call.first_speech_at = now
 
 
@@ -152,6 +155,7 @@ async def run_step(calls: int, rate: float, sip: tuple[str, int], gateway_pid: i
     underruns = await asyncio.to_thread(metric, http_port, "gateway_playout_underruns_total") - underruns0
     answered = [c for c in results if c.status == 200]
     first = [1000 * (c.first_speech_at - c.invite_at) for c in answered if c.first_speech_at is not None]
+    first_packet = [1000 * (c.arrivals[0] - c.invite_at) for c in answered if c.arrivals]
     intervals = np.concatenate([np.diff(c.arrivals) for c in answered if len(c.arrivals) > 1] or [np.zeros(0)])
     gappy = sum(1 for c in answered if len(c.arrivals) > 1 and np.diff(c.arrivals).max() > GAP_S)
     refusals: dict[str, int] = {}
@@ -167,6 +171,7 @@ async def run_step(calls: int, rate: float, sip: tuple[str, int], gateway_pid: i
         1 for c in results if c.status == 503), "other_outcomes": refusals, "wall_s": round(wall, 2),
             "first_speech_p50_ms": pct(first, 50), "first_speech_p95_ms": pct(first, 95),
             "first_speech_max_ms": pct(first, 100),
+            "first_packet_p50_ms": pct(first_packet, 50), "first_packet_p95_ms": pct(first_packet, 95),
             "rtp_interval_p50_ms": pct(1000 * intervals, 50), "rtp_interval_p99_ms": pct(1000 * intervals, 99),
             "rtp_interval_max_ms": pct(1000 * intervals, 100), "calls_with_gap_over_60ms": gappy,
             "underruns": int(underruns),
@@ -202,6 +207,7 @@ def _config_text(args, sip_port: int, http_port: int, prompt_chars: int, max_cal
         config["engine"].setdefault(args.engine, {})
         if args.engine == "instant":
             config["engine"]["instant"]["realtime"] = True  # a stream lasts as long as its audio, like a model
+            config["engine"]["instant"]["first_chunk_delay_ms"] = args.first_chunk_delay_ms  # a model's first chunk
         config["engine"]["worker"] = {"slots": max_calls}
     if args.max_first_audio_ms:
         config["engine"].setdefault("admission", {})["max_first_audio_ms"] = args.max_first_audio_ms
@@ -237,7 +243,8 @@ async def main_async(args) -> dict:
                 serve.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 serve.kill()
-    return {"config": args.config or f"bench_calls loopback config, engine {args.engine}, workers {args.workers}",
+    delay = f", first chunk delay {args.first_chunk_delay_ms:g} ms" if args.engine == "instant" and not args.config else ""
+    return {"config": args.config or f"bench_calls loopback config, engine {args.engine}, workers {args.workers}{delay}",
             "prompt_seconds": args.prompt_seconds, "machine": f"{os.cpu_count()} cores", "steps": rows}
 
 
@@ -248,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-seconds", type=float, default=6.0)
     parser.add_argument("--engine", default="instant", help="without --config: instant, espeak or cosyvoice2")
     parser.add_argument("--workers", type=int, default=None, help="without --config: engine.workers")
+    parser.add_argument("--first-chunk-delay-ms", type=float, default=0.0,
+                        help="without --config, engine instant: its first chunk this late (a model's, e.g. 70)")
     parser.add_argument("--config", help="a gateway YAML to serve (its sip/http listen and trunks are replaced)")
     parser.add_argument("--max-first-audio-ms", type=float, default=None, help="engine.admission bound")
     parser.add_argument("--start-timeout", type=float, default=900.0)

@@ -3,7 +3,9 @@
 `MediaEngine` owns the shared `PacketClock` and the RTP port pool. `CallMedia` joins one call's pieces:
 the SDP answerer, the RTP session, the playout buffer and the resampler of the prompt being played.
 While a prompt plays, the call is subscribed to the clock and each tick sends one packet; otherwise it
-sends nothing, but its socket stays open to receive DTMF.
+sends nothing, but its socket stays open to receive DTMF. A prompt's first packet does not wait for the
+call's next tick: it goes out as soon as its audio is buffered, as the packet of the tick just passed
+(`_start_talkspurt`).
 
 On hold (the peer's offer says we may not send), a playing prompt keeps running in time and its
 frames are dropped unsent: `play()` still ends when the prompt's last sample is due, and the engine
@@ -196,11 +198,13 @@ class CallMedia:
                 if self._closed:
                     return
                 buffer.push(resampler.push(chunk), loop.time())
+                self._start_talkspurt()
                 self._clock.run_if_due()  # many calls taking in chunks at once must not hold a tick back
             if self._closed:
                 return
             buffer.push(resampler.flush(), loop.time())
             buffer.end_of_stream()
+            self._start_talkspurt()
             if not buffer.finished:
                 await done
         finally:
@@ -209,9 +213,27 @@ class CallMedia:
             if not buffer.finished:
                 buffer.flush()
 
+    def _start_talkspurt(self) -> None:
+        """The prompt's first audio is buffered: send its first frame now, not at the call's next tick.
+
+        It goes out as the packet of the call's tick that has just passed (its slot sent nothing: the
+        buffer was still filling), so it is late by less than 20 ms against the clock, never early, and the
+        RTP timestamps stay base + 160 * tick (RFC 3550 §5.1) with the marker on it (RFC 3551 §4.1). The
+        next packet follows at the call's next tick, on time: a receiver's jitter buffer sees the rest of
+        the talkspurt arrive no later than the first packet promised. Waiting for the slot instead cost the
+        caller 0-20 ms (10 on average) of first-speech latency for nothing."""
+        if not self._buffer.starting:
+            return
+        tick = self._clock.last_tick(self._on_tick)
+        if tick is None or tick <= self._session.last_sent_tick:  # a previous prompt used that tick
+            return
+        self._send(self._buffer.pop_frame(), tick)
+
     def _on_tick(self, tick: int, deadline: float) -> None:
+        self._send(self._buffer.pop_frame(), tick)
+
+    def _send(self, frame: np.ndarray | None, tick: int) -> None:
         # The per-call hot path: one frame, one packet. Frames popped while on hold are dropped.
-        frame = self._buffer.pop_frame()
         if frame is not None and self._session.send_frame(frame, tick) and self.first_speech_sent_at is None:
             self.first_speech_sent_at = time.monotonic()
         if self._buffer.finished and self._done is not None and not self._done.done():

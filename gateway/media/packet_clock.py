@@ -102,6 +102,19 @@ class PacketClock:
         if phase is not None:
             self._phase_subscribers[phase].pop(callback, None)
 
+    def last_tick(self, callback: TickCallback) -> int | None:
+        """The index of the newest packet tick whose slot for `callback` has already run (None: none yet).
+
+        A talkspurt's first frame that arrives between ticks may go out at once as this tick's packet: its
+        deadline has passed, so the packet is late by less than a period, like a caught-up tick, never early,
+        and its RTP timestamp stays on the clock's timeline (gateway/media/call_media.py)."""
+        phase = self._phase_of.get(callback)
+        if phase is None:
+            return None
+        ran = self._next - 1  # the newest slot run
+        slot = ran - (ran - phase) % self.phases
+        return slot // self.phases if slot >= 0 else None
+
     def tick_at(self, loop_time: float) -> float:
         """Fractional tick index of a loop time (for RTP timestamps of things between ticks)."""
         return (loop_time - self._t0) / PERIOD_S

@@ -79,6 +79,11 @@ class PlayoutBuffer:
         """The prompt's stream has ended and its last sample has been handed out."""
         return self._ended and self.buffered == 0 and self.state is PlayoutState.IDLE
 
+    @property
+    def starting(self) -> bool:
+        """The prompt may play and none of it has been handed out yet: its first frame is ready now."""
+        return self.state is PlayoutState.PLAYING and not self._started
+
     def begin_prompt(self) -> None:
         self.flush()
         self.state = PlayoutState.BUFFERING

@@ -176,6 +176,11 @@ class RtpSession:
         self._peer.expect(plan.remote_host, plan.remote_port, plan.remote_rtcp_port)
 
     # -- send (hot path) ---------------------------------------------------------------------------
+    @property
+    def last_sent_tick(self) -> int:
+        """The packet tick of the newest packet sent (-2 before the first): a later packet needs a later tick."""
+        return self._last_sent_tick
+
     def send_frame(self, samples: np.ndarray, tick: int) -> bool:
         """Send 160 samples as the packet of `tick`; False (nothing sent) when the plan forbids sending."""
         plan = self._plan

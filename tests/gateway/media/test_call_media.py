@@ -16,6 +16,7 @@ from gateway import metrics
 from gateway.media import g711, rtcp
 from gateway.media.call_media import CallMedia, MediaEngine, MediaSettings
 from gateway.media.dtmf import TelephoneEvent
+from gateway.media.resample import Resampler24kTo8k
 from gateway.media.rtp import RtpPacket
 from gateway.media.sdp import NoCommonCodec, parse_sdp
 
@@ -299,3 +300,41 @@ async def test_no_common_codec_releases_the_ports_and_close_is_idempotent(engine
     transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(
         asyncio.DatagramProtocol, local_addr=("127.0.0.1", port))  # the port is free again
     transport.close()
+
+
+async def test_the_first_packet_goes_out_with_the_first_chunk_not_at_the_next_tick(engine: MediaEngine) -> None:
+    """A prompt's first audio is sent the moment it is buffered, as the packet of the call's tick that has just
+    passed; the talkspurt then goes on at the call's ticks with consecutive timestamps and sequence numbers."""
+    phone = await open_phone()
+    media = await engine.open_call("c9", offer(phone.port))
+    loop = asyncio.get_running_loop()
+    gate = loop.create_future()
+
+    def open_gate(index: int, deadline: float) -> None:
+        if index >= 1 and not gate.done():  # the call's slot has run a tick before this one
+            gate.set_result(index)
+
+    engine.clock.subscribe(open_gate)  # slot 0 of each period; the call's prompt takes slot 1, 5 ms later
+    sent_with_first_chunk: list[int] = []
+
+    async def chunks() -> AsyncIterator[np.ndarray]:
+        async for chunk in tone(0.4):
+            if not sent_with_first_chunk:
+                tick = await gate  # right after slot 0 ran: the call's own slot is not due for ~5 ms
+                engine.clock.unsubscribe(open_gate)
+                yield chunk
+                sent_with_first_chunk.append(media.packets_sent)  # play() asks for the next chunk at once
+                continue
+            yield chunk
+
+    await media.play(chunks())
+    assert sent_with_first_chunk == [1]  # before the call's slot came round
+    received = await phone.packets(20)
+    packets = [p for p, _ in received]
+    assert [p.marker for p in packets] == [True] + [False] * 19
+    assert all((b.sequence_number - a.sequence_number) % 65536 == 1 for a, b in zip(packets, packets[1:]))
+    assert all((b.timestamp - a.timestamp) % 2**32 == 160 for a, b in zip(packets, packets[1:]))
+    first_chunk = await anext(tone(0.4))
+    expected = g711.encode(g711.float_to_pcm16(Resampler24kTo8k().push(first_chunk)[:160]), "PCMU")
+    assert packets[0].payload == bytes(expected)  # the first chunk's first 20 ms: no leading silence
+    await media.close()

@@ -137,3 +137,28 @@ async def test_calls_are_spread_over_phases_and_each_keeps_a_20ms_period() -> No
         assert all(b - a == pytest.approx(PERIOD_S) for a, b in zip(deadlines, deadlines[1:]))
         offsets.add(round((deadlines[0] - clock.t0 - indices[0] * PERIOD_S) * 1000, 3))
     assert offsets == {0.0, 5.0, 10.0, 15.0}  # two calls in each of the four 5 ms slots
+
+
+async def test_last_tick_names_the_newest_tick_each_slot_has_run() -> None:
+    """What a talkspurt's first packet is stamped with when it goes out between ticks (call_media)."""
+    loop = asyncio.get_running_loop()
+    clock = PacketClock(phases=4)
+    served: dict[int, list[int]] = {0: [], 1: []}
+    seen_by_both = loop.create_future()
+
+    def record(n: int, index: int, deadline: float) -> None:
+        served[n].append(index)
+        if len(served[1]) >= 3 and not seen_by_both.done():
+            seen_by_both.set_result(None)
+
+    first, second = (lambda index, deadline: record(0, index, deadline)), (lambda index, deadline: record(1, index, deadline))
+    clock.subscribe(first)
+    clock.subscribe(second)  # the next 5 ms slot of each period
+    assert clock.last_tick(first) is None  # nothing has run yet
+    clock.start()
+    try:
+        await asyncio.wait_for(seen_by_both, 5)
+        assert clock.last_tick(first) == served[0][-1] and clock.last_tick(second) == served[1][-1]
+    finally:
+        clock.stop()
+    assert clock.last_tick(lambda index, deadline: None) is None  # not subscribed

@@ -102,3 +102,15 @@ def test_whole_prompt_comes_out_in_order() -> None:
     frames = drain(buffer)
     assert len(frames) == 51 and buffer.finished
     assert np.array_equal(np.concatenate(frames)[: audio.size], audio)
+
+
+def test_starting_says_the_first_frame_of_a_prompt_is_ready_and_only_that_one() -> None:
+    buffer = PlayoutBuffer(PlayoutSettings(initial_delay_ms=40))
+    buffer.begin_prompt()
+    buffer.push(ramp(160), now=0.0)  # 20 ms < 40 ms: still filling
+    assert not buffer.starting
+    buffer.push(ramp(320, 160), now=0.0)
+    assert buffer.starting
+    assert np.array_equal(buffer.pop_frame(), ramp(160)) and not buffer.starting
+    assert buffer.pop_frame() is not None and buffer.pop_frame() is not None
+    assert not buffer.pop_frame().any() and not buffer.starting  # an underrun refills mid-prompt: not a start
