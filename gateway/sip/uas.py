@@ -28,6 +28,7 @@ import structlog
 
 from gateway import metrics
 from gateway.sip.dialog import DialogKey, new_tag
+from gateway.sip.header_values import Via
 from gateway.sip.inbound_call import (
     ALLOW,
     SDP_TYPE,
@@ -44,7 +45,6 @@ from gateway.sip.message import (
     ParseError,
     SipRequest,
     SipResponse,
-    Via,
     canonical_name,
     make_response,
     parse,
