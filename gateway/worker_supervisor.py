@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 import structlog
 
 from gateway import metrics
-from gateway.config import WorkerPlan
+from gateway.engine_config import WorkerPlan
 
 log = structlog.get_logger(__name__)
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 
-from gateway.sip.message import NameAddr, SipRequest, SipUri
+from gateway.sip.header_values import NameAddr, SipUri
+from gateway.sip.message import SipRequest
 
 DialogKey = tuple[str, str, str | None]  # (Call-ID, local tag, remote tag)
 

@@ -28,6 +28,13 @@ import structlog
 
 from gateway import metrics
 from gateway.sip.dialog import DialogKey, new_tag
+from gateway.sip.edge_replies import (
+    cheap_503,
+    malformed_reply,
+    response_address,
+    stamp_via,
+    warning,
+)
 from gateway.sip.inbound_call import (
     ALLOW,
     SDP_TYPE,
@@ -44,8 +51,6 @@ from gateway.sip.message import (
     ParseError,
     SipRequest,
     SipResponse,
-    Via,
-    canonical_name,
     make_response,
     parse,
 )
@@ -70,7 +75,6 @@ _IMPLEMENTED = frozenset({"INVITE", "ACK", "CANCEL", "BYE", "OPTIONS", "INFO", "
 _URI_SCHEMES = ("sip:", "sips:", "tel:")  # §8.2.2.1: anything else is 416
 _LOG_FIELD_CHARS = 64  # Call-IDs, reasons and addresses a peer chose, as they appear in logs
 _SWEEP_S = 1.0  # how often ended flood episodes and suppressed log lines are reported
-_CHEAP_HEADERS = frozenset({"via", "from", "to", "call-id", "cseq"})
 _BRANCH = re.compile(rb";\s*branch\s*=\s*(z9hG4bK[^;,\s]*)", re.IGNORECASE)  # the first is the top Via's
 
 
@@ -169,21 +173,12 @@ class SipServer:
     def _answer_malformed(self, error: ParseError, peer: Peer) -> None:
         """§21.4.1: 400 (414 for a Request-URI too long, §21.4.12; 505 for another SIP version,
         §21.5.6) when the request names where a response goes (a usable Via); else drop."""
-        request = error.partial
-        if not isinstance(request, SipRequest) or request.method in ("", "ACK"):
-            return
         if not self._address_allowed(peer.address[0]):
             return  # no answer to strangers' garbage: it only tells a scanner that we are here
-        try:
-            request = _stamp_via(request, peer)
-        except (ValueError, IndexError):
-            return
-        status = error.status
-        reason = {414: "Request-URI Too Long", 505: "Version Not Supported"}.get(status, "Bad Request")
-        warning = ("Warning", f'399 {self.settings.user_agent} "{_quoted(error.reason)}"')
-        response = make_response(request, status, reason, to_tag=new_tag(), headers=(warning,))
-        metrics.sip_responses_total.labels(code=str(status)).inc()
-        self._response_sender(response, peer)()
+        response = malformed_reply(error.partial, peer.address, error.status, error.reason, self.settings.user_agent)
+        if response is not None:
+            metrics.sip_responses_total.labels(code=str(response.status)).inc()
+            self._response_sender(response, peer)()
 
     def _on_stream_error(self, head: bytes, peer: Peer, status: int, reason: str) -> None:
         """TCP framing failed (§18.3): answer what the header block allows, then the connection closes."""
@@ -193,38 +188,25 @@ class SipServer:
             request = parse(head, stream=False)
         except ParseError as exc:  # the body is not there, so the Content-Length never matches
             request = exc.partial
-        if not isinstance(request, SipRequest) or request.method in ("", "ACK"):
-            return
-        try:
-            request = _stamp_via(request, peer)
-        except (ValueError, IndexError):
-            return
-        response = make_response(request, status, "Request Entity Too Large" if status == 413 else "Bad Request",
-                                 to_tag=new_tag(),
-                                 headers=(("Warning", f'399 {self.settings.user_agent} "{_quoted(reason)}"'),))
-        metrics.sip_responses_total.labels(code=str(status)).inc()
-        self._response_sender(response, peer)()
+        response = malformed_reply(request, peer.address, status, reason, self.settings.user_agent)
+        if response is not None:
+            metrics.sip_responses_total.labels(code=str(status)).inc()
+            self._response_sender(response, peer)()
 
     def _is_retransmission(self, data: bytes) -> bool:
         match = _BRANCH.search(data, 0, 4096)
         return match is not None and self._transactions.has_branch(match.group(1).decode("latin-1"))
 
     def _cheap_503(self, data: bytes, peer: Peer) -> None:
-        """A 503 built from the raw header lines, without parsing or a transaction (§21.5.4), sent
-        to the source address only: a forged Via must not turn us into an amplifier."""
-        head = data[:8192].split(b"\r\n\r\n", 1)[0].split(b"\r\n")[1:]
-        copied = [line for line in head
-                  if canonical_name(line.split(b":", 1)[0].decode("latin-1")) in _CHEAP_HEADERS]
-        if len(copied) < 5:
+        """A 503 without parsing or a transaction (§21.5.4), sent to the source address only."""
+        response = cheap_503(data, self.settings.retry_after_s)
+        if response is None:
             return
-        response = b"\r\n".join([b"SIP/2.0 503 Service Unavailable", *copied,
-                                  f"Retry-After: {self.settings.retry_after_s}".encode(),
-                                  b"Content-Length: 0", b"", b""])
         metrics.sip_responses_total.labels(code="503").inc()
         self._transport.send(response, peer.transport, peer.address, peer.connection)
 
     def _on_request(self, request: SipRequest, peer: Peer) -> None:
-        request = _stamp_via(request, peer)
+        request = stamp_via(request, peer.address)
         existing = self._transactions.server.get(server_key(request))
         if existing is not None and existing.on_retransmission(request):
             return
@@ -293,8 +275,8 @@ class SipServer:
         status, detail = refusal
         headers = (("Accept", SDP_TYPE),) if status == 415 else ()
         reason = "Unsupported Media Type" if status == 415 else "Not Acceptable Here"
-        warning = ("Warning", f'399 {self.settings.user_agent} "{_quoted(detail)}"')
-        transaction.respond(self._simple(request, status, reason, (*headers, warning)))
+        refused = warning(self.settings.user_agent, detail)
+        transaction.respond(self._simple(request, status, reason, (*headers, refused)))
         self._sparse_log.info("sip_offer_refused", call_id=_short(request.call_id), status=status,
                             detail=detail[:120])
         return False
@@ -388,17 +370,12 @@ class SipServer:
                              headers=(*headers, ("Server", self.settings.user_agent)))
 
     def _response_sender(self, response: SipResponse, peer: Peer) -> Callable[[], None]:
-        """§18.2.2: reliable -> the request's connection; UDP -> `received` (or sent-by) at the
-        `rport` port (RFC 3581 §4) or the sent-by port."""
-        via = response.vias[0]
+        """§18.2.2: reliable -> the request's connection; UDP -> the address edge_replies names."""
         data = response.serialize()
-        host = via.param("received") or via.host
+        address = response_address(response, reliable=peer.transport == "tcp")
         if peer.transport == "tcp":
-            port = via.port or 5060
-            return lambda: self._transport.send(data, "tcp", (host, port), peer.connection)
-        rport = via.param("rport")
-        port = int(rport) if rport and rport.isdigit() else (via.port or 5060)
-        return lambda: self._transport.send(data, "udp", (host, port))
+            return lambda: self._transport.send(data, "tcp", address, peer.connection)
+        return lambda: self._transport.send(data, "udp", address)
 
     async def _send_request(self, request: SipRequest, transport: str, host: str, port: int,
                             peer: Peer) -> SipResponse | None:
@@ -436,25 +413,6 @@ class SipServer:
 
 def _short(value: str | None) -> str | None:
     return value if value is None or len(value) <= _LOG_FIELD_CHARS else value[:_LOG_FIELD_CHARS] + "..."
-
-
-def _quoted(text: str) -> str:
-    """Text safe inside a Warning's quoted-string (§20.43): no quotes, backslashes or control bytes."""
-    return "".join(ch if ch.isprintable() and ch not in '"\\' else "?" for ch in text[:120])
-
-
-def _stamp_via(request: SipRequest, peer: Peer) -> SipRequest:
-    """§18.2.1 `received` when the sent-by host is not the source IP; RFC 3581 §4 fills `rport`."""
-    vias = request.vias
-    top: Via = vias[0]
-    source_ip, source_port = peer.address
-    if top.has_param("rport"):
-        top = top.with_param("rport", str(source_port)).with_param("received", source_ip)
-    elif top.host != source_ip:
-        top = top.with_param("received", source_ip)
-    else:
-        return request
-    return request.with_vias([top, *vias[1:]])
 
 
 def _is_ip(host: str) -> bool:

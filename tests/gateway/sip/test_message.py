@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from gateway.sip.header_values import NameAddr, SipUri, Via
 from gateway.sip.message import (
-    NameAddr,
     ParseError,
     SipRequest,
     SipResponse,
-    SipUri,
-    Via,
     make_response,
     parse,
 )

@@ -1,0 +1,182 @@
+"""The `engine` block of the config: which engine speaks, where it runs, and how calls are admitted.
+
+It owns the engine's sub-sections (worker processes, remote workers, admission, the espeak and
+instant settings checked here; cosyvoice2's settings are checked by the engine itself through
+engines/registry.py) and turns them into `WorkerPlan`s, the worker processes the gateway supervises
+(gateway/worker_supervisor.py). gateway/config.py puts this block into the whole file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import Field, field_validator, model_validator
+
+from gateway.config_errors import FieldProblem
+from gateway.config_types import Section
+
+
+class _EngineWithVoices(Section):
+    """An engine block whose voices are listed in the config: the default must be one of them."""
+
+    @model_validator(mode="after")
+    def _default_is_a_voice(self) -> _EngineWithVoices:
+        voices, default = self.voices, self.default_voice
+        if default not in voices:
+            raise FieldProblem("default_voice", f"{default!r} is not one of voices ({', '.join(voices)})")
+        return self
+
+
+class EspeakSettings(_EngineWithVoices):
+    voices: dict[str, str] = Field(default_factory=lambda: {"en": "en-us", "zh": "cmn"}, min_length=1)
+    default_voice: str = "en"
+    rate_wpm: int = Field(175, ge=80, le=450)
+
+
+class InstantSettings(_EngineWithVoices):
+    voices: tuple[str, ...] = Field(("en", "zh"), min_length=1)
+    default_voice: str = "en"
+    ms_per_char: float = Field(60.0, gt=0)
+    min_duration_s: float = Field(0.5, ge=0)
+    max_duration_s: float = Field(30.0, gt=0)
+    chunk_ms: int = Field(200, ge=10, le=5000)
+    first_chunk_delay_ms: float = Field(0.0, ge=0)
+    realtime: bool = False  # deliver audio at the pace of a streaming model (a stream holds its slot as long)
+
+
+class EngineWorkerSection(Section):
+    """Engine worker processes the gateway starts (python -m engine_service), one engine each."""
+
+    listen_host: str = "127.0.0.1"  # where supervised workers listen; loopback unless other gateways use them
+    slots: int | None = Field(None, ge=1)  # streams per worker; None: cosyvoice2's max_batch, else 64
+    dead_after_ms: int = Field(1000, ge=100, le=60000)  # a worker silent this long is dead: its calls end
+    start_timeout_s: float = Field(900.0, gt=0)  # model load, compile and warm-up of a GPU worker
+    # The speech API (tts_api block) is served by each supervised worker on this port + its index;
+    # None: on a free port (the API is then for the gateway's links only, so it is not served at all).
+    api_port: int | None = Field(None, ge=1, le=65535)
+
+
+class EngineRemoteSection(Section):
+    """Workers on other hosts (python -m engine_service --listen ... --token-file ...), shared by gateways."""
+
+    urls: tuple[str, ...] = ()  # ws://host:port/v1/engine/stream
+    token: str = ""  # the bearer token those workers were started with
+
+    @field_validator("urls")
+    @classmethod
+    def _websocket_urls(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for url in value:
+            if not url.startswith(("ws://", "wss://")):
+                raise ValueError(f"{url!r}: expected ws://HOST:PORT/v1/engine/stream (or wss://)")
+        return value
+
+
+class EngineAdmissionSection(Section):
+    # Refuse a call (503) when the best worker's expected first audio is later than this; None: no bound.
+    max_first_audio_ms: float | None = Field(None, gt=0)
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """One engine worker process the gateway supervises."""
+
+    name: str
+    engine: str
+    settings: dict[str, Any]
+    device: str | None
+    slots: int | None
+    listen_host: str
+    listen_port: int = 0  # 0: any free port (the gateway learns it from the worker)
+    tts_api: dict[str, Any] | None = None  # the speech API's block, checked by the worker at its start
+
+
+class EngineSection(Section):
+    name: str = "espeak"
+    # Worker processes for this engine; 0: the engine runs inside the gateway. None (auto): cosyvoice2 one per
+    # entry of cosyvoice2.devices (one with no devices listed, none when only remote workers are configured);
+    # espeak and instant in the gateway process.
+    workers: int | None = Field(None, ge=0, le=64)
+    worker: EngineWorkerSection = EngineWorkerSection()
+    remote: EngineRemoteSection = EngineRemoteSection()
+    admission: EngineAdmissionSection = EngineAdmissionSection()
+    espeak: EspeakSettings = EspeakSettings()
+    instant: InstantSettings = InstantSettings()
+    # Passed to the engine as keyword settings; the engine validates its own keys at start. `devices` (a list
+    # of CUDA device numbers) is the gateway's: one worker process per device.
+    cosyvoice2: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _worker_counts(self) -> EngineSection:
+        devices = self.cosyvoice2.get("devices")
+        if devices is not None:
+            if not isinstance(devices, list) or not devices or not all(
+                    isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in devices):
+                raise FieldProblem("cosyvoice2.devices", "expected a list of CUDA device numbers, e.g. [0, 1]")
+            if len(set(devices)) != len(devices):
+                raise FieldProblem("cosyvoice2.devices", "a device is listed twice")
+            if self.workers is not None and self.workers != len(devices):
+                raise FieldProblem("workers", f"{self.workers} workers but {len(devices)} cosyvoice2.devices; "
+                                               "cosyvoice2 runs one worker per device")
+        if self.name == "remote" and not self.remote.urls:
+            raise FieldProblem("remote.urls", "engine remote needs at least one worker URL")
+        if self.name == "cosyvoice2":
+            from engines.registry import check_settings
+
+            try:
+                check_settings(self.name, self.settings())
+            except ValueError as exc:  # its message already names the key: engine.cosyvoice2.<key>: ...
+                raise ValueError("@@" + str(exc)) from None
+        return self
+
+    @field_validator("name")
+    @classmethod
+    def _registered(cls, value: str) -> str:
+        from engines.registry import ENGINES
+
+        if value not in ENGINES:
+            raise ValueError(f"unknown engine {value!r}; choose one of {', '.join(sorted(ENGINES))}")
+        return value
+
+    def settings(self) -> dict[str, Any]:
+        """The engine's own keyword settings (the gateway's `devices` taken out)."""
+        if self.name == "remote":
+            return {"urls": self.remote.urls, "token": self.remote.token}
+        block = getattr(self, self.name)
+        if isinstance(block, dict):
+            return {key: value for key, value in block.items() if key != "devices"}
+        return block.model_dump()
+
+    def worker_plans(self) -> list[WorkerPlan]:
+        """The worker processes to supervise (empty: in-process engine, or remote workers only)."""
+        if self.name == "remote":
+            return []
+        devices = self.cosyvoice2.get("devices") if self.name == "cosyvoice2" else None
+        if devices is not None:
+            targets: list[str | None] = [f"cuda:{device}" for device in devices]
+        else:
+            count = self.workers
+            if count is None:
+                count = 1 if self.name == "cosyvoice2" and not self.remote.urls else 0
+            targets = [None] * count
+        return [WorkerPlan(name=f"{self.name}-{target or index}", engine=self.name, settings=self.settings(),
+                           device=target, slots=self.worker.slots, listen_host=self.worker.listen_host)
+                for index, target in enumerate(targets)]
+
+    @property
+    def uses_workers(self) -> bool:
+        return bool(self.worker_plans() or self.remote.urls)
+
+    def configured_voices(self) -> tuple[str, ...] | None:
+        """The engine's voice names when the config defines them; None when the engine discovers them."""
+        block = getattr(self, self.name, None)
+        return tuple(block.voices) if isinstance(block, EspeakSettings | InstantSettings) else None
+
+    @property
+    def default_voice(self) -> str:
+        block = getattr(self, self.name)
+        if isinstance(block, EngineRemoteSection):
+            return "default"
+        if isinstance(block, dict):
+            return str(block.get("default_voice", "default"))
+        return block.default_voice
