@@ -361,3 +361,18 @@ async def resolve(host: str, port: int) -> tuple[str, int]:
     except ValueError:
         infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_DGRAM)
         return infos[0][4][0], port
+
+
+def advertised_host_for(host: str, remote_ip: str) -> str:
+    """The address to put in Contact/Via for a peer at `remote_ip`: `host` itself, unless it is a wildcard
+    (0.0.0.0, ::), then the local IP the kernel would route to the peer (a connected UDP socket sends nothing)."""
+    try:
+        wildcard = ipaddress.ip_address(host).is_unspecified
+    except ValueError:  # a hostname: advertised as it is
+        return host
+    if not wildcard:
+        return host
+    family = socket.AF_INET6 if ":" in remote_ip else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        probe.connect((remote_ip, 9))
+        return probe.getsockname()[0]

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import re
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -64,7 +63,7 @@ from gateway.sip.transaction import (
     TransactionTable,
     server_key,
 )
-from gateway.sip.transport import Peer, SipTransport, StreamLimits, resolve
+from gateway.sip.transport import Peer, SipTransport, StreamLimits, advertised_host_for, resolve
 
 __all__ = ["CallEvent", "Confirmed", "Ended", "InboundCall", "SipServer", "SipSettings"]
 
@@ -397,9 +396,7 @@ class SipServer:
         bound = self.tcp_address if peer.transport == "tcp" else self.udp_address
         port = bound[1] if bound else self.settings.listen_port
         host = self.settings.advertised_host or self.settings.listen_host
-        if _is_ip(host) and ipaddress.ip_address(host).is_unspecified:
-            host = _local_address_towards(peer.address[0])
-        return host, port
+        return advertised_host_for(host, peer.address[0]), port
 
     def _forget(self, call: InboundCall) -> None:
         if self._calls.get(call.dialog.key) is call:
@@ -414,18 +411,3 @@ class SipServer:
 def _short(value: str | None) -> str | None:
     return value if value is None or len(value) <= _LOG_FIELD_CHARS else value[:_LOG_FIELD_CHARS] + "..."
 
-
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-        return True
-    except ValueError:
-        return False
-
-
-def _local_address_towards(remote_ip: str) -> str:
-    """The local IP the kernel would route to `remote_ip` (a connected UDP socket sends nothing)."""
-    family = socket.AF_INET6 if ":" in remote_ip else socket.AF_INET
-    with socket.socket(family, socket.SOCK_DGRAM) as probe:
-        probe.connect((remote_ip, 9))
-        return probe.getsockname()[0]

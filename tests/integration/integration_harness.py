@@ -17,6 +17,7 @@ from gateway.app import Gateway
 from gateway.config import load_config
 from gateway.engine_watchdog import WatchdogSettings
 from gateway.media import g711
+from tests.gateway.sip.peers import free_media_port
 
 SCENARIOS = Path(__file__).parent / "sipp"
 SIP_SCENARIOS = Path(__file__).parent.parent / "sipp"
@@ -105,7 +106,7 @@ async def run_sipp(scenario: Path, sip_address: tuple[str, int], workdir: Path, 
     if shutil.which("sipp") is None:
         raise RuntimeError("sipp not installed")
     command = ["sipp", f"{sip_address[0]}:{sip_address[1]}", "-sf", str(scenario), "-s", service, "-m", "1",
-               "-t", "u1", "-i", "127.0.0.1", "-p", str(free_udp_port()), "-mp", str(free_udp_port()),
+               "-t", "u1", "-i", "127.0.0.1", "-p", str(free_udp_port()), "-mp", str(free_media_port()),
                "-timeout", f"{timeout_s}s", "-timeout_error", "-trace_err", "-nostdin"]
     for key, value in (keys or {}).items():
         command += ["-key", key, value]

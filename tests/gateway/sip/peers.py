@@ -96,6 +96,26 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
+def free_media_port() -> int:
+    """A port for SIPp's `-mp`: SIPp binds it and the next three (audio RTP/RTCP, video RTP/RTCP), so all four
+    must be free, or it fails with "Address already in use" when another process took port + 2."""
+    for _ in range(50):
+        base = _free_port() & ~1
+        probes = []
+        try:
+            for port in range(base, base + 4):
+                probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                probes.append(probe)
+                probe.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for probe in probes:
+                probe.close()
+    raise RuntimeError("no four free UDP ports in a row for SIPp's media")
+
+
 class Sipp:
     """Runs the real `sipp` binary against a server address and returns its exit code."""
 
@@ -108,7 +128,7 @@ class Sipp:
         command = [
             "sipp", f"{address[0]}:{address[1]}", "-sf", str(SCENARIOS / scenario), "-s", service,
             "-m", str(calls), "-t", transport, "-i", "127.0.0.1", "-p", str(_free_port()),
-            "-mp", str(_free_port()), "-timeout", f"{timeout_s}s", "-timeout_error", "-trace_err",
+            "-mp", str(free_media_port()), "-timeout", f"{timeout_s}s", "-timeout_error", "-trace_err",
             "-nostdin", "-max_recv_loops", "1000", *extra,
         ]
         process = await asyncio.create_subprocess_exec(
