@@ -65,8 +65,11 @@ async def _until(condition) -> None:
 
 
 async def _admit(client: RemoteEngine, index: int):
+    free = client.health().slots_free
     stream = client.open_stream(SynthesisRequest(text=f"hello caller {index}", voice="en", call_id=f"c{index}"))
     await asyncio.wait_for(stream.admitted(), 5)
+    # Placement is judged on settled heartbeats: the client's count of free slots has taken this stream in.
+    await asyncio.wait_for(_until(lambda: client.health().slots_free == free - 1), 5)
     return stream
 
 
