@@ -10,7 +10,7 @@ weight norm folded, voices) on one device and starts the scheduler's threads tha
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import structlog
@@ -26,7 +26,8 @@ from tts_core.runtime.request import JobOptions, SynthesisError, SynthesisJob
 from tts_core.runtime.scheduler import SynthesisScheduler
 from tts_core.runtime.settings import SchedulerSettings
 from tts_core.streaming.chunk_schedule import ChunkSchedule
-from tts_core.text.normalize import TextNormalizer, is_only_punctuation
+from tts_core.text.frontend import TextFrontend
+from tts_core.text.normalize import TextNormalizer
 from tts_core.text.tokenizer import TextTokenizer
 from tts_core.voices import Voice, VoiceBank
 
@@ -34,20 +35,6 @@ log = structlog.get_logger(__name__)
 
 WARMUP_TEXT = "Hello, this is a warm up."
 WARMUP_TOKENS = 60  # a first chunk and a final one: every kernel of the chunk path runs once
-
-
-@dataclass(frozen=True)
-class TextFrontend:
-    """Text -> normalised segments -> text tokens per segment (the official split=True path)."""
-
-    tokenizer: TextTokenizer
-    normalizer: TextNormalizer | None  # None: the text is already normalised, one segment (benchmarks)
-
-    def __call__(self, text: str) -> list[list[int]]:
-        if is_only_punctuation("".join(text.split())):  # nothing to say (wetext asserts on it)
-            return []
-        segments = self.normalizer.split(text) if self.normalizer is not None else [text]
-        return [ids for ids in (self.tokenizer.encode(s) for s in segments) if ids]
 
 
 class CosyVoice2Pipeline:
