@@ -9,13 +9,15 @@ the 3840 samples HiFT holds back), later ones 50 tokens, the last one what is le
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from engines.base import EmptyText, SynthesisFailed, SynthesisRefused, SynthesisRequest, UnknownVoice
+from engines.base import (EmptyText, EngineUnavailable, SynthesisFailed, SynthesisRefused, SynthesisRequest,
+                          UnknownVoice)
 from engines.cosyvoice2 import CosyVoice2Engine
 from tts_core.voices import Voice
 
@@ -83,6 +85,51 @@ async def test_cancel_frees_the_slot_for_a_third_request(engine: CosyVoice2Engin
     assert ("b", "end") not in events  # the third ran while b was still speaking
     long_b.cancel()
     rest_b.cancel()
+
+
+async def test_a_new_text_is_normalised_off_the_event_loop_and_a_spoken_one_is_queued_at_once(
+        engine: CosyVoice2Engine) -> None:
+    """The text frontend (~10 ms for a long prompt) must not stall the loop that carries every other stream's
+    audio: a text not seen before is normalised on the frontend thread and its stream admitted after; a prompt
+    spoken before is a look-up, queued and admitted before open_stream returns."""
+    frontend = engine.pipeline.frontend
+    threads: list[str] = []
+    original = type(frontend).__call__
+
+    def recording(self, text):
+        threads.append(threading.current_thread().name)
+        return original(self, text)
+
+    text = "A prompt this engine has never spoken before, number 7."
+    assert not frontend.knows(text)
+    type(frontend).__call__ = recording
+    try:
+        new = engine.open_stream(_request(40, text))
+        await asyncio.wait_for(new.admitted(), 30)
+        assert len(threads) == 1 and threads[0].startswith("cosyvoice2-frontend")
+        assert sum(map(len, await asyncio.wait_for(_collect(new), 60))) == 40 * SAMPLES_PER_TOKEN
+        again = engine.open_stream(_request(40, text))
+        assert threads[1] == threading.current_thread().name  # remembered: no thread hop
+        await asyncio.wait_for(again.admitted(), 0.001)  # admitted already
+        assert sum(map(len, await asyncio.wait_for(_collect(again), 60))) == 40 * SAMPLES_PER_TOKEN
+    finally:
+        type(frontend).__call__ = original
+
+
+async def test_close_settles_every_stream_whose_text_was_still_waiting(tiny_model_dir: Path) -> None:
+    """Streams opened just before close(): each is admitted then fails, or is refused; none waits forever."""
+    engine = CosyVoice2Engine(model_dir=str(tiny_model_dir), device="cpu", max_batch=2, max_len=1024, warmup=False,
+                              compile_flow=False, compile_hift=False, slot_attention=False, first_chunk_lanes=1)
+    await engine.start()
+    streams = [engine.open_stream(_request(300, f"Caller number {i} is waiting in line.")) for i in range(6)]
+    await engine.close()
+    for stream in streams:
+        try:
+            await asyncio.wait_for(stream.admitted(), 30)
+        except (EngineUnavailable, SynthesisRefused):
+            continue
+        with pytest.raises(SynthesisFailed):
+            await asyncio.wait_for(_collect(stream), 30)
 
 
 def test_validate_refuses_unknown_voice_and_empty_text(engine: CosyVoice2Engine) -> None:
