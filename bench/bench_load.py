@@ -29,7 +29,6 @@ import collections
 import dataclasses
 import datetime
 import faulthandler
-import itertools
 import json
 import platform
 import random
@@ -253,14 +252,6 @@ def decode_thread_split(steps) -> dict:
     return out
 
 
-FIRST_CHUNK_STAGES = (  # (name, from, to): consecutive marks of JobTimings, submit to hand-off
-    # "submit": the job made until it is in the waiting list (the scheduler's lock, the GIL);
-    # "queue": until the decode thread admits it (its iteration in progress).
-    ("submit", "submitted", "queued"), ("queue", "queued", "admitted"), ("frontend_prefill", "admitted", "prefill_done"),
-    ("decode", "prefill_done", "first_chunk_due"), ("render_wait", "first_chunk_due", "first_render_started"),
-    ("render", "first_render_started", "first_chunk"))
-
-
 def first_chunk_render(jobs) -> dict:
     """A first chunk's render stage split, mean and p95 (ms): the flow call's wall time, its
     encoder's and solve's time on the lane's CUDA stream (where timed: graphed flows), and HiFT
@@ -280,17 +271,17 @@ def first_chunk_render(jobs) -> dict:
 def first_chunk_stages(jobs) -> dict:
     """Where each request's first-chunk latency went, mean and p95 per stage (ms), and the mean
     split of the slowest 5 % of requests."""
+    from tts_core.runtime.request import FIRST_CHUNK_STAGES
+
     rows = []
     for job in jobs:
-        t = job.timings
-        marks = [getattr(t, name) for _, name, _ in FIRST_CHUNK_STAGES] + [t.first_chunk]
-        if None in marks:
-            continue
-        rows.append([b - a for a, b in itertools.pairwise(marks)])
+        stages = job.timings.first_chunk_stages()
+        if stages is not None:
+            rows.append(list(stages.values()))
     if not rows:
         return {}
     a = 1e3 * np.array(rows)
-    names = [name for name, _, _ in FIRST_CHUNK_STAGES]
+    names = [name for name, _ in FIRST_CHUNK_STAGES]
     slow = a[a.sum(1) >= np.percentile(a.sum(1), 95)]
     return {"mean_ms": dict(zip(names, a.mean(0).round(1).tolist())),
             "p95_ms": dict(zip(names, np.percentile(a, 95, axis=0).round(1).tolist())),

@@ -68,7 +68,7 @@ def test_bench_load_runs_on_cpu_tiny(tiny_model_dir: Path, tmp_path: Path) -> No
         pushes = {thread.removeprefix("tts-render-"): t["calls"] for thread, t in waits["push_chunks"].items()}
         assert pushes == {lane: x["calls"] for lane, x in r["render"].items()}  # one per render call
     stages = rate["first_chunk_split"]["mean_ms"]
-    assert set(stages) == {"submit", "queue", "frontend_prefill", "decode", "render_wait", "render"}
+    assert set(stages) == {"submit", "queue", "prefill", "decode", "render_wait", "render"}
     assert all(v >= 0 for v in stages.values()) and stages["decode"] > 0 and stages["render"] > 0
     assert rate["decode_thread"]["iteration_ms_mean"] >= rate["decode_thread"]["decode_ms_mean"] > 0
 

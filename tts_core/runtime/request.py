@@ -99,6 +99,23 @@ class JobTimings:
     def since_submit(self, at: float | None) -> float | None:
         return None if at is None else at - self.submitted
 
+    def first_chunk_stages(self) -> dict[str, float] | None:
+        """Seconds in each stage from submit to the first chunk's hand-off (FIRST_CHUNK_STAGES), or None
+        before the first chunk."""
+        marks = [getattr(self, mark) for _, mark in FIRST_CHUNK_STAGES] + [self.first_chunk]
+        if None in marks:
+            return None
+        return {name: b - a for (name, _), a, b in zip(FIRST_CHUNK_STAGES, marks, marks[1:])}
+
+
+# (stage, the JobTimings mark it starts at); each ends where the next starts, the last at `first_chunk`.
+# "submit": the text frontend and the job's way into the waiting list (the scheduler's lock, the GIL);
+# "queue": until the decode thread admits it (its iteration in progress); "decode": the first chunk's tokens;
+# "render_wait": for a render lane.
+FIRST_CHUNK_STAGES = (("submit", "submitted"), ("queue", "queued"), ("prefill", "admitted"),
+                      ("decode", "prefill_done"), ("render_wait", "first_chunk_due"),
+                      ("render", "first_render_started"))
+
 
 class SynthesisJob:
     def __init__(self, text: str, segments: list[list[int]], voice: Voice, sink: AudioSink,
@@ -178,6 +195,14 @@ class SynthesisJob:
         if self.timings.first_chunk is None:
             return 0.0
         return self.timings.first_chunk + self.audio_s - now
+
+    def figures(self) -> dict:
+        """What the job's last log line says: its audio, and where its first chunk's time went (ms per stage)."""
+        t = self.timings
+        stages = t.first_chunk_stages() or {}
+        return {"call_id": self.call_id, "audio_s": round(self.audio_s, 3), "chunks": len(t.chunks),
+                "first_chunk_s": t.since_submit(t.first_chunk), "frontend_ms": round(t.frontend_s * 1e3, 1),
+                **{f"first_chunk_{name}_ms": round(seconds * 1e3, 1) for name, seconds in stages.items()}}
 
     # ---- transitions ---------------------------------------------------------------------------
     def start_segment(self, min_len: int, max_len: int) -> None:

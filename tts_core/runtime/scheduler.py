@@ -246,7 +246,7 @@ class SynthesisScheduler:
     def _drop_cancelled(self) -> None:
         for job in self._jobs():
             if job.cancelled and self._release(job):
-                log.info("tts_job_cancelled", call_id=job.call_id, audio_s=round(job.audio_s, 3))
+                log.info("tts_job_cancelled", **job.figures())
 
     def _retire_rendered(self) -> list[SynthesisJob]:
         """Jobs whose segment the render thread finished: retire those with nothing left to say;
@@ -260,9 +260,7 @@ class SynthesisScheduler:
                 self._release(job)  # before the sink hears the end, so a finished stream's slot is free
         for job in done:
             job.sink.finish()
-            log.info("tts_job_done", call_id=job.call_id, audio_s=round(job.audio_s, 3),
-                     segments=len(job.segments), chunks=len(job.timings.chunks),
-                     first_chunk_s=job.timings.since_submit(job.timings.first_chunk))
+            log.info("tts_job_done", segments=len(job.segments), **job.figures())
         return [job for job in rendered if job.has_next_segment]
 
     def _admit(self) -> list[SynthesisJob]:
@@ -398,3 +396,4 @@ class SynthesisScheduler:
             # A freed slot may let a waiting job in; the decode thread may be asleep.
             self._cond.notify()
             return True
+
