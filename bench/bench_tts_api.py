@@ -10,7 +10,10 @@ first audio byte):
 
 The API server runs in a child process (this script with --serve), so the clients' CPU time is not the
 server's; or pass --url and --key to measure a server that is already running (the engine row is then
-measured only if --engine is given explicitly).
+measured only if --engine is given explicitly). With --engine-log (the running server's JSON log), each row also
+has `engine_in_server_http`/`_ws`: the first chunks the server's engine logged for the row's requests
+(tts_job_done / tts_job_cancelled), and `http_added`: each HTTP request's first byte less its own engine first chunk (matched
+by X-Request-Id), what HTTP adds.
 
     python bench/bench_tts_api.py --engine espeak                # local server, writes bench/results/tts_api.json
     python bench/bench_tts_api.py --url http://10.0.0.5:8090 --key ... --clients 1 10 50
@@ -107,7 +110,45 @@ async def engine_first_chunk(engine_name: str, engine_settings: dict, clients: i
         await engine.close()
 
 
-async def http_first_byte(session: aiohttp.ClientSession, url: str) -> float:
+class EngineLog:
+    """A server's JSON log, read from where the last read stopped: call id -> the engine's first chunk (s)."""
+
+    EVENTS = ('"tts_job_done"', '"tts_job_cancelled"')
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = path.stat().st_size if path.exists() else 0
+        self.first_chunks: dict[str, float] = {}
+
+    def read(self) -> dict[str, float]:
+        with self.path.open("rb") as log:
+            log.seek(self.offset)
+            data = log.read()
+        complete = data[:data.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        for line in complete.decode(errors="replace").splitlines():
+            if any(event in line for event in self.EVENTS):
+                entry = json.loads(line)
+                if entry.get("first_chunk_s") is not None:
+                    self.first_chunks[entry["call_id"]] = entry["first_chunk_s"]
+        return self.first_chunks
+
+    async def wait_for(self, ids: list[str], timeout_s: float = 10.0) -> dict[str, float]:
+        """The first chunks of `ids`, once all are logged (a cancelled job is logged at the decode loop's next
+        iteration), or what is there after `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while not set(ids) <= self.read().keys() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)  # polling a file another process writes; not pacing anything
+        return self.first_chunks
+
+    def take(self) -> dict[str, float]:
+        """Everything read so far, forgotten here."""
+        self.read()
+        taken, self.first_chunks = self.first_chunks, {}
+        return taken
+
+
+async def http_first_byte(session: aiohttp.ClientSession, url: str) -> tuple[float, str]:
     started = time.monotonic()
     async with session.post(f"{url}/v1/tts", json={"text": TEXT, "format": "pcm_s16le", "sample_rate": 8000}) as r:
         r.raise_for_status()
@@ -116,7 +157,7 @@ async def http_first_byte(session: aiohttp.ClientSession, url: str) -> float:
         # Hang up after the first byte: a GPU engine paces later chunks to playback, so reading the whole
         # body would take the audio's length (20 s a request, seen on the H100); the server frees the slot.
         r.close()
-    return first
+    return first, r.headers.get("X-Request-Id", "")
 
 
 async def ws_first_audio(session: aiohttp.ClientSession, ws_url: str, jambonz: bool,
@@ -144,7 +185,7 @@ async def ws_scenario(url: str, key: str, clients: int, jambonz: bool) -> list[f
                                            for _ in range(clients))))
 
 
-async def http_scenario(url: str, key: str, clients: int) -> list[float]:
+async def http_scenario(url: str, key: str, clients: int) -> list[tuple[float, str]]:
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {key}"}, connector=connector) as session:
         return list(await asyncio.gather(*(http_first_byte(session, url) for _ in range(clients))))
@@ -186,6 +227,7 @@ async def run(args: argparse.Namespace) -> dict:
                     "cpu_count": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M"), "scenarios": {}}
     child = None
     url, key = args.url, args.key
+    engine_log = EngineLog(args.engine_log) if args.engine_log else None
     if url is None:
         key = secrets.token_hex(16)
         child, url = start_server(args.engine, engine_settings, key, args.server_log)
@@ -202,10 +244,22 @@ async def run(args: argparse.Namespace) -> dict:
             row: dict = {"rounds": rounds}
             if args.url is None or args.engine_given:
                 row["engine"] = await pooled(lambda: engine_first_chunk(args.engine, engine_settings, clients))
-            row["http"] = await pooled(lambda: http_scenario(url, key, clients))
+            http: list[tuple[float, str]] = []
+            for _ in range(rounds):
+                http += await http_scenario(url, key, clients)
+            row["http"] = summary([first for first, _ in http])
+            if engine_log is not None:
+                engine = await engine_log.wait_for([request_id for _, request_id in http])
+                matched = [(first, engine[i]) for first, i in http if i in engine]
+                if matched:
+                    row["engine_in_server_http"] = summary([e for _, e in matched])
+                    row["http_added"] = summary([first - e for first, e in matched])
+                engine_log.take()
             row["bot_ws"] = await pooled(lambda: ws_scenario(url, key, clients, jambonz=False))
             if clients == args.jambonz_clients:
                 row["jambonz_ws"] = await pooled(lambda: ws_scenario(url, key, clients, jambonz=True))
+            if engine_log is not None and (engine := engine_log.take()):
+                row["engine_in_server_ws"] = summary(list(engine.values()))
             report["scenarios"][str(clients)] = row
             print(f"{clients:>3} clients: " + ", ".join(f"{name} p50 {s['p50_ms']} ms p95 {s['p95_ms']} ms"
                                                       for name, s in row.items() if name != "rounds"), flush=True)
@@ -231,6 +285,8 @@ def main() -> None:
     parser.add_argument("--jambonz-clients", type=int, default=10)
     parser.add_argument("--samples", type=int, default=50, help="first-audio samples per row (rounds of N clients)")
     parser.add_argument("--server-log", type=Path, help="where the local server's log goes (default: nowhere)")
+    parser.add_argument("--engine-log", type=Path, help="with --url: the running server's JSON log, for the engine's "
+                                                         "own first chunk of each request")
     parser.add_argument("--out", type=Path, default=RESULTS / "tts_api.json")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -5,7 +5,7 @@
 #   bash scripts/gpu_bench.sh timeout 450 python3 bench/bench_load.py --golden .golden --out "$OUT/load.json"
 #
 # It reads, from the repository root (ignored folders that the caller carries along):
-#   .whl/   wheels of the pure dependencies (structlog, soxr, kaldi-native-fbank, pytest, ...)
+#   .whl/   wheels of the pure dependencies (structlog, soxr, kaldi-native-fbank, ...): scripts/gpu_wheels.sh
 #   .golden a copy of ../shared/golden
 #   .ind/   the torch.compile/Triton cache as xz-compressed tar pieces ind.txz.part* (xz: a third of
 #           gzip's size, and the carried files share 64 MiB with the tree)
