@@ -1,10 +1,10 @@
-"""The engine streaming protocol, version 1: frames between a gateway and an engine worker, parsed and built.
+"""The engine streaming protocol, version 2: frames between a gateway and an engine worker, parsed and built.
 
 Pure code: no sockets, no clocks. One WebSocket per gateway<->worker link carries many streams, each named
 by an integer id the gateway picks (unique on that link while the stream lives). docs/ENGINE_PROTOCOL.md is
 the same description for readers outside Python.
 
-Connect: `GET /v1/engine/stream?version=1` with `Authorization: Bearer <token>`. A missing or wrong token
+Connect: `GET /v1/engine/stream?version=2` with `Authorization: Bearer <token>`. A missing or wrong token
 is answered 401, a version the worker does not speak 400 naming both versions, before any upgrade.
 The worker's first frame is `hello`.
 
@@ -19,7 +19,7 @@ Control frames are JSON text frames with a "type":
     refused {stream, reason, message}      before any audio; reason is one of REFUSAL_REASONS
     end     {stream}                       all audio sent
     failed  {stream, message}              broke mid-stream; no more audio for it
-    status  {state, slots_total, slots_free, queue_depth, first_audio_ms}   every ~250 ms (the heartbeat)
+    status  {state, slots_total, slots_free, queue_depth, first_audio_ms, opens_seen}   every ~250 ms (the heartbeat)
     error   {stream|null, message}         a frame the worker could not use; the link stays up
 
 Audio travels in binary frames: a 4-byte big-endian stream id, then mono PCM at the stream's sample rate in
@@ -39,7 +39,9 @@ import numpy as np
 from engines.base import (BadText, EmptyText, EngineUnavailable, NoCapacity, SynthesisRefused, TextTooLong,
                           UnknownVoice)
 
-VERSION = 1
+# 2: status gained opens_seen. Unknown fields are errors here, so a version 1 gateway could not read a version 2
+# status: the version says so at connect (400 naming both) instead of every status breaking the link.
+VERSION = 2
 STREAM_PATH = "/v1/engine/stream"
 FORMATS = ("f32le", "s16le")
 # Why an open was refused -> the engine interface's refusal, so a worker's refusal gets the SIP answer an
@@ -127,6 +129,9 @@ class Status:
     slots_free: int
     queue_depth: int = 0  # streams admitted and still waiting for their first audio
     first_audio_ms: float = 0.0  # the worker's estimate for a stream opened now
+    # This link's `open` frames the worker has handled (counted in slots_free, or refused), so a gateway subtracts
+    # only its opens still on the way. Required on the wire; the default serves statuses that are not per link.
+    opens_seen: int = 0
     type: Literal["status"] = "status"
 
 
@@ -155,7 +160,8 @@ _SCHEMA: dict[str, tuple[type, dict[str, tuple[type, ...]], tuple[str, ...]]] = 
     "end": (End, {"stream": _INT}, ("stream",)),
     "failed": (Failed, {"stream": _INT, "message": _STR}, ("stream",)),
     "status": (Status, {"state": _STR, "slots_total": _INT, "slots_free": _INT, "queue_depth": _INT,
-                        "first_audio_ms": (int, float)}, ("state", "slots_total", "slots_free")),
+                        "first_audio_ms": (int, float), "opens_seen": _INT},
+               ("state", "slots_total", "slots_free", "opens_seen")),
     "error": (Error, {"stream": (int, type(None)), "message": _STR}, ("stream", "message")),
 }
 

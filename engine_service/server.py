@@ -51,14 +51,15 @@ class EngineWorker:
     estimate: FirstAudioEstimate = field(default_factory=FirstAudioEstimate)
     _keys: itertools.count = field(default_factory=itertools.count)
 
-    def status(self) -> protocol.Status:
+    def status(self, opens_seen: int = 0) -> protocol.Status:
+        """How things are now; `opens_seen` comes from the link the status goes to (it is per link)."""
         health = self.engine.health()
         free = self.settings.slots - self.streams_active
         if health.slots_free is not None:
             free = min(free, health.slots_free)
         return protocol.Status(state=health.state, slots_total=self.settings.slots, slots_free=max(free, 0),
                                queue_depth=self.estimate.waiting,
-                               first_audio_ms=round(self.estimate.expected_s() * 1000, 1))
+                               first_audio_ms=round(self.estimate.expected_s() * 1000, 1), opens_seen=opens_seen)
 
     def hello(self) -> protocol.Hello:
         engine = self.engine
@@ -121,7 +122,7 @@ async def _status_endpoint(request: web.Request) -> web.Response:
     worker = request.app[WORKER]
     if not _authorized(request, worker.settings.token):
         return _unauthorized()
-    body = {key: value for key, value in asdict(worker.status()).items() if key != "type"}
+    body = {key: value for key, value in asdict(worker.status()).items() if key not in ("type", "opens_seen")}
     return web.json_response({"engine": worker.engine.name, **body})
 
 
@@ -149,6 +150,7 @@ class _Link:
         self._outbox: asyncio.Queue[str | bytes] = asyncio.Queue()
         self._outbox_bytes = 0
         self._status_queued = False
+        self._opens_seen = 0  # this link's opens handled (status.opens_seen): each is in streams_active, or refused
         self._streams: dict[int, asyncio.Task[None]] = {}
         self._log = log.bind(peer=peer)
 
@@ -177,6 +179,7 @@ class _Link:
         except protocol.ProtocolError as exc:
             self._log.warning("engine_frame_malformed", error=str(exc), stream=exc.stream)
             if exc.stream is not None and exc.stream not in self._streams and '"open"' in text:
+                self._opens_seen += 1  # an open all the same: the gateway counted it as sent
                 self._send(protocol.serialize(protocol.Refused(exc.stream, "bad_request", str(exc))))
             else:
                 self._send_error(exc.stream, str(exc))
@@ -192,6 +195,7 @@ class _Link:
 
     def _open(self, frame: protocol.Open) -> None:
         worker, engine = self._worker, self._worker.engine
+        self._opens_seen += 1  # in the same step as streams_active, so no status counts one without the other
         refusal: tuple[str, str] | None = None
         if frame.stream in self._streams:
             refusal = ("bad_request", f"stream {frame.stream} is already open on this link")
@@ -267,7 +271,7 @@ class _Link:
             self._outbox_bytes -= len(data)
             if data is _STATUS_DUE:  # built when it leaves, so it says how things are now
                 self._status_queued = False
-                data = protocol.serialize(self._worker.status())
+                data = protocol.serialize(self._worker.status(self._opens_seen))
             if isinstance(data, str):
                 await self._ws.send_str(data)
             else:

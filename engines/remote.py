@@ -1,10 +1,16 @@
 """RemoteEngine: the gateway's client for engine workers (engine_service), local supervised ones or other hosts'.
 
 It is a `SpeechEngine` like any other, so the call path does not change: `open_stream` picks the worker with the
-most free slots (its last status less the opens this gateway has in flight there), among those whose expected
-first audio is within `max_first_audio_ms`, sends `open` and returns a channel made with `admitted=False`; the
-worker's `opened` or `refused` settles it before the call is answered. No worker with a slot -> `NoCapacity`
-(the INVITE gets 503), so an answered call always has a slot and starts speaking within the bound.
+most free slots, among those whose expected first audio is within `max_first_audio_ms`, sends `open` and returns
+a channel made with `admitted=False`; the worker's `opened` or `refused` settles it before the call is answered.
+No worker with a slot -> `NoCapacity` (the INVITE gets 503), so an answered call always has a slot and starts
+speaking within the bound.
+
+Free slots are exact for this gateway's own streams: a worker's last status less the opens sent on the link that
+the worker had not handled when it built that status (the status says how many it had: `opens_seen`). An open
+the worker has handled is in its count from then on, even before its `opened` (the engine may take a while to
+admit it), so subtracting opens not yet answered would count it twice and refuse a call a slot early. Slots
+that free up, or that other gateways take, show at the next status (~250 ms).
 
 Each worker is one `WorkerLink`: one WebSocket, reconnected with backoff, read by one task. Workers push status
 every ~250 ms; `dead_after_s` (1 s) of silence, or the socket closing (a worker killed), ends every stream on
@@ -77,8 +83,7 @@ class WorkerLink:
         self._ws: aiohttp.ClientWebSocketResponse | None = None
         self._outbox: asyncio.Queue[str] = asyncio.Queue()
         self._streams: dict[int, _Stream] = {}
-        self._pending: set[int] = set()  # opens sent, not answered yet
-        self._opened_since_status = 0
+        self._opens_sent = 0  # on this connection, as the worker's status.opens_seen counts them
         self._ids = itertools.count(1)
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -92,11 +97,10 @@ class WorkerLink:
 
     @property
     def slots_free(self) -> int:
-        """The last status's free slots less this gateway's opens since: in flight, or admitted after the status
-        was made (a status is built as it leaves the worker, so one that arrives after `opened` counts it)."""
+        """The last status's free slots less the opens it had not seen (see the module docstring)."""
         if self.status is None:
             return 0
-        return max(self.status.slots_free - len(self._pending) - self._opened_since_status, 0)
+        return max(self.status.slots_free - (self._opens_sent - self.status.opens_seen), 0)
 
     @property
     def first_audio_ms(self) -> float:
@@ -107,13 +111,12 @@ class WorkerLink:
         stream = next(self._ids)
         channel = _RemoteChannel(self, stream)
         self._streams[stream] = _Stream(channel, fmt)
-        self._pending.add(stream)
+        self._opens_sent += 1
         self._send(protocol.Open(stream=stream, text=request.text, voice=request.voice, call_id=request.call_id,
                                  options=dict(request.options), sample_rate=SAMPLE_RATE, format=fmt))
         return channel
 
     def cancel(self, stream: int) -> None:
-        self._pending.discard(stream)
         if self._streams.pop(stream, None) is not None and self._ws is not None:
             self._send(protocol.Cancel(stream))
 
@@ -166,7 +169,7 @@ class WorkerLink:
         ws = await asyncio.wait_for(self._session_of().ws_connect(
             self.url, params={"version": str(protocol.VERSION)}, headers=headers, autoping=True,
             max_msg_size=1 << 22), timeout=5.0)
-        self._outbox = asyncio.Queue()
+        self._outbox, self._opens_sent = asyncio.Queue(), 0  # a new link: the worker counts its opens from 0
         writer = asyncio.get_running_loop().create_task(self._write(ws), name=f"engine-link-writer-{self.name}")
         try:
             self._ws = ws
@@ -201,7 +204,6 @@ class WorkerLink:
     def _on_control(self, frame: protocol.Frame) -> None:
         if isinstance(frame, protocol.Status):
             self.status = frame
-            self._opened_since_status = 0
         elif isinstance(frame, protocol.Hello):
             if frame.version != protocol.VERSION:
                 raise protocol.ProtocolError(f"worker speaks protocol {frame.version}, we speak {protocol.VERSION}")
@@ -209,15 +211,12 @@ class WorkerLink:
         elif isinstance(frame, protocol.Error):
             self._log.error("engine_worker_error", stream=frame.stream, message=frame.message)
             if frame.stream is not None and (entry := self._streams.pop(frame.stream, None)) is not None:
-                self._pending.discard(frame.stream)
                 self._end(entry, f"worker: {frame.message}")
         elif isinstance(frame, protocol.Opened | protocol.Refused | protocol.End | protocol.Failed):
-            self._pending.discard(frame.stream)
             entry = self._streams.get(frame.stream)
             if entry is None:  # cancelled here meanwhile
                 return
             if isinstance(frame, protocol.Opened):
-                self._opened_since_status += 1
                 entry.admitted = True
                 entry.channel.admit()
                 return
@@ -237,7 +236,6 @@ class WorkerLink:
 
     def _lose_streams(self, why: str) -> None:
         streams, self._streams = self._streams, {}
-        self._pending.clear()
         for entry in streams.values():
             self._end(entry, f"{why} ({self.name})")
         if streams:

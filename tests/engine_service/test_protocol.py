@@ -25,7 +25,7 @@ def test_open_with_only_the_required_fields_takes_the_defaults():
 @pytest.mark.parametrize("frame", [
     protocol.Cancel(3), protocol.Opened(3), protocol.End(3), protocol.Failed(3, "boom"),
     protocol.Refused(3, "no_capacity", "full"), protocol.Error(None, "bad"),
-    protocol.Status("ready", 8, 5, 2, 120.5),
+    protocol.Status("ready", 8, 5, 2, 120.5, opens_seen=9),
     protocol.Hello(1, "espeak", ("en", "zh"), "en", 24000, 2000),
 ])
 def test_every_frame_round_trips(frame):
@@ -33,8 +33,8 @@ def test_every_frame_round_trips(frame):
 
 
 def test_status_is_exact_json():
-    assert protocol.serialize(protocol.Status("warming", 4, 4)) == \
-        '{"state":"warming","slots_total":4,"slots_free":4,"queue_depth":0,"first_audio_ms":0.0,"type":"status"}'
+    assert protocol.serialize(protocol.Status("warming", 4, 3, opens_seen=1)) == ('{"state":"warming","slots_total":4,'
+        '"slots_free":3,"queue_depth":0,"first_audio_ms":0.0,"opens_seen":1,"type":"status"}')
 
 
 @pytest.mark.parametrize("text, message, stream", [
@@ -48,6 +48,9 @@ def test_status_is_exact_json():
     ('{"type":"open","stream":4,"text":"x","voice":"en","format":"mp3"}', "open.format: 'mp3'", 4),
     ('{"type":"cancel","stream":-1}', "cancel.stream: must be 0..4294967295", None),
     ('{"type":"refused","stream":2,"reason":"tired"}', "refused.reason: 'tired'", 2),
+    ('{"type":"status","state":"ready","slots_total":2,"slots_free":1}', "status: missing field(s) opens_seen", None),
+    ('{"type":"status","state":"ready","slots_total":2,"slots_free":1,"opens_seen":"3"}',
+     "status.opens_seen: expected int, got str", None),
 ])
 def test_malformed_frames_name_the_problem_and_the_stream(text, message, stream):
     with pytest.raises(protocol.ProtocolError) as caught:

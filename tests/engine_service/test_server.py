@@ -67,7 +67,7 @@ class Link:
 
 
 async def _link(session, base: str) -> Link:
-    ws = await session.ws_connect(f"{base}{protocol.STREAM_PATH}", params={"version": "1"},
+    ws = await session.ws_connect(f"{base}{protocol.STREAM_PATH}", params={"version": str(protocol.VERSION)},
                                   headers={"Authorization": f"Bearer {TOKEN}"})
     return Link(ws)
 
@@ -80,7 +80,8 @@ async def test_hello_then_open_chunks_end(worker):
     async with aiohttp.ClientSession() as session:
         link = await _link(session, worker)
         hello = await link.until(_is(protocol.Hello))
-        assert hello.version == 1 and hello.engine == "instant" and "en" in hello.voices and hello.sample_rate == 24000
+        assert hello.version == protocol.VERSION and hello.engine == "instant"
+        assert "en" in hello.voices and hello.sample_rate == 24000
         await link.send(protocol.Open(stream=5, text="hello there, caller, from the worker", voice="en", call_id="c5"))
         await link.until(_is(protocol.End, 5))
         kinds = [type(f) for f in link.frames if getattr(f, "stream", None) == 5]
@@ -139,6 +140,21 @@ async def test_a_full_worker_refuses_with_no_capacity(worker):
         assert link.of(1, protocol.Opened) or await link.until(_is(protocol.Opened, 1))
 
 
+async def test_status_counts_the_links_own_opens_admitted_or_refused(worker):
+    """What lets a gateway count free slots exactly: a status says how many of its link's opens the worker has
+    handled, whatever the answer (a malformed open too: the gateway counted it as sent); another link's are not."""
+    async with aiohttp.ClientSession() as session:
+        link, other = await _link(session, worker), await _link(session, worker)
+        for stream in (1, 2, 3):  # two admitted, the third refused: no_capacity
+            await link.send(protocol.Open(stream=stream, text="x" * 1000, voice="en"))
+        await link.send('{"type":"open","stream":4,"text":"hi"}')  # no voice: refused, bad_request
+        await link.until(_is(protocol.Refused, 4))
+        link.frames.clear()
+        status = await link.until(_is(protocol.Status))  # built after the refusal left, so it counts all four
+        assert (status.opens_seen, status.slots_free) == (4, 0)
+        assert (await other.until(_is(protocol.Status))).opens_seen == 0
+
+
 async def test_a_malformed_frame_gets_an_error_and_harms_no_other_stream(worker):
     async with aiohttp.ClientSession() as session:
         link = await _link(session, worker)
@@ -160,12 +176,13 @@ async def test_wrong_token_is_401_and_wrong_version_is_400(worker):
     async with aiohttp.ClientSession() as session:
         for headers in ({}, {"Authorization": "Bearer nope"}):
             with pytest.raises(aiohttp.WSServerHandshakeError) as caught:
-                await session.ws_connect(f"{worker}{protocol.STREAM_PATH}", params={"version": "1"}, headers=headers)
+                await session.ws_connect(f"{worker}{protocol.STREAM_PATH}", params={"version": str(protocol.VERSION)},
+                                         headers=headers)
             assert caught.value.status == 401
-        async with session.get(f"{worker}{protocol.STREAM_PATH}", params={"version": "2"},
+        async with session.get(f"{worker}{protocol.STREAM_PATH}", params={"version": "1"},
                                headers={"Authorization": f"Bearer {TOKEN}"}) as response:
-            assert response.status == 400
-            assert "version 2" in (await response.json())["error"]
+            assert response.status == 400  # a version 1 gateway could not read our status frames
+            assert "version 1 is not spoken here" in (await response.json())["error"]
         async with session.get(f"{worker}/v1/status") as response:
             assert response.status == 401
         async with session.get(f"{worker}/v1/status", headers={"Authorization": f"Bearer {TOKEN}"}) as response:
