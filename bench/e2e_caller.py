@@ -1,0 +1,188 @@
+"""The callers of bench_e2e_calls.py: raw-SIP calls placed from caller processes, RTP timed by the kernel.
+
+Each call has its own SIP socket (asyncio UDP) and RTP socket. The RTP socket carries SO_TIMESTAMPNS, so an
+arrival time is when the kernel queued the datagram, not when this process's event loop got round to it: at
+500 calls (25,000 packets/s) one Python receiver falls behind and would charge its own lateness to the gateway.
+The socket's receive buffer is large enough that a late reader loses nothing; a packet lost all the same shows
+as an RTP sequence gap. Those timestamps are CLOCK_REALTIME, so the INVITE's send time is time.time_ns() too.
+
+`place_calls` spreads one step's calls over spawned caller processes (call i at start + i/rate, the processes
+interleaved) and returns every call's `CallResult`; this module never starts or reads the gateway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import socket
+import struct
+import time
+from array import array
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux; SCM_TIMESTAMPNS has the same value
+RTP_RCVBUF_BYTES = 1 << 20  # ~1,000 queued packets of one call (20 s of audio): a late reader loses nothing
+_TIMESPEC = struct.Struct("@ll")  # struct timespec: two native longs
+_ANCBUF = socket.CMSG_SPACE(_TIMESPEC.size)
+_SILENCE = {0: b"\xff\x7f", 8: b"\xd5\x55"}  # PCMU / PCMA codes of +0 and -0 (G.711 tables)
+
+
+@dataclass
+class CallResult:
+    """One caller: what it heard and when (nanoseconds of CLOCK_REALTIME)."""
+
+    index: int
+    status: int = 0
+    reason: str = ""
+    invite_ns: int = 0
+    first_speech_ns: int | None = None
+    arrivals_ns: array = field(default_factory=lambda: array("q"))
+    lost: int = 0  # packets missing from the RTP sequence numbers
+
+
+class RtpReceiver:
+    """One call's RTP socket, every datagram stamped by the kernel as it arrived."""
+
+    def __init__(self, result: CallResult, loop: asyncio.AbstractEventLoop) -> None:
+        self._result = result
+        self._loop = loop
+        self._last_seq: int | None = None
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RTP_RCVBUF_BYTES)
+        self.sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.setblocking(False)
+        self.port: int = self.sock.getsockname()[1]
+        loop.add_reader(self.sock.fileno(), self._drain)
+
+    def _drain(self) -> None:
+        """Everything queued, per wake-up: one loop turn per datagram would add the loop's delays to the queue."""
+        result = self._result
+        while True:
+            try:
+                data, ancillary, _flags, _addr = self.sock.recvmsg(2048, _ANCBUF)
+            except BlockingIOError:
+                return
+            if 192 <= data[1] <= 223:
+                # RTCP (RFC 5761 §4): the gateway sends another call's to its RTP port + 1 (RFC 3550 §11), and
+                # ports are ephemeral here, so that is at times this socket
+                continue
+            seconds, nanoseconds = _TIMESPEC.unpack(ancillary[0][2])
+            at = seconds * 1_000_000_000 + nanoseconds
+            result.arrivals_ns.append(at)
+            seq = int.from_bytes(data[2:4], "big")
+            if self._last_seq is not None:
+                step = (seq - self._last_seq) & 0xFFFF  # modulo 2^16 (RFC 3550 §A.1)
+                if 1 < step < 0x8000:
+                    result.lost += step - 1
+            self._last_seq = seq
+            # strip() leaves nothing only when every byte is a silence code: C speed, however long the payload
+            if result.first_speech_ns is None and data[12:].strip(_SILENCE.get(data[1] & 0x7F, _SILENCE[0])):
+                result.first_speech_ns = at
+
+    def close(self) -> None:
+        self._loop.remove_reader(self.sock.fileno())
+        self.sock.close()
+
+
+class _Sip(asyncio.DatagramProtocol):
+    def __init__(self) -> None:
+        self.inbox: asyncio.Queue[bytes] = asyncio.Queue()
+
+    def datagram_received(self, data: bytes, addr) -> None:
+        self.inbox.put_nowait(data)
+
+
+def _headers(message: bytes) -> dict[str, str]:
+    lines = message.split(b"\r\n\r\n", 1)[0].decode(errors="replace").split("\r\n")
+    return {line.split(":", 1)[0].strip().lower(): line.split(":", 1)[1].strip() for line in lines[1:] if ":" in line}
+
+
+async def place_call(index: int, sip: tuple[str, int], user: str, timeout_s: float) -> CallResult:
+    """INVITE, ACK the final answer, then hear the prompt until the gateway's BYE (answered with 200)."""
+    loop = asyncio.get_running_loop()
+    call = CallResult(index)
+    sip_transport, sip_proto = await loop.create_datagram_endpoint(_Sip, local_addr=("127.0.0.1", 0))
+    rtp = RtpReceiver(call, loop)
+    port = sip_transport.get_extra_info("sockname")[1]
+    call_id, tag, branch = f"e2e-{index}-{port}@127.0.0.1", f"t{port}", f"z9hG4bK-e2e-{index}-{port}"
+    sdp = (f"v=0\r\no=e2e 1 1 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\n"
+           f"m=audio {rtp.port} RTP/AVP 0\r\na=rtpmap:0 PCMU/8000\r\na=ptime:20\r\n")
+    common = (f"From: <sip:e2e@127.0.0.1>;tag={tag}\r\nCall-ID: {call_id}\r\nMax-Forwards: 70\r\n")
+    invite = (f"INVITE sip:{user}@{sip[0]}:{sip[1]} SIP/2.0\r\nVia: SIP/2.0/UDP 127.0.0.1:{port};branch={branch};rport\r\n"
+              f"{common}To: <sip:{user}@{sip[0]}>\r\nCSeq: 1 INVITE\r\nContact: <sip:e2e@127.0.0.1:{port}>\r\n"
+              f"Content-Type: application/sdp\r\nContent-Length: {len(sdp)}\r\n\r\n{sdp}").encode()
+    try:
+        deadline = time.monotonic() + timeout_s
+        call.invite_ns = time.time_ns()  # the kernel's receive timestamps are CLOCK_REALTIME
+        sip_transport.sendto(invite, sip)
+        while True:  # the final answer to the INVITE
+            data = await asyncio.wait_for(sip_proto.inbox.get(), max(deadline - time.monotonic(), 0.01))
+            if not data.startswith(b"SIP/2.0 "):
+                continue
+            code = int(data[8:11])
+            if code < 200:
+                continue
+            call.status, call.reason = code, data.split(b"\r\n", 1)[0][12:].decode(errors="replace")
+            to_header = _headers(data).get("to", "")
+            ack_branch = branch if code >= 300 else branch + "-ack"  # RFC 3261 §17.1.1.3 / §13.2.2.4
+            sip_transport.sendto((f"ACK sip:{user}@{sip[0]}:{sip[1]} SIP/2.0\r\nVia: SIP/2.0/UDP 127.0.0.1:{port};"
+                                  f"branch={ack_branch};rport\r\n{common}To: {to_header}\r\nCSeq: 1 ACK\r\n"
+                                  f"Content-Length: 0\r\n\r\n").encode(), sip)
+            break
+        if call.status != 200:
+            return call
+        while True:  # the gateway hangs up after its prompt
+            data = await asyncio.wait_for(sip_proto.inbox.get(), max(deadline - time.monotonic(), 0.01))
+            if data.startswith(b"BYE "):
+                h = _headers(data)
+                sip_transport.sendto((f"SIP/2.0 200 OK\r\nVia: {h['via']}\r\nFrom: {h['from']}\r\nTo: {h['to']}\r\n"
+                                      f"Call-ID: {h['call-id']}\r\nCSeq: {h['cseq']}\r\nContent-Length: 0\r\n\r\n"
+                                      ).encode(), sip)
+                return call
+    except asyncio.TimeoutError:
+        call.reason = call.reason or "timeout"
+        return call
+    finally:
+        sip_transport.close()
+        rtp.close()
+
+
+async def _place_share(sip: tuple[str, int], indices: list[int], start_at: float, rate: float,
+                       timeout_s: float) -> list[CallResult]:
+    tasks = []
+    for index in indices:  # call i at start + i/rate (a schedule for the caller, not media pacing)
+        await asyncio.sleep(max(0.0, start_at + index / rate - time.time()))
+        tasks.append(asyncio.create_task(place_call(index, sip, "bench", timeout_s)))
+    return list(await asyncio.gather(*tasks))
+
+
+def _caller_process(pipe: Connection, sip: tuple[str, int], indices: list[int], rate: float, timeout_s: float) -> None:
+    pipe.send("ready")  # imported: the start time the parent sends next no longer pays for process start-up
+    start_at = pipe.recv()
+    pipe.send(asyncio.run(_place_share(sip, indices, start_at, rate, timeout_s)))
+
+
+def place_calls(calls: int, processes: int, rate: float, sip: tuple[str, int],
+                timeout_s: float) -> tuple[float, list[CallResult]]:
+    """One step's calls from `processes` spawned callers (blocking); returns the start time (time.time())
+    and the results in call order."""
+    context = multiprocessing.get_context("spawn")  # never fork a process that may hold a running loop
+    pipes, children = [], []
+    for share in range(processes):
+        here, there = context.Pipe()
+        child = context.Process(target=_caller_process, daemon=True,
+                                args=(there, sip, list(range(share, calls, processes)), rate, timeout_s))
+        child.start()
+        pipes.append(here)
+        children.append(child)
+    for pipe in pipes:
+        pipe.recv()
+    start_at = time.time() + 0.1
+    for pipe in pipes:
+        pipe.send(start_at)
+    results = [result for pipe in pipes for result in pipe.recv()]
+    for child in children:
+        child.join()
+    return start_at, sorted(results, key=lambda r: r.index)
