@@ -52,12 +52,12 @@ def _children(pid: int) -> list[int]:
     return [int(p) for p in path.read_text().split()] if path.exists() else []
 
 
-def engine_first_chunks_ms(log_path: Path, offset: int) -> list[float]:
-    """First chunk (ms from submit) of every tts_job_done our calls' jobs logged past `offset` of serve's log."""
+def engine_jobs(log_path: Path, offset: int) -> list[dict]:
+    """The tts_job_done lines our calls' jobs logged past `offset` of serve's log (first chunk and its stages)."""
     with open(log_path, "rb") as log:
         log.seek(offset)
         lines = log.read().splitlines()
-    chunks = []
+    jobs = []
     for line in lines:
         if b"tts_job_done" not in line:
             continue
@@ -67,8 +67,16 @@ def engine_first_chunks_ms(log_path: Path, offset: int) -> list[float]:
             continue
         if (event.get("event") == "tts_job_done" and str(event.get("call_id", "")).startswith("e2e-")
                 and event.get("first_chunk_s") is not None):
-            chunks.append(1000 * event["first_chunk_s"])
-    return chunks
+            jobs.append(event)
+    return jobs
+
+
+def first_chunk_stages(jobs: list[dict]) -> dict[str, dict[str, float]]:
+    """Mean and p95 (ms) of each first-chunk stage the jobs logged (tts_core's JobTimings.first_chunk_stages)."""
+    names = [key for key in (jobs[0] if jobs else {}) if key.startswith("first_chunk_") and key.endswith("_ms")]
+    return {name.removeprefix("first_chunk_").removesuffix("_ms"): {
+        "mean": round(float(np.mean([job[name] for job in jobs])), 1), "p95": _pct([job[name] for job in jobs], 95)}
+        for name in names if all(name in job for job in jobs)}
 
 
 def _pct(values, q):
@@ -86,7 +94,8 @@ async def run_step(calls: int, processes: int, rate: float, sip: tuple[str, int]
     cpu = cpu_seconds(gateway_pid) - cpu0
     worker_cpu = sum(cpu_seconds(p) for p in workers if Path(f"/proc/{p}").exists()) - wcpu0
     underruns = await asyncio.to_thread(metric, http_port, "gateway_playout_underruns_total") - underruns0
-    engine_first = engine_first_chunks_ms(log_path, log_offset)
+    jobs = engine_jobs(log_path, log_offset)
+    engine_first = [1000 * job["first_chunk_s"] for job in jobs]
     answered = [c for c in results if c.status == 200]
     first = [(c.first_speech_ns - c.invite_ns) / 1e6 for c in answered if c.first_speech_ns is not None]
     first_packet = [(c.arrivals_ns[0] - c.invite_ns) / 1e6 for c in answered if c.arrivals_ns]
@@ -104,6 +113,7 @@ async def run_step(calls: int, processes: int, rate: float, sip: tuple[str, int]
             "first_speech_max_ms": _pct(first, 100),
             "first_packet_p50_ms": _pct(first_packet, 50), "first_packet_p95_ms": _pct(first_packet, 95),
             "engine_first_chunk_p50_ms": _pct(engine_first, 50), "engine_first_chunk_p95_ms": _pct(engine_first, 95),
+            "engine_first_chunk_stages_ms": first_chunk_stages(jobs),
             "rtp_interval_p50_ms": _pct(intervals, 50), "rtp_interval_p99_ms": _pct(intervals, 99),
             "rtp_interval_max_ms": _pct(intervals, 100), "calls_with_gap_over_60ms": gappy,
             "lost_packets": sum(c.lost for c in answered), "underruns": int(underruns),
@@ -173,6 +183,9 @@ async def main_async(args) -> dict:
                                      args.prompt_seconds * 3 + 30, http_port, log_path)
                 print(json.dumps(row), flush=True)
                 rows.append(row)
+            if args.then:  # another benchmark against the same warm serve (a GPU start-up costs minutes)
+                then = await asyncio.to_thread(subprocess.run, args.then, shell=True, cwd=ROOT)
+                print(json.dumps({"then": args.then, "exit_code": then.returncode}), flush=True)
         finally:
             serve.send_signal(signal.SIGTERM)
             try:
@@ -200,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"processes placing the calls (default: one per {CALLS_PER_CALLER} calls of the step)")
     parser.add_argument("--out", type=Path, default=RESULTS / "e2e_calls.json")
     parser.add_argument("--serve-log", type=Path, default=None, help="keep the gateway's log here")
+    parser.add_argument("--then", help="a shell command to run after the steps, while serve still serves")
     args = parser.parse_args(argv)
     result = asyncio.run(main_async(args))
     args.out.parent.mkdir(parents=True, exist_ok=True)

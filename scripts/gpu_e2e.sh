@@ -7,9 +7,11 @@
 #   bash scripts/gpu_bench.sh bash scripts/gpu_e2e.sh in_process "$OUT" 1 50 100
 #   bash scripts/gpu_bench.sh bash scripts/gpu_e2e.sh instant "$OUT" 100 200 500
 #
-# workers: the engine in a worker process the gateway supervises (the product's shape); in_process: the
-# same engine inside the gateway's process (engine.workers: 0, the arrangement before the split);
-# instant: no GPU work at all, the media path alone. The engine settings match bench_load's, so the
+# workers: the engine in a worker process the gateway supervises (the product's shape); its worker also
+# serves the speech API, which bench/bench_tts_api.py measures after the calls (1, 10 and 50 clients, jambonz
+# at 10) beside the engine's own first chunk of the same requests, from the serve log ($OUT/tts_api.json);
+# in_process: the same engine inside the gateway's process (engine.workers: 0, the arrangement before the
+# split); instant: no GPU work at all, the media path alone. The engine settings match bench_load's, so the
 # carried compiler cache serves both.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,8 +21,15 @@ if [ "$arrangement" != instant ] && [ ! -f "$model/llm.pt" ]; then
     python3 bench/full_model.py --out "$model" --golden "${COSYVOICE_GOLDEN_DIR:-../shared/golden}"
 fi
 config="$out/e2e_$arrangement.yaml"
+key=$(python3 -c 'import secrets; print(secrets.token_hex(16))')
+then=()
+api_lines=""
 case "$arrangement" in
-    workers) workers_line="" ;;
+    workers)
+        workers_line="  worker: {api_port: 8090}"
+        api_lines="tts_api: {api_keys: [{name: bench, key: \"$key\", max_streams: 200}]}"
+        then=(--then "python3 bench/bench_tts_api.py --url http://127.0.0.1:8090 --key $key --clients 1 10 50 \
+--jambonz-clients 10 --samples 20 --engine-log $out/serve_workers.log --out $out/tts_api.json") ;;
     in_process) workers_line="  workers: 0" ;;
     instant)
         exec python3 bench/bench_e2e_calls.py --engine instant --calls "$@" --prompt-seconds 20 \
@@ -41,6 +50,7 @@ $workers_line
     flow_context_s: 13.0
 sip:
   max_calls: 1000
+$api_lines
 YAML
 exec python3 bench/bench_e2e_calls.py --config "$config" --calls "$@" --prompt-seconds 20 --rate 10 \
-    --out "$out/e2e_$arrangement.json" --serve-log "$out/serve_$arrangement.log"
+    --out "$out/e2e_$arrangement.json" --serve-log "$out/serve_$arrangement.log" "${then[@]}"

@@ -14,7 +14,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
 
-from bench_e2e_calls import engine_first_chunks_ms  # noqa: E402
+from bench_e2e_calls import engine_jobs, first_chunk_stages  # noqa: E402
 from e2e_caller import CallResult, RtpReceiver  # noqa: E402
 
 PACE_S = 0.020
@@ -67,10 +67,16 @@ def test_engine_first_chunks_are_our_calls_tts_job_done_lines_past_the_offset(tm
         json.dumps({"event": "call_answered", "call_id": "e2e-1-2@127.0.0.1"}),
         "Traceback (most recent call last): tts_job_done",
         json.dumps({"event": "tts_job_done", "call_id": "someone-else", "first_chunk_s": 5.0}),
-        json.dumps({"event": "tts_job_done", "call_id": "e2e-1-2@127.0.0.1", "first_chunk_s": 0.071}),
-        json.dumps({"event": "tts_job_done", "call_id": "e2e-2-3@127.0.0.1", "first_chunk_s": 0.25}),
+        json.dumps({"event": "tts_job_done", "call_id": "e2e-1-2@127.0.0.1", "first_chunk_s": 0.071,
+                    "first_chunk_decode_ms": 30.0, "first_chunk_render_ms": 35.0}),
+        json.dumps({"event": "tts_job_done", "call_id": "e2e-2-3@127.0.0.1", "first_chunk_s": 0.25,
+                    "first_chunk_decode_ms": 130.0, "first_chunk_render_ms": 95.0}),
     ]) + "\n")
-    assert engine_first_chunks_ms(log, len(before)) == [71.0, 250.0]
+    jobs = engine_jobs(log, len(before))
+    assert [job["first_chunk_s"] for job in jobs] == [0.071, 0.25]
+    stages = first_chunk_stages(jobs)
+    assert set(stages) == {"decode", "render"}
+    assert stages["decode"]["mean"] == 80.0 and stages["render"]["mean"] == 65.0
 
 
 def test_the_bench_places_calls_from_two_caller_processes_and_merges_them(tmp_path: Path) -> None:
