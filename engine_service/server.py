@@ -1,9 +1,9 @@
 """The engine worker's aiohttp app: one engine served to gateways over the streaming protocol (engine_service.protocol).
 
 Routes: `GET /v1/engine/stream` (the WebSocket link, token and version checked before the upgrade),
-`GET /v1/status` (the same figures as the status frame, token checked) and `GET /healthz` (200 while the engine is
-ready, 503 otherwise, no token: for load balancers). `make_app` returns a plain `web.Application`, so other route
-sets (the public TTS API) can be added to the same server.
+`GET /v1/status` (the same figures as the status frame, token checked), `GET /healthz` (200 while the engine is
+ready, 503 otherwise, no token: for load balancers) and `GET /metrics` (Prometheus, no token; engine_service.metrics).
+`make_app` returns a plain `web.Application`, so other route sets (the public TTS API) can be added to the same server.
 
 What this module must never do: block the engine. Engine threads hand chunks to a `ChunkChannel` (never blocks);
 one task per stream moves them into the link's outbox and one writer task per link sends it. A gateway that
@@ -22,11 +22,13 @@ from types import MappingProxyType
 
 import structlog
 from aiohttp import WSMsgType, web
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from engine_service import protocol
 from engine_service.api.routes import add_tts_routes
 from engine_service.api.settings import TtsApiSettings
 from engine_service.first_audio import FirstAudioEstimate
+from engine_service.metrics import WorkerMetrics
 from engines.base import SpeechEngine, SynthesisFailed, SynthesisRefused, SynthesisRequest
 
 log = structlog.get_logger(__name__)
@@ -49,7 +51,11 @@ class EngineWorker:
     settings: WorkerSettings
     streams_active: int = 0
     estimate: FirstAudioEstimate = field(default_factory=FirstAudioEstimate)
+    metrics: WorkerMetrics = field(init=False)
     _keys: itertools.count = field(default_factory=itertools.count)
+
+    def __post_init__(self) -> None:
+        self.metrics = WorkerMetrics(self)
 
     def status(self, opens_seen: int = 0) -> protocol.Status:
         """How things are now; `opens_seen` comes from the link the status goes to (it is per link)."""
@@ -91,13 +97,15 @@ def make_app(engine: SpeechEngine, settings: WorkerSettings, tts_api: TtsApiSett
              ) -> web.Application:
     """The worker's routes around an engine that is already started (its owner closes it); with `tts_api`,
     the speech API's routes too (engine_service/api), sharing the worker's slots."""
-    app = web.Application()
-    worker = app[WORKER] = EngineWorker(engine, settings)
+    worker = EngineWorker(engine, settings)
+    app = web.Application(middlewares=[worker.metrics.middleware()])
+    app[WORKER] = worker
     if tts_api is not None:
         add_tts_routes(app, engine, tts_api, shared_slots=worker)
     app.router.add_get(protocol.STREAM_PATH, _stream_endpoint)
     app.router.add_get("/v1/status", _status_endpoint)
     app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/metrics", _metrics)
     return app
 
 
@@ -116,6 +124,13 @@ def _unauthorized() -> web.Response:
 async def _healthz(request: web.Request) -> web.Response:
     status = request.app[WORKER].status()
     return web.json_response({"state": status.state}, status=200 if status.state == "ready" else 503)
+
+
+# No token, like /healthz: it carries counts only (no text, voice, call id or address), workers listen on loopback
+# unless an operator opens them to remote gateways (engine.worker.listen_host, --listen), and the token is the
+# gateways' key to synthesis: handing it to a scraper would let the monitoring system open streams.
+async def _metrics(request: web.Request) -> web.Response:
+    return web.Response(body=request.app[WORKER].metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 async def _status_endpoint(request: web.Request) -> web.Response:
@@ -159,6 +174,7 @@ class _Link:
         self._send(protocol.serialize(self._worker.hello()))
         writer = asyncio.create_task(self._write(), name="engine-link-writer")
         ticker = asyncio.create_task(self._tick(), name="engine-link-status")
+        self._worker.metrics.links_open.inc()
         try:
             async for message in self._ws:
                 if message.type == WSMsgType.TEXT:
@@ -166,6 +182,7 @@ class _Link:
                 elif message.type == WSMsgType.BINARY:
                     self._send_error(None, "binary frames are audio, sent by the worker only")
         finally:
+            self._worker.metrics.links_open.dec()
             for task in (writer, ticker, *self._streams.values()):
                 task.cancel()
             await asyncio.gather(writer, ticker, *self._streams.values(), return_exceptions=True)
@@ -180,7 +197,7 @@ class _Link:
             self._log.warning("engine_frame_malformed", error=str(exc), stream=exc.stream)
             if exc.stream is not None and exc.stream not in self._streams and '"open"' in text:
                 self._opens_seen += 1  # an open all the same: the gateway counted it as sent
-                self._send(protocol.serialize(protocol.Refused(exc.stream, "bad_request", str(exc))))
+                self._refuse(exc.stream, "bad_request", str(exc))
             else:
                 self._send_error(exc.stream, str(exc))
             return
@@ -207,47 +224,57 @@ class _Link:
         elif status.slots_free <= 0:
             refusal = ("no_capacity", f"all {worker.settings.slots} slots are taken")
         if refusal is not None:
-            self._send(protocol.serialize(protocol.Refused(frame.stream, *refusal)))
+            self._refuse(frame.stream, *refusal)
             return
         request = SynthesisRequest(text=frame.text, voice=frame.voice, call_id=frame.call_id,
                                    options=MappingProxyType(dict(frame.options)))
         try:
             channel = engine.open_stream(request)
         except SynthesisRefused as exc:
-            self._send(protocol.serialize(protocol.Refused(frame.stream, protocol.refusal_reason(exc), str(exc))))
+            self._refuse(frame.stream, protocol.refusal_reason(exc), str(exc))
             return
         except Exception as exc:  # noqa: BLE001 - the engine could not take it: say so, keep serving others
             self._log.exception("engine_open_failed", call_id=frame.call_id)
-            self._send(protocol.serialize(protocol.Refused(frame.stream, "unavailable", repr(exc))))
+            self._refuse(frame.stream, "unavailable", repr(exc))
             return
         key = worker.next_key()
         worker.streams_active += 1
-        worker.estimate.opened(key, time.monotonic())
-        task = asyncio.create_task(self._pump(frame, channel, key), name=f"engine-stream-{frame.call_id}")
+        opened_at = time.monotonic()
+        worker.estimate.opened(key, opened_at)
+        task = asyncio.create_task(self._pump(frame, channel, key, opened_at), name=f"engine-stream-{frame.call_id}")
         self._streams[frame.stream] = task
 
     # -- one stream ------------------------------------------------------------------------------
-    async def _pump(self, frame: protocol.Open, channel, key: int) -> None:
-        worker, stream = self._worker, frame.stream
+    async def _pump(self, frame: protocol.Open, channel, key: int, opened_at: float) -> None:
+        worker, stream, metrics = self._worker, frame.stream, self._worker.metrics
         first = True
+        outcome: str | None = None  # set once admitted: every admitted stream ends with one outcome
         try:
             try:
                 await channel.admitted()
             except SynthesisRefused as exc:
-                self._send(protocol.serialize(protocol.Refused(stream, protocol.refusal_reason(exc), str(exc))))
+                self._refuse(stream, protocol.refusal_reason(exc), str(exc))
                 return
             self._send(protocol.serialize(protocol.Opened(stream)))
+            metrics.streams_opened.inc()
+            outcome = "cancelled"  # unless it completes or fails below
             try:
                 async for chunk in channel:
                     if first:
-                        worker.estimate.first_chunk(key, time.monotonic())
+                        now = time.monotonic()
+                        worker.estimate.first_chunk(key, now)
+                        metrics.first_chunk_seconds.observe(now - opened_at)
                         first = False
                     self._send(protocol.encode_audio(stream, chunk, frame.format))
             except SynthesisFailed as exc:
+                outcome = "failed"
                 self._send(protocol.serialize(protocol.Failed(stream, str(exc))))
                 return
+            outcome = "completed"
             self._send(protocol.serialize(protocol.End(stream)))
         finally:
+            if outcome is not None:
+                metrics.streams_ended.labels(outcome).inc()
             channel.cancel()
             worker.estimate.gone(key)
             worker.streams_active -= 1
@@ -261,6 +288,10 @@ class _Link:
             # The writer is stuck in a send the gateway never reads: drop the connection, not the engine.
             self._log.error("engine_link_not_reading", queued_bytes=self._outbox_bytes)
             self._transport.abort()
+
+    def _refuse(self, stream: int, reason: str, message: str) -> None:
+        self._worker.metrics.refusals.labels(reason).inc()
+        self._send(protocol.serialize(protocol.Refused(stream, reason, message)))
 
     def _send_error(self, stream: int | None, message: str) -> None:
         self._send(protocol.serialize(protocol.Error(stream, message)))

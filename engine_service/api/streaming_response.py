@@ -24,6 +24,10 @@ from engines.channel import ChunkChannel
 
 log = structlog.get_logger(__name__)
 
+# When the first audio bytes were written (time.monotonic()), for the worker's first-byte histogram
+# (engine_service.metrics reads it once the handler returns; an app without metrics ignores it).
+FIRST_BYTE_AT = web.RequestKey("first_byte_at", float)
+
 
 async def stream_audio(request: web.Request, channel: ChunkChannel, encoder: AudioEncoder,
                        content_type: str, request_id: str) -> web.StreamResponse:
@@ -38,6 +42,7 @@ async def stream_audio(request: web.Request, channel: ChunkChannel, encoder: Aud
             async for data in audio:
                 if not response.prepared:
                     await response.prepare(request)
+                    request[FIRST_BYTE_AT] = time.monotonic()
                 await response.write(data)
                 sent += len(data)
     except SynthesisFailed as failure:

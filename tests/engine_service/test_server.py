@@ -8,13 +8,11 @@ import json
 import aiohttp
 import numpy as np
 import pytest
-from aiohttp import web
 
 from engine_service import protocol
-from engine_service.server import WorkerSettings, make_app
+from engine_service.server import WorkerSettings
 from engines.instant import InstantEngine
-
-TOKEN = "s3cret"
+from tests.engine_service.worker_link import TOKEN, connect, frame_is, serving
 
 
 @pytest.fixture
@@ -22,68 +20,19 @@ async def worker():
     # instant renders far faster than real time; the first-chunk delay keeps a stream (and its slot) open a while
     engine = InstantEngine(chunk_ms=100, ms_per_char=20.0, max_duration_s=30.0, first_chunk_delay_ms=800)
     await engine.start()
-    runner = web.AppRunner(make_app(engine, WorkerSettings(token=TOKEN, slots=2, status_interval_s=0.05)))
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    host, port = runner.addresses[0][:2]
-    yield f"http://{host}:{port}"
-    await runner.cleanup()
+    async with serving(engine, WorkerSettings(token=TOKEN, slots=2, status_interval_s=0.05)) as base:
+        yield base
     await engine.close()
-
-
-class Link:
-    """The test's side of one link: frames by stream, audio by stream."""
-
-    def __init__(self, ws):
-        self.ws = ws
-        self.frames: list = []
-        self.audio: dict[int, list[np.ndarray]] = {}
-        self.formats: dict[int, str] = {}
-
-    async def send(self, frame) -> None:
-        if isinstance(frame, protocol.Open):
-            self.formats[frame.stream] = frame.format
-        await self.ws.send_str(protocol.serialize(frame) if not isinstance(frame, str) else frame)
-
-    async def until(self, predicate, timeout: float = 10.0):
-        async def read():
-            while True:
-                for frame in self.frames:
-                    if predicate(frame):
-                        return frame
-                message = await self.ws.receive()
-                if message.type == aiohttp.WSMsgType.BINARY:
-                    stream, samples = protocol.decode_audio(message.data, self.formats)
-                    self.audio.setdefault(stream, []).append(samples)
-                elif message.type == aiohttp.WSMsgType.TEXT:
-                    self.frames.append(protocol.parse(message.data))
-                else:
-                    raise ConnectionError(f"link closed: {message.type}")
-        return await asyncio.wait_for(read(), timeout)
-
-    def of(self, stream: int, kind: type) -> list:
-        return [f for f in self.frames if isinstance(f, kind) and f.stream == stream]
-
-
-async def _link(session, base: str) -> Link:
-    ws = await session.ws_connect(f"{base}{protocol.STREAM_PATH}", params={"version": str(protocol.VERSION)},
-                                  headers={"Authorization": f"Bearer {TOKEN}"})
-    return Link(ws)
-
-
-def _is(kind, stream=None):
-    return lambda f: isinstance(f, kind) and (stream is None or f.stream == stream)
 
 
 async def test_hello_then_open_chunks_end(worker):
     async with aiohttp.ClientSession() as session:
-        link = await _link(session, worker)
-        hello = await link.until(_is(protocol.Hello))
+        link = await connect(session, worker)
+        hello = await link.until(frame_is(protocol.Hello))
         assert hello.version == protocol.VERSION and hello.engine == "instant"
         assert "en" in hello.voices and hello.sample_rate == 24000
         await link.send(protocol.Open(stream=5, text="hello there, caller, from the worker", voice="en", call_id="c5"))
-        await link.until(_is(protocol.End, 5))
+        await link.until(frame_is(protocol.End, 5))
         kinds = [type(f) for f in link.frames if getattr(f, "stream", None) == 5]
         assert kinds == [protocol.Opened, protocol.End]
         audio = np.concatenate(link.audio[5])
@@ -92,19 +41,19 @@ async def test_hello_then_open_chunks_end(worker):
 
 async def test_s16le_audio_is_the_same_signal(worker):
     async with aiohttp.ClientSession() as session:
-        link = await _link(session, worker)
+        link = await connect(session, worker)
         await link.send(protocol.Open(stream=1, text="same text", voice="en", format="f32le"))
         await link.send(protocol.Open(stream=2, text="same text", voice="en", format="s16le"))
-        await link.until(_is(protocol.End, 1))
-        await link.until(_is(protocol.End, 2))
+        await link.until(frame_is(protocol.End, 1))
+        await link.until(frame_is(protocol.End, 2))
         assert np.allclose(np.concatenate(link.audio[1]), np.concatenate(link.audio[2]), atol=1 / 32768)
 
 
 async def test_status_heartbeat_counts_slots_and_cancel_frees_one(worker):
     async with aiohttp.ClientSession() as session:
-        link = await _link(session, worker)
+        link = await connect(session, worker)
         await link.send(protocol.Open(stream=1, text="x" * 1000, voice="en"))  # 20 s of audio: stays open
-        await link.until(_is(protocol.Opened, 1))
+        await link.until(frame_is(protocol.Opened, 1))
         link.frames.clear()
         status = await link.until(lambda f: isinstance(f, protocol.Status) and f.slots_free == 1)
         assert status.state == "ready" and status.slots_total == 2
@@ -123,52 +72,52 @@ async def test_status_heartbeat_counts_slots_and_cancel_frees_one(worker):
 ])
 async def test_refusals_come_before_any_audio_with_their_reason(worker, open_frame, reason):
     async with aiohttp.ClientSession() as session:
-        link = await _link(session, worker)
+        link = await connect(session, worker)
         await link.send(open_frame)
-        refused = await link.until(_is(protocol.Refused, 9))
+        refused = await link.until(frame_is(protocol.Refused, 9))
         assert refused.reason == reason and refused.message
         assert 9 not in link.audio and not link.of(9, protocol.Opened)
 
 
 async def test_a_full_worker_refuses_with_no_capacity(worker):
     async with aiohttp.ClientSession() as session:
-        link = await _link(session, worker)
+        link = await connect(session, worker)
         for stream in (1, 2, 3):
             await link.send(protocol.Open(stream=stream, text="x" * 1000, voice="en"))
-        refused = await link.until(_is(protocol.Refused, 3))
+        refused = await link.until(frame_is(protocol.Refused, 3))
         assert refused.reason == "no_capacity"
-        assert link.of(1, protocol.Opened) or await link.until(_is(protocol.Opened, 1))
+        assert link.of(1, protocol.Opened) or await link.until(frame_is(protocol.Opened, 1))
 
 
 async def test_status_counts_the_links_own_opens_admitted_or_refused(worker):
     """What lets a gateway count free slots exactly: a status says how many of its link's opens the worker has
     handled, whatever the answer (a malformed open too: the gateway counted it as sent); another link's are not."""
     async with aiohttp.ClientSession() as session:
-        link, other = await _link(session, worker), await _link(session, worker)
+        link, other = await connect(session, worker), await connect(session, worker)
         for stream in (1, 2, 3):  # two admitted, the third refused: no_capacity
             await link.send(protocol.Open(stream=stream, text="x" * 1000, voice="en"))
         await link.send('{"type":"open","stream":4,"text":"hi"}')  # no voice: refused, bad_request
-        await link.until(_is(protocol.Refused, 4))
+        await link.until(frame_is(protocol.Refused, 4))
         link.frames.clear()
-        status = await link.until(_is(protocol.Status))  # built after the refusal left, so it counts all four
+        status = await link.until(frame_is(protocol.Status))  # built after the refusal left, so it counts all four
         assert (status.opens_seen, status.slots_free) == (4, 0)
-        assert (await other.until(_is(protocol.Status))).opens_seen == 0
+        assert (await other.until(frame_is(protocol.Status))).opens_seen == 0
 
 
 async def test_a_malformed_frame_gets_an_error_and_harms_no_other_stream(worker):
     async with aiohttp.ClientSession() as session:
-        link = await _link(session, worker)
+        link = await connect(session, worker)
         await link.send(protocol.Open(stream=1, text="a stream that keeps going for a while", voice="en"))
-        await link.until(_is(protocol.Opened, 1))
+        await link.until(frame_is(protocol.Opened, 1))
         await link.send("{not json")
-        error = await link.until(_is(protocol.Error))
+        error = await link.until(frame_is(protocol.Error))
         assert "not JSON" in error.message
         await link.send('{"type":"open","stream":2,"text":"hi"}')  # no voice: refused, named
-        refused = await link.until(_is(protocol.Refused, 2))
+        refused = await link.until(frame_is(protocol.Refused, 2))
         assert refused.reason == "bad_request" and "voice" in refused.message
         await link.ws.send_bytes(b"\x00\x00\x00\x01junk")
         await link.until(lambda f: isinstance(f, protocol.Error) and "binary" in f.message)
-        await link.until(_is(protocol.End, 1))
+        await link.until(frame_is(protocol.End, 1))
         assert sum(len(a) for a in link.audio[1]) == int(len("a stream that keeps going for a while") * 0.02 * 24000)
 
 
@@ -194,12 +143,12 @@ async def test_wrong_token_is_401_and_wrong_version_is_400(worker):
 
 async def test_a_dropped_link_frees_its_streams_slots(worker):
     async with aiohttp.ClientSession() as session:
-        first = await _link(session, worker)
+        first = await connect(session, worker)
         await first.send(protocol.Open(stream=1, text="x" * 1000, voice="en"))
         await first.send(protocol.Open(stream=2, text="x" * 1000, voice="en"))
-        await first.until(_is(protocol.Opened, 2))
+        await first.until(frame_is(protocol.Opened, 2))
         await first.ws.close()
-        second = await _link(session, worker)
+        second = await connect(session, worker)
         await second.until(lambda f: isinstance(f, protocol.Status) and f.slots_free == 2)
 
 
@@ -212,13 +161,9 @@ async def test_speech_api_streams_share_the_workers_slots_with_gateway_links():
     engine = InstantEngine(chunk_ms=100, ms_per_char=20.0, max_duration_s=30.0, first_chunk_delay_ms=800)
     await engine.start()
     api = TtsApiSettings.from_mapping({"api_keys": [{"name": "bot", "key": key, "max_streams": 4}]})
-    runner = web.AppRunner(make_app(engine, WorkerSettings(token=TOKEN, slots=2, status_interval_s=0.05), api))
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    host, port = runner.addresses[0][:2]
-    base = f"http://{host}:{port}"
     try:
-        async with aiohttp.ClientSession() as session:
+        async with serving(engine, WorkerSettings(token=TOKEN, slots=2, status_interval_s=0.05), api) as base, \
+                aiohttp.ClientSession() as session:
             async def speak() -> bytes:
                 async with session.post(f"{base}/v1/tts", headers={"Authorization": f"Bearer {key}"},
                                         json={"text": "hello from the api", "format": "pcm_s16le"}) as response:
@@ -226,14 +171,13 @@ async def test_speech_api_streams_share_the_workers_slots_with_gateway_links():
                     return await response.read()
 
             api_streams = [asyncio.create_task(speak()) for _ in range(2)]
-            link = await _link(session, base)
+            link = await connect(session, base)
             await link.until(lambda f: isinstance(f, protocol.Status) and f.slots_free == 0)
             await link.send(protocol.Open(stream=1, text="hello", voice="en"))
-            refused = await link.until(_is(protocol.Refused, 1))
+            refused = await link.until(frame_is(protocol.Refused, 1))
             assert refused.reason == "no_capacity"
             assert all(len(audio) > 0 for audio in await asyncio.gather(*api_streams))
             await link.until(lambda f: isinstance(f, protocol.Status) and f.slots_free == 2)
             await link.ws.close()
     finally:
-        await runner.cleanup()
         await engine.close()

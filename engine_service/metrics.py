@@ -1,0 +1,136 @@
+"""Prometheus metrics of one engine worker: the one place their names and labels are defined.
+
+A worker is a process of its own, so it has a registry of its own (never the gateway's), one per application,
+served at `GET /metrics` of the worker's server. What the worker already keeps (state, slots, streams in use,
+queue, first-audio estimate) is read from `EngineWorker.status()` when Prometheus scrapes, so nothing is counted
+twice; only events (streams opened and ended, refusals, first chunks, HTTP requests) are counted as they happen.
+Labels come from bounded sets: the protocol's refusal reasons, the stream outcomes, the server's route paths and
+HTTP status codes. Never: a call id, a text or a client's address as a label; an import of the gateway.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Protocol
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from engine_service import protocol
+from engine_service.api.streaming_response import FIRST_BYTE_AT
+
+# The gateway's tts_first_chunk_latency_seconds buckets, so a worker's figure and the gateway's compare bucket by
+# bucket (the gateway's adds the link's hop).
+FIRST_CHUNK_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0)
+STREAM_OUTCOMES = ("completed", "failed", "cancelled")
+STATES = ("ready", "warming", "down")
+
+
+class WorkerView(Protocol):
+    """What the scrape reads of the worker (engine_service.server.EngineWorker)."""
+
+    streams_active: int
+
+    def status(self) -> protocol.Status: ...
+
+
+class WorkerMetrics:
+    """One worker's counters and histograms, and the collector of its status, in a registry of its own."""
+
+    def __init__(self, worker: WorkerView) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        registry = self.registry
+        self.links_open = Gauge("tts_worker_links_open", "Gateway links (WebSockets) open", registry=registry)
+        self.streams_opened = Counter(
+            "tts_worker_streams_opened_total", "Gateway streams admitted (an opened frame sent)", registry=registry)
+        self.refusals = Counter(
+            "tts_worker_refusals_total",
+            f"Gateway opens refused, by the protocol's reason ({', '.join(protocol.REFUSAL_REASONS)})",
+            ["reason"], registry=registry)
+        self.streams_ended = Counter(
+            "tts_worker_streams_ended_total",
+            "Admitted gateway streams that ended, by outcome (completed: end sent; failed: the engine broke "
+            "mid-stream, failed sent; cancelled: a cancel frame or the link closed)",
+            ["outcome"], registry=registry)
+        self.first_chunk_seconds = Histogram(
+            "tts_worker_first_chunk_latency_seconds",
+            "Time from a gateway's open frame to the stream's first audio chunk, in the worker",
+            buckets=FIRST_CHUNK_BUCKETS, registry=registry)
+        self.http_requests = Counter(
+            "tts_worker_http_requests_total",
+            "HTTP requests answered by the worker's server (speech API, status, link upgrades), by route and "
+            "status code (101: a WebSocket); a request whose client left before any answer is not counted",
+            ["endpoint", "code"], registry=registry)
+        self.api_first_byte_seconds = Histogram(
+            "tts_api_first_byte_latency_seconds",
+            "Speech API over HTTP: time from the request to its first audio bytes, by route",
+            ["endpoint"], buckets=FIRST_CHUNK_BUCKETS, registry=registry)
+        registry.register(_StatusCollector(worker))
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def middleware(self):
+        """An aiohttp middleware counting every request by route and status, and the API's first-byte time."""
+
+        @web.middleware
+        async def count(request: web.Request, handler):
+            started = time.monotonic()
+            code: int | None = None
+            try:
+                response = await handler(request)
+                code = response.status
+                return response
+            except web.HTTPException as exc:
+                code = exc.status
+                raise
+            except Exception:
+                code = 500  # what aiohttp answers for a handler's unexpected exception
+                raise
+            finally:
+                endpoint = _endpoint(request)
+                if code is not None:
+                    self.http_requests.labels(endpoint, str(code)).inc()
+                if (first_byte_at := request.get(FIRST_BYTE_AT)) is not None:
+                    self.api_first_byte_seconds.labels(endpoint).observe(first_byte_at - started)
+
+        return count
+
+
+def _endpoint(request: web.Request) -> str:
+    """The route's path as registered (`/v1/tts`), never the raw path: a stranger's URLs must not make series."""
+    resource = request.match_info.route.resource
+    return resource.canonical if resource is not None else "unmatched"
+
+
+class _StatusCollector(Collector):
+    """The worker's status as gauges, read at scrape time (the same figures as the status frame)."""
+
+    def __init__(self, worker: WorkerView) -> None:
+        self._worker = worker
+
+    def describe(self) -> list:
+        return []  # nothing to describe ahead: registering must not ask the engine for its health
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        status = self._worker.status()
+        state = GaugeMetricFamily("tts_worker_state", "1 for the engine's state now (ready, warming, down)",
+                                  labels=["state"])
+        for name in STATES:
+            state.add_metric([name], 1.0 if status.state == name else 0.0)
+        yield state
+        yield GaugeMetricFamily("tts_worker_slots_total", "Streams the worker serves at once",
+                                value=status.slots_total)
+        yield GaugeMetricFamily("tts_worker_slots_free", "Slots free now (what a gateway's status frame says)",
+                                value=status.slots_free)
+        yield GaugeMetricFamily("tts_worker_streams_active", "Slots in use: gateway streams and speech API streams",
+                                value=self._worker.streams_active)
+        yield GaugeMetricFamily("tts_worker_queue_depth",
+                                "Gateway streams admitted and still waiting for their first audio",
+                                value=status.queue_depth)
+        yield GaugeMetricFamily("tts_worker_first_audio_estimate_seconds",
+                                "The worker's estimate of first audio for a stream opened now (admission bound)",
+                                value=status.first_audio_ms / 1000)
