@@ -13,12 +13,13 @@ always name deadlines, so a skip shows up as a gap in the index.
 Subscribers are plain callbacks `on_tick(tick_index, deadline)` run on the loop thread; they must be
 tiny (pop a frame, encode, sendto). One failing subscriber is logged and does not stop the others.
 
-Phases: the calls are spread over `phases` evenly spaced slots of the period (4 slots of 5 ms by
-default), each call always in the same slot. A tick then serves a quarter of the calls, so the time
-from a slot's deadline to a given call's packet (its place in the slot's queue) is a quarter of what
+Phases: the calls are spread over `phases` evenly spaced slots of the period (PHASES slots of 2 ms by
+default), each call always in the same slot. A tick then serves a tenth of the calls, so the time
+from a slot's deadline to a given call's packet (its place in the slot's queue) is a tenth of what
 one 20 ms burst for every call would give, and so is its variation from tick to tick: that variation
-is the send jitter a receiver sees. Packet timing per call is unchanged: still one packet per 20 ms,
-with RTP timestamps from the packet tick index.
+is the send jitter a receiver sees. Other work on the loop (a call set up or torn down) that holds a
+slot back delays only that slot's calls. Packet timing per call is unchanged: still one packet per
+20 ms, with RTP timestamps from the packet tick index.
 
 asyncio runs every callback that is already ready before it looks at timers again, so a burst of
 ready work (hundreds of calls each taking in an engine chunk) would hold a due tick back for the whole
@@ -38,6 +39,9 @@ from gateway import metrics
 log = structlog.get_logger(__name__)
 
 PERIOD_S = 0.020
+# 10 slots of 2 ms: at 500 calls a slot is ~0.8 ms of sends; 4 slots of 5 ms gave RTP interval p99
+# 22.1-22.7 ms at the caller on the GPU hosts (bench/results/e2e_calls.json, docs/PERF_NOTES.md).
+PHASES = 10
 TickCallback = Callable[[int, float], None]
 
 
@@ -52,7 +56,7 @@ def due_ticks(now: float, t0: float, next_index: int, max_catch_up: int,
 
 
 class PacketClock:
-    def __init__(self, max_catch_up: int = 3, phases: int = 4) -> None:
+    def __init__(self, max_catch_up: int = 3, phases: int = PHASES) -> None:
         if phases < 1:
             raise ValueError("phases must be >= 1")
         self.max_catch_up = max_catch_up
