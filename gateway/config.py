@@ -244,13 +244,12 @@ class GatewayConfig(Section):
     tts_api: dict[str, Any] | None = None
 
     def worker_plans(self) -> list[WorkerPlan]:
-        """The engine's worker processes, each also serving the speech API when `tts_api` and a port are set."""
+        """The engine's worker processes, each also serving the speech API when `tts_api` is set and the workers
+        have fixed ports (engine.worker.port): an API on a free port would have no client that knows where it is."""
         plans = self.engine.worker_plans()
-        port = self.engine.worker.api_port
-        if self.tts_api is None or port is None:
+        if self.tts_api is None or self.engine.worker.port is None:
             return plans
-        return [dataclasses.replace(plan, tts_api=self.tts_api, listen_port=port + index)
-                for index, plan in enumerate(plans)]
+        return [dataclasses.replace(plan, tts_api=self.tts_api) for plan in plans]
 
     @model_validator(mode="after")
     def _references(self) -> GatewayConfig:

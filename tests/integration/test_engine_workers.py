@@ -197,3 +197,27 @@ async def test_killed_worker_ends_only_its_call_and_restarts_full_workers_refuse
             recorder.transport.close()
     finally:
         await _stop(serve)
+
+
+async def test_a_worker_with_a_fixed_port_serves_metrics_there_and_comes_back_there_after_a_restart(tmp_path):
+    port = _free_tcp_port()
+    serve = await _serve(tmp_path, {"name": "instant", "workers": 1, "worker": {"port": port}})
+
+    async def worker_metrics() -> str:
+        async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/metrics") as response:
+            assert response.status == 200
+            return await response.text()
+
+    try:
+        await serve.until_healthy(timeout=30)
+        assert "tts_worker_slots_total" in await worker_metrics()  # Prometheus can be pointed at the worker
+        victim, = serve.workers()
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while serve.workers() in ([], [victim]) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)  # waiting for the supervisor's restart, as an operator's scraper would
+        await serve.until_healthy(timeout=30)
+        assert victim not in serve.workers()
+        assert "tts_worker_slots_total" in await worker_metrics()  # the restarted worker is on the same port
+    finally:
+        await _stop(serve)
