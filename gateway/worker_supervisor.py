@@ -134,7 +134,8 @@ def worker_command(plan: WorkerPlan) -> list[str]:
     block the bind)."""
     command = [sys.executable, "-m", "engine_service", "--engine", plan.engine,
                "--settings", json.dumps(plan.settings, default=str),
-               "--listen", f"{plan.listen_host}:{plan.listen_port}", "--token-file", "-", "--supervised"]
+               "--listen", f"{plan.listen_host}:{plan.listen_port}", "--token-file", "-", "--supervised",
+               "--log-level", plan.log_level]
     if plan.tts_api is not None:
         command += ["--tts-api", json.dumps(plan.tts_api, default=str)]
     if plan.device is not None:

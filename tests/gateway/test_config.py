@@ -216,6 +216,11 @@ def test_worker_port_mistakes_name_their_key(overrides, expected):
     assert str(caught.value).startswith(expected), str(caught.value)
 
 
+def test_supervised_workers_log_at_the_gateways_level():
+    config = load_config(None, {"engine.workers": 2, "logging.level": "warning"})
+    assert [plan.log_level for plan in config.worker_plans()] == ["warning", "warning"]
+
+
 def test_a_typo_in_the_cosyvoice2_block_is_a_one_line_error_at_load():
     from gateway.config import ConfigError, load_config
 
