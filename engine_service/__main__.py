@@ -9,7 +9,7 @@ The engine is started (model loaded, warmed up) before the port is opened; then 
 supervisor that asked for port 0 learns the port. Logs go to stderr. `--supervised` (the gateway's
 supervisor): the token is the first line of stdin, and the worker exits when stdin closes, so it never
 outlives a gateway that was killed. SIGTERM closes the links (their streams end) and the engine, exit 0.
-Exit codes: 0 stopped, 2 bad arguments or engine settings, 1 the engine failed to start.
+Exit codes: 0 stopped, 2 bad arguments or engine settings, 1 the engine failed to start or its port is taken.
 """
 
 from __future__ import annotations
@@ -167,7 +167,13 @@ async def _serve(args: argparse.Namespace, name: str, settings: dict[str, Any], 
     runner = web.AppRunner(make_app(engine, WorkerSettings(token=token, slots=slots), tts_api), access_log=None,
                            handler_cancellation=True)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except OSError as exc:  # a fixed port (--listen, engine.worker.port) another process holds: one line, exit 1
+        log.error("engine_worker_listen_failed", listen=args.listen, error=exc.strerror or str(exc))
+        await runner.cleanup()
+        await engine.close()
+        return 1
     bound_host, bound_port = runner.addresses[0][:2]
     shown_host = f"[{bound_host}]" if ":" in bound_host else bound_host
     url = f"ws://{shown_host}:{bound_port}{STREAM_PATH}"

@@ -134,7 +134,7 @@ class WorkerLink:
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"engine-link-{self.name}")
 
     def retarget(self, url: str) -> None:
-        """A restarted worker listens on a new port: connect there now."""
+        """A (re)started worker listens, on a new port unless engine.worker.port fixes it: connect there now."""
         self.url = url
         self._wake.set()
 

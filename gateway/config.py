@@ -244,13 +244,12 @@ class GatewayConfig(Section):
     tts_api: dict[str, Any] | None = None
 
     def worker_plans(self) -> list[WorkerPlan]:
-        """The engine's worker processes, each also serving the speech API when `tts_api` and a port are set."""
-        plans = self.engine.worker_plans()
-        port = self.engine.worker.api_port
-        if self.tts_api is None or port is None:
-            return plans
-        return [dataclasses.replace(plan, tts_api=self.tts_api, listen_port=port + index)
-                for index, plan in enumerate(plans)]
+        """The engine's worker processes, logging at the gateway's level, each also serving the speech API when
+        `tts_api` is set and the workers have fixed ports (engine.worker.port): an API on a free port would have
+        no client that knows where it is."""
+        tts_api = self.tts_api if self.engine.worker.port is not None else None
+        return [dataclasses.replace(plan, tts_api=tts_api, log_level=self.logging.level)
+                for plan in self.engine.worker_plans()]
 
     @model_validator(mode="after")
     def _references(self) -> GatewayConfig:

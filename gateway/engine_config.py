@@ -52,9 +52,18 @@ class EngineWorkerSection(Section):
     slots: int | None = Field(None, ge=1)  # streams per worker; None: cosyvoice2's max_batch, else 64
     dead_after_ms: int = Field(1000, ge=100, le=60000)  # a worker silent this long is dead: its calls end
     start_timeout_s: float = Field(900.0, gt=0)  # model load, compile and warm-up of a GPU worker
-    # The speech API (tts_api block) is served by each supervised worker on this port + its index;
-    # None: on a free port (the API is then for the gateway's links only, so it is not served at all).
-    api_port: int | None = Field(None, ge=1, le=65535)
+    # Supervised worker i listens on port + i: its gateway link, /healthz, /metrics (so Prometheus can be
+    # pointed at it) and the speech API when tts_api is set. None: a free port, and then no speech API is
+    # served, since its clients must know where to connect. A restarted worker comes back on its port.
+    port: int | None = Field(None, ge=1, le=65535)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _api_port_is_port(cls, data: Any) -> Any:
+        # The key's old name, refused with the new one named: the port serves more than the API.
+        if isinstance(data, dict) and "api_port" in data:
+            raise FieldProblem("api_port", "unknown field; the worker's one port is engine.worker.port")
+        return data
 
 
 class EngineRemoteSection(Section):
@@ -87,8 +96,9 @@ class WorkerPlan:
     device: str | None
     slots: int | None
     listen_host: str
-    listen_port: int = 0  # 0: any free port (the gateway learns it from the worker)
+    listen_port: int = 0  # 0: any free port (the gateway learns it from the worker); else the same at each restart
     tts_api: dict[str, Any] | None = None  # the speech API's block, checked by the worker at its start
+    log_level: str = "info"  # the gateway's logging.level when it started (a SIGHUP does not reach workers)
 
 
 class EngineSection(Section):
@@ -118,6 +128,10 @@ class EngineSection(Section):
             if self.workers is not None and self.workers != len(devices):
                 raise FieldProblem("workers", f"{self.workers} workers but {len(devices)} cosyvoice2.devices; "
                                                "cosyvoice2 runs one worker per device")
+        port, count = self.worker.port, len(self.worker_plans())
+        if port is not None and port + count - 1 > 65535:
+            raise FieldProblem("worker.port", f"{count} workers listen on {port} to {port + count - 1}; "
+                                              "the last must be at most 65535")
         if self.name == "remote" and not self.remote.urls:
             raise FieldProblem("remote.urls", "engine remote needs at least one worker URL")
         if self.name == "cosyvoice2":
@@ -159,8 +173,10 @@ class EngineSection(Section):
             if count is None:
                 count = 1 if self.name == "cosyvoice2" and not self.remote.urls else 0
             targets = [None] * count
+        port = self.worker.port
         return [WorkerPlan(name=f"{self.name}-{target or index}", engine=self.name, settings=self.settings(),
-                           device=target, slots=self.worker.slots, listen_host=self.worker.listen_host)
+                           device=target, slots=self.worker.slots, listen_host=self.worker.listen_host,
+                           listen_port=0 if port is None else port + index)
                 for index, target in enumerate(targets)]
 
     @property

@@ -110,16 +110,7 @@ class WorkerSupervisor:
             backoff = min(backoff * 2, _BACKOFF_MAX_S)
 
     async def _run_once(self, plan: WorkerPlan) -> int:
-        command = [sys.executable, "-m", "engine_service", "--engine", plan.engine,
-                   "--settings", json.dumps(plan.settings, default=str),
-                   "--listen", f"{plan.listen_host}:{plan.listen_port}", "--token-file", "-", "--supervised"]
-        if plan.tts_api is not None:
-            command += ["--tts-api", json.dumps(plan.tts_api, default=str)]
-        if plan.device is not None:
-            command += ["--device", plan.device]
-        if plan.slots is not None:
-            command += ["--slots", str(plan.slots)]
-        process = await asyncio.create_subprocess_exec(*command, stdin=asyncio.subprocess.PIPE,
+        process = await asyncio.create_subprocess_exec(*worker_command(plan), stdin=asyncio.subprocess.PIPE,
                                                        stdout=asyncio.subprocess.PIPE, env=_worker_env(plan))
         self._processes[plan.name] = process
         log.info("engine_worker_started", worker=plan.name, pid=process.pid, device=plan.device)
@@ -135,6 +126,23 @@ class WorkerSupervisor:
                 self._on_listening(plan.name, event["url"])
                 self._listened[plan.name].set()
         return await process.wait()
+
+
+def worker_command(plan: WorkerPlan) -> list[str]:
+    """The worker's command line; the same at every restart, so a fixed port (engine.worker.port) is taken again
+    (asyncio's create_server sets SO_REUSEADDR on POSIX: the dead worker's connections in TIME_WAIT do not
+    block the bind)."""
+    command = [sys.executable, "-m", "engine_service", "--engine", plan.engine,
+               "--settings", json.dumps(plan.settings, default=str),
+               "--listen", f"{plan.listen_host}:{plan.listen_port}", "--token-file", "-", "--supervised",
+               "--log-level", plan.log_level]
+    if plan.tts_api is not None:
+        command += ["--tts-api", json.dumps(plan.tts_api, default=str)]
+    if plan.device is not None:
+        command += ["--device", plan.device]
+    if plan.slots is not None:
+        command += ["--slots", str(plan.slots)]
+    return command
 
 
 def _worker_env(plan: WorkerPlan) -> dict[str, str]:

@@ -26,7 +26,7 @@ then=()
 api_lines=""
 case "$arrangement" in
     workers)
-        workers_line="  worker: {api_port: 8090}"
+        workers_line="  worker: {port: 8090}"
         api_lines="tts_api: {api_keys: [{name: bench, key: \"$key\", max_streams: 200}]}"
         then=(--then "python3 bench/bench_tts_api.py --url http://127.0.0.1:8090 --key $key --clients 1 10 50 \
 --jambonz-clients 10 --samples 20 --engine-log $out/serve_workers.log --out $out/tts_api.json") ;;

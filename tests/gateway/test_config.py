@@ -195,14 +195,30 @@ def test_sip_abuse_limits_reach_the_sip_settings():
     assert default.max_requests_per_s_per_source == 5 and default.stream_limits.max_connections == 500
 
 
-def test_supervised_workers_serve_the_speech_api_on_consecutive_ports_only_when_asked():
-    from gateway.config import load_config
-
+def test_supervised_workers_listen_on_consecutive_fixed_ports_and_serve_the_speech_api_only_there():
     block = {"api_keys": [{"name": "jambonz", "key": "j" * 24, "max_streams": 10}]}
-    asked = load_config(None, {"engine.workers": 2, "engine.worker.api_port": 8090, "tts_api": block})
+    fixed = load_config(None, {"engine.workers": 2, "engine.worker.port": 7100})  # /metrics scrapable, no API
+    assert [(plan.listen_port, plan.tts_api) for plan in fixed.worker_plans()] == [(7100, None), (7101, None)]
+    asked = load_config(None, {"engine.workers": 2, "engine.worker.port": 8090, "tts_api": block})
     assert [(plan.listen_port, plan.tts_api) for plan in asked.worker_plans()] == [(8090, block), (8091, block)]
     unasked = load_config(None, {"engine.workers": 2, "tts_api": block})  # no port: no public API
     assert [(plan.listen_port, plan.tts_api) for plan in unasked.worker_plans()] == [(0, None), (0, None)]
+
+
+@pytest.mark.parametrize(("overrides", "expected"), [
+    ({"engine.workers": 1, "engine.worker.api_port": 8090},
+     "engine.worker.api_port: unknown field; the worker's one port is engine.worker.port"),
+    ({"engine.workers": 3, "engine.worker.port": 65534}, "engine.worker.port: 3 workers listen on 65534 to 65536"),
+])
+def test_worker_port_mistakes_name_their_key(overrides, expected):
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, overrides)
+    assert str(caught.value).startswith(expected), str(caught.value)
+
+
+def test_supervised_workers_log_at_the_gateways_level():
+    config = load_config(None, {"engine.workers": 2, "logging.level": "warning"})
+    assert [plan.log_level for plan in config.worker_plans()] == ["warning", "warning"]
 
 
 def test_a_typo_in_the_cosyvoice2_block_is_a_one_line_error_at_load():

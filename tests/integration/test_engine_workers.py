@@ -71,11 +71,11 @@ class Serve:
         return [pid for pid in pids if b"engine_service" in Path(f"/proc/{pid}/cmdline").read_bytes()]
 
 
-async def _serve(tmp_path: Path, engine: dict) -> Serve:
+async def _serve(tmp_path: Path, engine: dict, log_level: str = "info") -> Serve:
     sip_port, http_port = free_udp_port(), _free_tcp_port()
     config = {"sip": {"listen": f"127.0.0.1:{sip_port}", "transports": ["udp"], "t1_ms": 50},
               "media": {"rtp_port_range": "43000-44999"}, "engine": engine,
-              "http": {"listen": f"127.0.0.1:{http_port}"}, "logging": {"level": "info"},
+              "http": {"listen": f"127.0.0.1:{http_port}"}, "logging": {"level": log_level},
               "shutdown": {"drain_timeout_s": 20}}
     path = tmp_path / "gateway.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -197,3 +197,31 @@ async def test_killed_worker_ends_only_its_call_and_restarts_full_workers_refuse
             recorder.transport.close()
     finally:
         await _stop(serve)
+
+
+async def test_a_worker_with_a_fixed_port_serves_metrics_there_after_a_restart_and_logs_at_the_gateways_level(
+        tmp_path):
+    port = _free_tcp_port()
+    serve = await _serve(tmp_path, {"name": "instant", "workers": 1, "worker": {"port": port}}, log_level="warning")
+
+    async def worker_metrics() -> str:
+        async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/metrics") as response:
+            assert response.status == 200
+            return await response.text()
+
+    try:
+        await serve.until_healthy(timeout=30)
+        assert "tts_worker_slots_total" in await worker_metrics()  # Prometheus can be pointed at the worker
+        victim, = serve.workers()
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while serve.workers() in ([], [victim]) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)  # waiting for the supervisor's restart, as an operator's scraper would
+        await serve.until_healthy(timeout=30)
+        assert victim not in serve.workers()
+        assert "tts_worker_slots_total" in await worker_metrics()  # the restarted worker is on the same port
+    finally:
+        await _stop(serve)
+    levels = {json.loads(line).get("level") for line in (tmp_path / "serve.log").read_text().splitlines()
+              if line.startswith("{")}
+    assert levels and "info" not in levels, levels  # neither the gateway nor its workers logged info lines

@@ -1,0 +1,27 @@
+"""The command line a supervised engine worker is started with: what the operator configured reaches the worker,
+in arguments `python -m engine_service` accepts."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine_service.__main__ import _parser
+from gateway.config import load_config
+from gateway.worker_supervisor import worker_command
+
+
+def _worker_args(plan):
+    command = worker_command(plan)
+    assert command[1:3] == ["-m", "engine_service"]
+    return _parser().parse_args(command[3:])
+
+
+@pytest.mark.parametrize("level", ["debug", "info", "warning", "error"])
+def test_a_worker_is_started_at_the_gateways_log_level(level):
+    plan, = load_config(None, {"engine.workers": 1, "logging.level": level}).worker_plans()
+    assert _worker_args(plan).log_level == level
+
+
+def test_workers_with_a_fixed_port_listen_on_port_plus_index():
+    first, second = load_config(None, {"engine.workers": 2, "engine.worker.port": 7100}).worker_plans()
+    assert (_worker_args(first).listen, _worker_args(second).listen) == ("127.0.0.1:7100", "127.0.0.1:7101")
