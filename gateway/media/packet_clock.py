@@ -39,8 +39,8 @@ from gateway import metrics
 log = structlog.get_logger(__name__)
 
 PERIOD_S = 0.020
-# 10 slots of 2 ms: at 500 calls a slot is ~0.8 ms of sends; 4 slots of 5 ms gave RTP interval p99
-# 22.1-22.7 ms at the caller on the GPU hosts (bench/results/e2e_calls.json, docs/PERF_NOTES.md).
+# 10 slots of 2 ms: at 500 calls a slot is ~0.8 ms of sends. Paired on one GPU host at 500 calls, RTP
+# interval p99 at the caller 22.2-22.5 ms against 22.8-23.6 with 4 slots of 5 ms (docs/PERF_NOTES.md).
 PHASES = 10
 TickCallback = Callable[[int, float], None]
 
