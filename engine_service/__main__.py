@@ -55,6 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--token-file", metavar="PATH", help="bearer token gateways must send ('-': stdin)")
     parser.add_argument("--tts-api", metavar="JSON", help="serve the speech API with this tts_api block (JSON); "
                         "with --config, the config's tts_api block")
+    parser.add_argument("--prepare-texts", metavar="JSON", help="texts to prepare before listening (a JSON list: "
+                        "the prompts gateways will ask for); with --config, the config's prompts")
     parser.add_argument("--supervised", action="store_true", help="exit when stdin closes (the supervisor died)")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return parser
@@ -80,6 +82,23 @@ def _tts_api_choice(args: argparse.Namespace):
         return TtsApiSettings.from_mapping(block)
     except TtsApiConfigError as exc:
         raise ValueError(f"config error: {exc}") from None
+
+
+def _prompt_texts(args: argparse.Namespace) -> list[str]:
+    """What to prepare before listening. Raises ValueError naming the option."""
+    if args.prepare_texts:
+        try:
+            texts = json.loads(args.prepare_texts)
+        except ValueError as exc:
+            raise ValueError(f"--prepare-texts: not JSON ({exc})") from None
+        if not isinstance(texts, list) or not all(isinstance(text, str) for text in texts):
+            raise ValueError("--prepare-texts: expected a JSON list of strings")
+        return texts
+    if args.config:
+        from gateway.config import load_config
+
+        return list(load_config(args.config).prompt_texts())
+    return []
 
 
 def _engine_choice(args: argparse.Namespace) -> tuple[str, dict[str, Any], int]:
@@ -151,6 +170,7 @@ async def _serve(args: argparse.Namespace, name: str, settings: dict[str, Any], 
         host, port = _listen_address(args.listen)
         token = await _read_token(args)
         tts_api = _tts_api_choice(args)
+        prompt_texts = _prompt_texts(args)
         engine = create_engine(name, settings)
     except (OSError, ValueError, TypeError) as exc:
         print(f"engine_service: {exc}", file=sys.stderr)
@@ -161,6 +181,7 @@ async def _serve(args: argparse.Namespace, name: str, settings: dict[str, Any], 
         loop.add_signal_handler(sig, stop.set)
     try:
         await engine.start()
+        await engine.prepare(prompt_texts)
     except Exception as exc:  # noqa: BLE001 - any start failure: report it in one line and exit 1
         log.error("engine_worker_start_failed", engine=name, error=repr(exc))
         return 1

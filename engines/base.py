@@ -116,6 +116,10 @@ class SpeechEngine(ABC):
     async def close(self) -> None:
         """Release resources; streams still open end with SynthesisFailed."""
 
+    async def prepare(self, texts: Sequence[str]) -> None:
+        """Get ready to speak `texts` (the configured prompts) before a call asks for them, e.g. run a text
+        frontend once, so the first caller of a prompt does not wait for it. Best effort; never on the event loop."""
+
     async def restart(self) -> None:
         """Bring a dead or stuck engine back; its open streams end with SynthesisFailed."""
         await self.close()

@@ -242,6 +242,8 @@ async def run(config, load_again: Callable[[], GatewayConfig] | None = None) -> 
         # engines that discover their voices at start (cosyvoice2, workers): refuse routes naming a missing one
         if not stop.is_set():
             config.check_voices(engine.voices())
+            if not config.engine.uses_workers:  # workers prepared theirs before they listened
+                await engine.prepare(config.prompt_texts())
         if http is None:
             http = await start_http(gateway.status, config.http_host, config.http_port)
         reloader = loop.create_task(_reload_on_hangup(hangups, gateway, config, load_again), name="sighup")
@@ -276,6 +278,8 @@ async def _reload_on_hangup(hangups: asyncio.Event, gateway: Gateway, config: Ga
         else:
             config = plan.config
             gateway.reconfigure(config.prompt_resolver(gateway.engine.default_voice), config.allowed_sources)
+            # in-process engines prepare the new prompts now; workers learn them at their next start
+            await gateway.engine.prepare(config.prompt_texts())
         # reopen first, so the outcome below lands in the new file that the operator is watching
         try:
             reopen_logs(config.logging.level, config.logging.file)

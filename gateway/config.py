@@ -244,12 +244,18 @@ class GatewayConfig(Section):
     tts_api: dict[str, Any] | None = None
 
     def worker_plans(self) -> list[WorkerPlan]:
-        """The engine's worker processes, logging at the gateway's level, each also serving the speech API when
-        `tts_api` is set and the workers have fixed ports (engine.worker.port): an API on a free port would have
-        no client that knows where it is."""
+        """The engine's worker processes, logging at the gateway's level and prepared for its prompts, each also
+        serving the speech API when `tts_api` is set and the workers have fixed ports (engine.worker.port): an
+        API on a free port would have no client that knows where it is."""
         tts_api = self.tts_api if self.engine.worker.port is not None else None
-        return [dataclasses.replace(plan, tts_api=tts_api, log_level=self.logging.level)
+        return [dataclasses.replace(plan, tts_api=tts_api, log_level=self.logging.level,
+                                    prompt_texts=self.prompt_texts())
                 for plan in self.engine.worker_plans()]
+
+    def prompt_texts(self) -> tuple[str, ...]:
+        """Every text the config speaks (prompts, then routes' inline texts), once each, for `engine.prepare`."""
+        texts = [prompt.text for prompt in self.prompts.values()] + [route.text for route in self.routes if route.text]
+        return tuple(dict.fromkeys(texts))
 
     @model_validator(mode="after")
     def _references(self) -> GatewayConfig:

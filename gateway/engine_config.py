@@ -99,6 +99,7 @@ class WorkerPlan:
     listen_port: int = 0  # 0: any free port (the gateway learns it from the worker); else the same at each restart
     tts_api: dict[str, Any] | None = None  # the speech API's block, checked by the worker at its start
     log_level: str = "info"  # the gateway's logging.level when it started (a SIGHUP does not reach workers)
+    prompt_texts: tuple[str, ...] = ()  # the config's prompts, prepared at the worker's start (SpeechEngine.prepare)
 
 
 class EngineSection(Section):

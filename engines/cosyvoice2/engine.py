@@ -104,6 +104,16 @@ class CosyVoice2Engine(SpeechEngine):
                  warmup_s=self.warmup_s and round(self.warmup_s, 3), voices=len(pipeline.voices))
         return pipeline
 
+    async def prepare(self, texts: Sequence[str]) -> None:
+        """The texts' frontend results, remembered before any call (the frontend keeps the last 256 texts)."""
+        if self.pipeline is None or self._frontend_thread is None or not texts:
+            return
+        started = time.perf_counter()
+        failed = await asyncio.get_running_loop().run_in_executor(self._frontend_thread, _run_frontend,
+                                                                  self.pipeline, texts)
+        log.info("cosyvoice2_prompts_prepared", texts=len(texts), failed=failed,
+                 seconds=round(time.perf_counter() - started, 3))
+
     async def close(self) -> None:
         pipeline, self.pipeline = self.pipeline, None
         frontend, self._frontend_thread = self._frontend_thread, None
@@ -153,6 +163,18 @@ class CosyVoice2Engine(SpeechEngine):
         assert self._frontend_thread is not None
         self._frontend_thread.submit(_submit_admitting, pipeline, request, options, channel)
         return channel
+
+
+def _run_frontend(pipeline, texts: Sequence[str]) -> int:
+    """On the frontend thread: each text through the frontend, so it is remembered; how many failed (logged)."""
+    failed = 0
+    for text in texts:
+        try:
+            pipeline.frontend(text)
+        except Exception:  # noqa: BLE001 - best effort: that prompt pays its frontend at its first call instead
+            log.exception("cosyvoice2_prompt_prepare_failed", text=text[:80])
+            failed += 1
+    return failed
 
 
 def _submit(pipeline, request: SynthesisRequest, options, channel: ChunkChannel) -> None:

@@ -24,3 +24,12 @@ def test_a_taken_port_is_one_error_line_and_exit_1():
     events = [json.loads(line) for line in done.stderr.splitlines()]  # log events only: no traceback
     assert [(e["event"], e["listen"]) for e in events if e["level"] == "error"] == [
         ("engine_worker_listen_failed", listen)]
+
+
+def test_prepare_texts_that_are_not_a_list_of_strings_name_the_option():
+    done = subprocess.run([sys.executable, "-m", "engine_service", "--engine", "instant",
+                           "--prepare-texts", '{"welcome": "Hello."}'],
+                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2
+    assert "--prepare-texts: expected a JSON list of strings" in done.stderr

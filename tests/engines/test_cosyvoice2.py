@@ -116,6 +116,18 @@ async def test_a_new_text_is_normalised_off_the_event_loop_and_a_spoken_one_is_q
         type(frontend).__call__ = original
 
 
+async def test_a_prepared_prompt_is_queued_at_its_first_call(engine: CosyVoice2Engine) -> None:
+    """The gateway prepares its configured prompts at start, so the first caller of each does not wait for the
+    text frontend; a text that cannot be spoken does not stop the others from being prepared."""
+    prompts = ["Welcome to the prepared line, caller number 12.", "... !", "A second prepared prompt."]
+    assert not any(engine.pipeline.frontend.knows(text) for text in prompts)
+    await engine.prepare(prompts)
+    assert all(engine.pipeline.frontend.knows(text) for text in prompts)
+    first = engine.open_stream(_request(40, prompts[0]))
+    await asyncio.wait_for(first.admitted(), 0.001)  # admitted before open_stream returned: no frontend to wait for
+    assert sum(map(len, await asyncio.wait_for(_collect(first), 60))) == 40 * SAMPLES_PER_TOKEN
+
+
 async def test_close_settles_every_stream_whose_text_was_still_waiting(tiny_model_dir: Path) -> None:
     """Streams opened just before close(): each is admitted then fails, or is refused; none waits forever."""
     engine = CosyVoice2Engine(model_dir=str(tiny_model_dir), device="cpu", max_batch=2, max_len=1024, warmup=False,
