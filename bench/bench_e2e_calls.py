@@ -40,6 +40,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_calls import cpu_seconds, free_port, gateway_config, metric, wait_http  # noqa: E402
 from e2e_caller import place_calls  # noqa: E402
+from engine_log import job_events  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -54,21 +55,9 @@ def _children(pid: int) -> list[int]:
 
 def engine_jobs(log_path: Path, offset: int) -> list[dict]:
     """The tts_job_done lines our calls' jobs logged past `offset` of serve's log (first chunk and its stages)."""
-    with open(log_path, "rb") as log:
-        log.seek(offset)
-        lines = log.read().splitlines()
-    jobs = []
-    for line in lines:
-        if b"tts_job_done" not in line:
-            continue
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        if (event.get("event") == "tts_job_done" and str(event.get("call_id", "")).startswith("e2e-")
-                and event.get("first_chunk_s") is not None):
-            jobs.append(event)
-    return jobs
+    events, _ = job_events(log_path, offset)
+    return [event for event in events
+            if event["event"] == "tts_job_done" and str(event.get("call_id", "")).startswith("e2e-")]
 
 
 def first_chunk_stages(jobs: list[dict]) -> dict[str, dict[str, float]]:

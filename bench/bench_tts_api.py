@@ -38,6 +38,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from engine_log import job_events  # noqa: E402
 from report_file import RESULTS, write_report  # noqa: E402
 
 TEXT = "Thank you for calling. Your appointment is confirmed for Tuesday at nine in the morning."
@@ -113,24 +114,14 @@ async def engine_first_chunk(engine_name: str, engine_settings: dict, clients: i
 class EngineLog:
     """A server's JSON log, read from where the last read stopped: call id -> the engine's first chunk (s)."""
 
-    EVENTS = ('"tts_job_done"', '"tts_job_cancelled"')
-
     def __init__(self, path: Path) -> None:
         self.path = path
         self.offset = path.stat().st_size if path.exists() else 0
         self.first_chunks: dict[str, float] = {}
 
     def read(self) -> dict[str, float]:
-        with self.path.open("rb") as log:
-            log.seek(self.offset)
-            data = log.read()
-        complete = data[:data.rfind(b"\n") + 1]
-        self.offset += len(complete)
-        for line in complete.decode(errors="replace").splitlines():
-            if any(event in line for event in self.EVENTS):
-                entry = json.loads(line)
-                if entry.get("first_chunk_s") is not None:
-                    self.first_chunks[entry["call_id"]] = entry["first_chunk_s"]
+        events, self.offset = job_events(self.path, self.offset)
+        self.first_chunks.update((event["call_id"], event["first_chunk_s"]) for event in events)
         return self.first_chunks
 
     async def wait_for(self, ids: list[str], timeout_s: float = 10.0) -> dict[str, float]:
