@@ -160,7 +160,7 @@ async def test_killed_worker_ends_only_its_call_and_restarts_full_workers_refuse
         assert (await invite_final_response(serve.sip, {"X-TTS-Text": "one too many"})).startswith("SIP/2.0 503")
         assert await serve.metric('gateway_calls_refused_total{reason="no_capacity"}') >= 1
         status, body = await serve.healthz()
-        assert status == 200 and body["status"] == "full" and body["slots_free"] == 0
+        assert status == 503 and body["status"] == "full" and body["slots_free"] == 0  # as OPTIONS says
 
         # kill -9 one worker mid-call: its call gets a BYE within a second, the other call keeps speaking.
         victim = first_workers[0]
