@@ -99,7 +99,7 @@ class WorkerLink:
         self._place_again = place_again
         self._place_unseen = place_unseen
         self._status_at: float | None = None  # when the last status came (monotonic)
-        self._status_gap_s = dead_after_s / 4  # the usual time between statuses, measured; until then, a prior
+        self._status_gap_s: float | None = None  # the usual time between statuses, measured on this link
         self.hello: protocol.Hello | None = None
         self.status: protocol.Status | None = None
         self._ws: aiohttp.ClientWebSocketResponse | None = None
@@ -130,7 +130,8 @@ class WorkerLink:
 
     @property
     def late_after_s(self) -> float:
-        return LATE_FACTOR * self._status_gap_s
+        # before two statuses, the heartbeat workers are built with: ~4 per dead_after_s (0.25 s of 1 s)
+        return LATE_FACTOR * (self._status_gap_s if self._status_gap_s is not None else self._dead_after_s / 4)
 
     @property
     def late(self) -> bool:
@@ -246,7 +247,9 @@ class WorkerLink:
         if isinstance(frame, protocol.Status):
             now = time.monotonic()
             if self._status_at is not None:  # a stall counts at most as dead_after_s, so it cannot hide lateness long
-                self._status_gap_s += 0.2 * (min(now - self._status_at, self._dead_after_s) - self._status_gap_s)
+                gap = min(now - self._status_at, self._dead_after_s)
+                self._status_gap_s = gap if self._status_gap_s is None else self._status_gap_s + 0.2 * (
+                    gap - self._status_gap_s)
             self.status, self._status_at = frame, now
         elif isinstance(frame, protocol.Hello):
             if frame.version != protocol.VERSION:
