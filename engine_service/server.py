@@ -65,7 +65,7 @@ class EngineWorker:
             free = min(free, health.slots_free)
         return protocol.Status(state=health.state, slots_total=self.settings.slots, slots_free=max(free, 0),
                                queue_depth=self.estimate.waiting,
-                               first_audio_ms=round(self.estimate.expected_s() * 1000, 1), opens_seen=opens_seen)
+                               first_audio_ms=round(self.estimate.expected_s(time.monotonic()) * 1000, 1), opens_seen=opens_seen)
 
     def hello(self) -> protocol.Hello:
         engine = self.engine
@@ -242,7 +242,18 @@ class _Link:
         opened_at = time.monotonic()
         worker.estimate.opened(key, opened_at)
         task = asyncio.create_task(self._pump(frame, channel, key, opened_at), name=f"engine-stream-{frame.call_id}")
+        task.add_done_callback(lambda done: self._stream_done(frame.stream, done, channel, key))
         self._streams[frame.stream] = task
+
+    def _stream_done(self, stream: int, task: asyncio.Task[None], channel, key: int) -> None:
+        """The slot comes back whenever the stream's task ends, also when it was cancelled before it ever ran (an
+        open and its cancel read in one go, as when a gateway moves an open off a worker that was stalled): such
+        a task never enters _pump, so a `finally` there would keep the slot for good."""
+        channel.cancel()
+        self._worker.estimate.gone(key)
+        self._worker.streams_active -= 1
+        if self._streams.get(stream) is task:
+            del self._streams[stream]
 
     # -- one stream ------------------------------------------------------------------------------
     async def _pump(self, frame: protocol.Open, channel, key: int, opened_at: float) -> None:
@@ -272,13 +283,9 @@ class _Link:
                 return
             outcome = "completed"
             self._send(protocol.serialize(protocol.End(stream)))
-        finally:
+        finally:  # the slot is given back by _stream_done
             if outcome is not None:
                 metrics.streams_ended.labels(outcome).inc()
-            channel.cancel()
-            worker.estimate.gone(key)
-            worker.streams_active -= 1
-            self._streams.pop(stream, None)
 
     # -- writing ---------------------------------------------------------------------------------
     def _send(self, data: str | bytes) -> None:

@@ -1,10 +1,18 @@
 """RemoteEngine: the gateway's client for engine workers (engine_service), local supervised ones or other hosts'.
 
-It is a `SpeechEngine` like any other, so the call path does not change: `open_stream` picks the worker with the
-most free slots, among those whose expected first audio is within `max_first_audio_ms`, sends `open` and returns
-a channel made with `admitted=False`; the worker's `opened` or `refused` settles it before the call is answered.
-No worker with a slot -> `NoCapacity` (the INVITE gets 503), so an answered call always has a slot and starts
-speaking within the bound.
+It is a `SpeechEngine` like any other, so the call path does not change: `open_stream` picks a worker, sends
+`open` and returns a channel made with `admitted=False`; the worker's `opened` or `refused` settles it before
+the call is answered. No worker with a slot -> `NoCapacity` (the INVITE gets 503), so an answered call always
+has a slot and starts speaking within the bound.
+
+Placement: among workers whose expected first audio is within `max_first_audio_ms` and that have a free slot,
+a worker whose status is late (none for `LATE_FACTOR` times its usual status interval: hung, or its loop
+stalled) is chosen only when no fresh one can take the stream; among those left, the most free slots wins, then
+the earlier first audio. An open that does not become a stream there is placed again on a worker it has not
+tried, before the call is answered: refused for capacity or unavailability (not for its voice or text), its
+worker lost before it said `opened`, or not yet seen by a late worker after one late interval. With no other
+worker to try, the refusal stands (503). Each open tries each worker at most once, and the call's own
+admission timeout bounds the whole.
 
 Free slots are exact for this gateway's own streams: a worker's last status less the opens sent on the link that
 the worker had not handled when it built that status (the status says how many it had: `opens_seen`). An open
@@ -14,9 +22,9 @@ that free up, or that other gateways take, show at the next status (~250 ms).
 
 Each worker is one `WorkerLink`: one WebSocket, reconnected with backoff, read by one task. Workers push status
 every ~250 ms; `dead_after_s` (1 s) of silence, or the socket closing (a worker killed), ends every stream on
-that link at once: admitted ones fail (the call gets its BYE), waiting ones are refused (503). Streams on other
-links are not touched. Everything here runs on the gateway's event loop and never blocks it: audio frames are
-decoded with numpy and put on the stream's channel.
+that link at once: admitted ones fail (the call gets its BYE), waiting ones are placed again or refused (503).
+Streams on other links are not touched. Everything here runs on the gateway's event loop and never blocks it:
+audio frames are decoded with numpy and put on the stream's channel.
 
 health(): ready while any worker is ready (slots summed; free only where the first-audio bound holds);
 warming while none is connected yet or all are reconnecting (the supervisor or the remote host restarts
@@ -28,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import aiohttp
@@ -36,26 +44,30 @@ import structlog
 
 from engine_service import protocol
 from engines.base import (SAMPLE_RATE, EngineHealth, EngineUnavailable, FirstAudioTooLate, NoCapacity, SpeechEngine,
-                          SynthesisFailed, SynthesisRequest)
+                          SynthesisFailed, SynthesisRefused, SynthesisRequest)
 from engines.channel import ChunkChannel
 
 log = structlog.get_logger(__name__)
 
 _MAX_RECONNECT_S = 5.0
+LATE_FACTOR = 1.5  # a worker's status this many of its usual intervals old is late: place around it
 FIRST_AUDIO_REASON = "expected first audio"  # how health() says "full because too slow", not "no slot"
 
 
 class _RemoteChannel(ChunkChannel):
-    """A stream served by a worker: cancelling it tells the worker, so its slot frees at once."""
+    """A stream served by a worker: cancelling it tells the worker, so its slot frees at once. Until it is
+    admitted it keeps its request and the workers it tried, so it can be placed again elsewhere."""
 
-    def __init__(self, link: WorkerLink, stream: int) -> None:
+    def __init__(self, request: SynthesisRequest) -> None:
         super().__init__(admitted=False)
-        self._link = link
-        self._stream = stream
+        self.request = request
+        self.tried: set[str] = set()  # worker names
+        self.link: WorkerLink | None = None
+        self.stream = 0
 
     def cancel(self) -> None:
-        if not self.cancelled:
-            self._link.cancel(self._stream)
+        if not self.cancelled and self.link is not None:
+            self.link.cancel(self.stream)
         super().cancel()
 
 
@@ -63,7 +75,12 @@ class _RemoteChannel(ChunkChannel):
 class _Stream:
     channel: _RemoteChannel
     format: protocol.Format
+    sent: int  # the link's opens sent, this one included: the worker has seen it once status.opens_seen >= sent
     admitted: bool = False
+
+
+# An open that did not become a stream on its worker, and why: the engine places it again or refuses it.
+PlaceAgain = Callable[[_RemoteChannel, SynthesisRefused], None]
 
 
 class WorkerLink:
@@ -71,13 +88,18 @@ class WorkerLink:
 
     def __init__(self, name: str, url: str | None, token: str, dead_after_s: float,
                  session_of: Callable[[], aiohttp.ClientSession],
-                 on_streams_lost: Callable[[str, int], None]) -> None:
+                 on_streams_lost: Callable[[str, int], None], place_again: PlaceAgain,
+                 place_unseen: Callable[[_RemoteChannel], None]) -> None:
         self.name = name
         self.url = url
         self._token = token
         self._dead_after_s = dead_after_s
         self._session_of = session_of
         self._on_streams_lost = on_streams_lost
+        self._place_again = place_again
+        self._place_unseen = place_unseen
+        self._status_at: float | None = None  # when the last status came (monotonic)
+        self._status_gap_s: float | None = None  # the usual time between statuses, measured on this link
         self.hello: protocol.Hello | None = None
         self.status: protocol.Status | None = None
         self._ws: aiohttp.ClientWebSocketResponse | None = None
@@ -106,15 +128,35 @@ class WorkerLink:
     def first_audio_ms(self) -> float:
         return self.status.first_audio_ms if self.status else 0.0
 
-    def open(self, request: SynthesisRequest, fmt: protocol.Format) -> _RemoteChannel:
+    @property
+    def late_after_s(self) -> float:
+        # before two statuses, the heartbeat workers are built with: ~4 per dead_after_s (0.25 s of 1 s)
+        return LATE_FACTOR * (self._status_gap_s if self._status_gap_s is not None else self._dead_after_s / 4)
+
+    @property
+    def late(self) -> bool:
+        """No status for LATE_FACTOR usual intervals: hung or stalled, though not yet declared dead."""
+        return self._status_at is not None and time.monotonic() - self._status_at > self.late_after_s
+
+    def open(self, channel: _RemoteChannel, fmt: protocol.Format) -> None:
         assert self._ws is not None
         stream = next(self._ids)
-        channel = _RemoteChannel(self, stream)
-        self._streams[stream] = _Stream(channel, fmt)
+        channel.link, channel.stream = self, stream
+        channel.tried.add(self.name)
         self._opens_sent += 1
+        self._streams[stream] = _Stream(channel, fmt, sent=self._opens_sent)
+        request = channel.request
         self._send(protocol.Open(stream=stream, text=request.text, voice=request.voice, call_id=request.call_id,
                                  options=dict(request.options), sample_rate=SAMPLE_RATE, format=fmt))
-        return channel
+        asyncio.get_running_loop().call_later(self.late_after_s, self._check_seen, stream)
+
+    def _check_seen(self, stream: int) -> None:
+        """One late interval after an open: a worker that has not even read it (no status counts it) is late,
+        so the engine may move it to a worker that answers."""
+        entry = self._streams.get(stream)
+        if entry is None or entry.admitted or (self.status is not None and self.status.opens_seen >= entry.sent):
+            return
+        self._place_unseen(entry.channel)
 
     def cancel(self, stream: int) -> None:
         if self._streams.pop(stream, None) is not None and self._ws is not None:
@@ -155,7 +197,7 @@ class WorkerLink:
                 except (aiohttp.ClientError, OSError, asyncio.TimeoutError, protocol.ProtocolError) as exc:
                     self._log.warning("engine_worker_unreachable", url=self.url, error=repr(exc))
                 finally:
-                    self._ws, self.hello, self.status = None, None, None
+                    self._ws, self.hello, self.status, self._status_at = None, None, None, None
                     self._lose_streams("engine worker lost")
             self._wake.clear()
             try:  # a period between tries, cut short when the supervisor gives a new address
@@ -203,7 +245,12 @@ class WorkerLink:
 
     def _on_control(self, frame: protocol.Frame) -> None:
         if isinstance(frame, protocol.Status):
-            self.status = frame
+            now = time.monotonic()
+            if self._status_at is not None:  # a stall counts at most as dead_after_s, so it cannot hide lateness long
+                gap = min(now - self._status_at, self._dead_after_s)
+                self._status_gap_s = gap if self._status_gap_s is None else self._status_gap_s + 0.2 * (
+                    gap - self._status_gap_s)
+            self.status, self._status_at = frame, now
         elif isinstance(frame, protocol.Hello):
             if frame.version != protocol.VERSION:
                 raise protocol.ProtocolError(f"worker speaks protocol {frame.version}, we speak {protocol.VERSION}")
@@ -222,7 +269,7 @@ class WorkerLink:
                 return
             del self._streams[frame.stream]
             if isinstance(frame, protocol.Refused):
-                entry.channel.refuse(protocol.refusal_error(frame))
+                self._unplaced(entry, protocol.refusal_error(frame))
             elif isinstance(frame, protocol.End):
                 entry.channel.finish()
             else:
@@ -232,7 +279,14 @@ class WorkerLink:
         if entry.admitted:
             entry.channel.fail(SynthesisFailed(why))
         else:
-            entry.channel.refuse(EngineUnavailable(why))
+            self._unplaced(entry, EngineUnavailable(why))
+
+    def _unplaced(self, entry: _Stream, refusal: SynthesisRefused) -> None:
+        """Not admitted here: a refusal for room or availability may be placed again; one for the request stands."""
+        if isinstance(refusal, NoCapacity | EngineUnavailable):
+            self._place_again(entry.channel, refusal)
+        else:
+            entry.channel.refuse(refusal)
 
     def _lose_streams(self, why: str) -> None:
         streams, self._streams = self._streams, {}
@@ -266,7 +320,7 @@ class RemoteEngine(SpeechEngine):
     def add_worker(self, name: str, url: str | None = None, token: str | None = None) -> WorkerLink:
         """A worker to use; `url` None: not listening yet (a supervised worker starting), see `worker_at`."""
         link = WorkerLink(name, url, self._token if token is None else token, self._dead_after_s,
-                          self._session_of, self._lost)
+                          self._session_of, self._lost, self._place_again, self._place_unseen)
         self._links[name] = link
         if self._started:
             link.start()
@@ -358,12 +412,40 @@ class RemoteEngine(SpeechEngine):
 
     def open_stream(self, request: SynthesisRequest) -> ChunkChannel:
         self.validate(request)
-        usable = [link for link in self._links.values() if link.usable]
-        eligible = [link for link in usable if self._within_bound(link) and link.slots_free > 0]
-        if not eligible:
-            if not any(self._within_bound(link) for link in usable):
+        link = self._choose()
+        if link is None:
+            if not any(self._within_bound(link) for link in self._links.values() if link.usable):
                 raise FirstAudioTooLate(f"expected first audio is over the bound of {self._bound_ms:.0f} ms "
                                         f"on every worker")
             raise NoCapacity("every engine worker slot is taken")
-        best = max(eligible, key=lambda link: (link.slots_free, -link.first_audio_ms))
-        return best.open(request, self._format)
+        channel = _RemoteChannel(request)
+        link.open(channel, self._format)
+        return channel
+
+    # -- placement (the module docstring's rule) -------------------------------------------------
+    def _choose(self, tried: Collection[str] = ()) -> WorkerLink | None:
+        fit = [link for link in self._links.values() if link.usable and link.name not in tried
+               and self._within_bound(link) and link.slots_free > 0]
+        fresh = [link for link in fit if not link.late]
+        return max(fresh or fit, key=lambda link: (link.slots_free, -link.first_audio_ms), default=None)
+
+    def _place_again(self, channel: _RemoteChannel, refusal: SynthesisRefused) -> None:
+        """Refused or lost before it was admitted: a worker it has not tried, or the refusal stands."""
+        link = None if self._closed or channel.cancelled else self._choose(channel.tried)
+        if link is None:
+            channel.refuse(refusal)
+            return
+        log.info("engine_open_placed_again", call_id=channel.request.call_id, worker=link.name,
+                 tried=sorted(channel.tried), why=str(refusal))
+        link.open(channel, self._format)
+
+    def _place_unseen(self, channel: _RemoteChannel) -> None:
+        """Not yet read by its late worker: moved where another worker can take it, else left to come or die."""
+        link = None if self._closed or channel.cancelled else self._choose(channel.tried)
+        if link is None or channel.link is None:
+            return
+        late = channel.link
+        late.cancel(channel.stream)  # if the worker wakes, it reads the open, then this, and frees the slot
+        log.info("engine_open_placed_again", call_id=channel.request.call_id, worker=link.name,
+                 tried=sorted(channel.tried), why=f"worker {late.name} late")
+        link.open(channel, self._format)

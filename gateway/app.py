@@ -22,7 +22,6 @@ from collections.abc import Callable
 import structlog
 
 from engines.base import SpeechEngine
-from engines.remote import FIRST_AUDIO_REASON
 from gateway import metrics
 from gateway.call import CallSession
 from gateway.config import ConfigError, GatewayConfig
@@ -42,7 +41,7 @@ class Gateway:
         self.engine = engine
         self.watchdog = EngineWatchdog(engine, watchdog_settings or WatchdogSettings())
         self.media = MediaEngine(media_settings)
-        self.sip = SipServer(sip_settings, on_invite=self._on_invite, refusal=self._refusal)
+        self.sip = SipServer(sip_settings, on_invite=self._on_invite, refusal=self.watchdog.refusal)
         self.resolve_prompt = resolve_prompt  # replaced once workers say which voice is their default
         self._sessions: dict[asyncio.Task[str], CallSession] = {}
         self.started_at: float | None = None
@@ -75,35 +74,22 @@ class Gateway:
         self.resolve_prompt = resolve_prompt
         self.sip.settings = dataclasses.replace(self.sip.settings, allowed_sources=allowed_sources)
 
-    def _refusal(self) -> str | None:
-        """Why a new call (or a qualify ping) must be turned away now, or None: asked before parsing an INVITE
-        further, so a dead or full engine costs the PBX one 503, never an answered silent call."""
-        health = self.watchdog.check_now()
-        # "kind: detail"; the kind is the bounded reason label of gateway_calls_refused_total
-        if health.state != "ready":
-            return f"engine_unavailable: engine {health.state} {health.reason}".rstrip()
-        if not health.accepting:
-            kind = "first_audio_bound" if health.reason.startswith(FIRST_AUDIO_REASON) else "no_capacity"
-            return f"{kind}: {health.reason or 'engine at capacity'}"
-        return None
-
     @property
     def draining(self) -> bool:
         return self.sip.draining
 
     def status(self) -> dict:
+        """/healthz's body. Healthy (200) exactly when a new INVITE would be taken now: the SIP layer's
+        `why_refused` decides both, so /healthz and a qualify OPTIONS never disagree (issue #31)."""
         health = self.watchdog.check_now()
-        if self.draining:
-            state = "draining"
-        elif health.state != "ready":
-            state = f"engine_{health.state}"
-        else:
-            state = "ok" if health.accepting else "full"
-        return {"status": state, "engine": self.engine.name, "engine_state": health.state,
+        refusal = self.sip.why_refused()
+        kind = refusal.partition(":")[0] if refusal is not None else ""
+        state = {"": "ok", "engine_unavailable": f"engine_{health.state}", "no_capacity": "full"}.get(kind, kind)
+        return {"status": state, "refusal": refusal, "engine": self.engine.name, "engine_state": health.state,
                 "engine_reason": health.reason, "slots_total": health.slots_total, "slots_free": health.slots_free,
                 "calls_active": len(self._sessions), "draining": self.draining,
                 "engine_restarts": self.watchdog.restarts,
-                "healthy": not self.draining and health.state == "ready"}
+                "healthy": refusal is None}
 
     async def drain(self, timeout_s: float, bye_grace_s: float = 2.0) -> None:
         """Stop admitting calls; let the current ones finish for up to timeout_s, then hang up the rest

@@ -2,7 +2,8 @@
 
 The gateway cannot trust an engine to say it broke: a worker thread that died on one bad request, or hangs in
 C, says nothing. So the watchdog asks `engine.health()` every `interval_s` on the event loop (a cheap,
-non-blocking read), keeps the answer for admission (`accepting`) and for /healthz, and on `down` restarts the
+non-blocking read), keeps the answer, says from it why a new call is refused (`refusal`: the engine's part of
+the one decision that SIP admission, out-of-dialog OPTIONS and /healthz all take), and on `down` restarts the
 engine with a deadline, so a restart that itself hangs leaves the engine down (calls refused with 503) and is
 tried again, never a loop that answers calls into silence.
 """
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 import structlog
 
 from engines.base import EngineHealth, SpeechEngine
+from engines.remote import FIRST_AUDIO_REASON
 from gateway import metrics
 
 log = structlog.get_logger(__name__)
@@ -49,6 +51,18 @@ class EngineWatchdog:
     def check_now(self) -> EngineHealth:
         """Fresh health at admission time, so a call never waits up to one interval to learn of a death."""
         return self._observe()
+
+    def refusal(self) -> str | None:
+        """The engine's part of why a new call (or a qualify ping, or /healthz) is turned away now, or None:
+        asked before an INVITE is parsed further, so a dead or full engine costs the PBX one 503, never an
+        answered silent call. "kind: detail"; the kind is the bounded reason label of gateway_calls_refused_total."""
+        health = self.check_now()
+        if health.state != "ready":
+            return f"engine_unavailable: engine {health.state} {health.reason}".rstrip()
+        if not health.accepting:
+            kind = "first_audio_bound" if health.reason.startswith(FIRST_AUDIO_REASON) else "no_capacity"
+            return f"{kind}: {health.reason or 'engine at capacity'}"
+        return None
 
     def _observe(self) -> EngineHealth:
         health = self._engine.health()

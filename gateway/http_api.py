@@ -1,10 +1,10 @@
 """The operator's HTTP endpoints: `GET /metrics` for Prometheus and `GET /healthz` for load balancers.
 
 /healthz answers 200 with {status, engine, calls_active, draining, ...} while the gateway takes calls and
-503 while it drains or its engine is down or warming (`healthy` false), so a balancer stops sending new
-calls before the process exits and while no call could be spoken. A full engine is healthy (200, status
-"full"): it is the SIP layer's 503 that sheds those calls. The status
-comes from a callable the gateway provides; this module knows nothing about SIP or engines.
+503 (`healthy` false) whenever a new INVITE would get 503: draining, engine down or warming, every slot
+taken ("full"), every worker over the first-audio bound, max_calls reached. The same decision answers a
+qualify OPTIONS, so a balancer and a SIP proxy never see two stories. The status comes from a callable the
+gateway provides; this module knows nothing about SIP or engines.
 """
 
 from __future__ import annotations

@@ -245,7 +245,7 @@ class SipServer:
         elif method == "OPTIONS":  # qualify pings (Kamailio/Asterisk), in or out of a dialog
             headers = (("Allow", ALLOW), ("Accept", SDP_TYPE), ("Supported", ""),
                        ("Contact", contact_value(*self._contact_address(peer), peer.transport)))
-            if request.to_tag is None and self._why_refused() is not None:
+            if request.to_tag is None and self.why_refused() is not None:
                 # Out of dialog, a qualify ping: 503 while we would refuse an INVITE, so the proxy
                 # (Kamailio dispatcher, Asterisk qualify) marks us down and routes elsewhere.
                 retry = (("Retry-After", str(self.settings.retry_after_s)),)
@@ -282,7 +282,7 @@ class SipServer:
 
     def _on_new_invite(self, invite: SipRequest, transaction: InviteServerTransaction, peer: Peer) -> None:
         received_at = time.monotonic()
-        refusal = self._why_refused()
+        refusal = self.why_refused()
         if refusal is not None:
             retry = (("Retry-After", str(self.settings.retry_after_s)),)
             transaction.respond(self._simple(invite, 503, "Service Unavailable", retry))
@@ -301,9 +301,10 @@ class SipServer:
             log.exception("sip_on_invite_failed", call_id=_short(call.call_id))
             call.reject(500, "Server Internal Error")
 
-    def _why_refused(self) -> str | None:
+    def why_refused(self) -> str | None:
         """Why a new INVITE gets 503 now (draining, max_calls, engine down or full), or None; an
-        out-of-dialog OPTIONS gets the same 503, so a proxy stops sending what we would refuse."""
+        out-of-dialog OPTIONS gets the same 503, so a proxy stops sending what we would refuse, and the
+        gateway's /healthz asks the same question (gateway.app.Gateway.status), so the two never disagree."""
         if self.draining:
             return "draining"
         if len(self._calls) >= self.settings.max_calls:

@@ -1,24 +1,35 @@
 """Placement across engine workers (the gateway's side of several GPUs or hosts): each stream goes to the worker
 with the most free slots, a full worker is skipped, a worker that goes away is skipped, and with none left the
 refusal is the 503 kind; a worker fills to its last slot even while its heartbeats count streams it has not
-opened yet. Real worker servers (engine_service) on loopback sockets, each with its own instant engine, and the
+opened yet; an open one worker refuses for room is placed on another, one refused for its text is not; a burst
+while one worker is hung (SIGSTOP) is all taken by the other. Real worker servers (engine_service) on loopback
+sockets, in this process or as `python -m engine_service` processes, each with its own instant engine, and the
 gateway's RemoteEngine client."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
 
+import aiohttp
 import pytest
 from aiohttp import web
 
 from engine_service import protocol
 from engine_service.server import WORKER, WorkerSettings, make_app
-from engines.base import EngineUnavailable, NoCapacity, SynthesisRequest
+from engines.base import BadText, EngineUnavailable, NoCapacity, SynthesisRequest
 from engines.channel import ChunkChannel
 from engines.instant import InstantEngine
 from engines.remote import RemoteEngine, WorkerLink
 
 TOKEN = "placement-token"
+REPO = Path(__file__).resolve().parents[2]
 
 
 class HeldEngine(InstantEngine):
@@ -41,13 +52,15 @@ class HeldEngine(InstantEngine):
 class Worker:
     """One engine worker on a free loopback port; its streams stay open (the instant engine's first chunk waits)."""
 
-    def __init__(self, slots: int, engine: InstantEngine | None = None) -> None:
+    def __init__(self, slots: int, engine: InstantEngine | None = None, status_interval_s: float = 0.05) -> None:
         self.slots = slots
         self.engine = engine or InstantEngine(first_chunk_delay_ms=30_000)
+        self.status_interval_s = status_interval_s
 
     async def start(self) -> None:
         await self.engine.start()
-        self.app = make_app(self.engine, WorkerSettings(token=TOKEN, slots=self.slots, status_interval_s=0.05))
+        self.app = make_app(self.engine, WorkerSettings(token=TOKEN, slots=self.slots,
+                                                        status_interval_s=self.status_interval_s))
         self.runner = web.AppRunner(self.app)
         await self.runner.setup()
         await web.TCPSite(self.runner, "127.0.0.1", 0).start()
@@ -165,3 +178,103 @@ async def test_a_worker_fills_to_its_last_slot_while_its_heartbeats_count_stream
     finally:
         await client.close()
         await worker.stop()
+
+
+class TextRefusingEngine(InstantEngine):
+    """Refuses every text as one its frontend cannot read: a refusal for the request, not for room."""
+
+    def open_stream(self, request: SynthesisRequest) -> ChunkChannel:
+        raise BadText(f"cannot read {request.text!r}")
+
+
+async def test_an_open_one_worker_refuses_for_room_is_placed_on_the_other_and_one_refused_for_its_text_is_not():
+    """Another gateway takes the busy worker's slots between two of its statuses, so this gateway still sees them
+    free and opens there: the worker refuses (no_capacity) and the stream is opened on the other worker before
+    the caller hears anything. A refusal for the text is the caller's answer (it would be refused anywhere)."""
+    busy, other = Worker(slots=2, status_interval_s=5.0), Worker(slots=1)
+    for worker in (busy, other):
+        await worker.start()
+    client = RemoteEngine(urls=[busy.url, other.url], token=TOKEN, engine_name="instant", dead_after_s=30)
+    await client.start()
+    try:
+        await client.wait_ready(10)
+        await asyncio.wait_for(_until(lambda: all(link.usable for link in client.links)), 10)
+        assert [link.slots_free for link in client.links] == [2, 1]
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {TOKEN}"}) as session:
+            async with session.ws_connect(busy.url, params={"version": str(protocol.VERSION)}) as ws:
+                for stream in (1, 2):  # the other gateway's two calls
+                    await ws.send_str(protocol.serialize(protocol.Open(stream, "the other gateway", "en")))
+                await asyncio.wait_for(_until(lambda: busy.streams == 2), 5)
+                assert client.links[0].slots_free == 2  # no status since: this gateway still counts them free
+                stream = client.open_stream(SynthesisRequest(text="moved along", voice="en", call_id="moved"))
+                await asyncio.wait_for(stream.admitted(), 5)
+                assert (busy.streams, other.streams) == (2, 1)
+                assert stream.tried == {"remote-0", "remote-1"}
+                stream.cancel()
+    finally:
+        await client.close()
+        for worker in (busy, other):
+            await worker.stop()
+
+    picky, other = Worker(slots=2, engine=TextRefusingEngine()), Worker(slots=1)
+    for worker in (picky, other):
+        await worker.start()
+    client = RemoteEngine(urls=[picky.url, other.url], token=TOKEN, engine_name="instant")
+    await client.start()
+    try:
+        await asyncio.wait_for(_until(lambda: all(link.usable for link in client.links)), 10)
+        stream = client.open_stream(SynthesisRequest(text="unreadable", voice="en"))
+        with pytest.raises(BadText):
+            await asyncio.wait_for(stream.admitted(), 5)
+        assert other.streams == 0
+    finally:
+        await client.close()
+        for worker in (picky, other):
+            await worker.stop()
+
+
+@asynccontextmanager
+async def worker_process(slots: int) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
+    """`python -m engine_service` with an instant engine whose streams stay open; yields (process, link URL)."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "engine_service", "--engine", "instant", "--slots", str(slots),
+        "--settings", json.dumps({"first_chunk_delay_ms": 30_000}), "--log-level", "warning",
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL)
+    try:
+        line = await asyncio.wait_for(process.stdout.readline(), 60)
+        yield process, json.loads(line)["url"]
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGCONT)
+            process.terminate()
+            await process.wait()
+
+
+async def test_a_burst_while_one_worker_hangs_is_all_taken_by_the_other_and_the_hung_one_leaks_no_slot():
+    """Issue #31: a worker SIGSTOPped is not declared dead for dead_after_s; meanwhile a burst of 16 streams must
+    all be admitted by the worker that answers (before: 7 of 16 were placed on the hung one and refused)."""
+    async with worker_process(64) as (hung, hung_url), worker_process(64) as (_, other_url):
+        client = RemoteEngine(urls=[hung_url, other_url], engine_name="instant", dead_after_s=30)
+        await client.start()
+        try:
+            await client.wait_ready(30)
+            await asyncio.wait_for(_until(lambda: all(link.usable for link in client.links)), 30)
+            hung_link = client.links[0]
+            os.kill(hung.pid, signal.SIGSTOP)
+            streams = [client.open_stream(SynthesisRequest(text=f"burst caller {i}", voice="en", call_id=f"b{i}"))
+                       for i in range(16)]
+            assert any(stream.link is hung_link for stream in streams)  # not yet late: some went there first
+            await asyncio.wait_for(asyncio.gather(*(stream.admitted() for stream in streams)), 20)
+            assert all(stream.link is client.links[1] for stream in streams)
+
+            await asyncio.wait_for(_until(lambda: hung_link.late), 10)
+            assert hung_link.usable  # not declared dead: late only
+            stream = client.open_stream(SynthesisRequest(text="after the burst", voice="en"))
+            assert stream.tried == {"remote-1"}  # placed around the late worker at once
+            await asyncio.wait_for(stream.admitted(), 5)
+
+            os.kill(hung.pid, signal.SIGCONT)  # it wakes, reads the moved opens and their cancels: no slot kept
+            await asyncio.wait_for(_until(lambda: not hung_link.late and hung_link.slots_free == 64), 10)
+        finally:
+            await client.close()
