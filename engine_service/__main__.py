@@ -57,6 +57,9 @@ def _parser() -> argparse.ArgumentParser:
                         "with --config, the config's tts_api block")
     parser.add_argument("--prepare-texts", metavar="JSON", help="texts to prepare before listening (a JSON list: "
                         "the prompts gateways will ask for); with --config, the config's prompts")
+    parser.add_argument("--http-limits", metavar="JSON", help="the port's caps, as engine.worker's keys "
+                        "(max_connections, max_connections_per_source, idle_timeout_s, header_timeout_s, "
+                        "link_reserve); with --config, the config's engine.worker")
     parser.add_argument("--supervised", action="store_true", help="exit when stdin closes (the supervisor died)")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return parser
@@ -82,6 +85,38 @@ def _tts_api_choice(args: argparse.Namespace):
         return TtsApiSettings.from_mapping(block)
     except TtsApiConfigError as exc:
         raise ValueError(f"config error: {exc}") from None
+
+
+def _listener_choice(args: argparse.Namespace):
+    """The port's caps as engine.worker's validated section. Raises ValueError naming the key."""
+    from gateway.config import load_config
+    from gateway.engine_config import EngineWorkerSection
+
+    section = load_config(args.config).engine.worker if args.config else EngineWorkerSection()
+    if args.http_limits:
+        try:
+            block = json.loads(args.http_limits)
+        except ValueError as exc:
+            raise ValueError(f"--http-limits: not JSON ({exc})") from None
+        if not isinstance(block, dict):
+            raise ValueError("--http-limits: expected a JSON object")
+        try:
+            section = EngineWorkerSection.model_validate(block)
+        except Exception as exc:  # noqa: BLE001 - pydantic's error, worded with the key path below
+            raise ValueError(f"--http-limits: {_first_problem(exc)}") from None
+    return section
+
+
+def _first_problem(exc: Exception) -> str:
+    errors = getattr(exc, "errors", None)
+    if not callable(errors):
+        return str(exc)
+    error = errors()[0]
+    message = error["msg"].removeprefix("Value error, ")
+    where = ".".join(str(part) for part in error["loc"])
+    if not where and message.startswith("@"):  # a cross-field FieldProblem: "@field: message"
+        where, _, message = message[1:].partition(": ")
+    return f"engine.worker.{where}: {message}"
 
 
 def _prompt_texts(args: argparse.Namespace) -> list[str]:
@@ -162,7 +197,8 @@ async def _serve(args: argparse.Namespace, name: str, settings: dict[str, Any], 
     from aiohttp import web
 
     from engine_service.protocol import STREAM_PATH
-    from engine_service.server import WorkerSettings, make_app
+    from connection_caps.listener import runner_options
+    from engine_service.server import WorkerSettings, make_app, start_listener
     from engines.registry import create_engine
 
     log = structlog.get_logger("engine_service")
@@ -171,6 +207,7 @@ async def _serve(args: argparse.Namespace, name: str, settings: dict[str, Any], 
         token = await _read_token(args)
         tts_api = _tts_api_choice(args)
         prompt_texts = _prompt_texts(args)
+        listener = _listener_choice(args)
         engine = create_engine(name, settings)
     except (OSError, ValueError, TypeError) as exc:
         print(f"engine_service: {exc}", file=sys.stderr)
@@ -185,11 +222,12 @@ async def _serve(args: argparse.Namespace, name: str, settings: dict[str, Any], 
     except Exception as exc:  # noqa: BLE001 - any start failure: report it in one line and exit 1
         log.error("engine_worker_start_failed", engine=name, error=repr(exc))
         return 1
+    limits = listener.http_limits()
     runner = web.AppRunner(make_app(engine, WorkerSettings(token=token, slots=slots), tts_api), access_log=None,
-                           handler_cancellation=True)
+                           handler_cancellation=True, **runner_options(limits))
     await runner.setup()
     try:
-        await web.TCPSite(runner, host, port).start()
+        await start_listener(runner, host, port, limits, listener.link_reserve)
     except OSError as exc:  # a fixed port (--listen, engine.worker.port) another process holds: one line, exit 1
         log.error("engine_worker_listen_failed", listen=args.listen, error=exc.strerror or str(exc))
         await runner.cleanup()

@@ -68,6 +68,20 @@ class WorkerMetrics:
             "tts_api_first_byte_latency_seconds",
             "Speech API over HTTP: time from the request to its first audio bytes, by route",
             ["endpoint"], buckets=FIRST_CHUNK_BUCKETS, registry=registry)
+        self.http_refused = Counter(
+            "tts_worker_http_connections_refused_total",
+            "Connections to the worker's port closed at accept, by reason (max_connections, "
+            "max_connections_per_source, descriptors)", ["reason"], registry=registry)
+        self.http_closed = Counter(
+            "tts_worker_http_connections_closed_total",
+            "Connections the worker closed, by reason (header_timeout; untrusted: past the caps, on the links' "
+            "reserve, without the engine token)", ["reason"], registry=registry)
+        self.http_open = Gauge("tts_worker_http_connections_open", "Connections to the worker's port open now",
+                               registry=registry)
+        self.accept_errors = Counter(
+            "tts_worker_accept_errors_total",
+            "Failed accepts on the worker's port (EMFILE/ENFILE at the descriptor limit); logged once per 10 s",
+            registry=registry)
         registry.register(_StatusCollector(worker))
 
     def exposition(self) -> bytes:
