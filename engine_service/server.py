@@ -29,6 +29,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from connection_caps.budget import ConnectionCaps
 from connection_caps.listener import CappedSite, HttpLimits, ListenerGuard, ListenerMetrics, quiet_accept_errors
 from engine_service import protocol
+from engine_service.api.context import TTS_API
 from engine_service.api.routes import add_tts_routes
 from engine_service.api.settings import TtsApiSettings
 from engine_service.first_audio import FirstAudioEstimate
@@ -82,8 +83,8 @@ class EngineWorker:
 
     # The speech API's streams take the same slots as the gateways' (engine_service.api.context.SharedSlots),
     # so the free count every gateway sees includes them.
-    def take(self) -> bool:
-        if self.streams_active >= self.settings.slots:
+    def take(self, keep_free: int = 0) -> bool:
+        if self.streams_active >= self.settings.slots - keep_free:
             return False
         self.streams_active += 1
         return True
@@ -105,7 +106,11 @@ def make_app(engine: SpeechEngine, settings: WorkerSettings, tts_api: TtsApiSett
     app = web.Application(middlewares=[worker.metrics.middleware()])
     app[WORKER] = worker
     if tts_api is not None:
+        if tts_api.reserved_call_slots >= settings.slots:
+            raise ValueError(f"tts_api.reserved_call_slots: {tts_api.reserved_call_slots} leaves the speech API "
+                             f"none of this worker's {settings.slots} slots")
         add_tts_routes(app, engine, tts_api, shared_slots=worker)
+        worker.metrics.watch_api(app[TTS_API])
     app.router.add_get(protocol.STREAM_PATH, _stream_endpoint)
     app.router.add_get("/v1/status", _status_endpoint)
     app.router.add_get("/healthz", _healthz)
