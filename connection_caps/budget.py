@@ -9,12 +9,15 @@ probation (the listener must then see the connection prove it is trusted, e.g. p
 
 from __future__ import annotations
 
+import os
 import resource
 from dataclasses import dataclass, field
 
-# Descriptors never handed to connection listeners, beyond the RTP/RTCP sockets the caller counts: log files,
-# the SIP UDP socket, the listening sockets, a worker's pipes, the event loop's own.
-BASE_RESERVE = 64
+# Descriptors never handed to connection listeners, beyond those open when the budget is made and the RTP/RTCP
+# sockets the caller counts: files and pipes opened later (log reopen, a worker restarted), resolver sockets, and
+# sockets accepted but not yet judged (asyncio accepts up to a backlog's worth per round before any is closed:
+# two rounds of listener.ACCEPT_BACKLOG).
+BASE_RESERVE = 160
 
 
 class DescriptorBudget:
@@ -26,11 +29,12 @@ class DescriptorBudget:
 
     @classmethod
     def from_rlimit(cls, reserved: int) -> DescriptorBudget:
-        """RLIMIT_NOFILE's soft limit less `reserved` (e.g. two per RTP port pair) and BASE_RESERVE."""
+        """RLIMIT_NOFILE's soft limit less the descriptors open now, `reserved` (e.g. two per call for RTP/RTCP)
+        and BASE_RESERVE."""
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
         if soft == resource.RLIM_INFINITY:
             soft = 1 << 20
-        return cls(soft - reserved - BASE_RESERVE)
+        return cls(soft - _open_now() - reserved - BASE_RESERVE)
 
     def take(self) -> bool:
         if self.in_use >= self.available:
@@ -90,3 +94,10 @@ class ConnectionCaps:
         """A connection on probation proved trusted: it stays, and its reserve place is free again (it still
         counts in `open`, so a flood plus trusted links never exceeds caps + reserve + trusted links)."""
         self.on_probation -= 1
+
+
+def _open_now() -> int:
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:  # no /proc (not Linux): BASE_RESERVE alone
+        return 0

@@ -26,6 +26,7 @@ from connection_caps.budget import ConnectionCaps
 log = structlog.get_logger(__name__)
 
 _HEAD_END = b"\r\n\r\n"
+ACCEPT_BACKLOG = 64  # also what asyncio accepts per round: each holds a descriptor until it is judged
 _MAX_HEAD_BYTES = 16384  # a probation connection's head, read to find its credentials; more is not trusted
 
 
@@ -196,7 +197,7 @@ class CappedSite(web.TCPSite):
         assert server is not None
         self._server = await asyncio.get_running_loop().create_server(
             lambda: _CappedConnection(self._guard, server), self._host, self._port,
-            backlog=self._backlog, reuse_address=self._reuse_address)
+            backlog=ACCEPT_BACKLOG, reuse_address=self._reuse_address)
         self._bound_port = self._server.sockets[0].getsockname()[1]
 
 

@@ -26,7 +26,7 @@ import structlog
 from aiohttp import WSMsgType, web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from connection_caps.budget import ConnectionCaps
+from connection_caps.budget import ConnectionCaps, DescriptorBudget
 from connection_caps.listener import CappedSite, HttpLimits, ListenerGuard, ListenerMetrics, quiet_accept_errors
 from engine_service import protocol
 from engine_service.api.context import TTS_API
@@ -126,7 +126,10 @@ async def start_listener(runner: web.AppRunner, host: str, port: int, limits: Ht
     worker = runner.app[WORKER]
     metrics = worker.metrics
     quiet_accept_errors(asyncio.get_running_loop(), metrics.accept_errors)
-    guard = ListenerGuard(ConnectionCaps(limits.max_connections, limits.max_connections_per_source, link_reserve),
+    # The budget keeps descriptors back for the engine (model files, threads, pipes): accepts never hit EMFILE.
+    caps = ConnectionCaps(limits.max_connections, limits.max_connections_per_source, link_reserve,
+                          DescriptorBudget.from_rlimit(reserved=0))
+    guard = ListenerGuard(caps,
                           limits, ListenerMetrics(metrics.http_refused, metrics.http_closed, metrics.http_open),
                           trusted=_link_head(worker.settings.token))
     await CappedSite(runner, host, port, guard).start()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import resource
 import socket
 import subprocess
 import sys
@@ -25,16 +26,23 @@ LIMITS = {"max_connections": 20, "max_connections_per_source": 20, "idle_timeout
 
 @pytest.fixture
 def worker(request):
-    limits = {**LIMITS, **getattr(request, "param", {})}
+    param = dict(getattr(request, "param", {}))
+    nofile = param.pop("nofile", None)
+    limits = {**LIMITS, **param}
+
+    def lower_nofile() -> None:
+        if nofile is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
     process = subprocess.Popen(
         [sys.executable, "-m", "engine_service", "--engine", "instant", "--listen", "127.0.0.1:0",
          "--token-file", "-", "--http-limits", json.dumps(limits)],
         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True)
+        stderr=subprocess.PIPE, text=True, preexec_fn=lower_nofile)
     process.stdin.write(TOKEN + "\n")
     process.stdin.flush()
-    line = json.loads(process.stdout.readline())
-    yield process, line["url"]
+    url = json.loads(process.stdout.readline())["url"]
+    yield process, url
     process.terminate()
     process.wait(timeout=30)
 
@@ -140,3 +148,31 @@ async def test_a_stranger_on_the_links_reserve_is_closed_without_the_token(worke
         for sock in socks:
             sock.close()
     assert await _metric(base, 'tts_worker_http_connections_closed_total{reason="untrusted"}') >= 1
+
+
+# A file limit far below the caps: the descriptor budget refuses at accept; accepts that still fail with EMFILE (a
+# burst is accepted before any of it is judged) are counted and logged once per 10 s, never a traceback each,
+# and the worker serves once the flood ends.
+@pytest.mark.parametrize("worker", [{"nofile": 256, "max_connections": 1000, "max_connections_per_source": 1000,
+                                     "header_timeout_s": 60}], indirect=True)
+async def test_a_flood_past_the_file_limit_is_refused_without_tracebacks(worker):
+    process, url = worker
+    base = url.split("/v1/")[0].replace("ws://", "http://")
+    port = int(base.rsplit(":", 1)[1])
+    socks = _flood(port, 300)
+    try:
+        await asyncio.sleep(0.5)
+        assert _fds(process.pid) < 256
+    finally:
+        for sock in socks:
+            sock.close()
+    await asyncio.sleep(0.3)
+    async with aiohttp.ClientSession() as session, session.get(f"{base}/healthz") as response:
+        assert response.status == 200
+    assert await _metric(base, 'tts_worker_http_connections_refused_total{reason="descriptors"}') > 0
+    accept_errors = await _metric(base, "tts_worker_accept_errors_total")
+    process.terminate()
+    process.wait(timeout=30)
+    log = process.stderr.read()
+    assert "Traceback" not in log
+    assert log.count('"accept_failed"') <= 1 + int(accept_errors > 0)  # once per 10 s, however many failed
