@@ -13,6 +13,7 @@ and `http.idle_timeout_s` for keep-alive; accept errors at the descriptor limit 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -58,8 +59,6 @@ async def _healthz(request: web.Request) -> web.Response:
 async def start_http(status_provider: StatusProvider, host: str, port: int, limits: HttpLimits = HttpLimits(),
                      budget: DescriptorBudget | None = None) -> HttpServer:
     """Serve on host:port with `limits`; `budget` is the descriptor budget shared with SIP TCP."""
-    import asyncio
-
     quiet_accept_errors(asyncio.get_running_loop(), metrics.accept_errors_total)
     runner = web.AppRunner(make_http_app(status_provider), access_log=None, **runner_options(limits))
     await runner.setup()
