@@ -95,13 +95,7 @@ def _listener_choice(args: argparse.Namespace):
     section = load_config(args.config).engine.worker if args.config else EngineWorkerSection()
     if args.http_limits:
         try:
-            block = json.loads(args.http_limits)
-        except ValueError as exc:
-            raise ValueError(f"--http-limits: not JSON ({exc})") from None
-        if not isinstance(block, dict):
-            raise ValueError("--http-limits: expected a JSON object")
-        try:
-            section = EngineWorkerSection.model_validate(block)
+            section = EngineWorkerSection.model_validate(_json_object_option(args.http_limits, "--http-limits"))
         except Exception as exc:  # noqa: BLE001 - pydantic's error, worded with the key path below
             raise ValueError(f"--http-limits: {_first_problem(exc)}") from None
     return section
@@ -149,12 +143,7 @@ def _engine_choice(args: argparse.Namespace) -> tuple[str, dict[str, Any], int]:
         name = name or config.engine.name
         settings = config.engine.settings() if name == config.engine.name else {}
     if args.settings:
-        try:
-            settings = json.loads(args.settings)
-        except ValueError as exc:
-            raise ValueError(f"--settings: not JSON ({exc})") from None
-        if not isinstance(settings, dict):
-            raise ValueError("--settings: expected a JSON object")
+        settings = _json_object_option(args.settings, "--settings")
     if not name:
         raise ValueError("--engine or --config is required")
     if args.device:
@@ -165,6 +154,16 @@ def _engine_choice(args: argparse.Namespace) -> tuple[str, dict[str, Any], int]:
     if slots < 1:
         raise ValueError("--slots: must be at least 1")
     return name, settings, slots
+
+
+def _json_object_option(value: str, option: str) -> dict[str, Any]:
+    try:
+        block = json.loads(value)
+    except ValueError as exc:
+        raise ValueError(f"{option}: not JSON ({exc})") from None
+    if not isinstance(block, dict):
+        raise ValueError(f"{option}: expected a JSON object")
+    return block
 
 
 def _listen_address(value: str) -> tuple[str, int]:

@@ -12,16 +12,7 @@ from connection_caps.budget import ConnectionCaps, DescriptorBudget
 from gateway import metrics
 from gateway.http_api import start_http, stop_http
 from gateway.sip.transport import SipTransport, StreamLimits
-
-
-def _closed_by_peer(sock: socket.socket, within_s: float) -> bool:
-    sock.settimeout(within_s)
-    try:
-        return sock.recv(1) == b""
-    except ConnectionResetError:
-        return True
-    except TimeoutError:
-        return False
+from tests.peer_sockets import closed_by_peer, open_fds
 
 
 async def test_sip_tcp_and_http_draw_on_one_descriptor_budget():
@@ -37,7 +28,7 @@ async def test_sip_tcp_and_http_draw_on_one_descriptor_budget():
         held += [socket.create_connection(("127.0.0.1", http.port)) for _ in range(3)]
         await asyncio.sleep(0.2)
         assert budget.in_use == 5
-        assert [_closed_by_peer(sock, 0.05) for sock in held] == [False] * 5 + [True]  # the 6th: none left
+        assert [closed_by_peer(sock, 0.05) for sock in held] == [False] * 5 + [True]  # the 6th: none left
         assert metrics.http_connections_refused_total.labels("descriptors")._value.get() == refused_before + 1
         held.pop().close()
         held.pop(0).close()  # a SIP connection gone gives its descriptor back to HTTP

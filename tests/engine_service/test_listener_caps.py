@@ -17,6 +17,7 @@ import pytest
 
 from engines.base import SynthesisRequest
 from engines.remote import RemoteEngine
+from tests.peer_sockets import closed_by_peer, open_fds
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "link-token-0123456789"
@@ -47,20 +48,6 @@ def worker(request):
     process.wait(timeout=30)
 
 
-def _fds(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-def _closed_by_peer(sock: socket.socket, within_s: float) -> bool:
-    sock.settimeout(within_s)
-    try:
-        return sock.recv(4096) == b""
-    except ConnectionResetError:
-        return True
-    except TimeoutError:
-        return False
-
-
 def _flood(port: int, count: int) -> list[socket.socket]:
     socks = []
     for _ in range(count):
@@ -81,14 +68,14 @@ async def test_idle_flood_is_capped_and_the_gateway_link_still_gets_in(worker):
     process, url = worker
     base = url.split("/v1/")[0].replace("ws://", "http://")
     port = int(base.rsplit(":", 1)[1])
-    fds_before = _fds(process.pid)
+    fds_before = open_fds(process.pid)
     socks = _flood(port, 60)  # 3x the cap, none sends a byte
     try:
         await asyncio.sleep(0.3)
-        refused = sum(_closed_by_peer(sock, 0.05) for sock in socks)
+        refused = sum(closed_by_peer(sock, 0.05) for sock in socks)
         # 20 admitted and 4 on the links' reserve stay open (until the header timeout); the other 36 are closed
         assert refused >= 60 - 20 - LIMITS["link_reserve"]
-        assert _fds(process.pid) <= fds_before + 20 + LIMITS["link_reserve"] + 2
+        assert open_fds(process.pid) <= fds_before + 20 + LIMITS["link_reserve"] + 2
 
         # the gateway's client connects while the flood is held
         engine = RemoteEngine([url], token=TOKEN, engine_name="instant", default_voice="default")
@@ -113,10 +100,10 @@ async def test_idle_flood_is_capped_and_the_gateway_link_still_gets_in(worker):
     # past the caps, each newcomer took the reserve place of the oldest connection that had not shown the token
     assert await _metric(base, 'tts_worker_http_connections_closed_total{reason="evicted"}') >= 36
     for _ in range(50):
-        if _fds(process.pid) <= fds_before + 1:
+        if open_fds(process.pid) <= fds_before + 1:
             break
         await asyncio.sleep(0.1)
-    assert _fds(process.pid) <= fds_before + 1
+    assert open_fds(process.pid) <= fds_before + 1
 
 
 async def test_a_half_sent_request_head_is_closed_after_the_header_timeout(worker):
@@ -126,7 +113,7 @@ async def test_a_half_sent_request_head_is_closed_after_the_header_timeout(worke
     slow = socket.create_connection(("127.0.0.1", port))
     try:
         slow.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # never the blank line
-        assert _closed_by_peer(slow, LIMITS["header_timeout_s"] + 5)
+        assert closed_by_peer(slow, LIMITS["header_timeout_s"] + 5)
     finally:
         slow.close()
     assert await _metric(base, 'tts_worker_http_connections_closed_total{reason="header_timeout"}') >= 1
@@ -142,7 +129,7 @@ async def test_a_stranger_on_the_links_reserve_is_closed_without_the_token(worke
         stranger = socket.create_connection(("127.0.0.1", port))  # past the cap: on probation
         stranger.sendall(f"GET /v1/engine/stream?version=1 HTTP/1.1\r\nHost: x\r\n"
                          f"Authorization: Bearer wrong-token\r\n\r\n".encode())
-        assert _closed_by_peer(stranger, 5)
+        assert closed_by_peer(stranger, 5)
         stranger.close()
     finally:
         for sock in socks:
@@ -162,7 +149,7 @@ async def test_a_flood_past_the_file_limit_is_refused_without_tracebacks(worker)
     socks = _flood(port, 300)
     try:
         await asyncio.sleep(0.5)
-        assert _fds(process.pid) < 256
+        assert open_fds(process.pid) < 256
     finally:
         for sock in socks:
             sock.close()

@@ -4,27 +4,13 @@ run it, raw sockets from one loopback address for the flood, /healthz and a SIP 
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 
 from integration_harness import invite_final_response
 from serve_process import start_serve
+from tests.peer_sockets import closed_by_peer, open_fds
 
 FLOODER = "127.0.0.2"  # another loopback source: the per-source cap is what the flood meets
-
-
-def _fds(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-def _closed_by_peer(sock: socket.socket, within_s: float) -> bool:
-    sock.settimeout(within_s)
-    try:
-        return sock.recv(4096) == b""
-    except ConnectionResetError:
-        return True
-    except TimeoutError:
-        return False
 
 
 def _connect_from(source: str, port: int) -> socket.socket:
@@ -41,13 +27,13 @@ async def test_idle_flood_beyond_the_caps_is_refused_while_healthz_and_calls_go_
     try:
         await serve.wait_healthy()
         pid = serve.process.pid
-        fds_before = _fds(pid)
+        fds_before = open_fds(pid)
         flood = [_connect_from(FLOODER, serve.http_port) for _ in range(100)]
         try:
             await asyncio.sleep(0.3)
-            refused = sum(_closed_by_peer(sock, 0.05) for sock in flood)
+            refused = sum(closed_by_peer(sock, 0.05) for sock in flood)
             assert refused == 80  # 20 held (the per-source cap), 80 aborted at accept
-            assert _fds(pid) <= fds_before + 20 + 2
+            assert open_fds(pid) <= fds_before + 20 + 2
             status, body = await serve.healthz()  # from 127.0.0.1: its own share of the total
             assert status == 200 and body["healthy"]
             assert (await invite_final_response(serve.sip_address, {"X-TTS-Text": "Still here."})) == \
@@ -56,10 +42,10 @@ async def test_idle_flood_beyond_the_caps_is_refused_while_healthz_and_calls_go_
             for sock in flood:
                 sock.close()
         for _ in range(50):  # the held ones give their descriptors back as they close
-            if _fds(pid) <= fds_before + 2:
+            if open_fds(pid) <= fds_before + 2:
                 break
             await asyncio.sleep(0.1)
-        assert _fds(pid) <= fds_before + 2
+        assert open_fds(pid) <= fds_before + 2
         status, metrics = await _get(serve.http_port, "/metrics")
         assert 'gateway_http_connections_refused_total{reason="max_connections_per_source"} 80.0' in metrics
     finally:
@@ -73,9 +59,9 @@ async def test_a_half_sent_request_head_is_closed_after_the_header_timeout(tmp_p
         slow = _connect_from(FLOODER, serve.http_port)
         try:
             slow.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")  # a byte more now and then, never done
-            assert not _closed_by_peer(slow, 0.3)
+            assert not closed_by_peer(slow, 0.3)
             slow.sendall(b"a")
-            assert _closed_by_peer(slow, 5)
+            assert closed_by_peer(slow, 5)
         finally:
             slow.close()
         status, metrics = await _get(serve.http_port, "/metrics")
