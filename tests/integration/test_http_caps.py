@@ -27,7 +27,7 @@ async def test_idle_flood_beyond_the_caps_is_refused_while_healthz_and_calls_go_
     try:
         await serve.wait_healthy()
         pid = serve.process.pid
-        fds_before = open_fds(pid)
+        fds_before, rss_before = open_fds(pid), _rss_kb(pid)
         flood = [_connect_from(FLOODER, serve.http_port) for _ in range(100)]
         try:
             await asyncio.sleep(0.3)
@@ -46,6 +46,7 @@ async def test_idle_flood_beyond_the_caps_is_refused_while_healthz_and_calls_go_
                 break
             await asyncio.sleep(0.1)
         assert open_fds(pid) <= fds_before + 2
+        assert _rss_kb(pid) - rss_before < 4096  # a flood leaves no memory behind (kB)
         status, metrics = await _get(serve.http_port, "/metrics")
         assert 'gateway_http_connections_refused_total{reason="max_connections_per_source"} 80.0' in metrics
     finally:
@@ -69,6 +70,29 @@ async def test_a_half_sent_request_head_is_closed_after_the_header_timeout(tmp_p
         assert (await serve.healthz())[0] == 200
     finally:
         assert await serve.stop() == 0
+
+
+async def test_an_idle_keep_alive_connection_is_closed_after_the_idle_timeout(tmp_path):
+    serve = await start_serve(tmp_path, None, "http.idle_timeout_s=1", engine="instant")
+    try:
+        await serve.wait_healthy()
+        idle = _connect_from(FLOODER, serve.http_port)
+        try:
+            idle.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")  # keep-alive (HTTP/1.1), then silence
+            idle.settimeout(5)  # the answer, then the end of the connection, well before 5 s
+            answer = b""
+            while chunk := idle.recv(4096):
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 200")
+        finally:
+            idle.close()
+    finally:
+        assert await serve.stop() == 0
+
+
+def _rss_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
 
 
 async def _get(port: int, path: str) -> tuple[int, str]:
