@@ -1,7 +1,9 @@
 """An aiohttp listener with caps: `CappedSite` admits each accepted connection through `ConnectionCaps` before
 aiohttp sees it, closes one whose first request head is not complete within `header_timeout_s` (slowloris),
 and leaves idle keep-alive connections to aiohttp's own `keepalive_timeout` (pass `runner_options(limits)` to
-the AppRunner). A connection refused at accept is aborted before any byte is read.
+the AppRunner). That one also bounds a later request's head: aiohttp closes a connection whose next request
+is not whole `idle_timeout_s` after the last answer. A connection refused at accept is aborted before any byte
+is read.
 
 `quiet_accept_errors` keeps asyncio's accept-loop errors (EMFILE/ENFILE at the descriptor limit) from writing a
 traceback per attempt: they are counted and logged once per interval.

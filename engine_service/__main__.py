@@ -222,8 +222,13 @@ async def _serve(args: argparse.Namespace, name: str, settings: dict[str, Any], 
         log.error("engine_worker_start_failed", engine=name, error=repr(exc))
         return 1
     limits = listener.http_limits()
-    runner = web.AppRunner(make_app(engine, WorkerSettings(token=token, slots=slots), tts_api), access_log=None,
-                           handler_cancellation=True, **runner_options(limits))
+    try:
+        app = make_app(engine, WorkerSettings(token=token, slots=slots), tts_api)
+    except ValueError as exc:  # the tts_api block does not fit this engine (a voice, the slots): exit 2, one line
+        print(f"engine_service: config error: {exc}", file=sys.stderr)
+        await engine.close()
+        return 2
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True, **runner_options(limits))
     await runner.setup()
     try:
         await start_listener(runner, host, port, limits, listener.link_reserve)

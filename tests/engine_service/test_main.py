@@ -33,3 +33,22 @@ def test_prepare_texts_that_are_not_a_list_of_strings_name_the_option():
                           timeout=60)
     assert done.returncode == 2
     assert "--prepare-texts: expected a JSON list of strings" in done.stderr
+
+
+def test_reserving_every_slot_for_calls_is_one_error_line_and_exit_2():
+    done = subprocess.run([sys.executable, "-m", "engine_service", "--engine", "instant", "--slots", "4",
+                           "--tts-api", '{"reserved_call_slots": 4}'],
+                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2 and done.stdout == ""
+    assert "tts_api.reserved_call_slots: 4 leaves the speech API none of this worker's 4 slots" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_bad_http_limits_name_the_key():
+    done = subprocess.run([sys.executable, "-m", "engine_service", "--engine", "instant",
+                           "--http-limits", '{"max_connections": 5, "max_connections_per_source": 9}'],
+                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2
+    assert "--http-limits: engine.worker.max_connections_per_source: must not exceed max_connections" in done.stderr
