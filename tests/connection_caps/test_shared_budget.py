@@ -12,7 +12,7 @@ from connection_caps.budget import ConnectionCaps, DescriptorBudget
 from gateway import metrics
 from gateway.http_api import start_http, stop_http
 from gateway.sip.transport import SipTransport, StreamLimits
-from tests.peer_sockets import closed_by_peer, open_fds
+from tests.peer_sockets import closed_by_peer
 
 
 async def test_sip_tcp_and_http_draw_on_one_descriptor_budget():
