@@ -16,7 +16,8 @@ from gateway.worker_supervisor import worker_command
      "http.max_connections_per_source: must not exceed max_connections"),
     ({"http": {"header_timeout_s": 0}}, "http.header_timeout_s: Input should be greater than 0"),
     ({"engine": {"worker": {"idle_timeout_s": -1}}}, "engine.worker.idle_timeout_s: Input should be greater than 0"),
-    ({"engine": {"worker": {"link_reserve": 0}}}, "engine.worker.link_reserve: Input should be greater than or equal to 1"),
+    ({"engine": {"worker": {"link_reserve": 0}}},
+     "engine.worker.link_reserve: Input should be greater than or equal to 1"),
 ])
 def test_a_bad_cap_names_its_key(overrides, expected):
     with pytest.raises(ConfigError) as caught:
