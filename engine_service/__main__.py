@@ -57,6 +57,9 @@ def _parser() -> argparse.ArgumentParser:
                         "with --config, the config's tts_api block")
     parser.add_argument("--prepare-texts", metavar="JSON", help="texts to prepare before listening (a JSON list: "
                         "the prompts gateways will ask for); with --config, the config's prompts")
+    parser.add_argument("--http-limits", metavar="JSON", help="the port's caps, as engine.worker's keys "
+                        "(max_connections, max_connections_per_source, idle_timeout_s, header_timeout_s, "
+                        "link_reserve); with --config, the config's engine.worker")
     parser.add_argument("--supervised", action="store_true", help="exit when stdin closes (the supervisor died)")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return parser
@@ -82,6 +85,32 @@ def _tts_api_choice(args: argparse.Namespace):
         return TtsApiSettings.from_mapping(block)
     except TtsApiConfigError as exc:
         raise ValueError(f"config error: {exc}") from None
+
+
+def _listener_choice(args: argparse.Namespace):
+    """The port's caps as engine.worker's validated section. Raises ValueError naming the key."""
+    from gateway.config import load_config
+    from gateway.engine_config import EngineWorkerSection
+
+    section = load_config(args.config).engine.worker if args.config else EngineWorkerSection()
+    if args.http_limits:
+        try:
+            section = EngineWorkerSection.model_validate(_json_object_option(args.http_limits, "--http-limits"))
+        except Exception as exc:  # noqa: BLE001 - pydantic's error, worded with the key path below
+            raise ValueError(f"--http-limits: {_first_problem(exc)}") from None
+    return section
+
+
+def _first_problem(exc: Exception) -> str:
+    errors = getattr(exc, "errors", None)
+    if not callable(errors):
+        return str(exc)
+    error = errors()[0]
+    message = error["msg"].removeprefix("Value error, ")
+    where = ".".join(str(part) for part in error["loc"])
+    if not where and message.startswith("@"):  # a cross-field FieldProblem: "@field: message"
+        where, _, message = message[1:].partition(": ")
+    return f"engine.worker.{where}: {message}"
 
 
 def _prompt_texts(args: argparse.Namespace) -> list[str]:
@@ -114,12 +143,7 @@ def _engine_choice(args: argparse.Namespace) -> tuple[str, dict[str, Any], int]:
         name = name or config.engine.name
         settings = config.engine.settings() if name == config.engine.name else {}
     if args.settings:
-        try:
-            settings = json.loads(args.settings)
-        except ValueError as exc:
-            raise ValueError(f"--settings: not JSON ({exc})") from None
-        if not isinstance(settings, dict):
-            raise ValueError("--settings: expected a JSON object")
+        settings = _json_object_option(args.settings, "--settings")
     if not name:
         raise ValueError("--engine or --config is required")
     if args.device:
@@ -130,6 +154,16 @@ def _engine_choice(args: argparse.Namespace) -> tuple[str, dict[str, Any], int]:
     if slots < 1:
         raise ValueError("--slots: must be at least 1")
     return name, settings, slots
+
+
+def _json_object_option(value: str, option: str) -> dict[str, Any]:
+    try:
+        block = json.loads(value)
+    except ValueError as exc:
+        raise ValueError(f"{option}: not JSON ({exc})") from None
+    if not isinstance(block, dict):
+        raise ValueError(f"{option}: expected a JSON object")
+    return block
 
 
 def _listen_address(value: str) -> tuple[str, int]:
@@ -162,7 +196,8 @@ async def _serve(args: argparse.Namespace, name: str, settings: dict[str, Any], 
     from aiohttp import web
 
     from engine_service.protocol import STREAM_PATH
-    from engine_service.server import WorkerSettings, make_app
+    from connection_caps.listener import runner_options
+    from engine_service.server import WorkerSettings, make_app, start_listener
     from engines.registry import create_engine
 
     log = structlog.get_logger("engine_service")
@@ -171,6 +206,7 @@ async def _serve(args: argparse.Namespace, name: str, settings: dict[str, Any], 
         token = await _read_token(args)
         tts_api = _tts_api_choice(args)
         prompt_texts = _prompt_texts(args)
+        listener = _listener_choice(args)
         engine = create_engine(name, settings)
     except (OSError, ValueError, TypeError) as exc:
         print(f"engine_service: {exc}", file=sys.stderr)
@@ -185,11 +221,17 @@ async def _serve(args: argparse.Namespace, name: str, settings: dict[str, Any], 
     except Exception as exc:  # noqa: BLE001 - any start failure: report it in one line and exit 1
         log.error("engine_worker_start_failed", engine=name, error=repr(exc))
         return 1
-    runner = web.AppRunner(make_app(engine, WorkerSettings(token=token, slots=slots), tts_api), access_log=None,
-                           handler_cancellation=True)
+    limits = listener.http_limits()
+    try:
+        app = make_app(engine, WorkerSettings(token=token, slots=slots), tts_api)
+    except ValueError as exc:  # the tts_api block does not fit this engine (a voice, the slots): exit 2, one line
+        print(f"engine_service: config error: {exc}", file=sys.stderr)
+        await engine.close()
+        return 2
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True, **runner_options(limits))
     await runner.setup()
     try:
-        await web.TCPSite(runner, host, port).start()
+        await start_listener(runner, host, port, limits, listener.link_reserve)
     except OSError as exc:  # a fixed port (--listen, engine.worker.port) another process holds: one line, exit 1
         log.error("engine_worker_listen_failed", listen=args.listen, error=exc.strerror or str(exc))
         await runner.cleanup()

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from engine_service import protocol
@@ -68,7 +68,25 @@ class WorkerMetrics:
             "tts_api_first_byte_latency_seconds",
             "Speech API over HTTP: time from the request to its first audio bytes, by route",
             ["endpoint"], buckets=FIRST_CHUNK_BUCKETS, registry=registry)
+        self.http_refused = Counter(
+            "tts_worker_http_connections_refused_total",
+            "Connections to the worker's port closed at accept, by reason (max_connections, "
+            "max_connections_per_source, descriptors)", ["reason"], registry=registry)
+        self.http_closed = Counter(
+            "tts_worker_http_connections_closed_total",
+            "Connections the worker closed, by reason (header_timeout; untrusted: past the caps, on the links' "
+            "reserve, without the engine token)", ["reason"], registry=registry)
+        self.http_open = Gauge("tts_worker_http_connections_open", "Connections to the worker's port open now",
+                               registry=registry)
+        self.accept_errors = Counter(
+            "tts_worker_accept_errors_total",
+            "Failed accepts on the worker's port (EMFILE/ENFILE at the descriptor limit); logged once per 10 s",
+            registry=registry)
         registry.register(_StatusCollector(worker))
+
+    def watch_api(self, api: ApiView) -> None:
+        """The speech API's own counts (wrong keys, slow clients, audio waiting for them), read at scrape time."""
+        self.registry.register(_ApiCollector(api))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
@@ -104,6 +122,35 @@ def _endpoint(request: web.Request) -> str:
     """The route's path as registered (`/v1/tts`), never the raw path: a stranger's URLs must not make series."""
     resource = request.match_info.route.resource
     return resource.canonical if resource is not None else "unmatched"
+
+
+class ApiView(Protocol):
+    """What the scrape reads of the speech API (engine_service.api.context.TtsApi)."""
+
+    key_failures: Any
+    buffers: Any
+
+
+class _ApiCollector(Collector):
+    def __init__(self, api: ApiView) -> None:
+        self._api = api
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        failures, buffers = self._api.key_failures, self._api.buffers
+        keys = CounterMetricFamily(
+            "tts_api_key_failures", "Speech API requests with a missing or wrong key, by action (refused: 401; "
+            "limited: 429 without the key checked, the source being past tts_api.max_key_failures)",
+            labels=["action"])
+        keys.add_metric(["refused"], failures.refused)
+        keys.add_metric(["limited"], failures.limited)
+        yield keys
+        yield CounterMetricFamily("tts_api_slow_clients", "Speech API streams cut because the client did not take "
+                                  "its audio within tts_api.slow_client_timeout_s", value=buffers.slow_clients)
+        yield GaugeMetricFamily("tts_api_stream_buffered_bytes", "Speech API audio made and not yet taken by its "
+                                "clients, over all streams", value=buffers.buffered_bytes)
 
 
 class _StatusCollector(Collector):

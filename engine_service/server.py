@@ -4,6 +4,8 @@ Routes: `GET /v1/engine/stream` (the WebSocket link, token and version checked b
 `GET /v1/status` (the same figures as the status frame, token checked), `GET /healthz` (200 while the engine is
 ready, 503 otherwise, no token: for load balancers) and `GET /metrics` (Prometheus, no token; engine_service.metrics).
 `make_app` returns a plain `web.Application`, so other route sets (the public TTS API) can be added to the same server.
+`start_listener` serves it with caps (engine.worker.max_connections, ...: connection_caps), keeping a reserve of
+connections for the gateways' links (engine.worker.link_reserve), so a flood of idle connections never locks them out.
 
 What this module must never do: block the engine. Engine threads hand chunks to a `ChunkChannel` (never blocks);
 one task per stream moves them into the link's outbox and one writer task per link sends it. A gateway that
@@ -24,7 +26,10 @@ import structlog
 from aiohttp import WSMsgType, web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from connection_caps.budget import ConnectionCaps, DescriptorBudget
+from connection_caps.listener import CappedSite, HttpLimits, ListenerGuard, ListenerMetrics, quiet_accept_errors
 from engine_service import protocol
+from engine_service.api.context import TTS_API
 from engine_service.api.routes import add_tts_routes
 from engine_service.api.settings import TtsApiSettings
 from engine_service.first_audio import FirstAudioEstimate
@@ -78,8 +83,8 @@ class EngineWorker:
 
     # The speech API's streams take the same slots as the gateways' (engine_service.api.context.SharedSlots),
     # so the free count every gateway sees includes them.
-    def take(self) -> bool:
-        if self.streams_active >= self.settings.slots:
+    def take(self, keep_free: int = 0) -> bool:
+        if self.streams_active >= self.settings.slots - keep_free:
             return False
         self.streams_active += 1
         return True
@@ -101,12 +106,54 @@ def make_app(engine: SpeechEngine, settings: WorkerSettings, tts_api: TtsApiSett
     app = web.Application(middlewares=[worker.metrics.middleware()])
     app[WORKER] = worker
     if tts_api is not None:
+        if tts_api.reserved_call_slots >= settings.slots:
+            raise ValueError(f"tts_api.reserved_call_slots: {tts_api.reserved_call_slots} leaves the speech API "
+                             f"none of this worker's {settings.slots} slots")
         add_tts_routes(app, engine, tts_api, shared_slots=worker)
+        worker.metrics.watch_api(app[TTS_API])
     app.router.add_get(protocol.STREAM_PATH, _stream_endpoint)
     app.router.add_get("/v1/status", _status_endpoint)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/metrics", _metrics)
     return app
+
+
+async def start_listener(runner: web.AppRunner, host: str, port: int, limits: HttpLimits, link_reserve: int
+                         ) -> None:
+    """Serve `runner` (set up with `runner_options(limits)`) on host:port with the worker's caps. Past them, up to
+    `link_reserve` connections are admitted on probation and kept only if their request head carries the
+    engine token: a gateway's link gets in while strangers hold every other connection."""
+    worker = runner.app[WORKER]
+    metrics = worker.metrics
+    quiet_accept_errors(asyncio.get_running_loop(), metrics.accept_errors)
+    # The budget keeps descriptors back for the engine (model files, threads, pipes): accepts never hit EMFILE.
+    caps = ConnectionCaps(limits.max_connections, limits.max_connections_per_source, link_reserve,
+                          DescriptorBudget.from_rlimit(reserved=0))
+    guard = ListenerGuard(caps,
+                          limits, ListenerMetrics(metrics.http_refused, metrics.http_closed, metrics.http_open),
+                          trusted=_link_head(worker.settings.token))
+    await CappedSite(runner, host, port, guard).start()
+
+
+def _link_head(token: str):
+    """Whether a request head (bytes up to the blank line) is a gateway's link: the stream path and, when the
+    worker has a token, the token. The head is read before aiohttp parses it, so this is a byte-level check."""
+    expected = f"Bearer {token}".encode()
+    path = f" {protocol.STREAM_PATH}".encode()
+
+    def trusted(head: bytes) -> bool:
+        request_line, *lines = head.split(b"\r\n")
+        if path not in request_line:
+            return False
+        if not token:
+            return True
+        for line in lines:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"authorization" and hmac.compare_digest(value.strip(), expected):
+                return True
+        return False
+
+    return trusted
 
 
 def _authorized(request: web.Request, token: str) -> bool:

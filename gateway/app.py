@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 import structlog
 
+from connection_caps.budget import DescriptorBudget
 from engines.base import SpeechEngine
 from gateway import metrics
 from gateway.call import CallSession
@@ -204,9 +205,12 @@ async def run(config, load_again: Callable[[], GatewayConfig] | None = None) -> 
     # process, and a logrotate during start-up must not. A reload asked for then waits until we serve.
     loop.add_signal_handler(signal.SIGHUP, hangups.set)
     engine, supervisor = _engine_for(config)
+    # One descriptor budget for the connection listeners (SIP TCP, HTTP), keeping RTP's sockets free.
+    budget = DescriptorBudget.from_rlimit(reserved=config.rtp_descriptors())
+    http_limits = config.http.http_limits()
     gateway = Gateway(
         engine=engine,
-        sip_settings=config.sip_settings(),
+        sip_settings=config.sip_settings(budget),
         media_settings=config.media_settings(),
         resolve_prompt=config.prompt_resolver(engine.default_voice),
     )
@@ -218,7 +222,7 @@ async def run(config, load_again: Callable[[], GatewayConfig] | None = None) -> 
             await supervisor.start()
         if config.engine.uses_workers:
             # SIP answers 503 and /healthz says warming until a worker is ready
-            http = await start_http(gateway.status, config.http_host, config.http_port)
+            http = await start_http(gateway.status, config.http_host, config.http_port, http_limits, budget)
             if await _engine_ready(engine, supervisor, config, stop):
                 gateway.resolve_prompt = config.prompt_resolver(engine.default_voice)
         # Everything loaded at start (engine, model, config) is long-lived: move it out of the cyclic GC's
@@ -231,7 +235,7 @@ async def run(config, load_again: Callable[[], GatewayConfig] | None = None) -> 
             if not config.engine.uses_workers:  # workers prepared theirs before they listened
                 await engine.prepare(config.prompt_texts())
         if http is None:
-            http = await start_http(gateway.status, config.http_host, config.http_port)
+            http = await start_http(gateway.status, config.http_host, config.http_port, http_limits, budget)
         reloader = loop.create_task(_reload_on_hangup(hangups, gateway, config, load_again), name="sighup")
         await stop.wait()
         await gateway.drain(config.shutdown.drain_timeout_s)

@@ -37,6 +37,7 @@ from pydantic import (
 from gateway.config_errors import ConfigError, FieldProblem, describe
 from gateway.config_types import (
     HostPort,
+    HttpCapsSection,
     IPNetwork,
     ListenAddress,
     Network,
@@ -211,7 +212,7 @@ class Route(Section):
         return self.match[:-1] if self.match.endswith("*") else None
 
 
-class HttpSection(Section):
+class HttpSection(HttpCapsSection):
     listen: ListenAddress = HostPort("127.0.0.1", 8080)
 
 
@@ -308,7 +309,14 @@ class GatewayConfig(Section):
     def engine_settings(self) -> dict[str, Any]:
         return self.engine.settings()
 
-    def sip_settings(self):
+    def rtp_descriptors(self) -> int:
+        """Descriptors RTP/RTCP may need at once (two sockets per call, at most the port range's ports):
+        the connection listeners' shared budget keeps them free (connection_caps.DescriptorBudget)."""
+        low, high = self.media.rtp_port_range
+        return min(high - low + 1, 2 * self.sip.max_calls)
+
+    def sip_settings(self, budget=None):
+        """`budget`: the descriptor budget SIP TCP shares with the HTTP port (connection_caps), if any."""
         from gateway.sip.transport import StreamLimits
         from gateway.sip.uas import SipSettings
 
@@ -319,7 +327,7 @@ class GatewayConfig(Section):
                            t4=sip.t4_ms / 1000, user_agent=sip.user_agent, advertised_host=sip.public_host,
                            stream_limits=StreamLimits(sip.tcp.max_connections, sip.tcp.max_connections_per_source,
                                                       sip.tcp.idle_timeout_s, sip.tcp.read_timeout_s,
-                                                      sip.max_message_bytes),
+                                                      sip.max_message_bytes, budget),
                            max_requests_per_s_per_source=sip.flood.max_requests_per_s_per_source)
 
     def media_settings(self):

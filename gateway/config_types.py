@@ -11,13 +11,45 @@ import ipaddress
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, PlainValidator
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, model_validator
+
+from gateway.config_errors import FieldProblem
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class HttpCapsSection(Section):
+    """What an HTTP listener holds (the gateway's `http`, a worker's `engine.worker`); connection_caps applies it."""
+
+    max_connections: int = Field(256, ge=1)  # open at once; more are refused at accept
+    max_connections_per_source: int = Field(64, ge=1)  # from one IP address
+    idle_timeout_s: float = Field(60.0, gt=0)  # a keep-alive connection without a request this long: closed
+    header_timeout_s: float = Field(10.0, gt=0)  # a connection's first request head must arrive within this
+
+    @model_validator(mode="before")
+    @classmethod
+    def _per_source_default(cls, data: Any) -> Any:
+        # A small max_connections alone lowers the per-source default with it.
+        if isinstance(data, dict) and "max_connections_per_source" not in data and \
+                isinstance(data.get("max_connections"), int) and not isinstance(data["max_connections"], bool):
+            data = {**data, "max_connections_per_source": max(1, min(64, data["max_connections"]))}
+        return data
+
+    @model_validator(mode="after")
+    def _per_source_within_total(self) -> HttpCapsSection:
+        if self.max_connections_per_source > self.max_connections:
+            raise FieldProblem("max_connections_per_source", "must not exceed max_connections")
+        return self
+
+    def http_limits(self):
+        from connection_caps.listener import HttpLimits
+
+        return HttpLimits(self.max_connections, self.max_connections_per_source, self.idle_timeout_s,
+                          self.header_timeout_s)
 
 
 @dataclass(frozen=True)

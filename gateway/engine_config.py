@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from gateway.config_errors import FieldProblem
-from gateway.config_types import Section
+from gateway.config_types import HttpCapsSection, Section
 
 
 class _EngineWithVoices(Section):
@@ -45,8 +45,9 @@ class InstantSettings(_EngineWithVoices):
     realtime: bool = False  # deliver audio at the pace of a streaming model (a stream holds its slot as long)
 
 
-class EngineWorkerSection(Section):
-    """Engine worker processes the gateway starts (python -m engine_service), one engine each."""
+class EngineWorkerSection(HttpCapsSection):
+    """Engine worker processes the gateway starts (python -m engine_service), one engine each; the HTTP caps
+    (max_connections, max_connections_per_source, idle_timeout_s, header_timeout_s) are each worker's port's."""
 
     listen_host: str = "127.0.0.1"  # where supervised workers listen; loopback unless other gateways use them
     slots: int | None = Field(None, ge=1)  # streams per worker; None: cosyvoice2's max_batch, else 64
@@ -56,6 +57,14 @@ class EngineWorkerSection(Section):
     # pointed at it) and the speech API when tts_api is set. None: a free port, and then no speech API is
     # served, since its clients must know where to connect. A restarted worker comes back on its port.
     port: int | None = Field(None, ge=1, le=65535)
+    # Connections past the caps kept for the gateways' links: admitted on probation, kept only if their request
+    # head carries the engine token, so a flood of idle connections never locks a gateway out.
+    link_reserve: int = Field(8, ge=1, le=1024)
+
+    def listener_options(self) -> dict[str, Any]:
+        """The worker's --http-limits (its listener's caps)."""
+        return self.model_dump(include={"max_connections", "max_connections_per_source", "idle_timeout_s",
+                                        "header_timeout_s", "link_reserve"})
 
     @model_validator(mode="before")
     @classmethod
@@ -99,6 +108,7 @@ class WorkerPlan:
     listen_port: int = 0  # 0: any free port (the gateway learns it from the worker); else the same at each restart
     tts_api: dict[str, Any] | None = None  # the speech API's block, checked by the worker at its start
     log_level: str = "info"  # the gateway's logging.level when it started (a SIGHUP does not reach workers)
+    http_limits: dict[str, Any] | None = None  # engine.worker's HTTP caps (its --http-limits)
     prompt_texts: tuple[str, ...] = ()  # the config's prompts, prepared at the worker's start (SpeechEngine.prepare)
 
 
@@ -177,7 +187,8 @@ class EngineSection(Section):
         port = self.worker.port
         return [WorkerPlan(name=f"{self.name}-{target or index}", engine=self.name, settings=self.settings(),
                            device=target, slots=self.worker.slots, listen_host=self.worker.listen_host,
-                           listen_port=0 if port is None else port + index)
+                           listen_port=0 if port is None else port + index,
+                           http_limits=self.worker.listener_options())
                 for index, target in enumerate(targets)]
 
     @property

@@ -5,16 +5,25 @@
 taken ("full"), every worker over the first-audio bound, max_calls reached. The same decision answers a
 qualify OPTIONS, so a balancer and a SIP proxy never see two stories. The status comes from a callable the
 gateway provides; this module knows nothing about SIP or engines.
+
+The listener is capped (connection_caps): `http.max_connections` in total and `http.max_connections_per_source`,
+drawn from the process's descriptor budget that SIP TCP shares, `http.header_timeout_s` for a first request head
+and `http.idle_timeout_s` for keep-alive; accept errors at the descriptor limit are counted, logged once per 10 s.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from connection_caps.budget import ConnectionCaps, DescriptorBudget
+from connection_caps.listener import CappedSite, HttpLimits, ListenerGuard, ListenerMetrics, quiet_accept_errors, \
+    runner_options
+from gateway import metrics
 from gateway.metrics import registry
 
 StatusProvider = Callable[[], dict]
@@ -47,10 +56,17 @@ async def _healthz(request: web.Request) -> web.Response:
     return web.json_response(status, status=200 if healthy else 503)
 
 
-async def start_http(status_provider: StatusProvider, host: str, port: int) -> HttpServer:
-    runner = web.AppRunner(make_http_app(status_provider), access_log=None)
+async def start_http(status_provider: StatusProvider, host: str, port: int, limits: HttpLimits = HttpLimits(),
+                     budget: DescriptorBudget | None = None) -> HttpServer:
+    """Serve on host:port with `limits`; `budget` is the descriptor budget shared with SIP TCP."""
+    quiet_accept_errors(asyncio.get_running_loop(), metrics.accept_errors_total)
+    runner = web.AppRunner(make_http_app(status_provider), access_log=None, **runner_options(limits))
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    guard = ListenerGuard(ConnectionCaps(limits.max_connections, limits.max_connections_per_source, budget=budget),
+                          limits, ListenerMetrics(metrics.http_connections_refused_total,
+                                                  metrics.http_connections_closed_total,
+                                                  metrics.http_connections_open))
+    site = CappedSite(runner, host, port, guard)
     await site.start()
     bound = runner.addresses[0]
     return HttpServer(runner=runner, host=bound[0], port=bound[1])

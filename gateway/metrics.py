@@ -64,6 +64,24 @@ sip_tcp_closed_total = Counter(
     ["reason"],
     registry=registry,
 )
+http_connections_refused_total = Counter(
+    "gateway_http_connections_refused_total",
+    "HTTP connections closed at accept, by reason (max_connections, max_connections_per_source, descriptors)",
+    ["reason"],
+    registry=registry,
+)
+http_connections_closed_total = Counter(
+    "gateway_http_connections_closed_total",
+    "HTTP connections the gateway closed, by reason (header_timeout; idle keep-alive closes are aiohttp's)",
+    ["reason"],
+    registry=registry,
+)
+http_connections_open = Gauge("gateway_http_connections_open", "HTTP connections open now", registry=registry)
+accept_errors_total = Counter(
+    "gateway_accept_errors_total",
+    "Failed accepts of a listening socket (EMFILE/ENFILE at the descriptor limit); logged once per 10 s",
+    registry=registry,
+)
 rtp_packets_sent_total = Counter("gateway_rtp_packets_sent_total", "RTP packets sent", registry=registry)
 rtp_packets_received_total = Counter(
     "gateway_rtp_packets_received_total", "RTP packets received from a call's media partner", registry=registry

@@ -138,6 +138,8 @@ def worker_command(plan: WorkerPlan) -> list[str]:
                "--log-level", plan.log_level]
     if plan.tts_api is not None:
         command += ["--tts-api", json.dumps(plan.tts_api, default=str)]
+    if plan.http_limits is not None:
+        command += ["--http-limits", json.dumps(plan.http_limits)]
     if plan.prompt_texts:
         command += ["--prepare-texts", json.dumps(plan.prompt_texts, ensure_ascii=False)]
     if plan.device is not None:

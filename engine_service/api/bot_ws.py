@@ -15,6 +15,7 @@ the Bearer header (browsers cannot set it on a WebSocket: a browser page uses PO
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 import structlog
@@ -32,8 +33,13 @@ log = structlog.get_logger(__name__)
 
 
 class _BotSink:
-    def __init__(self, ws: web.WebSocketResponse) -> None:
+    def __init__(self, ws: web.WebSocketResponse, transport: asyncio.Transport | None) -> None:
         self._ws = ws
+        self._transport = transport
+
+    def cut(self) -> None:
+        if self._transport is not None:
+            self._transport.abort()
 
     async def audio(self, sentence: Sentence, data: bytes) -> None:
         await self._ws.send_bytes(data)
@@ -64,7 +70,7 @@ def _query_format(request: web.Request, default_rate: int) -> AudioFormat:
 @answers_errors
 async def bot_websocket(request: web.Request) -> web.StreamResponse:
     api = request.app[TTS_API]
-    key = authenticate(request, api.settings)
+    key = authenticate(request, api)
     audio_format = _query_format(request, api.settings.default_sample_rate)
     voice = resolve_voice(api.engine, api.settings, request.query.get("voice"))
     stream_id = uuid.uuid4().hex[:16]
@@ -73,7 +79,7 @@ async def bot_websocket(request: web.Request) -> web.StreamResponse:
         await ws.prepare(request)
         log.info("tts_bot_ws_opened", stream_id=stream_id, key=key.name, voice=voice, format=audio_format.name,
                  sample_rate=audio_format.sample_rate)
-        sink = _BotSink(ws)
+        sink = _BotSink(ws, request.transport)
         await ws.send_json({"type": "ready", "voice": voice, "format": audio_format.name,
                             "sample_rate": audio_format.sample_rate})
         spoken = SpokenTextStream(api, voice, audio_format, sink, stream_id)

@@ -10,7 +10,8 @@ from typing import Protocol
 
 from aiohttp import web
 
-from engine_service.api.access import StreamSlots
+from engine_service.api.access import KeyFailures, StreamSlots
+from engine_service.api.client_pace import StreamBuffers
 from engine_service.api.settings import TtsApiSettings
 from engines.base import SpeechEngine
 
@@ -18,10 +19,11 @@ from engines.base import SpeechEngine
 class SharedSlots(Protocol):
     """The worker's engine slots, shared with its gateway links, so an API stream counts where they count.
 
-    `take()` claims one (False: none free, the API answers 503); `give_back()` returns it. Without it (None)
+    `take(keep_free)` claims one unless that would leave fewer than `keep_free` free (False: the API answers
+    503; tts_api.reserved_call_slots keeps those for SIP calls); `give_back()` returns it. Without it (None)
     the API relies on the engine's own refusals and health alone."""
 
-    def take(self) -> bool: ...
+    def take(self, keep_free: int = 0) -> bool: ...
 
     def give_back(self) -> None: ...
 
@@ -32,6 +34,11 @@ class TtsApi:
     settings: TtsApiSettings
     shared_slots: SharedSlots | None = None
     slots: StreamSlots = field(default_factory=StreamSlots)  # per API key
+    key_failures: KeyFailures = field(init=False)  # wrong keys per source
+    buffers: StreamBuffers = field(default_factory=StreamBuffers)  # audio waiting for slow clients
+
+    def __post_init__(self) -> None:
+        self.key_failures = KeyFailures(self.settings.max_key_failures, self.settings.key_failure_window_s)
 
 
 TTS_API = web.AppKey("tts_api", TtsApi)

@@ -80,7 +80,9 @@ def answers_errors(handler: Handler) -> Handler:
             return await handler(request)
         except ApiError as error:
             # Capacity refusals matter to an operator; a stranger's bad requests only at debug (no log flood).
-            level = log.info if error.status == 429 or error.status >= 500 else log.debug
+            # (A source past its failed keys is logged once per window by access.KeyFailures, not per request.)
+            operator = (error.status == 429 and error.reason != "too_many_failed_keys") or error.status >= 500
+            level = log.info if operator else log.debug
             level("tts_api_refused", path=request.path, status=error.status, reason=error.reason,
                   message=error.message[:200])
             return error.response()

@@ -27,7 +27,7 @@ _TTS_FIELDS = ("text", "voice", "format", "sample_rate")
 @answers_errors
 async def post_tts(request: web.Request) -> web.StreamResponse:
     api = request.app[TTS_API]
-    key = authenticate(request, api.settings)
+    key = authenticate(request, api)
     body = await read_json_object(request)
     refuse_unknown_fields(body, _TTS_FIELDS)
     text = string_field(body, "text", required=True)
@@ -41,13 +41,13 @@ async def post_tts(request: web.Request) -> web.StreamResponse:
     with api.slots.hold(key):
         async with speech_stream(api, text, voice, request_id) as channel:
             encoder = AudioEncoder(audio_format, api.engine.sample_rate)
-            return await stream_audio(request, channel, encoder, audio_format.content_type, request_id)
+            return await stream_audio(request, channel, encoder, audio_format.content_type, request_id, api)
 
 
 @answers_errors
 async def get_voices(request: web.Request) -> web.Response:
     api = request.app[TTS_API]
-    authenticate(request, api.settings)
+    authenticate(request, api)
     return web.json_response({
         "voices": [{"name": name} for name in api.engine.voices()],
         "default_voice": api.settings.default_voice or api.engine.default_voice,

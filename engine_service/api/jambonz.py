@@ -19,6 +19,7 @@ else the default voice. SSML is spoken as its text until an engine speaks SSML.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 import structlog
@@ -40,7 +41,7 @@ log = structlog.get_logger(__name__)
 @answers_errors
 async def jambonz_http(request: web.Request) -> web.StreamResponse:
     api = request.app[TTS_API]
-    key = authenticate(request, api.settings)
+    key = authenticate(request, api)
     body = await read_json_object(request)  # extra fields are ignored: a newer jambonz may add some
     text = string_field(body, "text", required=True)
     kind = string_field(body, "type") or "text"
@@ -52,12 +53,17 @@ async def jambonz_http(request: web.Request) -> web.StreamResponse:
     with api.slots.hold(key):
         async with speech_stream(api, text, voice, request_id) as channel:
             encoder = AudioEncoder(audio_format, api.engine.sample_rate)
-            return await stream_audio(request, channel, encoder, audio_format.content_type, request_id)
+            return await stream_audio(request, channel, encoder, audio_format.content_type, request_id, api)
 
 
 class _JambonzSink:
-    def __init__(self, ws: web.WebSocketResponse) -> None:
+    def __init__(self, ws: web.WebSocketResponse, transport: asyncio.Transport | None) -> None:
         self._ws = ws
+        self._transport = transport
+
+    def cut(self) -> None:
+        if self._transport is not None:
+            self._transport.abort()
 
     async def audio(self, sentence: Sentence, data: bytes) -> None:
         await self._ws.send_bytes(data)
@@ -78,7 +84,7 @@ def _session_rate(asked: str | None) -> int:
 @answers_errors
 async def jambonz_websocket(request: web.Request) -> web.StreamResponse:
     api = request.app[TTS_API]
-    key = authenticate(request, api.settings)
+    key = authenticate(request, api)
     voice = resolve_voice(api.engine, api.settings, request.query.get("voice"), request.query.get("language"))
     audio_format = AudioFormat("pcm_s16le", _session_rate(request.query.get("sampleRate")))
     stream_id = uuid.uuid4().hex[:16]
@@ -89,7 +95,7 @@ async def jambonz_websocket(request: web.Request) -> web.StreamResponse:
                  sample_rate=audio_format.sample_rate)
         await ws.send_json({"type": "connect",
                             "data": {"sample_rate": audio_format.sample_rate, "base64_encoding": False}})
-        sink = _JambonzSink(ws)
+        sink = _JambonzSink(ws, request.transport)
         spoken = SpokenTextStream(api, voice, audio_format, sink, stream_id)
         try:
             async for message in ws:

@@ -11,6 +11,11 @@
       jambonz_sample_rate: 8000      # rate of jambonz's HTTP vendor API when nothing else says
       admission_timeout_s: 2.0       # an engine that has not taken a stream by then is full: 503, never a stall
       retry_after_s: 1               # the Retry-After of a 503
+      max_key_failures: 20           # wrong or missing keys from one address per window; then 429 until it ends
+      key_failure_window_s: 60
+      reserved_call_slots: 0         # slots of each worker the API never takes: SIP calls always find them
+      slow_client_timeout_s: 10      # a client that does not take its audio for this long is cut (slot freed)
+      max_stream_buffer_bytes: 1048576  # audio made for one client and not yet sent; over it, see above
 
 `TtsApiSettings.from_mapping(block)` validates and raises `TtsApiConfigError`, whose lines start with the key
 path (`tts_api.api_keys[1].max_streams: ...`), like the gateway's config. With no keys the API answers 401 to
@@ -57,6 +62,11 @@ class TtsApiSettings(_Section):
     jambonz_sample_rate: int = 8000
     admission_timeout_s: float = Field(default=2.0, gt=0)
     retry_after_s: int = Field(default=1, ge=1)
+    max_key_failures: int = Field(default=20, ge=1)
+    key_failure_window_s: float = Field(default=60.0, gt=0)
+    reserved_call_slots: int = Field(default=0, ge=0)
+    slow_client_timeout_s: float = Field(default=10.0, gt=0)
+    max_stream_buffer_bytes: int = Field(default=1 << 20, ge=65536)
 
     @field_validator("api_keys")
     @classmethod

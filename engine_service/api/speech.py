@@ -52,8 +52,11 @@ async def speech_stream(api: TtsApi, text: str, voice: str, request_id: str = ""
     if not health.accepting:
         reason = "engine_unavailable" if health.state != "ready" else "at_capacity"
         raise unavailable(reason, health.reason or f"engine is {health.state}, no slot free", settings.retry_after_s)
-    if api.shared_slots is not None and not api.shared_slots.take():
-        raise unavailable("at_capacity", "every engine slot of this worker is in use", settings.retry_after_s)
+    if api.shared_slots is not None and not api.shared_slots.take(settings.reserved_call_slots):
+        reserved = f" (the last {settings.reserved_call_slots} are kept for calls)" if settings.reserved_call_slots \
+            else ""
+        raise unavailable("at_capacity", f"every engine slot of this worker the API may use is in use{reserved}",
+                          settings.retry_after_s)
     try:
         channel = await _admitted_stream(api, SynthesisRequest(text=text, voice=voice, call_id=request_id))
         try:

@@ -23,6 +23,7 @@ from typing import Protocol
 import structlog
 
 from engine_service.api.audio_format import AudioEncoder, AudioFormat
+from engine_service.api.client_pace import SlowClient, relay
 from engine_service.api.context import TtsApi
 from engine_service.api.errors import ApiError
 from engine_service.api.sentences import SentenceSplitter
@@ -46,6 +47,9 @@ class SpeechSink(Protocol):
     async def sentence_end(self, sentence: Sentence, audio_bytes: int) -> None: ...
 
     async def error(self, error: ApiError, sentence: Sentence | None) -> None: ...
+
+    def cut(self) -> None:
+        """Drop the connection at once: the client does not take its audio (client_pace.SlowClient)."""
 
 
 class SpokenTextStream:
@@ -113,6 +117,11 @@ class SpokenTextStream:
                 await self._sink.error(ApiError(500, "synthesis_failed", str(failure)), sentence)
             except ConnectionError:  # the client went away; its handler closes the stream
                 return
+            except SlowClient as slow:
+                self._api.buffers.slow_clients += 1
+                log.warning("tts_api_slow_client", stream_id=self._stream_id, index=sentence.index, problem=str(slow))
+                self._sink.cut()
+                return
 
     async def _speak(self, sentence: Sentence) -> None:
         sent = 0
@@ -120,9 +129,12 @@ class SpokenTextStream:
             request_id = f"{self._stream_id}-{sentence.index}"
             async with speech_stream(self._api, sentence.text, self._voice, request_id) as channel:
                 encoder = AudioEncoder(self._format, self._api.engine.sample_rate)
+                async def write(data: bytes) -> None:
+                    await self._sink.audio(sentence, data)
+
+                settings = self._api.settings
                 async with aclosing(encoded_audio(channel, encoder)) as audio:
-                    async for data in audio:
-                        await self._sink.audio(sentence, data)
-                        sent += len(data)
+                    sent = await relay(audio, write, settings.slow_client_timeout_s,
+                                       settings.max_stream_buffer_bytes, self._api.buffers)
         await self._sink.sentence_end(sentence, sent)
         log.debug("tts_sentence_spoken", stream_id=self._stream_id, index=sentence.index, bytes=sent)

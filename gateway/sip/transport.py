@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from connection_caps.budget import DescriptorBudget
 from gateway import metrics
 from gateway.sip.message import ParseError, content_length_of
 
@@ -38,6 +39,8 @@ class StreamLimits:
     idle_timeout_s: float = 60.0  # no byte at all for this long: close
     read_timeout_s: float = 10.0  # a message begun must be complete within this (slowloris)
     max_message_bytes: int = 65535  # headers + body of one message, UDP or TCP
+    # The process's descriptors for connections, shared with the HTTP port (connection_caps); None: unshared.
+    budget: DescriptorBudget | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -119,6 +122,8 @@ class _StreamConnection(asyncio.Protocol):
             return
         self.admitted = False
         layer = self._layer
+        if layer.limits.budget is not None and self._inbound:  # outbound ones took none (_admit)
+            layer.limits.budget.give_back()
         if layer._connections.get(self.address) is self:
             del layer._connections[self.address]
         left = layer._per_source.get(self.address[0], 1) - 1
@@ -255,6 +260,8 @@ class SipTransport:
             return "max_connections"
         if self._per_source.get(source, 0) >= self.limits.max_connections_per_source:
             return "max_connections_per_source"
+        if self.limits.budget is not None and not self.limits.budget.take():
+            return "descriptors"
         return None
 
     async def start(self) -> None:

@@ -26,10 +26,27 @@ def test_a_taken_port_is_one_error_line_and_exit_1():
         ("engine_worker_listen_failed", listen)]
 
 
-def test_prepare_texts_that_are_not_a_list_of_strings_name_the_option():
-    done = subprocess.run([sys.executable, "-m", "engine_service", "--engine", "instant",
-                           "--prepare-texts", '{"welcome": "Hello."}'],
+def _worker_refusing(*arguments: str) -> subprocess.CompletedProcess:
+    """A worker started with `arguments` that should refuse to start."""
+    return subprocess.run([sys.executable, "-m", "engine_service", "--engine", "instant", *arguments],
                           cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
                           timeout=60)
+
+
+def test_prepare_texts_that_are_not_a_list_of_strings_name_the_option():
+    done = _worker_refusing("--prepare-texts", '{"welcome": "Hello."}')
     assert done.returncode == 2
     assert "--prepare-texts: expected a JSON list of strings" in done.stderr
+
+
+def test_reserving_every_slot_for_calls_is_one_error_line_and_exit_2():
+    done = _worker_refusing("--slots", "4", "--tts-api", '{"reserved_call_slots": 4}')
+    assert done.returncode == 2 and done.stdout == ""
+    assert "tts_api.reserved_call_slots: 4 leaves the speech API none of this worker's 4 slots" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_bad_http_limits_name_the_key():
+    done = _worker_refusing("--http-limits", '{"max_connections": 5, "max_connections_per_source": 9}')
+    assert done.returncode == 2
+    assert "--http-limits: engine.worker.max_connections_per_source: must not exceed max_connections" in done.stderr

@@ -182,8 +182,8 @@ class WorkerSlots:
     def __init__(self, total: int) -> None:
         self.total, self.in_use = total, 0
 
-    def take(self) -> bool:
-        if self.in_use >= self.total:
+    def take(self, keep_free: int = 0) -> bool:
+        if self.in_use >= self.total - keep_free:
             return False
         self.in_use += 1
         return True
