@@ -85,6 +85,8 @@ class Gateway:
         if not health.accepting:
             kind = "first_audio_bound" if health.reason.startswith(FIRST_AUDIO_REASON) else "no_capacity"
             return f"{kind}: {health.reason or 'engine at capacity'}"
+        if self.media.port_pairs_free == 0:
+            return "no_rtp_ports: every RTP/RTCP port pair of media.rtp_port_range is held by a call"
         return None
 
     @property
@@ -97,12 +99,16 @@ class Gateway:
             state = "draining"
         elif health.state != "ready":
             state = f"engine_{health.state}"
+        elif not health.accepting:
+            state = "full"
         else:
-            state = "ok" if health.accepting else "full"
+            # No free port pair is capacity, like a full engine: 200, and SIP's 503 sheds the calls.
+            state = "ok" if self.media.port_pairs_free else "no_rtp_ports"
         return {"status": state, "engine": self.engine.name, "engine_state": health.state,
                 "engine_reason": health.reason, "slots_total": health.slots_total, "slots_free": health.slots_free,
                 "calls_active": len(self._sessions), "draining": self.draining,
                 "engine_restarts": self.watchdog.restarts,
+                "rtp_port_pairs_free": self.media.port_pairs_free, "rtp_port_pairs_total": self.media.port_pairs_total,
                 "healthy": not self.draining and health.state == "ready"}
 
     async def drain(self, timeout_s: float, bye_grace_s: float = 2.0) -> None:

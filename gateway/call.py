@@ -6,7 +6,8 @@ only things that travel back are explicit events: the dialog ending, DTMF digits
 
 Refusals happen before the call is answered (RFC 3261 §21.4 codes): no text and no route -> 404,
 text that is not UTF-8, holds control characters or nothing speakable -> 400, unknown voice / empty text
--> the engine's refusal code, no free engine slot or engine down -> 503, no common codec -> 488. The
+-> the engine's refusal code, no free engine slot or engine down -> 503, no common codec -> 488, no free
+RTP port pair -> 503 (each 503 with Retry-After). The
 engine stream is opened and admitted (its slot taken) before the 200 OK, so an answered call always has
 synthesis running behind it; the first packet of speech is limited by the engine, not by signalling.
 A caller that sends no RTP/RTCP for `media.inactivity_timeout_s` (off hold) is taken for gone: the call
@@ -22,9 +23,9 @@ import structlog
 
 from engines.base import SpeechEngine, SynthesisFailed, SynthesisRefused, SynthesisRequest
 from gateway import metrics
-from gateway.media.call_media import CallMedia, MediaEngine
+from gateway.media.call_media import CallMedia, MediaEngine, PortsExhausted
 from gateway.media.inactivity import peer_silent_for
-from gateway.media.sdp import NoCommonCodec
+from gateway.media.sdp import NoCommonCodec, SdpError
 from gateway.routing import NoPrompt, Prompt, PromptResolver
 from gateway.sip.uas import Ended, InboundCall
 
@@ -88,8 +89,10 @@ class CallSession:
         try:
             media = await self._media_engine.open_call(call.call_id, call.remote_sdp,
                                                        signalling_source=call.source[0])
-        except NoCommonCodec as exc:
+        except (NoCommonCodec, SdpError) as exc:
             return self._reject(488, "Not Acceptable Here", str(exc), "no_codec")
+        except PortsExhausted as exc:  # capacity, like a full engine: the PBX retries or routes elsewhere
+            return self._reject(503, "Service Unavailable", str(exc), "no_rtp_ports")
 
         try:
             stream = self._engine.open_stream(request)

@@ -27,7 +27,8 @@ import structlog
 
 from gateway.media.packet_clock import PacketClock
 from gateway.media.playout import PlayoutBuffer, PlayoutSettings
-from gateway.media.port_pool import RtpPortPool
+from gateway import metrics
+from gateway.media.port_pool import PortsExhausted, RtpPortPool
 from gateway.media.resample import Resampler24kTo8k
 from gateway.media.rtp_peer import Latching, RtpPeer
 from gateway.media.rtp_session import RtpSession
@@ -35,7 +36,7 @@ from gateway.media.sdp import MediaPlan, NoCommonCodec, SdpAnswerer
 
 log = structlog.get_logger(__name__)
 
-__all__ = ["CallMedia", "MediaClosed", "MediaEngine", "MediaSettings", "NoCommonCodec"]
+__all__ = ["CallMedia", "MediaClosed", "MediaEngine", "MediaSettings", "NoCommonCodec", "PortsExhausted"]
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,7 @@ class MediaEngine:
         self.clock = PacketClock()
         self._pool = RtpPortPool(settings.rtp_port_min, settings.rtp_port_max)
         self._calls: set[CallMedia] = set()
+        metrics.rtp_port_pairs_free.set(self._pool.free)
 
     async def start(self) -> None:
         self.clock.start()
@@ -77,8 +79,18 @@ class MediaEngine:
     def active_calls(self) -> int:
         return len(self._calls)
 
+    @property
+    def port_pairs_free(self) -> int:
+        """RTP/RTCP pairs of the range no call holds; at 0 a new call cannot be answered (503)."""
+        return self._pool.free
+
+    @property
+    def port_pairs_total(self) -> int:
+        return self._pool.total
+
     async def open_call(self, call_id: str, offer_sdp: str, signalling_source: str | None = None) -> CallMedia:
-        """Bind the call's ports and answer its offer; raises NoCommonCodec (ports released again).
+        """Bind the call's ports and answer its offer; raises PortsExhausted, or NoCommonCodec / SdpError
+        (ports released again).
 
         `signalling_source` is the IP the INVITE came from: with `rtp_latching: signalling_source` RTP
         from that host may replace the SDP's address.
@@ -88,14 +100,17 @@ class MediaEngine:
         settings = self.settings
         session = RtpSession(call_id, self.clock, settings.rtcp_interval_s,
                              RtpPeer(settings.rtp_latching, signalling_source), settings.dtmf_max_per_second)
-        await session.bind(self.settings.advertised_host, self._pool)
+        try:
+            await session.bind(self.settings.advertised_host, self._pool)
+        finally:
+            metrics.rtp_port_pairs_free.set(self._pool.free)
         try:
             answerer = SdpAnswerer(self.settings.advertised_host, session.local_port, self.settings.codecs)
             answer_sdp, plan = answerer.answer(offer_sdp)
             plan = await _resolved(plan)
             session.apply_plan(plan)
         except BaseException:
-            await session.close(self._pool)
+            await self._release(None, session)
             raise
         media = CallMedia(call_id, session, answerer, answer_sdp, plan, self)
         self._calls.add(media)
@@ -103,9 +118,12 @@ class MediaEngine:
                  remote=f"{plan.remote_host}:{plan.remote_port}", can_send=plan.can_send)
         return media
 
-    async def _release(self, media: CallMedia, session: RtpSession) -> None:
+    async def _release(self, media: CallMedia | None, session: RtpSession) -> None:
         self._calls.discard(media)
-        await session.close(self._pool)
+        try:
+            await session.close(self._pool)
+        finally:
+            metrics.rtp_port_pairs_free.set(self._pool.free)
 
 
 async def _resolved(plan: MediaPlan) -> MediaPlan:
@@ -251,4 +269,4 @@ class CallMedia:
         await self._engine._release(self, self._session)
         self._log.info("media_closed", packets_sent=self.packets_sent, underruns=self.underruns,
                        foreign_packets_dropped=self._session.foreign_packets_dropped,
-                       dtmf_dropped=self._session.dtmf_dropped)
+                       dtmf_dropped=self._session.dtmf_dropped, send_failures=self._session.send_failures)

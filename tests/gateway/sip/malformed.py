@@ -174,6 +174,12 @@ def _sdp_cases() -> list[Case]:
         "port_letters": _replace(SDP, "m=", "m=audio abc RTP/AVP 0"),
         "port_negative": _replace(SDP, "m=", "m=audio -1 RTP/AVP 0"),
         "m_too_short": _replace(SDP, "m=", "m=audio 40000"),
+        # RTCP goes to a=rtcp (RFC 3605) or the RTP port + 1 (RFC 3550 §11): it must be a port too
+        "rtcp_70000": [*SDP, "a=rtcp:70000"],
+        "rtcp_65536_with_address": [*SDP, "a=rtcp:65536 IN IP4 127.0.0.1"],
+        "rtcp_0": [*SDP, "a=rtcp:0"],
+        "rtcp_letters": [*SDP, "a=rtcp:abc"],
+        "port_65535_rtcp_65536": _replace(SDP, "m=", "m=audio 65535 RTP/AVP 0"),
         "c_bad_ipv4": _replace(SDP, "c=", "c=IN IP4 999.1.1.1"),
         "c_hostname": _replace(SDP, "c=", "c=IN IP4 media.example.com"),
         "c_empty_address": _replace(SDP, "c=", "c=IN IP4 "),
