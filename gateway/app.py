@@ -57,11 +57,13 @@ class Gateway:
         log.info("gateway_started", engine=self.engine.name, start_s=round(self.started_at - t0, 3),
                  sip_udp=_fmt(self.sip.udp_address), sip_tcp=_fmt(self.sip.tcp_address))
 
-    def _on_invite(self, call: InboundCall) -> None:
+    def _on_invite(self, call: InboundCall) -> asyncio.Task[str]:
+        """Start the call's session; the SIP server counts the call against max_calls until it is done."""
         session = CallSession(call, self.resolve_prompt, self.engine, self.media)
         task = asyncio.get_running_loop().create_task(session.run(), name=f"call-{call.call_id}")
         self._sessions[task] = session
         task.add_done_callback(lambda done: self._sessions.pop(done, None))
+        return task
 
     async def calls_ended(self, timeout_s: float) -> bool:
         """Wait until every call session now running has finished and counted its outcome (True), or timeout."""
