@@ -366,8 +366,11 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
         raise ConfigError([f"{path}:{where} not valid YAML: {getattr(exc, 'problem', exc)}"]) from None
-    if data is None:
-        return {}
+    if data is None or data == {}:
+        # An empty file (a truncated write, a deploy that lost its content) would start, or reload, with no
+        # routes and the loopback-only allow-list: every routed call 404 while /healthz says 200.
+        raise ConfigError([f"{path}: the file is empty; expected sections such as sip, trunks, routes "
+                           "(start without --config for the built-in loopback config)"])
     if not isinstance(data, dict):
         raise ConfigError([f"{path}: expected a mapping of sections (sip, trunks, routes, ...) at the top"])
     return data
