@@ -11,7 +11,8 @@ RTP port pair -> 503 (each 503 with Retry-After). The
 engine stream is opened and admitted (its slot taken) before the 200 OK, so an answered call always has
 synthesis running behind it; the first packet of speech is limited by the engine, not by signalling.
 A caller that sends no RTP/RTCP for `media.inactivity_timeout_s` (off hold) is taken for gone: the call
-ends with our BYE and the outcome `media_timeout` (gateway/media/inactivity.py).
+ends with our BYE and the outcome `media_timeout`; on hold the bound is `media.hold_timeout_s` and the
+outcome `hold_timeout` (gateway/media/inactivity.py).
 """
 
 from __future__ import annotations
@@ -152,7 +153,7 @@ class CallSession:
                 play.cancel()
                 await asyncio.gather(play, return_exceptions=True)
                 self._observe_first_packet(media, stream)
-                return self._end_without_caller() if silent in done else ended.result()
+                return self._end_without_caller(silent.result()[1]) if silent in done else ended.result()
             self._observe_first_packet(media, stream)
             error = None if play.cancelled() else play.exception()  # cancelled: a barge-in stopped it
             if error is not None:  # SynthesisFailed from the engine, or anything the media path raised
@@ -167,25 +168,28 @@ class CallSession:
                 await ended
                 return "completed"
             done, _ = await asyncio.wait({ended, silent}, return_when=asyncio.FIRST_COMPLETED)
-            return ended.result() if ended in done else self._end_without_caller()
+            return ended.result() if ended in done else self._end_without_caller(silent.result()[1])
         finally:
             for task in (play, ended, dtmf, silent):
                 task.cancel()
             await asyncio.gather(play, ended, dtmf, silent, return_exceptions=True)
 
-    async def _caller_gone(self, media: CallMedia) -> float:
-        """Returns when the caller has sent no RTP/RTCP for media.inactivity_timeout_s off hold; never if 0."""
-        timeout_s = self._media_engine.settings.inactivity_timeout_s
-        if timeout_s <= 0:
+    async def _caller_gone(self, media: CallMedia) -> tuple[float, bool]:
+        """Returns (silence, on hold) when the caller has sent no RTP/RTCP for media.inactivity_timeout_s off
+        hold or media.hold_timeout_s on hold; never when both are 0."""
+        settings = self._media_engine.settings
+        if settings.inactivity_timeout_s <= 0 and settings.hold_timeout_s <= 0:
             await asyncio.Event().wait()
-        return await peer_silent_for(media, timeout_s)
+        return await peer_silent_for(media, settings.inactivity_timeout_s, settings.hold_timeout_s)
 
-    def _end_without_caller(self) -> str:
+    def _end_without_caller(self, on_hold: bool) -> str:
         """The caller vanished without BYE: send ours and free the engine slot and ports now, without waiting
         for the BYE's transaction, which a vanished caller lets run to its 64*T1 timeout (RFC 3261 §17.1.2.2)."""
-        self._log.warning("media_timeout", timeout_s=self._media_engine.settings.inactivity_timeout_s)
+        settings = self._media_engine.settings
+        outcome = "hold_timeout" if on_hold else "media_timeout"
+        self._log.warning(outcome, timeout_s=settings.hold_timeout_s if on_hold else settings.inactivity_timeout_s)
         self.call.hangup()
-        return "media_timeout"
+        return outcome
 
     async def _next_end(self) -> str:
         while True:

@@ -151,6 +151,8 @@ class MediaSection(Section):
     dtmf_max_per_second: float = Field(10.0, gt=0, le=1000)  # per call; more key presses are dropped
     # No RTP or RTCP from the caller for this long (hold excepted) ends the call with BYE; 0 turns it off.
     inactivity_timeout_s: float = Field(60.0, ge=0)
+    # The same while the call is on hold (many phones send nothing then); 0 turns it off.
+    hold_timeout_s: float = Field(300.0, ge=0)
 
     @field_validator("codecs", mode="before")
     @classmethod
@@ -331,7 +333,7 @@ class GatewayConfig(Section):
                              initial_playout_delay_ms=media.initial_playout_delay_ms,
                              max_playout_delay_ms=media.max_playout_delay_ms, rtcp_interval_s=media.rtcp_interval_s,
                              rtp_latching=media.rtp_latching, dtmf_max_per_second=media.dtmf_max_per_second,
-                             inactivity_timeout_s=media.inactivity_timeout_s)
+                             inactivity_timeout_s=media.inactivity_timeout_s, hold_timeout_s=media.hold_timeout_s)
 
     def prompt_resolver(self, default_voice: str | None = None) -> PromptRouter:
         """INVITE -> Prompt over these routes and prompts (gateway/routing.py owns the lookup).

@@ -51,6 +51,7 @@ class MediaSettings:
     rtp_latching: Latching = "off"  # see rtp_peer: whether a NAT'd phone's RTP source may replace its SDP address
     dtmf_max_per_second: float = 10.0  # per call; key presses beyond it are dropped
     inactivity_timeout_s: float = 60.0  # no RTP/RTCP from the caller this long (off hold): end the call; 0: never
+    hold_timeout_s: float = 300.0  # the same while on hold (media/inactivity.py says why it is longer); 0: never
 
 
 class MediaClosed(RuntimeError):
@@ -155,7 +156,7 @@ class CallMedia:
             max_delay_ms=engine.settings.max_playout_delay_ms))
         self._done: asyncio.Future[None] | None = None
         self._closed = False
-        self._listening_since = time.monotonic()  # answer or last resume: silence before it does not count
+        self._listening_since = time.monotonic()  # answer or last hold/resume: silence before it does not count
         self._log = log.bind(call_id=call_id)
 
     @property
@@ -175,12 +176,10 @@ class CallMedia:
         """The peer may send us nothing: our answer is not sendrecv, or its address is 0.0.0.0 (RFC 3264 §8.4)."""
         return self.plan.direction != "sendrecv" or self.plan.remote_host in ("0.0.0.0", "::")
 
-    def silent_since(self) -> float | None:
-        """Monotonic time since which no RTP/RTCP arrived from the peer; None while on hold
-        (gateway/media/inactivity.py says why the hold suspends the count)."""
-        if self.on_hold:
-            return None
-        return max(self._session.last_received_at, self._listening_since)
+    def silence(self) -> tuple[float, bool]:
+        """(monotonic time since which no RTP/RTCP arrived from the peer, whether on hold): what
+        gateway/media/inactivity.py measures against the inactivity and hold timeouts."""
+        return max(self._session.last_received_at, self._listening_since), self.on_hold
 
     def update_offer(self, offer_sdp: str) -> str:
         """Answer a re-INVITE/UPDATE offer (hold, resume, new address); raises NoCommonCodec, changing nothing."""
@@ -190,7 +189,7 @@ class CallMedia:
         if plan.can_send != self.plan.can_send:
             self._log.info("media_direction", direction=plan.direction, can_send=plan.can_send)
         self.plan, self.answer_sdp = plan, answer_sdp
-        if was_on_hold and not self.on_hold:
+        if was_on_hold != self.on_hold:  # the peer's hold or resume is a sign of life: the count restarts
             self._listening_since = time.monotonic()
         return answer_sdp
 
