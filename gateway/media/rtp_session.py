@@ -225,13 +225,12 @@ class RtpSession:
         return True
 
     def _send_failed(self, stream: str, exc: Exception, address) -> None:
-        """One packet not sent: counted, and logged once per call and stream (a full buffer is routine
-        under load and only counted)."""
-        would_block = isinstance(exc, (BlockingIOError, InterruptedError))
-        _SEND_FAILED[stream, "would_block" if would_block else "error"].inc()
+        """One packet not sent: counted, and logged once per call and stream (the metric counts the rest)."""
+        reason = "would_block" if isinstance(exc, (BlockingIOError, InterruptedError)) else "error"
+        _SEND_FAILED[stream, reason].inc()
         self.send_failures[stream] += 1
-        if not would_block and self.send_failures[stream] == 1:
-            self._log.warning("rtp_send_failed", stream=stream, remote=f"{address[0]}:{address[1]}",
+        if self.send_failures[stream] == 1:
+            self._log.warning("rtp_send_failed", stream=stream, reason=reason, remote=f"{address[0]}:{address[1]}",
                               error=repr(exc)[:160])
 
     # -- receive -----------------------------------------------------------------------------------
