@@ -144,3 +144,13 @@ def test_failed_reoffer_changes_nothing() -> None:
     with pytest.raises(NoCommonCodec):
         session.answer(offer("18"))
     assert session.answer(offer("0"))[0] == first
+
+
+def test_a_reoffer_that_disables_the_audio_stream_is_refused_and_the_session_stays() -> None:
+    """RFC 3264 §8.2 removes a stream with port 0; the call would have no audio, so the re-offer gets 488
+    and the session stays as it was (RFC 3261 §14.2)."""
+    session = answerer()
+    sdp, plan = session.answer(offer("0"))
+    with pytest.raises(NoCommonCodec, match="disabled"):
+        session.answer(offer("0", port=0))
+    assert session.answer(offer("0")) == (sdp, plan)
