@@ -4,7 +4,8 @@
   Warning naming it; 60 of them leave the process's open descriptors and the port pool as they were (each
   used to leak a socket and a port pair for good, and five exhausted a small range: every INVITE then 480);
 - with every port pair held by a live call, INVITE and OPTIONS get 503 + Retry-After and /healthz says
-  no_rtp_ports; once the calls end, a normal call is answered and nothing is left behind.
+  no_rtp_ports; once the calls end, a normal call is answered and nothing is left behind;
+- ports another program holds: 503 (they used to get 480).
 """
 
 from __future__ import annotations
@@ -12,10 +13,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import urllib.request
 
 import pytest
 
+from gateway import metrics
+from integration_harness import invite_final_response, start_gateway
 from serve_process import ServeProcess, start_serve
 from tests.gateway.sip.peers import UdpPeer, raw_request, udp_peer
 
@@ -136,4 +140,31 @@ async def test_bad_rtcp_ports_leak_nothing_and_exhaustion_answers_503(tmp_path):
     finally:
         peer.transport.close()
         media.transport.close()
+        await gateway.stop()
+
+
+async def test_ports_taken_by_another_process_answer_503_not_480(tmp_path):
+    """The pool thinks the pairs are free but every bind fails (another program holds them): the call is
+    refused 503 + Retry-After (reason no_rtp_ports); once the ports are free again a call is answered."""
+    base = PORT_BASE + 2 * PAIRS + 2  # beside the range of the test above
+    gateway = await start_gateway("instant", extra={"media.rtp_port_range": f"{base}-{base + 3}",
+                                                    "sip.retry_after_s": 9})
+    squatters = []
+    try:
+        for port in range(base, base + 4):
+            squatter = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            squatters.append(squatter)
+            squatter.bind(("127.0.0.1", port))
+        refused_before = metrics.registry.get_sample_value("gateway_calls_refused_total",
+                                                           {"reason": "no_rtp_ports"}) or 0.0
+        assert await invite_final_response(gateway.sip.udp_address, {"X-TTS-Text": "hi"}) == \
+            "SIP/2.0 503 Service Unavailable"
+        assert metrics.registry.get_sample_value("gateway_calls_refused_total",
+                                                 {"reason": "no_rtp_ports"}) == refused_before + 1
+        for squatter in squatters:
+            squatter.close()
+        assert (await invite_final_response(gateway.sip.udp_address, {"X-TTS-Text": "hi"})).startswith("SIP/2.0 200")
+    finally:
+        for squatter in squatters:
+            squatter.close()
         await gateway.stop()
