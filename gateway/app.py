@@ -42,7 +42,8 @@ class Gateway:
         self.engine = engine
         self.watchdog = EngineWatchdog(engine, watchdog_settings or WatchdogSettings())
         self.media = MediaEngine(media_settings)
-        self.sip = SipServer(sip_settings, on_invite=self._on_invite, refusal=self._refusal)
+        self.sip = SipServer(sip_settings, on_invite=self._on_invite,
+                             refusal=lambda: self._refusal() or self.media.refusal())
         self.resolve_prompt = resolve_prompt  # replaced once workers say which voice is their default
         self._sessions: dict[asyncio.Task[str], CallSession] = {}
         self.started_at: float | None = None
@@ -87,8 +88,6 @@ class Gateway:
         if not health.accepting:
             kind = "first_audio_bound" if health.reason.startswith(FIRST_AUDIO_REASON) else "no_capacity"
             return f"{kind}: {health.reason or 'engine at capacity'}"
-        if self.media.port_pairs_free == 0:
-            return "no_rtp_ports: every RTP/RTCP port pair of media.rtp_port_range is held by a call"
         return None
 
     @property
@@ -104,14 +103,14 @@ class Gateway:
         elif not health.accepting:
             state = "full"
         else:
-            # No free port pair is capacity, like a full engine: 200, and SIP's 503 sheds the calls.
-            state = "ok" if self.media.port_pairs_free else "no_rtp_ports"
+            state = "ok" if self.media.refusal() is None else "no_rtp_ports"
         return {"status": state, "engine": self.engine.name, "engine_state": health.state,
                 "engine_reason": health.reason, "slots_total": health.slots_total, "slots_free": health.slots_free,
                 "calls_active": len(self._sessions), "draining": self.draining,
                 "engine_restarts": self.watchdog.restarts,
                 "rtp_port_pairs_free": self.media.port_pairs_free, "rtp_port_pairs_total": self.media.port_pairs_total,
-                "healthy": not self.draining and health.state == "ready"}
+                # no free port pair: 503 here as on INVITE and OPTIONS (nothing could be answered)
+                "healthy": not self.draining and health.state == "ready" and state != "no_rtp_ports"}
 
     async def drain(self, timeout_s: float, bye_grace_s: float = 2.0) -> None:
         """Stop admitting calls; let the current ones finish for up to timeout_s, then hang up the rest

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 import numpy as np
 import structlog
 
+from gateway import metrics
 from gateway.media.packet_clock import PacketClock
 from gateway.media.playout import PlayoutBuffer, PlayoutSettings
-from gateway import metrics
 from gateway.media.port_pool import PortsExhausted, RtpPortPool
 from gateway.media.resample import Resampler24kTo8k
 from gateway.media.rtp_peer import Latching, RtpPeer
@@ -88,6 +88,13 @@ class MediaEngine:
     @property
     def port_pairs_total(self) -> int:
         return self._pool.total
+
+    def refusal(self) -> str | None:
+        """Media's part of why a new call is turned away now ("kind: detail", the kind a bounded label of
+        gateway_calls_refused_total), or None: no free RTP/RTCP port pair."""
+        if self._pool.free == 0:
+            return "no_rtp_ports: every RTP/RTCP port pair of media.rtp_port_range is held by a call"
+        return None
 
     async def open_call(self, call_id: str, offer_sdp: str, signalling_source: str | None = None) -> CallMedia:
         """Bind the call's ports and answer its offer; raises PortsExhausted, or NoCommonCodec / SdpError

@@ -3,7 +3,7 @@
 - offers whose RTCP port is no port (a=rtcp:70000, m=audio 65535 whose RTCP would be 65536) get 488 with a
   Warning naming it; 60 of them leave the process's open descriptors and the port pool as they were (each
   used to leak a socket and a port pair for good, and five exhausted a small range: every INVITE then 480);
-- with every port pair held by a live call, INVITE and OPTIONS get 503 + Retry-After and /healthz says
+- with every port pair held by a live call, INVITE and OPTIONS get 503 + Retry-After and /healthz 503
   no_rtp_ports; once the calls end, a normal call is answered and nothing is left behind;
 - ports another program holds: 503 (they used to get 480).
 """
@@ -126,7 +126,7 @@ async def test_bad_rtcp_ports_leak_nothing_and_exhaustion_answers_503(tmp_path):
         assert (refused.status, refused.header("Retry-After")) == (503, "5")
         assert await caller.options() == (503, "5")  # a proxy's qualify ping routes elsewhere too
         status, body = await gateway.healthz()
-        assert (status, body["status"], body["rtp_port_pairs_free"]) == (200, "no_rtp_ports", 0)
+        assert (status, body["status"], body["rtp_port_pairs_free"]) == (503, "no_rtp_ports", 0)
         assert _metric(gateway, 'gateway_calls_refused_total{reason="no_rtp_ports"}') == refused_before + 1
 
         assert [await caller.bye(call) for call in held] == [200] * PAIRS
