@@ -31,7 +31,8 @@ class HeardPeer(Protocol):
 
 async def peer_silent_for(media: HeardPeer, timeout_s: float, hold_timeout_s: float) -> tuple[float, bool]:
     """Return once `media` has heard nothing from its peer for `timeout_s` seconds off hold, or for
-    `hold_timeout_s` on hold (0: never in that state); returns (the silence in seconds, whether on hold).
+    `hold_timeout_s` on hold (0: never in that state; at least one must be positive); returns (the
+    silence in seconds, whether on hold).
     Wakes about once per shortest timeout while media keeps arriving (no per-packet cost)."""
     period = min(limit for limit in (timeout_s, hold_timeout_s) if limit > 0)  # a state change is seen within it
     while True:
