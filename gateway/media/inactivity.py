@@ -11,7 +11,7 @@ the silence is measured against the longer `hold_timeout_s` instead (as Asterisk
 whose sample value of 300 s is our default): a held caller who vanished is ended too, and one whose
 phone keeps sending RTCP while held is never. Going on hold and resuming are signs of life: each
 starts the count afresh. Session timers (RFC 4028), which would also catch a vanished caller through
-signalling, are not implemented.
+signalling, are not implemented yet (issue #32).
 
 This module only measures and waits; the call session decides what ending means (a BYE).
 """
