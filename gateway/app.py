@@ -42,7 +42,8 @@ class Gateway:
         self.engine = engine
         self.watchdog = EngineWatchdog(engine, watchdog_settings or WatchdogSettings())
         self.media = MediaEngine(media_settings)
-        self.sip = SipServer(sip_settings, on_invite=self._on_invite, refusal=self.watchdog.refusal)
+        self.sip = SipServer(sip_settings, on_invite=self._on_invite,
+                             refusal=lambda: self.watchdog.refusal() or self.media.refusal())
         self.resolve_prompt = resolve_prompt  # replaced once workers say which voice is their default
         self._sessions: dict[asyncio.Task[str], CallSession] = {}
         self.started_at: float | None = None
@@ -57,11 +58,13 @@ class Gateway:
         log.info("gateway_started", engine=self.engine.name, start_s=round(self.started_at - t0, 3),
                  sip_udp=_fmt(self.sip.udp_address), sip_tcp=_fmt(self.sip.tcp_address))
 
-    def _on_invite(self, call: InboundCall) -> None:
+    def _on_invite(self, call: InboundCall) -> asyncio.Task[str]:
+        """Start the call's session; the SIP server counts the call against max_calls until it is done."""
         session = CallSession(call, self.resolve_prompt, self.engine, self.media)
         task = asyncio.get_running_loop().create_task(session.run(), name=f"call-{call.call_id}")
         self._sessions[task] = session
         task.add_done_callback(lambda done: self._sessions.pop(done, None))
+        return task
 
     async def calls_ended(self, timeout_s: float) -> bool:
         """Wait until every call session now running has finished and counted its outcome (True), or timeout."""
@@ -90,6 +93,7 @@ class Gateway:
                 "engine_reason": health.reason, "slots_total": health.slots_total, "slots_free": health.slots_free,
                 "calls_active": len(self._sessions), "draining": self.draining,
                 "engine_restarts": self.watchdog.restarts,
+                "rtp_port_pairs_free": self.media.port_pairs_free, "rtp_port_pairs_total": self.media.port_pairs_total,
                 "healthy": refusal is None}
 
     async def drain(self, timeout_s: float, bye_grace_s: float = 2.0) -> None:

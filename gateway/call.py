@@ -6,11 +6,13 @@ only things that travel back are explicit events: the dialog ending, DTMF digits
 
 Refusals happen before the call is answered (RFC 3261 §21.4 codes): no text and no route -> 404,
 text that is not UTF-8, holds control characters or nothing speakable -> 400, unknown voice / empty text
--> the engine's refusal code, no free engine slot or engine down -> 503, no common codec -> 488. The
+-> the engine's refusal code, no free engine slot or engine down -> 503, no common codec -> 488, no free
+RTP port pair -> 503 (each 503 with Retry-After). The
 engine stream is opened and admitted (its slot taken) before the 200 OK, so an answered call always has
 synthesis running behind it; the first packet of speech is limited by the engine, not by signalling.
 A caller that sends no RTP/RTCP for `media.inactivity_timeout_s` (off hold) is taken for gone: the call
-ends with our BYE and the outcome `media_timeout` (gateway/media/inactivity.py).
+ends with our BYE and the outcome `media_timeout`; on hold the bound is `media.hold_timeout_s` and the
+outcome `hold_timeout` (gateway/media/inactivity.py).
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ import structlog
 
 from engines.base import SpeechEngine, SynthesisFailed, SynthesisRefused, SynthesisRequest
 from gateway import metrics
-from gateway.media.call_media import CallMedia, MediaEngine
+from gateway.media.call_media import CallMedia, MediaEngine, PortsExhausted
 from gateway.media.inactivity import peer_silent_for
-from gateway.media.sdp import NoCommonCodec
+from gateway.media.sdp import NoCommonCodec, SdpError
 from gateway.routing import NoPrompt, Prompt, PromptResolver
 from gateway.sip.uas import Ended, InboundCall
 
@@ -88,8 +90,10 @@ class CallSession:
         try:
             media = await self._media_engine.open_call(call.call_id, call.remote_sdp,
                                                        signalling_source=call.source[0])
-        except NoCommonCodec as exc:
+        except (NoCommonCodec, SdpError) as exc:
             return self._reject(488, "Not Acceptable Here", str(exc), "no_codec")
+        except PortsExhausted as exc:  # capacity, like a full engine: the PBX retries or routes elsewhere
+            return self._reject(503, "Service Unavailable", str(exc), "no_rtp_ports")
 
         try:
             stream = self._engine.open_stream(request)
@@ -149,7 +153,7 @@ class CallSession:
                 play.cancel()
                 await asyncio.gather(play, return_exceptions=True)
                 self._observe_first_packet(media, stream)
-                return self._end_without_caller() if silent in done else ended.result()
+                return self._end_without_caller(silent.result()[1]) if silent in done else ended.result()
             self._observe_first_packet(media, stream)
             error = None if play.cancelled() else play.exception()  # cancelled: a barge-in stopped it
             if error is not None:  # SynthesisFailed from the engine, or anything the media path raised
@@ -164,25 +168,28 @@ class CallSession:
                 await ended
                 return "completed"
             done, _ = await asyncio.wait({ended, silent}, return_when=asyncio.FIRST_COMPLETED)
-            return ended.result() if ended in done else self._end_without_caller()
+            return ended.result() if ended in done else self._end_without_caller(silent.result()[1])
         finally:
             for task in (play, ended, dtmf, silent):
                 task.cancel()
             await asyncio.gather(play, ended, dtmf, silent, return_exceptions=True)
 
-    async def _caller_gone(self, media: CallMedia) -> float:
-        """Returns when the caller has sent no RTP/RTCP for media.inactivity_timeout_s off hold; never if 0."""
-        timeout_s = self._media_engine.settings.inactivity_timeout_s
-        if timeout_s <= 0:
+    async def _caller_gone(self, media: CallMedia) -> tuple[float, bool]:
+        """Returns (silence, on hold) when the caller has sent no RTP/RTCP for media.inactivity_timeout_s off
+        hold or media.hold_timeout_s on hold; never when both are 0."""
+        settings = self._media_engine.settings
+        if settings.inactivity_timeout_s <= 0 and settings.hold_timeout_s <= 0:
             await asyncio.Event().wait()
-        return await peer_silent_for(media, timeout_s)
+        return await peer_silent_for(media, settings.inactivity_timeout_s, settings.hold_timeout_s)
 
-    def _end_without_caller(self) -> str:
+    def _end_without_caller(self, on_hold: bool) -> str:
         """The caller vanished without BYE: send ours and free the engine slot and ports now, without waiting
         for the BYE's transaction, which a vanished caller lets run to its 64*T1 timeout (RFC 3261 §17.1.2.2)."""
-        self._log.warning("media_timeout", timeout_s=self._media_engine.settings.inactivity_timeout_s)
+        settings = self._media_engine.settings
+        outcome = "hold_timeout" if on_hold else "media_timeout"
+        self._log.warning(outcome, timeout_s=settings.hold_timeout_s if on_hold else settings.inactivity_timeout_s)
         self.call.hangup()
-        return "media_timeout"
+        return outcome
 
     async def _next_end(self) -> str:
         while True:

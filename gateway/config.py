@@ -152,6 +152,8 @@ class MediaSection(Section):
     dtmf_max_per_second: float = Field(10.0, gt=0, le=1000)  # per call; more key presses are dropped
     # No RTP or RTCP from the caller for this long (hold excepted) ends the call with BYE; 0 turns it off.
     inactivity_timeout_s: float = Field(60.0, ge=0)
+    # The same while the call is on hold (many phones send nothing then); 0 turns it off.
+    hold_timeout_s: float = Field(300.0, ge=0)
 
     @field_validator("codecs", mode="before")
     @classmethod
@@ -339,7 +341,7 @@ class GatewayConfig(Section):
                              initial_playout_delay_ms=media.initial_playout_delay_ms,
                              max_playout_delay_ms=media.max_playout_delay_ms, rtcp_interval_s=media.rtcp_interval_s,
                              rtp_latching=media.rtp_latching, dtmf_max_per_second=media.dtmf_max_per_second,
-                             inactivity_timeout_s=media.inactivity_timeout_s)
+                             inactivity_timeout_s=media.inactivity_timeout_s, hold_timeout_s=media.hold_timeout_s)
 
     def prompt_resolver(self, default_voice: str | None = None) -> PromptRouter:
         """INVITE -> Prompt over these routes and prompts (gateway/routing.py owns the lookup).
@@ -374,8 +376,11 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
         raise ConfigError([f"{path}:{where} not valid YAML: {getattr(exc, 'problem', exc)}"]) from None
-    if data is None:
-        return {}
+    if data is None or data == {}:
+        # An empty file (a truncated write, a deploy that lost its content) would start, or reload, with no
+        # routes and the loopback-only allow-list: every routed call 404 while /healthz says 200.
+        raise ConfigError([f"{path}: the file is empty; expected sections such as sip, trunks, routes "
+                           "(start without --config for the built-in loopback config)"])
     if not isinstance(data, dict):
         raise ConfigError([f"{path}: expected a mapping of sections (sip, trunks, routes, ...) at the top"])
     return data

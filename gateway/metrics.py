@@ -15,7 +15,7 @@ calls_active = Gauge("gateway_calls_active", "Calls currently answered or ringin
 calls_total = Counter(
     "gateway_calls_total",
     "Calls that ended, by outcome (completed, caller_hangup, cancelled, rejected, failed, ack_timeout, "
-    "media_timeout)",
+    "media_timeout, hold_timeout)",
     ["outcome"],
     registry=registry,
 )
@@ -93,6 +93,18 @@ rtp_packets_dropped_total = Counter(
     ["reason"],
     registry=registry,
 )
+rtp_send_failures_total = Counter(
+    "gateway_rtp_send_failures_total",
+    "RTP/RTCP packets the gateway could not send, by stream (rtp, rtcp) and reason (would_block: the socket "
+    "buffer was full; error: the kernel refused the address or route). The call goes on",
+    ["stream", "reason"],
+    registry=registry,
+)
+rtp_port_pairs_free = Gauge(
+    "gateway_rtp_port_pairs_free",
+    "RTP/RTCP port pairs of media.rtp_port_range not held by a call (at 0, INVITEs get 503)",
+    registry=registry,
+)
 playout_underruns_total = Counter(
     "gateway_playout_underruns_total",
     "20 ms packet slots where the playout buffer had no audio mid-prompt (filled with silence)",
@@ -138,7 +150,7 @@ engine_restarts_total = Counter(
 calls_refused_total = Counter(
     "gateway_calls_refused_total",
     "INVITEs refused before answer, by reason (bad_text, no_prompt, unknown_voice, no_capacity, "
-    "first_audio_bound, engine_unavailable, draining, max_calls, no_codec, other)",
+    "first_audio_bound, engine_unavailable, draining, max_calls, no_rtp_ports, no_codec, other)",
     ["reason"],
     registry=registry,
 )

@@ -25,9 +25,10 @@ from dataclasses import dataclass
 import numpy as np
 import structlog
 
+from gateway import metrics
 from gateway.media.packet_clock import PacketClock
 from gateway.media.playout import PlayoutBuffer, PlayoutSettings
-from gateway.media.port_pool import RtpPortPool
+from gateway.media.port_pool import PortsExhausted, RtpPortPool
 from gateway.media.resample import Resampler24kTo8k
 from gateway.media.rtp_peer import Latching, RtpPeer
 from gateway.media.rtp_session import RtpSession
@@ -35,7 +36,7 @@ from gateway.media.sdp import MediaPlan, NoCommonCodec, SdpAnswerer
 
 log = structlog.get_logger(__name__)
 
-__all__ = ["CallMedia", "MediaClosed", "MediaEngine", "MediaSettings", "NoCommonCodec"]
+__all__ = ["CallMedia", "MediaClosed", "MediaEngine", "MediaSettings", "NoCommonCodec", "PortsExhausted"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class MediaSettings:
     rtp_latching: Latching = "off"  # see rtp_peer: whether a NAT'd phone's RTP source may replace its SDP address
     dtmf_max_per_second: float = 10.0  # per call; key presses beyond it are dropped
     inactivity_timeout_s: float = 60.0  # no RTP/RTCP from the caller this long (off hold): end the call; 0: never
+    hold_timeout_s: float = 300.0  # the same while on hold (media/inactivity.py says why it is longer); 0: never
 
 
 class MediaClosed(RuntimeError):
@@ -64,6 +66,7 @@ class MediaEngine:
         self.clock = PacketClock()
         self._pool = RtpPortPool(settings.rtp_port_min, settings.rtp_port_max)
         self._calls: set[CallMedia] = set()
+        metrics.rtp_port_pairs_free.set(self._pool.free)
 
     async def start(self) -> None:
         self.clock.start()
@@ -77,8 +80,25 @@ class MediaEngine:
     def active_calls(self) -> int:
         return len(self._calls)
 
+    @property
+    def port_pairs_free(self) -> int:
+        """RTP/RTCP pairs of the range no call holds; at 0 a new call cannot be answered (503)."""
+        return self._pool.free
+
+    @property
+    def port_pairs_total(self) -> int:
+        return self._pool.total
+
+    def refusal(self) -> str | None:
+        """Media's part of why a new call is turned away now ("kind: detail", the kind a bounded label of
+        gateway_calls_refused_total), or None: no free RTP/RTCP port pair."""
+        if self._pool.free == 0:
+            return "no_rtp_ports: every RTP/RTCP port pair of media.rtp_port_range is held by a call"
+        return None
+
     async def open_call(self, call_id: str, offer_sdp: str, signalling_source: str | None = None) -> CallMedia:
-        """Bind the call's ports and answer its offer; raises NoCommonCodec (ports released again).
+        """Bind the call's ports and answer its offer; raises PortsExhausted, or NoCommonCodec / SdpError
+        (ports released again).
 
         `signalling_source` is the IP the INVITE came from: with `rtp_latching: signalling_source` RTP
         from that host may replace the SDP's address.
@@ -88,14 +108,17 @@ class MediaEngine:
         settings = self.settings
         session = RtpSession(call_id, self.clock, settings.rtcp_interval_s,
                              RtpPeer(settings.rtp_latching, signalling_source), settings.dtmf_max_per_second)
-        await session.bind(self.settings.advertised_host, self._pool)
+        try:
+            await session.bind(self.settings.advertised_host, self._pool)
+        finally:
+            metrics.rtp_port_pairs_free.set(self._pool.free)
         try:
             answerer = SdpAnswerer(self.settings.advertised_host, session.local_port, self.settings.codecs)
             answer_sdp, plan = answerer.answer(offer_sdp)
             plan = await _resolved(plan)
             session.apply_plan(plan)
         except BaseException:
-            await session.close(self._pool)
+            await self._release(None, session)
             raise
         media = CallMedia(call_id, session, answerer, answer_sdp, plan, self)
         self._calls.add(media)
@@ -103,9 +126,12 @@ class MediaEngine:
                  remote=f"{plan.remote_host}:{plan.remote_port}", can_send=plan.can_send)
         return media
 
-    async def _release(self, media: CallMedia, session: RtpSession) -> None:
+    async def _release(self, media: CallMedia | None, session: RtpSession) -> None:
         self._calls.discard(media)
-        await session.close(self._pool)
+        try:
+            await session.close(self._pool)
+        finally:
+            metrics.rtp_port_pairs_free.set(self._pool.free)
 
 
 async def _resolved(plan: MediaPlan) -> MediaPlan:
@@ -137,7 +163,7 @@ class CallMedia:
             max_delay_ms=engine.settings.max_playout_delay_ms))
         self._done: asyncio.Future[None] | None = None
         self._closed = False
-        self._listening_since = time.monotonic()  # answer or last resume: silence before it does not count
+        self._listening_since = time.monotonic()  # answer or last hold/resume: silence before it does not count
         self._log = log.bind(call_id=call_id)
 
     @property
@@ -157,12 +183,10 @@ class CallMedia:
         """The peer may send us nothing: our answer is not sendrecv, or its address is 0.0.0.0 (RFC 3264 §8.4)."""
         return self.plan.direction != "sendrecv" or self.plan.remote_host in ("0.0.0.0", "::")
 
-    def silent_since(self) -> float | None:
-        """Monotonic time since which no RTP/RTCP arrived from the peer; None while on hold
-        (gateway/media/inactivity.py says why the hold suspends the count)."""
-        if self.on_hold:
-            return None
-        return max(self._session.last_received_at, self._listening_since)
+    def silence(self) -> tuple[float, bool]:
+        """(monotonic time since which no RTP/RTCP arrived from the peer, whether on hold): what
+        gateway/media/inactivity.py measures against the inactivity and hold timeouts."""
+        return max(self._session.last_received_at, self._listening_since), self.on_hold
 
     def update_offer(self, offer_sdp: str) -> str:
         """Answer a re-INVITE/UPDATE offer (hold, resume, new address); raises NoCommonCodec, changing nothing."""
@@ -172,7 +196,7 @@ class CallMedia:
         if plan.can_send != self.plan.can_send:
             self._log.info("media_direction", direction=plan.direction, can_send=plan.can_send)
         self.plan, self.answer_sdp = plan, answer_sdp
-        if was_on_hold and not self.on_hold:
+        if was_on_hold != self.on_hold:  # the peer's hold or resume is a sign of life: the count restarts
             self._listening_since = time.monotonic()
         return answer_sdp
 
@@ -251,4 +275,4 @@ class CallMedia:
         await self._engine._release(self, self._session)
         self._log.info("media_closed", packets_sent=self.packets_sent, underruns=self.underruns,
                        foreign_packets_dropped=self._session.foreign_packets_dropped,
-                       dtmf_dropped=self._session.dtmf_dropped)
+                       dtmf_dropped=self._session.dtmf_dropped, send_failures=self._session.send_failures)

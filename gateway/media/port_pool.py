@@ -69,3 +69,14 @@ class RtpPortPool:
     @property
     def in_use(self) -> int:
         return len(self._in_use)
+
+    @property
+    def total(self) -> int:
+        """Port pairs in the configured range."""
+        return len(self._ports)
+
+    @property
+    def free(self) -> int:
+        """Pairs no call holds (quarantined ones count: they are handed out when nothing else is free).
+        Another process may still hold some of them: a bind that fails there moves on to the next."""
+        return len(self._ports) - len(self._in_use)

@@ -20,6 +20,11 @@
 RTP socket directly rather than through the asyncio transport: a packet the kernel cannot take now is
 dropped (and shows as a sequence gap at the receiver) instead of being queued and sent late, which is
 what real-time audio wants, and it saves the transport's per-call overhead (bench/bench_media_tick.py).
+RTCP is written to its socket directly too. A send that fails, for any reason, drops that one packet:
+it is counted (`gateway_rtp_send_failures_total`) and logged once per call and stream, and never
+closes a socket: an asyncio transport closes itself on a non-OSError send failure (a port out of
+range raises OverflowError), and its RTCP BYE at hang-up then raised before the sockets were closed
+and the ports returned. `close` closes the sockets and returns the ports whatever failed before it.
 """
 
 from __future__ import annotations
@@ -49,6 +54,11 @@ log = structlog.get_logger(__name__)
 SAMPLES_PER_TICK = 160
 _DROPPED_FOREIGN = metrics.rtp_packets_dropped_total.labels(reason="foreign_source")
 _DROPPED_MALFORMED = metrics.rtp_packets_dropped_total.labels(reason="malformed")
+_SEND_FAILED = {(stream, reason): metrics.rtp_send_failures_total.labels(stream=stream, reason=reason)
+                for stream in ("rtp", "rtcp") for reason in ("would_block", "error")}
+# What a sendto may raise for one packet: OSError (no route, EACCES, a full buffer), OverflowError (a port
+# beyond 65535), ValueError / TypeError (an address the socket's family cannot take).
+_SEND_ERRORS = (OSError, OverflowError, ValueError, TypeError)
 
 
 class _Endpoint(asyncio.DatagramProtocol):
@@ -103,7 +113,9 @@ class RtpSession:
         self._rtcp: asyncio.DatagramTransport | None = None
         self._endpoints: list[_Endpoint] = []
         self._rtp_socket: socket.socket | None = None  # the RTP transport's socket, for direct sends
+        self._rtcp_socket: socket.socket | None = None  # the RTCP transport's socket, likewise
         self.packets_dropped = 0
+        self.send_failures = {"rtp": 0, "rtcp": 0}
         self._rtcp_interval_s = rtcp_interval_s
         self._rtcp_timer: asyncio.TimerHandle | None = None
         self._cname = f"{os.getpid()}-{self.ssrc:08x}@cosyvoice-gateway"
@@ -112,24 +124,12 @@ class RtpSession:
     # -- lifecycle ---------------------------------------------------------------------------------
     async def bind(self, host: str, pool: RtpPortPool) -> int:
         """Bind RTP/RTCP on the first free pair of the pool; returns the RTP port."""
-        loop = asyncio.get_running_loop()
         for port in pool.candidates():
             pool.acquire(port)
-            family = socket.AF_INET6 if ":" in host else socket.AF_INET
-            rtp_socket = socket.socket(family, socket.SOCK_DGRAM)
             try:
-                rtp_socket.setblocking(False)
-                rtp_socket.bind((host, port))
-                self._rtp, rtp_endpoint = await loop.create_datagram_endpoint(
-                    lambda: _Endpoint(self._on_rtp), sock=rtp_socket)
-                self._rtp_socket = rtp_socket
-                self._endpoints.append(rtp_endpoint)
-                self._rtcp, rtcp_endpoint = await loop.create_datagram_endpoint(
-                    lambda: _Endpoint(self._on_rtcp), local_addr=(host, port + 1))
-                self._endpoints.append(rtcp_endpoint)
+                self._rtp, self._rtp_socket = await self._endpoint(host, port, self._on_rtp)
+                self._rtcp, self._rtcp_socket = await self._endpoint(host, port + 1, self._on_rtcp)
             except OSError:  # taken by another process: try the next pair
-                if self._rtp is None:
-                    rtp_socket.close()
                 await self._close_transports()
                 pool.release(port)
                 continue
@@ -138,24 +138,44 @@ class RtpSession:
             return port
         raise PortsExhausted(f"no free RTP/RTCP port pair on {host}")
 
+    async def _endpoint(self, host: str, port: int, on_datagram) -> tuple[asyncio.DatagramTransport, socket.socket]:
+        """A datagram transport on (host, port) and its socket, which we send on directly."""
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            sock.setblocking(False)
+            sock.bind((host, port))
+            transport, endpoint = await asyncio.get_running_loop().create_datagram_endpoint(
+                lambda: _Endpoint(on_datagram), sock=sock)
+        except BaseException:
+            sock.close()
+            raise
+        self._endpoints.append(endpoint)
+        return transport, sock
+
     async def close(self, pool: RtpPortPool) -> None:
-        """Send RTCP BYE (if we sent media), close both sockets and wait until they are closed."""
-        if self._rtcp_timer is not None:
-            self._rtcp_timer.cancel()
-            self._rtcp_timer = None
-        if self._rtcp is not None and self.packets_sent:
-            self._send_rtcp(bye=True)
-        await self._close_transports()
-        if self.local_port:
-            pool.release(self.local_port)
-            self.local_port = 0
+        """Send RTCP BYE (if we sent media), close both sockets and wait until they are closed, then return
+        the port pair to the pool: the last two happen whatever failed before (a call's teardown must never
+        leak its sockets or ports)."""
+        try:
+            if self._rtcp_timer is not None:
+                self._rtcp_timer.cancel()
+                self._rtcp_timer = None
+            if self.packets_sent:
+                self._send_rtcp(bye=True)
+        finally:
+            try:
+                await self._close_transports()
+            finally:
+                if self.local_port:
+                    pool.release(self.local_port)
+                    self.local_port = 0
 
     async def _close_transports(self) -> None:
         for transport in (self._rtp, self._rtcp):
             if transport is not None:
                 transport.close()
         self._rtp = self._rtcp = None
-        self._rtp_socket = None
+        self._rtp_socket = self._rtcp_socket = None
         # The sockets close on a later loop iteration; the ports are only free once they have.
         await asyncio.gather(*(endpoint.closed for endpoint in self._endpoints))
         self._endpoints.clear()
@@ -168,7 +188,8 @@ class RtpSession:
         a host we cannot use keeps media flowing where it already goes.
         """
         old, self._plan = self._plan, plan
-        if old is not None and (plan.remote_host, plan.remote_port) == (old.remote_host, old.remote_port):
+        if old is not None and ((plan.remote_host, plan.remote_port, plan.remote_rtcp_port)
+                                == (old.remote_host, old.remote_port, old.remote_rtcp_port)):
             return
         if not _is_ip(plan.remote_host):
             self._log.warning("remote_hostname_ignored", host=plan.remote_host)
@@ -194,17 +215,23 @@ class RtpSession:
         self._seq = (self._seq + 1) & 0xFFFF  # a dropped packet is a loss the receiver should see
         try:
             self._rtp_socket.sendto(header + payload, self._peer.remote)
-        except (BlockingIOError, InterruptedError):
+        except _SEND_ERRORS as exc:  # e.g. no route: the call goes on, RTCP/SIP will tell if the peer is gone
             self.packets_dropped += 1
-            return False
-        except OSError as exc:  # e.g. no route: the call goes on, RTCP/SIP will tell if the peer is gone
-            self.packets_dropped += 1
-            self._log.debug("rtp_send_failed", error=repr(exc))
+            self._send_failed("rtp", exc, self._peer.remote)
             return False
         self.packets_sent += 1
         self.octets_sent += len(payload)
         metrics.rtp_packets_sent_total.inc()
         return True
+
+    def _send_failed(self, stream: str, exc: Exception, address) -> None:
+        """One packet not sent: counted, and logged once per call and stream (the metric counts the rest)."""
+        reason = "would_block" if isinstance(exc, (BlockingIOError, InterruptedError)) else "error"
+        _SEND_FAILED[stream, reason].inc()
+        self.send_failures[stream] += 1
+        if self.send_failures[stream] == 1:
+            self._log.warning("rtp_send_failed", stream=stream, reason=reason, remote=f"{address[0]}:{address[1]}",
+                              error=repr(exc)[:160])
 
     # -- receive -----------------------------------------------------------------------------------
     def _on_rtp(self, data: bytes, addr) -> None:
@@ -271,13 +298,13 @@ class RtpSession:
         self._rtcp_timer = asyncio.get_running_loop().call_later(delay, self._on_rtcp_timer)
 
     def _on_rtcp_timer(self) -> None:
-        self._send_rtcp()
         self._schedule_rtcp()
+        self._send_rtcp()
 
     def _send_rtcp(self, bye: bool = False) -> None:
         # RTCP flows whatever the direction (RFC 3264 §5.1), except to a c=0.0.0.0 hold address.
         remote_rtcp = self._peer.remote_rtcp
-        if self._rtcp is None or remote_rtcp[0] in ("0.0.0.0", "::") or not remote_rtcp[1]:
+        if self._rtcp_socket is None or remote_rtcp[0] in ("0.0.0.0", "::") or not remote_rtcp[1]:
             return
         if self.packets_sent:
             # The RTP timestamp of this wallclock instant, extrapolated from the packet clock (§6.4.1).
@@ -291,4 +318,7 @@ class RtpSession:
         datagram = report + rtcp.serialize_sdes_cname(self.ssrc, self._cname)
         if bye:
             datagram += rtcp.serialize_bye(rtcp.Bye((self.ssrc,)))
-        self._rtcp.sendto(datagram, remote_rtcp)
+        try:
+            self._rtcp_socket.sendto(datagram, remote_rtcp)
+        except _SEND_ERRORS as exc:
+            self._send_failed("rtcp", exc, remote_rtcp)

@@ -124,7 +124,9 @@ def parse_sdp(text: str) -> SessionDescription:
 def check_offer(text: str) -> None:
     """Raise SdpError, with the reason a peer can read, unless the offer is SDP we could answer or
     decline cleanly: v=0 first (RFC 4566 §5), no NUL, and every active audio stream with a unicast
-    address of its c= address type (§5.7) and a port below 65536. Codecs are not judged here."""
+    address of its c= address type (§5.7), and ports we can send to: RTP below 65536 and an RTCP port
+    (a=rtcp, RFC 3605, or RTP + 1, RFC 3550 §11) in 1-65535. Codecs are not judged here; a stream
+    with port 0 is disabled (RFC 3264 §5.1) and is neither checked nor used."""
     if "\x00" in text:
         raise SdpError("NUL byte in SDP")
     first = text.lstrip("\r\n").split("\n", 1)[0].strip()
@@ -139,6 +141,7 @@ def check_offer(text: str) -> None:
         if value is None:
             raise SdpError("no c= line at session or media level for the audio stream")
         _check_address(value)
+        rtcp_port(stream)
 
 
 def _connection_lines(text: str) -> list[str | None]:
@@ -164,6 +167,22 @@ def _check_address(value: str) -> None:
         raise SdpError(f"c= address {host[:60]!r} does not match address type {family[:10]!r}")
     if ip.is_multicast:
         raise SdpError(f"c= address {host[:60]} is multicast; only unicast RTP is supported")
+
+
+def rtcp_port(stream: MediaDescription) -> int:
+    """Where the stream's RTCP goes: a=rtcp (RFC 3605 §2.1) or else the RTP port + 1 (RFC 3550 §11).
+    Raises SdpError naming the attribute when that is no UDP port: a port we cannot send to must be
+    refused here, before a socket is bound for the call, not discovered by the first RTCP report."""
+    value = stream.attribute("rtcp")
+    if value is None:
+        if stream.port + 1 > 65535:
+            raise SdpError(f"m={stream.media} port {stream.port} leaves no RTCP port (RTP port + 1, RFC 3550 §11); "
+                           "add a=rtcp")
+        return stream.port + 1
+    port = value.split()[0] if value.split() else ""
+    if not port.isdigit() or not 0 < int(port) <= 65535:
+        raise SdpError(f"a=rtcp:{value[:40]}: port out of range 1-65535 (RFC 3605)")
+    return int(port)
 
 
 def _rtpmaps(stream: MediaDescription) -> dict[str, tuple[str, int]]:
@@ -227,12 +246,10 @@ class SdpAnswerer:
         direction = _ANSWER_DIRECTION[offered_direction]
         # c=0.0.0.0 is the pre-RFC 3264 way to put a call on hold (RFC 3264 §8.4): never send there.
         can_send = direction in ("sendrecv", "sendonly") and host not in ("0.0.0.0", "::")
-        rtcp = stream.attribute("rtcp")
-        rtcp_port = int(rtcp.split()[0]) if rtcp and rtcp.split()[0].isdigit() else stream.port + 1
         plan = MediaPlan(remote_host=host, remote_port=stream.port, codec=choice.codec,
                          payload_type=choice.payload_type, clock_rate=8000,
                          telephone_event_pt=choice.telephone_event_pt, can_send=can_send, ptime=PTIME_MS,
-                         direction=direction, remote_rtcp_port=rtcp_port)
+                         direction=direction, remote_rtcp_port=rtcp_port(stream))
         body = self._body(offer, choice, direction)
         if body != self._last_body:
             self._version += 1 if self._last_body is not None else 0
@@ -248,6 +265,10 @@ class SdpAnswerer:
             if choice is not None:
                 return choice
         offered = [" ".join(m.formats) for m in offer.media if m.media == "audio" and m.port != 0]
+        if not offered and any(m.media == "audio" for m in offer.media):
+            # RFC 3264 §5.1/§8.2: port 0 disables a stream. A call with no audio has nothing for us to do;
+            # on a re-offer the 488 keeps the session as it was (RFC 3261 §14.2).
+            raise NoCommonCodec("every audio stream in the offer is disabled (port 0, RFC 3264 §5.1)")
         raise NoCommonCodec(f"offer has no usable audio stream with {'/'.join(self.supported)} "
                             f"(offered formats: {offered or 'none'})")
 

@@ -40,6 +40,9 @@ COMPACT_FORMS = {
 # shorter (Call-IDs of 20-80 characters, URIs under 200); RFC 3261 sets no limit, §21.4.12 has a code.
 MAX_CALL_ID_CHARS = 256
 MAX_REQUEST_URI_CHARS = 1024
+MAX_FORWARDS_LIMIT = 255  # §20.22
+# §20.42 transport values: RFC 3261's, TLS-SCTP (RFC 4168) and WebSocket (RFC 7118).
+VIA_TRANSPORTS = ("UDP", "TCP", "TLS", "SCTP", "TLS-SCTP", "WS", "WSS")
 
 _ENCODING = "utf-8"
 _ERRORS = "surrogateescape"
@@ -285,12 +288,23 @@ def _validate(message: SipRequest | SipResponse) -> None:
         _, cseq_method = message.cseq
     except ValueError as exc:
         raise ParseError(str(exc)) from None
+    if message.vias[0].transport not in VIA_TRANSPORTS:
+        # §18.2.2 sends the response by the top Via's transport: one we do not know names no way back.
+        raise ParseError(f"Via transport {message.vias[0].transport[:20]!r} is not a SIP transport "
+                         f"({', '.join(VIA_TRANSPORTS)})")
     if isinstance(message, SipRequest):
         if cseq_method != message.method:  # RFC 4475 torture test mismatch01
             raise ParseError(f"CSeq method {cseq_method} does not match {message.method}")
-        max_forwards = message.header("Max-Forwards")
-        if max_forwards is not None and not max_forwards.strip().isdigit():
-            raise ParseError(f"bad Max-Forwards {max_forwards!r}")
+        max_forwards = (message.header("Max-Forwards") or "0").strip()
+        # §25: 1*DIGIT; §20.22: "an integer in the range 0-255". More is no hop count but a probe.
+        significant = max_forwards.lstrip("0")  # leading zeros are legal (RFC 4475 §3.1.1.1: 0068)
+        if not max_forwards.isdigit() or len(significant) > 3 or int(significant or "0") > MAX_FORWARDS_LIMIT:
+            raise ParseError(f"bad Max-Forwards {max_forwards[:24]!r}: expected 0-{MAX_FORWARDS_LIMIT} (RFC 3261 §20.22)")
+        if message.uri[:4].lower() in ("sip:", "sips"):
+            try:  # §19.1.1: a port is 1*DIGIT, and a UDP/TCP port is below 65536
+                SipUri.parse(message.uri)
+            except ValueError as exc:
+                raise ParseError(f"bad Request-URI: {exc}"[:160]) from None
 
 
 def make_response(request: SipRequest, status: int, reason: str, *, to_tag: str | None = None,

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from gateway import metrics
+from gateway.config_errors import ConfigError
 from gateway.sip.dialog import DialogKey, new_tag
 from gateway.sip.edge_replies import (
     cheap_503,
@@ -95,7 +96,11 @@ class SipSettings:
 
 
 class SipServer:
-    def __init__(self, settings: SipSettings, on_invite: Callable[[InboundCall], None],
+    """`on_invite` takes each admitted call; if it returns a future (the call layer's task), the call
+    counts against `max_calls` until both its dialog and that future are done, so a session still
+    closing its media after the BYE is not replaced by a 51st call."""
+
+    def __init__(self, settings: SipSettings, on_invite: Callable[[InboundCall], object],
                  refusal: Callable[[], str | None] = lambda: None) -> None:
         self.settings = settings
         self.draining = False
@@ -109,6 +114,8 @@ class SipServer:
                                        self._address_allowed)
         self._transactions = TransactionTable()
         self._calls: dict[DialogKey, InboundCall] = {}
+        self._admitted: set[InboundCall] = set()  # counted against max_calls (see the class docstring)
+        self._owners: dict[InboundCall, asyncio.Future] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._limiter = SourceRateLimiter(settings.max_requests_per_s_per_source)
         self._sweeper: asyncio.TimerHandle | None = None
@@ -118,10 +125,16 @@ class SipServer:
 
     @property
     def active_calls(self) -> int:
-        return len(self._calls)
+        """Admitted calls whose dialog or call-layer task is not over yet: what `max_calls` bounds."""
+        return len(self._admitted)
 
     async def start(self) -> None:
-        await self._transport.start()
+        try:
+            await self._transport.start()
+        except OSError as exc:  # in use, or not an address of this host: the operator's to fix (exit 2)
+            where = f"{self.settings.listen_host}:{self.settings.listen_port}"
+            raise ConfigError([f"sip.listen: cannot listen on {where} "
+                               f"({'/'.join(self.settings.transports)}): {exc.strerror or exc}"]) from None
         self._sweeper = asyncio.get_running_loop().call_later(_SWEEP_S, self._sweep)
         self.udp_address = self._transport.udp_address
         self.tcp_address = self._transport.tcp_address
@@ -209,7 +222,7 @@ class SipServer:
         existing = self._transactions.server.get(server_key(request))
         if existing is not None and existing.on_retransmission(request):
             return
-        if not self._address_allowed(peer.address[0]):
+        if not self._address_allowed(peer.address[0]) and not self._in_live_dialog(request):
             if request.method != "ACK":
                 self._new_transaction(request, peer).respond(self._simple(request, 403, "Forbidden"))
             return
@@ -288,18 +301,23 @@ class SipServer:
             transaction.respond(self._simple(invite, 503, "Service Unavailable", retry))
             metrics.calls_refused_total.labels(reason=refusal.partition(":")[0]).inc()
             self._sparse_log.info("sip_invite_refused", call_id=_short(invite.call_id), refusal=refusal,
-                                  active_calls=len(self._calls))
+                                  active_calls=len(self._admitted))
             return
         transaction.respond(self._simple(invite, 100, "Trying"))  # §17.2.1: stop INVITE retransmits
         call = InboundCall(self._services, invite, transaction, peer, received_at)
         self._calls[call.dialog.key] = call
+        self._admitted.add(call)  # in the same step as the max_calls check: nothing runs in between
         log.info("sip_invite", call_id=_short(call.call_id), user=_short(call.request_user),
                  transport=peer.transport, source=f"{peer.address[0]}:{peer.address[1]}")
         try:
-            self._on_invite(call)
+            owner = self._on_invite(call)
         except Exception:
             log.exception("sip_on_invite_failed", call_id=_short(call.call_id))
             call.reject(500, "Server Internal Error")
+            return
+        if isinstance(owner, asyncio.Future) and not owner.done():
+            self._owners[call] = owner
+            owner.add_done_callback(lambda _: self._owned_call_done(call))
 
     def why_refused(self) -> str | None:
         """Why a new INVITE gets 503 now (draining, max_calls, engine down or full), or None; an
@@ -307,7 +325,7 @@ class SipServer:
         gateway's /healthz asks the same question (gateway.app.Gateway.status), so the two never disagree."""
         if self.draining:
             return "draining"
-        if len(self._calls) >= self.settings.max_calls:
+        if len(self._admitted) >= self.settings.max_calls:
             return "max_calls"
         return self._refusal()
 
@@ -334,6 +352,16 @@ class SipServer:
                                              (("Warning", '399 - "CSeq out of order"'),)))
         else:
             call.on_request(request, transaction)
+
+    def _in_live_dialog(self, request: SipRequest) -> bool:
+        """Whether `request` belongs to a call admitted earlier: a request inside one of its dialogs, or the
+        CANCEL of its pending INVITE. Those are never re-judged by the allow-list: after a trunk reload
+        removed its address, a live call must still be able to hang up (§15) or be cancelled (§9)."""
+        if request.to_tag is not None:
+            return (request.call_id or "", request.to_tag, request.from_tag) in self._calls
+        if request.method == "CANCEL":
+            return self._transactions.server.get(server_key(request, "INVITE")) is not None
+        return False
 
     def _on_ack(self, ack: SipRequest) -> None:
         call = self._calls.get((ack.call_id or "", ack.to_tag or "", ack.from_tag))
@@ -402,6 +430,13 @@ class SipServer:
     def _forget(self, call: InboundCall) -> None:
         if self._calls.get(call.dialog.key) is call:
             del self._calls[call.dialog.key]
+        if call not in self._owners:
+            self._admitted.discard(call)
+
+    def _owned_call_done(self, call: InboundCall) -> None:
+        del self._owners[call]
+        if self._calls.get(call.dialog.key) is not call:  # its dialog is over too
+            self._admitted.discard(call)
 
     def _spawn(self, coroutine) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)

@@ -95,9 +95,17 @@ def test_file_errors_name_the_file_and_line(tmp_path):
         load_config(tmp_path / "list.yaml")
 
 
-def test_empty_file_means_all_defaults_without_demo_routes(tmp_path):
-    (tmp_path / "empty.yaml").write_text("# nothing\n")
-    config = load_config(tmp_path / "empty.yaml")
+@pytest.mark.parametrize("text", ["", "# nothing\n", "\n\n", "{}\n", "---\n"])
+def test_an_empty_file_is_refused_naming_the_file(tmp_path, text):
+    """A truncated or emptied file would run with no routes (every routed call 404) and /healthz 200."""
+    (tmp_path / "empty.yaml").write_text(text)
+    with pytest.raises(ConfigError, match=r"empty\.yaml: the file is empty; expected sections such as sip"):
+        load_config(tmp_path / "empty.yaml")
+
+
+def test_a_file_with_any_section_starts_with_defaults_for_the_rest(tmp_path):
+    (tmp_path / "small.yaml").write_text("logging: {level: info}\n")
+    config = load_config(tmp_path / "small.yaml")
     assert config.routes == () and config.allowed_sources == LOOPBACK_SOURCES
 
 

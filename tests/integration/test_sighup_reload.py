@@ -81,3 +81,25 @@ async def test_a_reload_naming_a_voice_the_engine_lacks_is_refused(tmp_path):
         assert await gateway.stop() == 0
     finally:
         await gateway.stop()
+
+
+async def test_a_reload_of_an_emptied_file_is_refused_and_calls_keep_their_routes(tmp_path):
+    """An emptied file (a deploy that lost its content) was adopted: no routes, every routed call 404 while
+    /healthz said 200. It is refused with one error naming the file; the running routes stay."""
+    config = tmp_path / "gateway.yaml"
+    config.write_text(yaml.safe_dump({"engine": {"name": "instant"}, "routes": [{"match": "1000", "text": "hi"}],
+                                      "shutdown": {"drain_timeout_s": 0.5}}))
+    gateway = await start_serve(tmp_path, config)
+    try:
+        await gateway.wait_healthy()
+        for emptied in ("", "# routes moved elsewhere\n"):
+            config.write_text(emptied)
+            gateway.signal(signal.SIGHUP)
+            refused = await gateway.wait_for_event("config_reload_refused")
+            assert refused["errors"] == [f"{config}: the file is empty; expected sections such as sip, trunks, "
+                                         "routes (start without --config for the built-in loopback config)"]
+            assert (await invite_final_response(gateway.sip_address, {}, user="1000")).startswith("SIP/2.0 200")
+        assert (await gateway.healthz())[0] == 200
+        assert await gateway.stop() == 0
+    finally:
+        await gateway.stop()

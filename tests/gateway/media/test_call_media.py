@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import os
 import statistics
@@ -338,3 +339,33 @@ async def test_the_first_packet_goes_out_with_the_first_chunk_not_at_the_next_ti
     expected = g711.encode(g711.float_to_pcm16(Resampler24kTo8k().push(first_chunk)[:160]), "PCMU")
     assert packets[0].payload == bytes(expected)  # the first chunk's first 20 ms: no leading silence
     await media.close()
+
+
+def send_failures(stream: str) -> float:
+    return metrics.registry.get_sample_value("gateway_rtp_send_failures_total",
+                                             {"stream": stream, "reason": "error"}) or 0.0
+
+
+async def test_an_rtcp_send_that_fails_is_counted_and_the_call_still_frees_its_sockets_and_ports(
+        engine: MediaEngine) -> None:
+    """A plan whose RTCP port no socket can send to (the SDP check refuses such offers; this is the defence
+    behind it): each report fails, is counted, RTP goes on, and close() still closes both sockets (after
+    an RTCP BYE that fails too) and returns the port pair."""
+    fds_before, free_before = len(os.listdir("/proc/self/fd")), engine.port_pairs_free
+    failures_before = send_failures("rtcp")
+    phone = await open_phone()
+    media = await engine.open_call("c-rtcp", offer(phone.port))
+    media._session.apply_plan(dataclasses.replace(media.plan, remote_rtcp_port=70000))
+    assert engine.port_pairs_free == free_before - 1
+    await media.play(tone(0.6))  # 0.6 s: two or more RTCP reports at 0.2 s +-50 %
+    assert len(await phone.packets(30)) == 30  # RTP unaffected by the failing RTCP
+    assert send_failures("rtcp") >= failures_before + 1
+    port = media.local_port
+    await media.close()
+    assert send_failures("rtcp") >= failures_before + 2  # the BYE at hang-up failed as well
+    assert len(os.listdir("/proc/self/fd")) == fds_before + 1  # the phone's socket is the only new one
+    assert engine.port_pairs_free == free_before and engine.active_calls == 0
+    for reuse in (port, port + 1):  # both ports can be bound again
+        transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(
+            asyncio.DatagramProtocol, local_addr=("127.0.0.1", reuse))
+        transport.close()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.media.sdp import NoCommonCodec, SdpAnswerer, parse_sdp
+from gateway.media.sdp import NoCommonCodec, SdpAnswerer, SdpError, check_offer, parse_sdp
 
 
 def offer(formats: str, *lines: str, port: int = 4000, session_c: str | None = "192.0.2.10") -> str:
@@ -89,8 +89,32 @@ def test_port_zero_and_other_streams_are_rejected_with_port_zero() -> None:
 
 
 def test_only_port_zero_audio_is_refused() -> None:
-    with pytest.raises(NoCommonCodec):
+    with pytest.raises(NoCommonCodec, match="disabled"):  # RFC 3264 §5.1: port 0 disables the stream
         answerer().answer(offer("0", port=0))
+    check_offer(offer("0", port=0))  # not broken SDP: the call layer refuses it (488, no usable audio)
+
+
+@pytest.mark.parametrize("port, lines, named", [
+    (4000, ("a=rtcp:70000",), "a=rtcp:70000"),
+    (4000, ("a=rtcp:65536 IN IP4 192.0.2.10",), "a=rtcp:65536"),
+    (4000, ("a=rtcp:0",), "a=rtcp:0"),
+    (4000, ("a=rtcp:abc",), "a=rtcp:abc"),
+    (4000, ("a=rtcp:",), "a=rtcp:"),
+    (65535, (), "m=audio port 65535"),  # its RTCP would go to 65536 (RFC 3550 §11)
+])
+def test_an_rtcp_port_we_cannot_send_to_is_refused_naming_the_attribute(port, lines, named) -> None:
+    text = offer("0", *lines, port=port)
+    with pytest.raises(SdpError, match=named):
+        check_offer(text)
+    with pytest.raises(SdpError, match=named):
+        answerer().answer(text)
+
+
+def test_the_rtcp_port_comes_from_a_rtcp_or_the_next_port() -> None:
+    assert answerer().answer(offer("0", "a=rtcp:65535", port=65534))[1].remote_rtcp_port == 65535
+    assert answerer().answer(offer("0", "a=rtcp:9 IN IP4 192.0.2.10", port=65535))[1].remote_rtcp_port == 9
+    assert answerer().answer(offer("0", port=4000))[1].remote_rtcp_port == 4001
+    check_offer(offer("0", "a=rtcp:70000", port=0))  # a disabled stream's attributes are not judged
 
 
 def test_origin_version_increments_only_when_the_answer_changes() -> None:
@@ -120,3 +144,13 @@ def test_failed_reoffer_changes_nothing() -> None:
     with pytest.raises(NoCommonCodec):
         session.answer(offer("18"))
     assert session.answer(offer("0"))[0] == first
+
+
+def test_a_reoffer_that_disables_the_audio_stream_is_refused_and_the_session_stays() -> None:
+    """RFC 3264 §8.2 removes a stream with port 0; the call would have no audio, so the re-offer gets 488
+    and the session stays as it was (RFC 3261 §14.2)."""
+    session = answerer()
+    sdp, plan = session.answer(offer("0"))
+    with pytest.raises(NoCommonCodec, match="disabled"):
+        session.answer(offer("0", port=0))
+    assert session.answer(offer("0")) == (sdp, plan)

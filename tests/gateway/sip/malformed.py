@@ -108,6 +108,22 @@ def generated_cases() -> list[Case]:
     for i, value in enumerate(["abc", "-1", "1.0", "ten"]):
         add(f"bad_max_forwards_{i}", 400, _message(headers={"Max-Forwards": value}))
     add("max_forwards_zero_invite", 483, _message("INVITE", headers={"Max-Forwards": "0"}))
+    # §20.22: 0-255; a 20-digit hop count is no hop count
+    for method in ("OPTIONS", "INVITE"):
+        for value in ("256", "99999", "12345678901234567890", "9" * 5000):
+            add(f"max_forwards_{value[:20]}_{method}", 400, _message(method, headers={"Max-Forwards": value}))
+    add("max_forwards_255_ok", 200, _message(headers={"Max-Forwards": "255"}))
+    # §20.42: a Via transport we do not know names no way to send the response (§18.2.2)
+    for method in ("OPTIONS", "INVITE", "BYE"):
+        for transport in ("FOO", "UDPX", "HTTP"):
+            add(f"via_unknown_transport_{transport}_{method}", 400,
+                _message(method, headers={"Via": f"SIP/2.0/{transport} 127.0.0.1:{{port}};branch={{branch}};rport"}))
+    add("via_transport_lowercase_ok", 200, _message(headers={"Via": "SIP/2.0/udp 127.0.0.1:{port};branch={branch};rport"}))
+    # §19.1.1 / §25: a Request-URI port is a port (1-65535)
+    for method in ("OPTIONS", "INVITE"):
+        for port in ("99999", "65536", "0", "12345678901234567890", "5o60"):
+            add(f"request_uri_port_{port[:20]}_{method}", 400, _message(method, uri=f"sip:1000@127.0.0.1:{port}"))
+    add("request_uri_port_5060_ok", 200, _message(uri="sip:1000@127.0.0.1:5060"))
     # SIP version (§7.1, §21.5.6)
     for version in ("SIP/1.0", "SIP/3.0", "SIP/2.1", "SIP/20.0"):
         for method in ("OPTIONS", "INVITE"):
@@ -174,6 +190,12 @@ def _sdp_cases() -> list[Case]:
         "port_letters": _replace(SDP, "m=", "m=audio abc RTP/AVP 0"),
         "port_negative": _replace(SDP, "m=", "m=audio -1 RTP/AVP 0"),
         "m_too_short": _replace(SDP, "m=", "m=audio 40000"),
+        # RTCP goes to a=rtcp (RFC 3605) or the RTP port + 1 (RFC 3550 §11): it must be a port too
+        "rtcp_70000": [*SDP, "a=rtcp:70000"],
+        "rtcp_65536_with_address": [*SDP, "a=rtcp:65536 IN IP4 127.0.0.1"],
+        "rtcp_0": [*SDP, "a=rtcp:0"],
+        "rtcp_letters": [*SDP, "a=rtcp:abc"],
+        "port_65535_rtcp_65536": _replace(SDP, "m=", "m=audio 65535 RTP/AVP 0"),
         "c_bad_ipv4": _replace(SDP, "c=", "c=IN IP4 999.1.1.1"),
         "c_hostname": _replace(SDP, "c=", "c=IN IP4 media.example.com"),
         "c_empty_address": _replace(SDP, "c=", "c=IN IP4 "),

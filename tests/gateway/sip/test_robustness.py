@@ -188,6 +188,8 @@ async def test_merged_request_gets_482(gateway):
 @pytest.mark.parametrize("body, status", [
     (ANSWER_SDP.replace("c=IN IP4 127.0.0.1", "c=IN IP4 224.0.0.9"), 488),
     (ANSWER_SDP.replace("m=audio 40000", "m=audio 70000"), 488),
+    (ANSWER_SDP + "a=rtcp:70000\r\n", 488),
+    (ANSWER_SDP.replace("m=audio 40000", "m=audio 65535"), 488),
     (ANSWER_SDP.split("m=")[0], 488),
 ])
 async def test_broken_reoffer_in_a_live_call_gets_488_and_the_call_goes_on(gateway, body, status):

@@ -19,13 +19,15 @@ def _malformed() -> float:
     return metrics.registry.get_sample_value("gateway_sip_malformed_total") or 0.0
 
 
-async def _answered_call(server, phone, peer):
+async def _answered_call(server, phone, peer, call_id: str = "raw-call-1"):
     """INVITE from the raw peer, answered by the phone and ACKed; returns (call, 200 OK)."""
-    peer.send(raw_request("INVITE", peer.port, body=ANSWER_SDP), server.udp_address)
+    peer.send(raw_request("INVITE", peer.port, call_id=call_id, branch=f"z9hG4bK-{call_id}", body=ANSWER_SDP),
+              server.udp_address)
     assert (await peer.response()).status == 100
     ok = await peer.response()
     assert ok.status == 200 and ok.header("Content-Type") == "application/sdp"
-    peer.send(raw_request("ACK", peer.port, branch="z9hG4bK-ack", to_tag=ok.to_tag), server.udp_address)
+    peer.send(raw_request("ACK", peer.port, call_id=call_id, branch="z9hG4bK-ack", to_tag=ok.to_tag),
+              server.udp_address)
     return phone.calls[-1], ok
 
 
@@ -176,3 +178,82 @@ async def test_tcp_framing_split_and_pipelined_messages(make_server):
         branches.append(response.vias[0].branch)
     assert branches == ["z9hG4bK-t1", "z9hG4bK-t2"]
     writer.close()
+
+
+async def test_after_a_trunk_reload_a_live_call_from_a_removed_address_can_still_hang_up(make_server, udp_peer):
+    """SIGHUP replaces sip.settings.allowed_sources (Gateway.reconfigure); the dialogs admitted before must
+    still end (§15) and be cancelled (§9.2), while new requests from the removed address get 403."""
+    import dataclasses
+    import ipaddress
+
+    server, phone = await make_server(allowed_sources=(ipaddress.ip_network("127.0.0.0/8"),))
+    call, ok = await _answered_call(server, phone, udp_peer)
+    phone.policy = "ring"
+    udp_peer.send(raw_request("INVITE", udp_peer.port, call_id="ringing", branch="z9hG4bK-ring", body=ANSWER_SDP),
+                  server.udp_address)
+    assert [(await udp_peer.response()).status for _ in range(2)] == [100, 180]
+    ringing = phone.calls[-1]
+
+    server.settings = dataclasses.replace(server.settings, allowed_sources=(ipaddress.ip_network("192.0.2.0/24"),))
+    udp_peer.send(raw_request("OPTIONS", udp_peer.port, call_id="new-opt", branch="z9hG4bK-opt"), server.udp_address)
+    assert (await udp_peer.response()).status == 403
+    udp_peer.send(raw_request("INVITE", udp_peer.port, call_id="new-inv", branch="z9hG4bK-new", body=ANSWER_SDP),
+                  server.udp_address)
+    forbidden = await udp_peer.response()
+    assert forbidden.status == 403
+    udp_peer.send(raw_request("ACK", udp_peer.port, call_id="new-inv", branch="z9hG4bK-new",  # stops Timer G
+                              to_tag=forbidden.to_tag), server.udp_address)
+    udp_peer.send(raw_request("BYE", udp_peer.port, call_id="no-such-dialog", branch="z9hG4bK-x", cseq=2,
+                              to_tag="forged"), server.udp_address)
+    assert (await udp_peer.response()).status == 403  # a to-tag alone does not open the door
+
+    udp_peer.send(raw_request("BYE", udp_peer.port, branch="z9hG4bK-bye", cseq=2, to_tag=ok.to_tag),
+                  server.udp_address)
+    assert (await udp_peer.response()).status == 200
+    assert await phone.ended(call) == Ended("remote_bye")
+    cancel = raw_request("CANCEL", udp_peer.port, call_id="ringing", branch="z9hG4bK-ring")
+    udp_peer.send(cancel, server.udp_address)
+    answers = sorted([await udp_peer.response() for _ in range(2)], key=lambda response: response.status)
+    assert [response.status for response in answers] == [200, 487]
+    udp_peer.send(raw_request("ACK", udp_peer.port, call_id="ringing", branch="z9hG4bK-ring",
+                              to_tag=answers[1].to_tag), server.udp_address)  # the ACK of the 487: absorbed too
+    assert await phone.ended(ringing) == Ended("cancelled")
+    assert server.active_calls == 0
+
+    server.settings = dataclasses.replace(server.settings, allowed_sources=(ipaddress.ip_network("127.0.0.0/8"),))
+    phone.policy = "accept"
+    call, ok = await _answered_call(server, phone, udp_peer, "after")  # a normal call works afterwards
+    udp_peer.send(raw_request("BYE", udp_peer.port, call_id="after", branch="z9hG4bK-bye2", cseq=2, to_tag=ok.to_tag),
+                  server.udp_address)
+    assert (await udp_peer.response()).status == 200
+
+
+async def test_max_calls_counts_a_call_until_its_call_layer_is_done_not_only_its_dialog(make_server, udp_peer):
+    """A call whose BYE has arrived but whose session is still closing its media is still a call: with
+    max_calls 1 the next INVITE gets 503 until the session's task is done (calls_active reached 51 of 50)."""
+    server, phone = await make_server(max_calls=1, retry_after_s=7)
+    sessions: list[asyncio.Future] = []
+
+    def on_invite(call):
+        phone.on_invite(call)
+        sessions.append(asyncio.get_running_loop().create_future())
+        return sessions[-1]
+
+    server._on_invite = on_invite
+    call, ok = await _answered_call(server, phone, udp_peer)
+    udp_peer.send(raw_request("BYE", udp_peer.port, branch="z9hG4bK-bye", cseq=2, to_tag=ok.to_tag),
+                  server.udp_address)
+    assert (await udp_peer.response()).status == 200
+    assert await phone.ended(call) == Ended("remote_bye")
+    assert server.active_calls == 1  # the session has not finished yet
+    udp_peer.send(raw_request("INVITE", udp_peer.port, call_id="second", branch="z9hG4bK-2", body=ANSWER_SDP),
+                  server.udp_address)
+    refused = await udp_peer.response()
+    assert (refused.status, refused.header("Retry-After")) == (503, "7")
+    sessions[0].set_result("caller_hangup")
+    await asyncio.sleep(0)
+    assert server.active_calls == 0
+    udp_peer.send(raw_request("INVITE", udp_peer.port, call_id="third", branch="z9hG4bK-3", body=ANSWER_SDP),
+                  server.udp_address)
+    assert [(await udp_peer.response()).status for _ in range(2)] == [100, 200]
+    assert server.active_calls == 1
