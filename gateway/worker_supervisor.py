@@ -108,13 +108,13 @@ class WorkerSupervisor:
     def describe(self, name: str) -> dict:
         """What /healthz says of one worker's process: {state, pid, why} (why: for a worker not serving)."""
         worker, now = self._workers[name], time.monotonic()
+        after = f", after {worker.last_exit} (ran {worker.last_ran_s:.1f} s)" if worker.last_exit else ""
         if worker.phase == "starting":
-            why = f"starting for {now - worker.started_at:.1f} s"
-            if worker.last_exit:
-                why += f", after {worker.last_exit} (ran {worker.last_ran_s:.1f} s)"
+            why = f"starting for {now - worker.started_at:.1f} s{after}"
+        elif worker.phase == "listening" and worker.serving_at is None:
+            why = f"listening for {now - (worker.listened_at or now):.1f} s, its link not serving yet{after}"
         elif worker.phase == "listening":
-            since = worker.serving_at or worker.listened_at or now
-            why = (f"listening, but its link has not served for {now - since:.1f} s "
+            why = (f"listening, but its link has not served for {now - worker.serving_at:.1f} s "
                    f"(killed and restarted at {HUNG_KILL_S:g} s)")
         elif worker.phase == "restarting":
             why = (f"restarting after {worker.last_exit} (ran {worker.last_ran_s:.1f} s); "
@@ -194,7 +194,8 @@ class WorkerSupervisor:
         transport, _ = await loop.subprocess_exec(
             lambda: pipes, *worker_command(plan), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=None, env=worker.env, cwd=cwd, start_new_session=True, close_fds=True)
-        worker.pid, worker.phase, worker.started_at = transport.get_pid(), "starting", time.monotonic()
+        pid = transport.get_pid()
+        worker.pid, worker.phase, worker.started_at = pid, "starting", time.monotonic()
         worker.listened_at = worker.serving_at = None
         worker.refusal = ""
         log.info("engine_worker_started", worker=plan.name, pid=worker.pid, gpu=plan.gpu, device=plan.device, cwd=cwd)
@@ -202,15 +203,14 @@ class WorkerSupervisor:
         assert isinstance(stdin, asyncio.WriteTransport)
         stdin.write(f"{self._token}\n".encode())  # stays open: EOF tells the worker we are gone
         if self._stopping.is_set():  # stop() came while it was being started
-            _signal_group_leader(worker.pid, signal.SIGTERM)
+            _signal_group_leader(pid, signal.SIGTERM)
         try:
             killed_for = await self._watch(worker, pipes)
         except BaseException:  # cancelled (stop), or a bug here: no worker is left running unwatched
-            _signal_group(worker.pid, signal.SIGKILL)
+            _signal_group(pid, signal.SIGKILL)
             transport.close()
             raise
-        left_children = _signal_group(worker.pid, signal.SIGKILL)
-        await _group_gone(plan.name, worker.pid, left_children)
+        await _end_group(plan.name, pid)
         await asyncio.wait({pipes.stdout_closed}, timeout=1.0)  # its last lines (a refusal) are read
         transport.close()
         return pipes.exited.result(), killed_for
@@ -368,16 +368,37 @@ def _signal_group_leader(pid: int | None, sig: int) -> None:
             pass
 
 
-async def _group_gone(name: str, pgid: int | None, left_children: bool) -> None:
-    """Until nothing of a dead worker's process group is left (its children were sent SIGKILL), so the next start
-    does not share the GPU, memory or pipes with them; bounded, a process stuck in the kernel is logged."""
-    if pgid is None or not left_children:
+async def _end_group(name: str, pgid: int) -> None:
+    """Kill what is left of a dead worker's process group (its children) and wait until none of it runs, so the
+    next start does not share the GPU, memory or pipes with them; bounded: a process stuck in the kernel is logged."""
+    left = await asyncio.to_thread(_group_members, pgid)
+    _signal_group(pgid, signal.SIGKILL)
+    if not left:
         return
-    log.warning("engine_worker_children_killed", worker=name, pgid=pgid)
+    log.warning("engine_worker_children_killed", worker=name, pgid=pgid, pids=left)
     started = time.monotonic()
-    while _signal_group(pgid, 0):
+    while await asyncio.to_thread(_group_members, pgid):
         if time.monotonic() - started > _GROUP_GONE_S:
             log.error("engine_worker_group_lingers", worker=name, pgid=pgid, waited_s=_GROUP_GONE_S)
             return
         await asyncio.sleep(0.05)  # a restart waiting for the kernel, not media pacing
     log.info("engine_worker_group_gone", worker=name, pgid=pgid, waited_s=round(time.monotonic() - started, 2))
+
+
+def _group_members(pgid: int) -> list[int]:
+    """The processes of a group that still run. Zombies do not count: an orphan is reaped by whatever adopts it,
+    and some container inits never do. Without /proc, the group as one pid while any of it is left."""
+    if not os.path.isdir("/proc"):
+        return [pgid] if _signal_group(pgid, 0) else []
+    members = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", encoding="ascii", errors="replace") as handle:
+                state, _ppid, group = handle.read().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue  # gone meanwhile
+        if group == str(pgid) and state not in ("Z", "X"):
+            members.append(int(entry.name))
+    return members

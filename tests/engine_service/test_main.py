@@ -33,3 +33,6 @@ def test_prepare_texts_that_are_not_a_list_of_strings_name_the_option():
                           timeout=60)
     assert done.returncode == 2
     assert "--prepare-texts: expected a JSON list of strings" in done.stderr
+    # and the supervisor is told why, for the gateway's one-line error
+    assert [json.loads(line) for line in done.stdout.splitlines()] == [
+        {"event": "engine_worker_refused", "error": "--prepare-texts: expected a JSON list of strings"}]

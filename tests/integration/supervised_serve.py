@@ -46,20 +46,26 @@ class Serve:
         return sum(float(line.rsplit(" ", 1)[1]) for line in body.splitlines()
                    if line.startswith(name + " ") or line.startswith(name + "{"))
 
-    async def until_healthy(self, timeout: float = 90.0, slots_free: int | None = None,
-                            workers_ready: int | None = None) -> dict:
+    async def until_healthy(self, timeout: float = 90.0, slots_free: int | None = None) -> dict:
+        return await self.until(lambda status, body: status == 200 and (
+            slots_free is None or body.get("slots_free") == slots_free), timeout)
+
+    async def until_workers_ready(self, count: int, timeout: float = 60.0) -> dict:
+        """Until /healthz counts `count` workers ready (healthy or not: a gateway whose slots are all taken is 503)."""
+        return await self.until(lambda _status, body: body.get("workers_ready") == count, timeout)
+
+    async def until(self, condition, timeout: float) -> dict:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            assert self.process.returncode is None, "serve exited during start"
+            assert self.process.returncode is None, "serve exited"
             try:
                 status, body = await self.healthz()
-                if status == 200 and (slots_free is None or body.get("slots_free") == slots_free) and (
-                        workers_ready is None or body.get("workers_ready") == workers_ready):
+                if condition(status, body):
                     return body
             except aiohttp.ClientError:
                 pass
             await asyncio.sleep(0.1)  # polling the operator's endpoint, as a balancer would
-        raise TimeoutError(f"gateway did not become healthy; last /healthz: {await self.healthz()}")
+        raise TimeoutError(f"/healthz never said so; last: {await self.healthz()}")
 
     def workers(self) -> list[int]:
         children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
