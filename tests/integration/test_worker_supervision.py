@@ -263,3 +263,26 @@ async def test_a_dead_workers_children_and_a_vanished_working_directory_do_not_f
     finally:
         await stop_serve(serve)
     assert not any(_alive(int(pid)) for pid in pidfile.read_text().split())  # no child outlived the gateway
+
+
+async def test_a_torch_worker_restarted_after_the_gateways_directory_vanished_is_ready_again(tmp_path, tiny_model_dir):
+    """The GPU host's failure, on a CPU: a cosyvoice2 worker killed after the directory the gateway was started in
+    was deleted came back and died at once, "Intel oneMKL FATAL ERROR: Cannot load .../libtorch_cpu.so", exit 2
+    (MKL calls getcwd() when torch is imported), and that exit 2 was taken for settings refused, for good."""
+    pytest.importorskip("torch")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    serve = await start_serve(tmp_path, {"name": "cosyvoice2", "workers": 1, "cosyvoice2": {
+        "model_dir": str(tiny_model_dir), "device": "cpu", "dtype": "fp32", "default_voice": "golden_speaker",
+        "max_batch": 2, "warmup": False}}, cwd=run_dir)
+    try:
+        await serve.until_healthy(timeout=180)
+        first, = serve.workers()
+        shutil.rmtree(run_dir)
+        os.kill(first, signal.SIGKILL)
+        await serve.until(lambda _status, body: body["workers"]["cosyvoice2-0"]["pid"] not in (None, first)
+                          and body["workers_ready"] == 1, timeout=180)
+        assert "oneMKL" not in serve.log_path.read_text()
+        await _heard(serve, tmp_path, "Hello again.", "after")
+    finally:
+        await stop_serve(serve)
