@@ -92,11 +92,6 @@ class WorkerSupervisor:
         self.refused = asyncio.Event()  # a worker's settings were refused before it was ever ready
         self.refusal = ""  # the first such refusal, in one line
 
-    @property
-    def pids(self) -> dict[str, int]:
-        return {name: worker.pid for name, worker in self._workers.items()
-                if worker.pid is not None and worker.phase in ("starting", "listening")}
-
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._keep(worker), name=f"engine-worker-{name}")
