@@ -5,7 +5,8 @@ processes (SIGKILL, SIGSTOP, a port another process holds, exit code 2 from a si
 
 A worker killed again and again is restarted every time and only its own calls end; a stopped (hung) worker is
 seen, its calls end, and it is killed and restarted while the other serves; a worker that cannot start is retried
-while the other serves (degraded, 200, each worker's state in /healthz); exit 2 is "settings refused", ending the
+while the other serves (degraded, 200, each worker's state in /healthz), and with none ready the gateway waits,
+503, retrying; exit 2 is "settings refused", ending the
 start with one line, only before a worker's first ready; a worker's children and a vanished working directory do
 not follow it into its next start."""
 
@@ -20,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+from integration_harness import invite_final_response
 from supervised_serve import REPO, free_tcp_port, listening_call, speech_level, start_serve, stop_serve
 
 pytestmark = [pytest.mark.sipp, pytest.mark.timeout(240),
@@ -193,6 +195,24 @@ async def test_a_worker_that_cannot_start_is_retried_while_the_other_serves(tmp_
     finally:
         holder.close()
         await stop_serve(serve)
+
+
+async def test_with_no_worker_ever_ready_the_gateway_waits_refusing_calls_and_keeps_trying(tmp_path):
+    """No deadline on the gateway's start: a worker that cannot be ready within engine.worker.start_timeout_s
+    (0.1 s: no Python starts that fast) is killed and started again, while SIP and /healthz say 503 and why."""
+    serve = await start_serve(tmp_path, {"name": "instant", "workers": 1, "worker": {"start_timeout_s": 0.1}})
+    try:
+        body = await serve.until(lambda _status, body: body["workers"]["instant-0"]["why"].startswith(
+            "restarting after SIGKILL (start timeout)"), timeout=60)
+        status, body = await serve.healthz()
+        assert status == 503 and body["status"] == "engine_warming" and body["workers_ready"] == 0, body
+        assert (await invite_final_response(serve.sip, {"X-TTS-Text": "hello"})).startswith("SIP/2.0 503")
+        while await serve.metric("gateway_engine_worker_kills_total") < 2:  # and again: never given up
+            await asyncio.sleep(0.1)  # waiting for the supervisor's next try, as an operator's scraper would
+        assert serve.process.returncode is None
+    finally:
+        await stop_serve(serve)
+    assert serve.process.returncode == 0  # SIGTERM while still waiting: a clean stop
 
 
 async def test_exit_2_before_the_first_ready_stops_the_start_with_one_line_and_exit_2(tmp_path):
