@@ -10,6 +10,9 @@ supervisor that asked for port 0 learns the port. Logs go to stderr. `--supervis
 supervisor): the token is the first line of stdin, and the worker exits when stdin closes, so it never
 outlives a gateway that was killed. SIGTERM closes the links (their streams end) and the engine, exit 0.
 Exit codes: 0 stopped, 2 bad arguments or engine settings, 1 the engine failed to start or its port is taken.
+Settings refused (exit 2) also print `{"event": "engine_worker_refused", "error": ...}` to stdout, so the
+supervisor's one-line error says why. The supervisor takes exit 2 as final only before the worker's first ready:
+later it cannot be the settings (and other code exits 2 too: Intel MKL's fatal errors do).
 """
 
 from __future__ import annotations
@@ -32,8 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         name, settings, slots = _engine_choice(args)
     except ValueError as exc:
-        print(f"engine_service: {exc}", file=sys.stderr)
-        return 2
+        return _refused(str(exc))
     from gateway.log import configure_logging
 
     configure_logging(args.log_level, json=True)
@@ -41,6 +43,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return asyncio.run(_serve(args, name, settings, slots))
     except KeyboardInterrupt:
         return 130
+
+
+def _refused(error: str) -> int:
+    """Settings this worker cannot run with: one line for the operator (stderr), one for the supervisor (stdout)."""
+    print(f"engine_service: {error}", file=sys.stderr)
+    print(json.dumps({"event": "engine_worker_refused", "error": error}), flush=True)
+    return 2
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -209,8 +218,7 @@ async def _serve(args: argparse.Namespace, name: str, settings: dict[str, Any], 
         listener = _listener_choice(args)
         engine = create_engine(name, settings)
     except (OSError, ValueError, TypeError) as exc:
-        print(f"engine_service: {exc}", file=sys.stderr)
-        return 2
+        return _refused(str(exc))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -225,9 +233,8 @@ async def _serve(args: argparse.Namespace, name: str, settings: dict[str, Any], 
     try:
         app = make_app(engine, WorkerSettings(token=token, slots=slots), tts_api)
     except ValueError as exc:  # the tts_api block does not fit this engine (a voice, the slots): exit 2, one line
-        print(f"engine_service: config error: {exc}", file=sys.stderr)
         await engine.close()
-        return 2
+        return _refused(f"config error: {exc}")
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True, **runner_options(limits))
     await runner.setup()
     try:

@@ -144,7 +144,7 @@ def _engine_for(config):
     import secrets
 
     from engines.remote import RemoteEngine
-    from gateway.worker_supervisor import WorkerSupervisor
+    from gateway.worker_supervisor import WorkerFailed, WorkerSupervisor
 
     engine = RemoteEngine(urls=engine_config.remote.urls, token=engine_config.remote.token,
                           engine_name=engine_config.name, default_voice=engine_config.default_voice,
@@ -156,43 +156,39 @@ def _engine_for(config):
     if not plans:
         return engine, None
     token = secrets.token_urlsafe(32)  # this gateway's own workers: a fresh secret per start
-    for plan in plans:
-        engine.add_worker(plan.name, None, token=token)
-    return engine, WorkerSupervisor(plans, token, on_listening=engine.worker_at)
+    links = {plan.name: engine.add_worker(plan.name, None, token=token) for plan in plans}
+    try:
+        supervisor = WorkerSupervisor(plans, token, on_listening=engine.worker_at,
+                                      serving=lambda name: links[name].usable)
+    except WorkerFailed as exc:
+        raise ConfigError([str(exc)]) from None
+    return engine, supervisor
 
 
 async def _engine_ready(engine, supervisor, config, stop: asyncio.Event) -> bool:
-    """Until the workers are ready (False if asked to stop first); /healthz says warming meanwhile."""
-    from gateway.config import ConfigError
-    from gateway.worker_supervisor import WorkerFailed
-
-    waits = [asyncio.ensure_future(engine.wait_ready())]
+    """Until one worker is ready (False if asked to stop first); SIP answers 503 and /healthz says warming
+    meanwhile. No deadline: workers that fail are started again for as long as it takes (a GPU still held by
+    another process, a remote host not up yet), each start bounded by engine.worker.start_timeout_s. Only a
+    worker's settings refused (exit 2 before its first ready) fails the start: a config error, exit 2."""
+    waits = {asyncio.ensure_future(engine.wait_ready()), asyncio.ensure_future(stop.wait())}
     if supervisor is not None:
-        waits.append(asyncio.ensure_future(supervisor.wait_listening()))
-    stopped = asyncio.ensure_future(stop.wait())
-    ready = asyncio.ensure_future(asyncio.gather(*waits))
+        waits.add(asyncio.ensure_future(supervisor.refused.wait()))
     try:
-        done, _ = await asyncio.wait({ready, stopped}, timeout=config.engine.worker.start_timeout_s,
-                                     return_when=asyncio.FIRST_COMPLETED)
-        if ready in done:
-            ready.result()
-            return True
-        if stopped in done:
-            return False
-        raise ConfigError([f"engine.worker.start_timeout_s: no engine worker ready after "
-                           f"{config.engine.worker.start_timeout_s:g} s"])
-    except WorkerFailed as exc:
-        raise ConfigError([f"engine.{config.engine.name}: {exc}"]) from None
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for task in (*waits, ready, stopped):
+        for task in waits:
             task.cancel()
-        await asyncio.gather(*waits, ready, stopped, return_exceptions=True)  # retrieved: no "never retrieved"
+        await asyncio.gather(*waits, return_exceptions=True)  # retrieved: no "never retrieved"
+    if supervisor is not None and supervisor.refused.is_set():
+        raise ConfigError([f"engine.{config.engine.name}: {supervisor.refusal}"])
+    return not stop.is_set()
 
 
 async def run(config, load_again: Callable[[], GatewayConfig] | None = None) -> None:
     """Serve until SIGTERM/SIGINT, then drain. `config` is a validated `gateway.config.GatewayConfig`;
     `load_again` reads and validates the config file anew (SIGHUP), with the command line's overrides."""
     from gateway.http_api import start_http, stop_http
+    from gateway.worker_report import with_workers
 
     # Engine threads (synthesis, the GPU scheduler) run Python too; when one holds the GIL, the event
     # loop waits up to the switch interval before it can run a due packet-clock tick. CPython's 5 ms
@@ -219,6 +215,8 @@ async def run(config, load_again: Callable[[], GatewayConfig] | None = None) -> 
         resolve_prompt=config.prompt_resolver(engine.default_voice),
     )
     await gateway.start()
+    # /healthz with workers: how many serve, and why each other one does not (gateway/worker_report.py)
+    status = with_workers(gateway.status, engine.links, supervisor) if config.engine.uses_workers else gateway.status
     http = None
     reloader: asyncio.Task[None] | None = None
     try:
@@ -226,7 +224,7 @@ async def run(config, load_again: Callable[[], GatewayConfig] | None = None) -> 
             await supervisor.start()
         if config.engine.uses_workers:
             # SIP answers 503 and /healthz says warming until a worker is ready
-            http = await start_http(gateway.status, config.http_host, config.http_port, http_limits, budget)
+            http = await start_http(status, config.http_host, config.http_port, http_limits, budget)
             if await _engine_ready(engine, supervisor, config, stop):
                 gateway.resolve_prompt = config.prompt_resolver(engine.default_voice)
         # Everything loaded at start (engine, model, config) is long-lived: move it out of the cyclic GC's
@@ -239,7 +237,7 @@ async def run(config, load_again: Callable[[], GatewayConfig] | None = None) -> 
             if not config.engine.uses_workers:  # workers prepared theirs before they listened
                 await engine.prepare(config.prompt_texts())
         if http is None:
-            http = await start_http(gateway.status, config.http_host, config.http_port, http_limits, budget)
+            http = await start_http(status, config.http_host, config.http_port, http_limits, budget)
         reloader = loop.create_task(_reload_on_hangup(hangups, gateway, config, load_again), name="sighup")
         await stop.wait()
         await gateway.drain(config.shutdown.drain_timeout_s)

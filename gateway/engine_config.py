@@ -52,7 +52,9 @@ class EngineWorkerSection(HttpCapsSection):
     listen_host: str = "127.0.0.1"  # where supervised workers listen; loopback unless other gateways use them
     slots: int | None = Field(None, ge=1)  # streams per worker; None: cosyvoice2's max_batch, else 64
     dead_after_ms: int = Field(1000, ge=100, le=60000)  # a worker silent this long is dead: its calls end
-    start_timeout_s: float = Field(900.0, gt=0)  # model load, compile and warm-up of a GPU worker
+    # One start of a supervised worker (model load, compile, warm-up on a GPU) may take this long; a worker not
+    # listening by then is killed and started again (docs/ARCHITECTURE.md, "Worker supervision").
+    start_timeout_s: float = Field(900.0, gt=0)
     # Supervised worker i listens on port + i: its gateway link, /healthz, /metrics (so Prometheus can be
     # pointed at it) and the speech API when tts_api is set. None: a free port, and then no speech API is
     # served, since its clients must know where to connect. A restarted worker comes back on its port.
@@ -102,7 +104,7 @@ class WorkerPlan:
     name: str
     engine: str
     settings: dict[str, Any]
-    device: str | None
+    device: str | None  # the worker's --device: cuda:0 for a GPU worker, which sees only its GPU (`gpu`)
     slots: int | None
     listen_host: str
     listen_port: int = 0  # 0: any free port (the gateway learns it from the worker); else the same at each restart
@@ -110,6 +112,10 @@ class WorkerPlan:
     log_level: str = "info"  # the gateway's logging.level when it started (a SIGHUP does not reach workers)
     http_limits: dict[str, Any] | None = None  # engine.worker's HTTP caps (its --http-limits)
     prompt_texts: tuple[str, ...] = ()  # the config's prompts, prepared at the worker's start (SpeechEngine.prepare)
+    # The host's GPU (an entry of engine.cosyvoice2.devices) this worker owns: the supervisor starts it with
+    # CUDA_VISIBLE_DEVICES naming that GPU alone, so every stream, graph and generator of the process is on it.
+    gpu: int | None = None
+    start_timeout_s: float = 900.0  # engine.worker.start_timeout_s
 
 
 class EngineSection(Section):
@@ -178,18 +184,20 @@ class EngineSection(Section):
             return []
         devices = self.cosyvoice2.get("devices") if self.name == "cosyvoice2" else None
         if devices is not None:
-            targets: list[str | None] = [f"cuda:{device}" for device in devices]
+            gpus: list[int | None] = list(devices)
         else:
             count = self.workers
             if count is None:
                 count = 1 if self.name == "cosyvoice2" and not self.remote.urls else 0
-            targets = [None] * count
+            gpus = [None] * count
         port = self.worker.port
-        return [WorkerPlan(name=f"{self.name}-{target or index}", engine=self.name, settings=self.settings(),
-                           device=target, slots=self.worker.slots, listen_host=self.worker.listen_host,
+        return [WorkerPlan(name=f"{self.name}-{index if gpu is None else f'cuda:{gpu}'}", engine=self.name,
+                           settings=self.settings(), device=None if gpu is None else "cuda:0", gpu=gpu,
+                           slots=self.worker.slots, listen_host=self.worker.listen_host,
                            listen_port=0 if port is None else port + index,
+                           start_timeout_s=self.worker.start_timeout_s,
                            http_limits=self.worker.listener_options())
-                for index, target in enumerate(targets)]
+                for index, gpu in enumerate(gpus)]
 
     @property
     def uses_workers(self) -> bool:

@@ -50,6 +50,9 @@ async def _metrics(_request: web.Request) -> web.Response:
 
 
 async def _healthz(request: web.Request) -> web.Response:
+    """With engine workers the body also counts them (`workers_ready` of `workers_total`, `workers`: each one's
+    pid and slots, or why it is not ready; gateway/worker_report.py). Some down is status "degraded" and still
+    200, since calls are served; none ready is the engine warming, 503."""
     status = dict(request.app[_STATUS_KEY]())
     healthy = bool(status.get("healthy", not status.get("draining", False)))
     status.setdefault("status", "ok" if healthy else "unavailable")

@@ -155,8 +155,19 @@ calls_refused_total = Counter(
     registry=registry,
 )
 engine_worker_restarts_total = Counter(
-    "gateway_engine_worker_restarts_total", "Engine worker processes restarted after they exited unasked",
+    "gateway_engine_worker_restarts_total",
+    "Engine worker processes restarted after they exited unasked (any code, any signal, or killed as hung)",
     ["worker"], registry=registry,
+)
+engine_worker_kills_total = Counter(
+    "gateway_engine_worker_kills_total",
+    "Engine worker processes the gateway killed to restart them, by reason (hung: listening but its link not "
+    "serving for 5 s; start timeout: not listening within engine.worker.start_timeout_s)",
+    ["worker", "reason"], registry=registry,
+)
+engine_workers_ready = Gauge(
+    "gateway_engine_workers_ready", "Engine workers serving this gateway now (link up, engine ready)",
+    registry=registry,
 )
 engine_worker_streams_lost_total = Counter(
     "gateway_engine_worker_streams_lost_total",

@@ -37,11 +37,14 @@ def test_prepare_texts_that_are_not_a_list_of_strings_name_the_option():
     done = _worker_refusing("--prepare-texts", '{"welcome": "Hello."}')
     assert done.returncode == 2
     assert "--prepare-texts: expected a JSON list of strings" in done.stderr
+    # and the supervisor is told why, for the gateway's one-line error
+    assert [json.loads(line) for line in done.stdout.splitlines()] == [
+        {"event": "engine_worker_refused", "error": "--prepare-texts: expected a JSON list of strings"}]
 
 
 def test_reserving_every_slot_for_calls_is_one_error_line_and_exit_2():
     done = _worker_refusing("--slots", "4", "--tts-api", '{"reserved_call_slots": 4}')
-    assert done.returncode == 2 and done.stdout == ""
+    assert done.returncode == 2
     assert "tts_api.reserved_call_slots: 4 leaves the speech API none of this worker's 4 slots" in done.stderr
     assert "Traceback" not in done.stderr
 

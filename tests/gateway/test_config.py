@@ -159,7 +159,9 @@ def test_engine_worker_keys_are_validated_and_plan_one_worker_per_gpu():
     config = load_config(None, {"engine.name": "cosyvoice2",
                                 "engine.cosyvoice2": {"model_dir": "/m", "devices": [0, 1], "max_batch": 4}})
     plans = config.engine.worker_plans()
-    assert [(p.name, p.device) for p in plans] == [("cosyvoice2-cuda:0", "cuda:0"), ("cosyvoice2-cuda:1", "cuda:1")]
+    # each worker sees only its GPU (CUDA_VISIBLE_DEVICES=gpu), where it is cuda:0
+    assert [(p.name, p.gpu, p.device) for p in plans] == [("cosyvoice2-cuda:0", 0, "cuda:0"),
+                                                          ("cosyvoice2-cuda:1", 1, "cuda:0")]
     assert plans[0].settings == {"model_dir": "/m", "max_batch": 4}  # devices is the gateway's, not the engine's
     assert load_config(None, {}).engine.worker_plans() == []  # espeak in the gateway process by default
     assert len(load_config(None, {"engine.workers": 2}).engine.worker_plans()) == 2

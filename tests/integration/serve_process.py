@@ -73,14 +73,15 @@ class ServeProcess:
                 return error.code, json.loads(error.read() or b"{}")
         return await asyncio.to_thread(get)
 
-    async def wait_healthy(self, timeout_s: float = 60.0) -> dict:
+    async def wait_healthy(self, timeout_s: float = 60.0, status: str | None = None) -> dict:
+        """Until /healthz is 200 (and its body's status is `status`: "ok" once every engine worker is ready)."""
         deadline = asyncio.get_running_loop().time() + timeout_s
         while True:
             if self.process.returncode is not None:
                 raise AssertionError(f"serve exited {self.process.returncode}:\n{self.tail()}")
             try:
-                status, body = await self.healthz()
-                if status == 200:
+                code, body = await self.healthz()
+                if code == 200 and status in (None, body.get("status")):
                     return body
             except OSError:
                 pass

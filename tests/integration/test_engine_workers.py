@@ -10,109 +10,18 @@ import json
 import os
 import shutil
 import signal
-import socket
-import sys
 import time
 from pathlib import Path
 
 import aiohttp
-import numpy as np
 import pytest
-import yaml
-from integration_harness import SCENARIOS, free_udp_port, invite_final_response, options_status, rtp_recorder, run_sipp
+from integration_harness import invite_final_response, options_status
+from supervised_serve import free_tcp_port, listening_call, speech_level, start_serve, stop_serve
 
 pytestmark = [pytest.mark.sipp, pytest.mark.timeout(150),
               pytest.mark.skipif(shutil.which("sipp") is None, reason="sipp (sip-tester) not installed")]
 
-REPO = Path(__file__).resolve().parents[2]
 LONG_TEXT = "This prompt keeps the caller listening for several seconds while the test does its work. " * 2
-
-
-def _free_tcp_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-class Serve:
-    """`cosyvoice-gateway serve` in a subprocess, its address, its /healthz and its worker children."""
-
-    def __init__(self, process: asyncio.subprocess.Process, sip_port: int, http_port: int) -> None:
-        self.process = process
-        self.sip = ("127.0.0.1", sip_port)
-        self.http = f"http://127.0.0.1:{http_port}"
-
-    async def healthz(self) -> tuple[int, dict]:
-        async with aiohttp.ClientSession() as session, session.get(f"{self.http}/healthz") as response:
-            return response.status, await response.json()
-
-    async def metric(self, name: str) -> float:
-        async with aiohttp.ClientSession() as session, session.get(f"{self.http}/metrics") as response:
-            body = await response.text()
-        return sum(float(line.rsplit(" ", 1)[1]) for line in body.splitlines()
-                   if line.startswith(name + " ") or line.startswith(name + "{"))
-
-    async def until_healthy(self, timeout: float = 90.0, slots_free: int | None = None) -> dict:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.process.returncode is None, "serve exited during start"
-            try:
-                status, body = await self.healthz()
-                if status == 200 and (slots_free is None or body.get("slots_free") == slots_free):
-                    return body
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.1)  # polling the operator's endpoint, as a balancer would
-        raise TimeoutError("gateway did not become healthy")
-
-    def workers(self) -> list[int]:
-        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
-        pids = [int(pid) for pid in children.read_text().split()] if children.exists() else []
-        return [pid for pid in pids if b"engine_service" in Path(f"/proc/{pid}/cmdline").read_bytes()]
-
-
-async def _serve(tmp_path: Path, engine: dict, log_level: str = "info") -> Serve:
-    sip_port, http_port = free_udp_port(), _free_tcp_port()
-    config = {"sip": {"listen": f"127.0.0.1:{sip_port}", "transports": ["udp"], "t1_ms": 50},
-              "media": {"rtp_port_range": "43000-44999"}, "engine": engine,
-              "http": {"listen": f"127.0.0.1:{http_port}"}, "logging": {"level": log_level},
-              "shutdown": {"drain_timeout_s": 20}}
-    path = tmp_path / "gateway.yaml"
-    path.write_text(yaml.safe_dump(config))
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gateway.cli", "serve", "--config", str(path), cwd=REPO, env=env,
-        stdout=asyncio.subprocess.DEVNULL, stderr=(tmp_path / "serve.log").open("w"))
-    return Serve(process, sip_port, http_port)
-
-
-async def _stop(serve: Serve) -> None:
-    if serve.process.returncode is None:
-        serve.process.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(serve.process.wait(), 30)
-        except asyncio.TimeoutError:
-            serve.process.kill()
-            await serve.process.wait()
-
-
-async def _call(serve: Serve, tmp_path: Path, text: str, name: str):
-    """A SIPp call that listens until the gateway's BYE; returns (task -> (rc, errors, ended_at), recorder)."""
-    recorder = await rtp_recorder()
-    workdir = tmp_path / name
-    workdir.mkdir()
-
-    async def run():
-        rc, errors = await run_sipp(SCENARIOS / "gw_listen.xml", serve.sip, workdir, timeout_s=60, keys={
-            "text": text, "rtp_rx": str(recorder.port), "codec_pt": "0", "codec_name": "PCMU"})
-        return rc, errors, time.monotonic()
-
-    return asyncio.create_task(run()), recorder
-
-
-def _speech(recorder) -> float:
-    audio = recorder.audio("PCMU").astype(np.float64)
-    return float(np.sqrt(np.mean(audio**2))) if audio.size else 0.0
 
 
 ENGINES = {
@@ -130,17 +39,17 @@ async def test_a_worker_process_speaks_the_call(tmp_path, engine, tiny_model_dir
     if engine == "cosyvoice2":
         pytest.importorskip("torch")
         block["cosyvoice2"]["model_dir"] = str(tiny_model_dir)
-    serve = await _serve(tmp_path, block)
+    serve = await start_serve(tmp_path, block)
     try:
         body = await serve.until_healthy(timeout=120)
         assert body["engine"] == engine and len(serve.workers()) == 1
-        call, recorder = await _call(serve, tmp_path, "Hello from a worker process.", "call")
+        call, recorder = await listening_call(serve, tmp_path, "Hello from a worker process.", "call")
         rc, errors, _ = await asyncio.wait_for(call, 90)
         recorder.transport.close()
         assert rc == 0, errors
-        assert len(recorder.packets) > 25 and _speech(recorder) > 300
+        assert len(recorder.packets) > 25 and speech_level(recorder) > 300
     finally:
-        await _stop(serve)
+        await stop_serve(serve)
     assert serve.process.returncode == 0
 
 
@@ -181,14 +90,14 @@ async def test_workers_over_the_first_audio_bound_refuse_on_options_and_healthz_
 
 
 async def test_killed_worker_ends_only_its_call_and_restarts_full_workers_refuse_and_sigterm_drains(tmp_path):
-    serve = await _serve(tmp_path, {"name": "instant", "workers": 2, "worker": {"slots": 1},
+    serve = await start_serve(tmp_path, {"name": "instant", "workers": 2, "worker": {"slots": 1},
                                     "instant": {"realtime": True}})
     try:
         await serve.until_healthy(slots_free=2)
         first_workers = serve.workers()
         assert len(first_workers) == 2
         # Two long calls: one on each worker (each stream goes to the worker with the most free slots).
-        calls = [await _call(serve, tmp_path, LONG_TEXT, f"call{i}") for i in range(2)]
+        calls = [await listening_call(serve, tmp_path, LONG_TEXT, f"call{i}") for i in range(2)]
         await asyncio.gather(*(recorder.wait_for_packets(11, timeout_s=20) for _, recorder in calls))
 
         # Full: every worker slot is taken, so qualify pings and new calls get 503 (with Retry-After).
@@ -232,13 +141,13 @@ async def test_killed_worker_ends_only_its_call_and_restarts_full_workers_refuse
         for _, recorder in calls:
             recorder.transport.close()
     finally:
-        await _stop(serve)
+        await stop_serve(serve)
 
 
 async def test_a_worker_with_a_fixed_port_serves_metrics_there_after_a_restart_and_logs_at_the_gateways_level(
         tmp_path):
-    port = _free_tcp_port()
-    serve = await _serve(tmp_path, {"name": "instant", "workers": 1, "worker": {"port": port}}, log_level="warning")
+    port = free_tcp_port()
+    serve = await start_serve(tmp_path, {"name": "instant", "workers": 1, "worker": {"port": port}}, log_level="warning")
 
     async def worker_metrics() -> str:
         async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/metrics") as response:
@@ -257,7 +166,7 @@ async def test_a_worker_with_a_fixed_port_serves_metrics_there_after_a_restart_a
         assert victim not in serve.workers()
         assert "tts_worker_slots_total" in await worker_metrics()  # the restarted worker is on the same port
     finally:
-        await _stop(serve)
+        await stop_serve(serve)
     levels = {json.loads(line).get("level") for line in (tmp_path / "serve.log").read_text().splitlines()
               if line.startswith("{")}
     assert levels and "info" not in levels, levels  # neither the gateway nor its workers logged info lines
