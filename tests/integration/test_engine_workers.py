@@ -58,12 +58,12 @@ async def test_workers_over_the_first_audio_bound_refuse_on_options_and_healthz_
     bound. Once each worker has measured one, both are over it: OPTIONS and /healthz both say 503 (one decision
     answers both). The measurement fades with its age (engine_service/first_audio.py), so the workers are chosen
     again: OPTIONS and /healthz both turn 200 and the next call is answered (before: excluded for good)."""
-    serve = await _serve(tmp_path, {"name": "instant", "workers": 2, "worker": {"slots": 4},
+    serve = await start_serve(tmp_path, {"name": "instant", "workers": 2, "worker": {"slots": 4},
                                     "instant": {"first_chunk_delay_ms": 3000},
                                     "admission": {"max_first_audio_ms": 400}})
     try:
         await serve.until_healthy(slots_free=8)
-        calls = [await _call(serve, tmp_path, "A stalled hello.", f"stall{i}") for i in range(2)]  # one per worker
+        calls = [await listening_call(serve, tmp_path, "A stalled hello.", f"stall{i}") for i in range(2)]  # one per worker
         for task, recorder in calls:
             rc, errors, _ = await asyncio.wait_for(task, 60)
             assert rc == 0, errors
@@ -80,13 +80,13 @@ async def test_workers_over_the_first_audio_bound_refuse_on_options_and_healthz_
             await asyncio.sleep(0.5)  # polling as a proxy's qualify would
         status, body = await serve.healthz()  # the estimate only falls while the workers are idle: no race here
         assert status == 200 and body["status"] == "ok", body
-        task, recorder = await _call(serve, tmp_path, "Chosen again.", "again")
+        task, recorder = await listening_call(serve, tmp_path, "Chosen again.", "again")
         rc, errors, _ = await asyncio.wait_for(task, 60)
         recorder.transport.close()
         assert rc == 0, errors
         assert len(recorder.packets) > 10
     finally:
-        await _stop(serve)
+        await stop_serve(serve)
 
 
 async def test_killed_worker_ends_only_its_call_and_restarts_full_workers_refuse_and_sigterm_drains(tmp_path):
