@@ -8,8 +8,9 @@ here loads in the official code and the official `spk2info.pt` loads here.
 
 `VoiceBank` holds `<model_dir>/spk2info.pt` plus every `<voices_dir>/*.pt` (default
 `<model_dir>/voices`); `register_voice` enrols a new voice from a wav and its transcript by running
-the two frontend ONNX models once, so synthesis never runs ONNX. Voice files are validated when
-loaded: a bad file is refused with a message naming it and the field, not at the first call.
+the two frontend ONNX models once, so synthesis never runs ONNX; `list_voices` and `remove_voice`
+are the operator's view of the same files. Voice files are validated when loaded: a bad file is
+refused with a message naming the file, the voice and the field, not at the first call.
 """
 
 from __future__ import annotations
@@ -28,10 +29,16 @@ log = structlog.get_logger(__name__)
 
 MEL_BINS = 80
 EMBEDDING_DIM = 192
-MAX_PROMPT_SECONDS = 30.0  # the speech tokenizer's (Whisper encoder's) input limit
 PROMPT_RATE = 16_000  # speech tokens and the speaker embedding are computed at 16 kHz
 MEL_RATE = 24_000  # the prompt mel at the output rate
 FRAMES_PER_TOKEN = 2  # 50 Hz mel frames per 25 Hz speech token
+TOKEN_RATE = 25  # speech tokens per second of prompt
+# Prompt bounds. The official tokenizer takes up to 30 s, but the flow pool holds 600 prompt frames
+# per voice (runtime/chunk_render.FlowPoolSettings.voice_frames 500 + two 50-frame chunks): 12 s.
+# A longer voice would fail every start, so it is refused when added and, naming it, when loaded.
+MIN_PROMPT_SECONDS = 1.0
+MAX_PROMPT_SECONDS = 12.0
+MAX_PROMPT_TOKENS = int(MAX_PROMPT_SECONDS * TOKEN_RATE)
 
 
 @dataclass(frozen=True, eq=False)
@@ -69,6 +76,9 @@ class Voice:
                 raise ValueError(f"{where}: {key} has {emb.numel()} values, expected {EMBEDDING_DIM}")
             embeddings[key] = emb
         flow_tokens = tokens("flow_prompt_speech_token")
+        if len(flow_tokens) > MAX_PROMPT_TOKENS:
+            raise ValueError(f"{where}: its prompt is {len(flow_tokens) / TOKEN_RATE:.1f} s; at most "
+                             f"{MAX_PROMPT_SECONDS:g} s fits (remove it, or add it again from a shorter recording)")
         if feat.shape[0] != FRAMES_PER_TOKEN * len(flow_tokens):
             raise ValueError(f"{where}: prompt_speech_feat has {feat.shape[0]} frames for {len(flow_tokens)} "
                              f"prompt tokens; expected {FRAMES_PER_TOKEN} per token")
@@ -99,17 +109,16 @@ class Voice:
 
 
 def read_spk2info(path: Path) -> list[Voice]:
-    raw = torch.load(path, map_location="cpu", weights_only=False)
-    if not isinstance(raw, Mapping):
-        raise ValueError(f"{path}: not a speaker file (expected a mapping name -> speaker entry)")
-    return [Voice.from_spk2info(str(name), entry, str(path)) for name, entry in raw.items()]
+    """Every voice in one spk2info file, validated; ValueError names the file (and the voice and field)."""
+    ((_, entries),) = _raw_files_of([path])
+    if isinstance(entries, str):
+        raise ValueError(entries)
+    return [Voice.from_spk2info(str(name), entry, str(path)) for name, entry in entries.items()]
 
 
 def write_spk2info(path: Path, voices: list[Voice]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save({v.name: v.to_spk2info() for v in voices}, tmp)
-    tmp.replace(path)  # a reader never sees a half-written file
+    _write_raw(path, {v.name: v.to_spk2info() for v in voices})
 
 
 class VoiceBank:
@@ -123,14 +132,14 @@ class VoiceBank:
     def load(cls, model_dir: str | Path, voices_dir: str | Path | None = None) -> VoiceBank:
         """`<model_dir>/spk2info.pt` (if any), then `<voices_dir>/*.pt`; a later file wins a name clash."""
         model_dir = Path(model_dir)
-        voices_dir = Path(voices_dir) if voices_dir is not None else model_dir / "voices"
-        files = [model_dir / "spk2info.pt"] if (model_dir / "spk2info.pt").is_file() else []
-        if voices_dir.is_dir():
-            files += sorted(voices_dir.glob("*.pt"))
+        voices_dir = voices_dir_of(model_dir, voices_dir)
+        files = _raw_files(model_dir, voices_dir)
         bank = cls()
-        for path in files:
-            for voice in read_spk2info(path):
-                bank.add(voice)
+        for path, entries in files:
+            if isinstance(entries, str):
+                raise ValueError(entries)
+            for name, entry in entries.items():
+                bank.add(Voice.from_spk2info(str(name), entry, str(path)))
         log.info("tts_voices_loaded", count=len(bank), files=len(files), voices_dir=str(voices_dir))
         return bank
 
@@ -161,22 +170,120 @@ class VoiceBank:
         return iter(self.names())
 
 
-# ---- enrolment ----------------------------------------------------------------------------------
+# ---- enrolment and the operator's voice files -----------------------------------------------------
+
+class VoiceExists(FileExistsError):
+    """A voice of that name is already in the model directory."""
+
+
+@dataclass(frozen=True)
+class VoiceSummary:
+    """One voice as `cosyvoice-gateway voice list` shows it."""
+
+    name: str
+    prompt_seconds: float
+    transcript: str  # the prompt text decoded from its tokens (normalised, as the model reads it)
+    path: Path  # the file it is loaded from
+    problem: str = ""  # why the engine would refuse to start with it ("" when it loads)
+
+
+def voices_dir_of(model_dir: Path, voices_dir: str | Path | None) -> Path:
+    return Path(voices_dir) if voices_dir is not None else model_dir / "voices"
+
 
 def register_voice(model_dir: str | Path, name: str, wav_path: str | Path, transcript: str,
-                   voices_dir: str | Path | None = None) -> Path:
+                   voices_dir: str | Path | None = None, replace: bool = False) -> Path:
     """Enrol `wav_path` (the speaker saying `transcript`) as voice `name`; returns the file written,
-    `<voices_dir>/<name>.pt` (default voices_dir `<model_dir>/voices`)."""
+    `<voices_dir>/<name>.pt` (default voices_dir `<model_dir>/voices`). Everything about the input is
+    checked before the ONNX models run; an existing voice is overwritten only with `replace`."""
     model_dir = Path(model_dir)
     if not name or not name.replace("_", "").replace("-", "").isalnum():
         raise ValueError(f"voice name {name!r}: use letters, digits, '-' and '_' only")
-    voice = extract_voice(model_dir, name, Path(wav_path), transcript)
-    target_dir = Path(voices_dir) if voices_dir is not None else model_dir / "voices"
+    target_dir = voices_dir_of(model_dir, voices_dir)
     path = target_dir / f"{name}.pt"
+    if not replace:
+        for existing, entries in _raw_files(model_dir, target_dir):
+            if existing == path or (isinstance(entries, Mapping) and name in entries):
+                raise VoiceExists(f"voice {name!r} already exists ({existing})")
+    voice = extract_voice(model_dir, name, Path(wav_path), transcript)
     write_spk2info(path, [voice])
     log.info("tts_voice_registered", voice=name, path=str(path), prompt_tokens=len(voice.flow_prompt_speech_token),
-             prompt_text_tokens=len(voice.prompt_text))
+             prompt_text_tokens=len(voice.prompt_text), replaced=replace)
     return path
+
+
+def list_voices(model_dir: str | Path, voices_dir: str | Path | None = None) -> list[VoiceSummary]:
+    """Every voice the engine would load, in load order (a later file wins a name clash); a voice or
+    file the engine would refuse is listed with the reason instead of stopping the listing."""
+    from tts_core.model_dir import ModelDir
+    from tts_core.text.tokenizer import TextTokenizer
+
+    model_dir = Path(model_dir)
+    tokenizer = TextTokenizer(ModelDir.open(model_dir).qwen_dir)
+    summaries: dict[str, VoiceSummary] = {}
+    for path, entries in _raw_files(model_dir, voices_dir_of(model_dir, voices_dir)):
+        if isinstance(entries, str):
+            summaries[path.stem] = VoiceSummary(path.stem, 0.0, "", path, entries)
+            continue
+        for name, entry in entries.items():
+            try:
+                voice = Voice.from_spk2info(str(name), entry, str(path))
+            except ValueError as exc:
+                summaries[str(name)] = VoiceSummary(str(name), 0.0, "", path, str(exc))
+                continue
+            summaries[voice.name] = VoiceSummary(voice.name, len(voice.flow_prompt_speech_token) / TOKEN_RATE,
+                                                 tokenizer.decode(list(voice.prompt_text)), path)
+    return list(summaries.values())
+
+
+def remove_voice(model_dir: str | Path, name: str, voices_dir: str | Path | None = None) -> list[Path]:
+    """Delete voice `name` from the voices directory, even from a file the engine would refuse;
+    returns the files it was in. The model's own `spk2info.pt` is never edited (KeyError says so)."""
+    model_dir = Path(model_dir)
+    target_dir = voices_dir_of(model_dir, voices_dir)
+    owners = []
+    for path, entries in _raw_files(model_dir, target_dir):
+        held = isinstance(entries, Mapping) and name in entries
+        if path == model_dir / "spk2info.pt":
+            if held:
+                raise KeyError(f"voice {name!r} comes with the model ({path}); it is not removed")
+        elif path == target_dir / f"{name}.pt" or held:
+            owners.append(path)
+            others = {k: v for k, v in entries.items() if k != name} if isinstance(entries, Mapping) else {}
+            if others and path != target_dir / f"{name}.pt":
+                _write_raw(path, others)
+            else:
+                path.unlink()
+    if not owners:
+        raise KeyError(f"no voice {name!r} in {target_dir}")
+    log.info("tts_voice_removed", voice=name, files=[str(p) for p in owners])
+    return owners
+
+
+def _raw_files(model_dir: Path, voices_dir: Path) -> list[tuple[Path, Mapping[str, Any] | str]]:
+    """The files VoiceBank.load reads, in its order, each with its unvalidated entries (or, for a
+    file that does not unpickle to a mapping, the reason)."""
+    files = [model_dir / "spk2info.pt"] if (model_dir / "spk2info.pt").is_file() else []
+    return _raw_files_of(files + (sorted(voices_dir.glob("*.pt")) if voices_dir.is_dir() else []))
+
+
+def _raw_files_of(files: list[Path]) -> list[tuple[Path, Mapping[str, Any] | str]]:
+    loaded: list[tuple[Path, Mapping[str, Any] | str]] = []
+    for path in files:
+        try:
+            raw = torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as exc:  # a truncated or foreign file: unpickling raises anything
+            loaded.append((path, f"{path}: not a readable speaker file ({type(exc).__name__}: {exc})"))
+            continue
+        loaded.append((path, raw if isinstance(raw, Mapping) else
+                       f"{path}: not a speaker file (expected a mapping name -> speaker entry)"))
+    return loaded
+
+
+def _write_raw(path: Path, entries: Mapping[str, Any]) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save(dict(entries), tmp)
+    tmp.replace(path)  # a reader never sees a half-written file
 
 
 def extract_voice(model_dir: Path, name: str, wav_path: Path, transcript: str) -> Voice:
@@ -185,28 +292,21 @@ def extract_voice(model_dir: Path, name: str, wav_path: Path, transcript: str) -
     trimmed to 2 mel frames per token."""
     # Imported here: enrolment is an offline step, synthesis must not need onnxruntime.
     from tts_core.features.campplus_fbank import campplus_fbank
+    from tts_core.features.prompt_audio import check_prompt_audio
     from tts_core.features.prompt_mel import PromptMelConfig, prompt_mel
-    from tts_core.features.wav_file import load_wav, resample
+    from tts_core.features.wav_file import resample
     from tts_core.features.whisper_logmel import whisper_logmel
     from tts_core.model_dir import ModelDir
     from tts_core.text.normalize import TextNormalizer
     from tts_core.text.tokenizer import TextTokenizer
 
-    if not transcript or not transcript.strip():
-        raise ValueError("transcript is empty: give the words spoken in the prompt wav")
+    if not transcript or not any(ch.isalnum() for ch in transcript):
+        raise ValueError("the transcript is empty: give the words spoken in the prompt wav (--text)")
     md = ModelDir.open(model_dir)
     for path, what in ((md.campplus_path, "campplus.onnx"), (md.speech_tokenizer_path, "speech_tokenizer_v2.onnx")):
         if path is None:
             raise FileNotFoundError(f"{model_dir / what} is missing: voice enrolment needs it")
-    if not wav_path.is_file():
-        raise FileNotFoundError(f"prompt wav not found: {wav_path}")
-    wav16 = load_wav(wav_path, PROMPT_RATE)
-    seconds = wav16.shape[0] / PROMPT_RATE
-    if seconds > MAX_PROMPT_SECONDS:
-        raise ValueError(f"{wav_path}: prompt is {seconds:.1f} s; the speech tokenizer takes at most "
-                         f"{MAX_PROMPT_SECONDS:.0f} s (3-10 s of clean speech works best)")
-    if seconds < 0.5:
-        raise ValueError(f"{wav_path}: prompt is {seconds:.2f} s; give at least a second of speech")
+    wav16 = check_prompt_audio(wav_path, PROMPT_RATE, MIN_PROMPT_SECONDS, MAX_PROMPT_SECONDS).wav
 
     logmel = whisper_logmel(wav16, n_mels=128)
     tokens = _run_onnx(md.speech_tokenizer_path, [logmel.numpy(), np.array([logmel.shape[2]], dtype=np.int32)])
