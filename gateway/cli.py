@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from gateway.config import ConfigError, GatewayConfig, load_config
 
@@ -139,14 +140,26 @@ def _call(args: argparse.Namespace) -> int:
     return 0 if result.answered else 1
 
 
+def _needs_tts(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """The voice commands need the `tts` extra; without it they say so in one line and exit 2."""
+    @functools.wraps(run)
+    def checked(args: argparse.Namespace) -> int:
+        from engines.cosyvoice2.voices import EnrolmentUnavailable
+
+        try:
+            return run(args)
+        except EnrolmentUnavailable as exc:
+            print(f"{PROG}: voice management is not available in this installation ({exc})", file=sys.stderr)
+            return 2
+    return checked
+
+
+@_needs_tts
 def _voice_add(args: argparse.Namespace) -> int:
-    from engines.cosyvoice2.voices import EnrolmentUnavailable, add_voice
+    from engines.cosyvoice2.voices import add_voice
 
     try:
         path = add_voice(args.model_dir, args.name, args.wav, args.text, replace=args.replace)
-    except EnrolmentUnavailable as exc:
-        print(f"{PROG}: voice registration is not available in this installation ({exc})", file=sys.stderr)
-        return 2
     except FileExistsError as exc:
         print(f"{PROG}: {exc}; add --replace to overwrite it", file=sys.stderr)
         return 1
@@ -157,14 +170,12 @@ def _voice_add(args: argparse.Namespace) -> int:
     return 0
 
 
+@_needs_tts
 def _voice_list(args: argparse.Namespace) -> int:
-    from engines.cosyvoice2.voices import EnrolmentUnavailable, list_voices
+    from engines.cosyvoice2.voices import list_voices
 
     try:
         voices = list_voices(args.model_dir)
-    except EnrolmentUnavailable as exc:
-        print(f"{PROG}: voice management is not available in this installation ({exc})", file=sys.stderr)
-        return 2
     except (OSError, ValueError) as exc:
         print(f"{PROG}: cannot list voices: {exc}", file=sys.stderr)
         return 1
@@ -178,14 +189,12 @@ def _voice_list(args: argparse.Namespace) -> int:
     return 1 if any(v.problem for v in voices) else 0
 
 
+@_needs_tts
 def _voice_remove(args: argparse.Namespace) -> int:
-    from engines.cosyvoice2.voices import EnrolmentUnavailable, remove_voice
+    from engines.cosyvoice2.voices import remove_voice
 
     try:
         paths = remove_voice(args.model_dir, args.name)
-    except EnrolmentUnavailable as exc:
-        print(f"{PROG}: voice management is not available in this installation ({exc})", file=sys.stderr)
-        return 2
     except (KeyError, OSError) as exc:
         reason = exc.args[0] if isinstance(exc, KeyError) else exc
         print(f"{PROG}: voice {args.name!r} not removed: {reason}", file=sys.stderr)

@@ -54,13 +54,9 @@ def test_version_comes_from_the_package_metadata():
 
 @pytest.fixture()
 def model_copy(tiny_model_dir: Path, tmp_path: Path) -> Path:
-    from tests.tts_core.onnx_standins import write_campplus_standin, write_speech_tokenizer_standin
+    from tests.tts_core.onnx_standins import model_dir_for_enrolment
 
-    target = tmp_path / "model"
-    shutil.copytree(tiny_model_dir, target)
-    write_campplus_standin(target / "campplus.onnx")
-    write_speech_tokenizer_standin(target / "speech_tokenizer_v2.onnx")
-    return target
+    return model_dir_for_enrolment(tiny_model_dir, tmp_path / "model")
 
 
 def test_voice_add_list_replace_remove(model_copy: Path, golden_dir: Path, tmp_path: Path):

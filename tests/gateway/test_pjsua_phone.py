@@ -76,68 +76,36 @@ ANSWER_PLAY_BYE = """<?xml version="1.0" encoding="ISO-8859-1" ?>
 </scenario>
 """
 
-BUSY = """<?xml version="1.0" encoding="ISO-8859-1" ?>
-<scenario name="busy">
-  <recv request="INVITE" />
-  <send>
+def reply(status: str, cseq: str = "[last_CSeq:]") -> str:
+    """A SIPp <send> of a body-less response to the last request, To-tagged as ours."""
+    return f"""  <send>
     <![CDATA[
-      SIP/2.0 486 Busy Here
+      SIP/2.0 {status}
       [last_Via:]
       [last_From:]
       [last_To:];tag=[pid]SIPpTag01[call_number]
       [last_Call-ID:]
-      [last_CSeq:]
+      {cseq}
       Content-Length: 0
 
     ]]>
   </send>
-  <recv request="ACK" />
-</scenario>
 """
 
 
+BUSY = f"""<?xml version="1.0" encoding="ISO-8859-1" ?>
+<scenario name="busy">
+  <recv request="INVITE" />
+{reply("486 Busy Here")}  <recv request="ACK" />
+</scenario>
+"""
+
 # Ring, never answer; take the CANCEL the phone sends at its timeout and end the INVITE with 487.
-RING_NO_ANSWER = """<?xml version="1.0" encoding="ISO-8859-1" ?>
+RING_NO_ANSWER = f"""<?xml version="1.0" encoding="ISO-8859-1" ?>
 <scenario name="ring, no answer">
   <recv request="INVITE" />
-  <send>
-    <![CDATA[
-      SIP/2.0 180 Ringing
-      [last_Via:]
-      [last_From:]
-      [last_To:];tag=[pid]SIPpTag01[call_number]
-      [last_Call-ID:]
-      [last_CSeq:]
-      Content-Length: 0
-
-    ]]>
-  </send>
-  <recv request="CANCEL" />
-  <send>
-    <![CDATA[
-      SIP/2.0 200 OK
-      [last_Via:]
-      [last_From:]
-      [last_To:];tag=[pid]SIPpTag01[call_number]
-      [last_Call-ID:]
-      [last_CSeq:]
-      Content-Length: 0
-
-    ]]>
-  </send>
-  <send>
-    <![CDATA[
-      SIP/2.0 487 Request Terminated
-      [last_Via:]
-      [last_From:]
-      [last_To:];tag=[pid]SIPpTag01[call_number]
-      [last_Call-ID:]
-      CSeq: [cseq] INVITE
-      Content-Length: 0
-
-    ]]>
-  </send>
-  <recv request="ACK" />
+{reply("180 Ringing")}  <recv request="CANCEL" />
+{reply("200 OK")}{reply("487 Request Terminated", "CSeq: [cseq] INVITE")}  <recv request="ACK" />
 </scenario>
 """
 

@@ -4,7 +4,6 @@ resulting voice synthesises. The ONNX models are stand-ins with the real I/O sig
 
 from __future__ import annotations
 
-import shutil
 import wave
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.tts_core.onnx_standins import write_campplus_standin, write_speech_tokenizer_standin
+from tests.tts_core.onnx_standins import model_dir_for_enrolment
 from tts_core.runtime import CollectingSink, CosyVoice2Pipeline, JobOptions
 from tts_core.voices import (MAX_PROMPT_TOKENS, Voice, VoiceBank, VoiceExists, list_voices, read_spk2info,
                              register_voice, remove_voice)
@@ -20,11 +19,7 @@ from tts_core.voices import (MAX_PROMPT_TOKENS, Voice, VoiceBank, VoiceExists, l
 
 @pytest.fixture()
 def model_copy(tiny_model_dir: Path, tmp_path: Path) -> Path:
-    target = tmp_path / "model"
-    shutil.copytree(tiny_model_dir, target)
-    write_campplus_standin(target / "campplus.onnx")
-    write_speech_tokenizer_standin(target / "speech_tokenizer_v2.onnx")
-    return target
+    return model_dir_for_enrolment(tiny_model_dir, tmp_path / "model")
 
 
 def test_official_spk2info_loads(tiny_model_dir: Path) -> None:
