@@ -129,3 +129,12 @@ def test_freeswitch_gateway_and_dialplan_are_well_formed_and_agree():
 def test_every_example_file_says_where_it_goes(path):
     head = path.read_text(encoding="utf-8")[:600]
     assert re.search(r"/etc/asterisk/|conf/(sip_profiles|dialplan)/", head), "say where the file is installed"
+
+
+def test_the_readme_quotes_the_files_as_they_are():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("### From Asterisk, FreeSWITCH"):readme.index("## Configuration")]
+    quoted = [line.strip() for line in section.splitlines() if line.startswith("    ") and line.strip()]
+    files = {line.strip() for path in [*ASTERISK.glob("*.conf"), *FREESWITCH.glob("*.xml")]
+             for line in path.read_text(encoding="utf-8").splitlines()}
+    assert len(quoted) >= 8 and [line for line in quoted if line not in files] == []
