@@ -8,8 +8,8 @@ here loads in the official code and the official `spk2info.pt` loads here.
 
 `VoiceBank` holds `<model_dir>/spk2info.pt` plus every `<voices_dir>/*.pt` (default
 `<model_dir>/voices`); `register_voice` enrols a new voice from a wav and its transcript by running
-the two frontend ONNX models once, so synthesis never runs ONNX; `list_voices` and `remove_voice`
-are the operator's view of the same files. Voice files are validated when loaded: a bad file is
+the two frontend ONNX models once (tts_core/voice_files.py, with the operator's `list_voices` and
+`remove_voice`), so synthesis never runs ONNX. Voice files are validated when loaded: a bad file is
 refused with a message naming the file, the voice and the field, not at the first call.
 """
 
@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import structlog
 import torch
 
@@ -110,7 +109,7 @@ class Voice:
 
 def read_spk2info(path: Path) -> list[Voice]:
     """Every voice in one spk2info file, validated; ValueError names the file (and the voice and field)."""
-    ((_, entries),) = _raw_files_of([path])
+    ((_, entries),) = raw_voice_files_of([path])
     if isinstance(entries, str):
         raise ValueError(entries)
     return [Voice.from_spk2info(str(name), entry, str(path)) for name, entry in entries.items()]
@@ -118,7 +117,7 @@ def read_spk2info(path: Path) -> list[Voice]:
 
 def write_spk2info(path: Path, voices: list[Voice]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    _write_raw(path, {v.name: v.to_spk2info() for v in voices})
+    write_raw(path, {v.name: v.to_spk2info() for v in voices})
 
 
 class VoiceBank:
@@ -133,7 +132,7 @@ class VoiceBank:
         """`<model_dir>/spk2info.pt` (if any), then `<voices_dir>/*.pt`; a later file wins a name clash."""
         model_dir = Path(model_dir)
         voices_dir = voices_dir_of(model_dir, voices_dir)
-        files = _raw_files(model_dir, voices_dir)
+        files = raw_voice_files(model_dir, voices_dir)
         bank = cls()
         for path, entries in files:
             if isinstance(entries, str):
@@ -170,104 +169,18 @@ class VoiceBank:
         return iter(self.names())
 
 
-# ---- enrolment and the operator's voice files -----------------------------------------------------
-
-class VoiceExists(FileExistsError):
-    """A voice of that name is already in the model directory."""
-
-
-@dataclass(frozen=True)
-class VoiceSummary:
-    """One voice as `cosyvoice-gateway voice list` shows it."""
-
-    name: str
-    prompt_seconds: float
-    transcript: str  # the prompt text decoded from its tokens (normalised, as the model reads it)
-    path: Path  # the file it is loaded from
-    problem: str = ""  # why the engine would refuse to start with it ("" when it loads)
-
-
 def voices_dir_of(model_dir: Path, voices_dir: str | Path | None) -> Path:
     return Path(voices_dir) if voices_dir is not None else model_dir / "voices"
 
 
-def register_voice(model_dir: str | Path, name: str, wav_path: str | Path, transcript: str,
-                   voices_dir: str | Path | None = None, replace: bool = False) -> Path:
-    """Enrol `wav_path` (the speaker saying `transcript`) as voice `name`; returns the file written,
-    `<voices_dir>/<name>.pt` (default voices_dir `<model_dir>/voices`). Everything about the input is
-    checked before the ONNX models run; an existing voice is overwritten only with `replace`."""
-    model_dir = Path(model_dir)
-    if not name or not name.replace("_", "").replace("-", "").isalnum():
-        raise ValueError(f"voice name {name!r}: use letters, digits, '-' and '_' only")
-    target_dir = voices_dir_of(model_dir, voices_dir)
-    path = target_dir / f"{name}.pt"
-    if not replace:
-        for existing, entries in _raw_files(model_dir, target_dir):
-            if existing == path or (isinstance(entries, Mapping) and name in entries):
-                raise VoiceExists(f"voice {name!r} already exists ({existing})")
-    voice = extract_voice(model_dir, name, Path(wav_path), transcript)
-    write_spk2info(path, [voice])
-    log.info("tts_voice_registered", voice=name, path=str(path), prompt_tokens=len(voice.flow_prompt_speech_token),
-             prompt_text_tokens=len(voice.prompt_text), replaced=replace)
-    return path
-
-
-def list_voices(model_dir: str | Path, voices_dir: str | Path | None = None) -> list[VoiceSummary]:
-    """Every voice the engine would load, in load order (a later file wins a name clash); a voice or
-    file the engine would refuse is listed with the reason instead of stopping the listing."""
-    from tts_core.model_dir import ModelDir
-    from tts_core.text.tokenizer import TextTokenizer
-
-    model_dir = Path(model_dir)
-    tokenizer = TextTokenizer(ModelDir.open(model_dir).qwen_dir)
-    summaries: dict[str, VoiceSummary] = {}
-    for path, entries in _raw_files(model_dir, voices_dir_of(model_dir, voices_dir)):
-        if isinstance(entries, str):
-            summaries[path.stem] = VoiceSummary(path.stem, 0.0, "", path, entries)
-            continue
-        for name, entry in entries.items():
-            try:
-                voice = Voice.from_spk2info(str(name), entry, str(path))
-            except ValueError as exc:
-                summaries[str(name)] = VoiceSummary(str(name), 0.0, "", path, str(exc))
-                continue
-            summaries[voice.name] = VoiceSummary(voice.name, len(voice.flow_prompt_speech_token) / TOKEN_RATE,
-                                                 tokenizer.decode(list(voice.prompt_text)), path)
-    return list(summaries.values())
-
-
-def remove_voice(model_dir: str | Path, name: str, voices_dir: str | Path | None = None) -> list[Path]:
-    """Delete voice `name` from the voices directory, even from a file the engine would refuse;
-    returns the files it was in. The model's own `spk2info.pt` is never edited (KeyError says so)."""
-    model_dir = Path(model_dir)
-    target_dir = voices_dir_of(model_dir, voices_dir)
-    owners = []
-    for path, entries in _raw_files(model_dir, target_dir):
-        held = isinstance(entries, Mapping) and name in entries
-        if path == model_dir / "spk2info.pt":
-            if held:
-                raise KeyError(f"voice {name!r} comes with the model ({path}); it is not removed")
-        elif path == target_dir / f"{name}.pt" or held:
-            owners.append(path)
-            others = {k: v for k, v in entries.items() if k != name} if isinstance(entries, Mapping) else {}
-            if others and path != target_dir / f"{name}.pt":
-                _write_raw(path, others)
-            else:
-                path.unlink()
-    if not owners:
-        raise KeyError(f"no voice {name!r} in {target_dir}")
-    log.info("tts_voice_removed", voice=name, files=[str(p) for p in owners])
-    return owners
-
-
-def _raw_files(model_dir: Path, voices_dir: Path) -> list[tuple[Path, Mapping[str, Any] | str]]:
+def raw_voice_files(model_dir: Path, voices_dir: Path) -> list[tuple[Path, Mapping[str, Any] | str]]:
     """The files VoiceBank.load reads, in its order, each with its unvalidated entries (or, for a
     file that does not unpickle to a mapping, the reason)."""
     files = [model_dir / "spk2info.pt"] if (model_dir / "spk2info.pt").is_file() else []
-    return _raw_files_of(files + (sorted(voices_dir.glob("*.pt")) if voices_dir.is_dir() else []))
+    return raw_voice_files_of(files + (sorted(voices_dir.glob("*.pt")) if voices_dir.is_dir() else []))
 
 
-def _raw_files_of(files: list[Path]) -> list[tuple[Path, Mapping[str, Any] | str]]:
+def raw_voice_files_of(files: list[Path]) -> list[tuple[Path, Mapping[str, Any] | str]]:
     loaded: list[tuple[Path, Mapping[str, Any] | str]] = []
     for path in files:
         try:
@@ -280,61 +193,7 @@ def _raw_files_of(files: list[Path]) -> list[tuple[Path, Mapping[str, Any] | str
     return loaded
 
 
-def _write_raw(path: Path, entries: Mapping[str, Any]) -> None:
+def write_raw(path: Path, entries: Mapping[str, Any]) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     torch.save(dict(entries), tmp)
     tmp.replace(path)  # a reader never sees a half-written file
-
-
-def extract_voice(model_dir: Path, name: str, wav_path: Path, transcript: str) -> Voice:
-    """The official zero-shot frontend (`frontend_zero_shot`) for one prompt: speech tokens and the
-    CAM++ embedding from the 16 kHz wav, the prompt mel from that wav resampled to 24 kHz, both
-    trimmed to 2 mel frames per token."""
-    # Imported here: enrolment is an offline step, synthesis must not need onnxruntime.
-    from tts_core.features.campplus_fbank import campplus_fbank
-    from tts_core.features.prompt_audio import check_prompt_audio
-    from tts_core.features.prompt_mel import PromptMelConfig, prompt_mel
-    from tts_core.features.wav_file import resample
-    from tts_core.features.whisper_logmel import whisper_logmel
-    from tts_core.model_dir import ModelDir
-    from tts_core.text.normalize import TextNormalizer
-    from tts_core.text.tokenizer import TextTokenizer
-
-    if not transcript or not any(ch.isalnum() for ch in transcript):
-        raise ValueError("the transcript is empty: give the words spoken in the prompt wav (--text)")
-    md = ModelDir.open(model_dir)
-    for path, what in ((md.campplus_path, "campplus.onnx"), (md.speech_tokenizer_path, "speech_tokenizer_v2.onnx")):
-        if path is None:
-            raise FileNotFoundError(f"{model_dir / what} is missing: voice enrolment needs it")
-    wav16 = check_prompt_audio(wav_path, PROMPT_RATE, MIN_PROMPT_SECONDS, MAX_PROMPT_SECONDS).wav
-
-    logmel = whisper_logmel(wav16, n_mels=128)
-    tokens = _run_onnx(md.speech_tokenizer_path, [logmel.numpy(), np.array([logmel.shape[2]], dtype=np.int32)])
-    tokens = tokens.reshape(-1).astype(np.int64)
-    embedding = _run_onnx(md.campplus_path, [campplus_fbank(wav16)[None].numpy()]).reshape(-1)
-    mel_config = PromptMelConfig.from_yaml(md.config)
-    wav24 = resample(wav16.numpy(), PROMPT_RATE, mel_config.sample_rate)
-    feat = prompt_mel(wav24, mel_config)
-    # Official rule for 24 kHz models: exactly two mel frames per token, cut to the shorter of the two.
-    n_tokens = min(feat.shape[0] // FRAMES_PER_TOKEN, len(tokens))
-    if n_tokens == 0:
-        raise ValueError(f"{wav_path}: the speech tokenizer found no speech tokens")
-    tokenizer = TextTokenizer(md.qwen_dir)
-    prompt_text = tokenizer.encode(TextNormalizer(tokenizer).normalize(transcript))
-    speech = tuple(int(t) for t in tokens[:n_tokens])
-    emb = torch.from_numpy(embedding.astype(np.float32))
-    return Voice(name=name, prompt_text=tuple(prompt_text), llm_prompt_speech_token=speech,
-                 flow_prompt_speech_token=speech, prompt_speech_feat=feat[:FRAMES_PER_TOKEN * n_tokens].contiguous(),
-                 llm_embedding=emb, flow_embedding=emb.clone())
-
-
-def _run_onnx(path: Path, inputs: list[np.ndarray]) -> np.ndarray:
-    import onnxruntime
-
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = 1  # an offline step; leave the cores to live calls
-    session = onnxruntime.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
-    names = [i.name for i in session.get_inputs()]
-    if len(names) != len(inputs):
-        raise ValueError(f"{path}: expects {len(names)} inputs ({', '.join(names)}), not {len(inputs)}")
-    return session.run(None, dict(zip(names, inputs)))[0]

@@ -17,10 +17,10 @@ class EnrolmentUnavailable(RuntimeError):
 
 def _tts_voices():
     try:
-        import tts_core.voices
+        import tts_core.voice_files
     except ImportError as exc:
         raise EnrolmentUnavailable(str(exc)) from None
-    return tts_core.voices
+    return tts_core.voice_files
 
 
 def add_voice(model_dir: str | Path, name: str, wav_path: str | Path, transcript: str, replace: bool = False) -> Path:
@@ -35,7 +35,7 @@ def add_voice(model_dir: str | Path, name: str, wav_path: str | Path, transcript
 
 
 def list_voices(model_dir: str | Path) -> list:
-    """`tts_core.voices.VoiceSummary` for every voice the engine would load (name, prompt_seconds,
+    """`tts_core.voice_files.VoiceSummary` for every voice the engine would load (name, prompt_seconds,
     transcript, path, problem)."""
     return _tts_voices().list_voices(model_dir)
 

@@ -13,8 +13,8 @@ import torch
 
 from tests.tts_core.onnx_standins import model_dir_for_enrolment
 from tts_core.runtime import CollectingSink, CosyVoice2Pipeline, JobOptions
-from tts_core.voices import (MAX_PROMPT_TOKENS, Voice, VoiceBank, VoiceExists, list_voices, read_spk2info,
-                             register_voice, remove_voice)
+from tts_core.voice_files import VoiceExists, list_voices, register_voice, remove_voice
+from tts_core.voices import MAX_PROMPT_TOKENS, Voice, VoiceBank, read_spk2info
 
 
 @pytest.fixture()
