@@ -1,22 +1,26 @@
 """`cosyvoice-gateway`: the command line. `serve` runs the gateway, `call` is the test phone,
-`voice add` registers a CosyVoice2 speaker from a prompt recording.
+`voice add|list|remove` manage the CosyVoice2 speakers in a model directory, `--version` prints the
+installed package's version.
 
 Exit codes: 0 success; 1 the action ran and failed (call not answered, voice not registered);
 2 the invocation or the configuration is wrong (one line on stderr naming the key or option).
 Heavy modules (the gateway, pjsua2, the CosyVoice2 engine) are imported only by the subcommand that
-needs them; `voice add` reaches tts_core through engines/cosyvoice2/voices.py, never directly.
+needs them; `voice` reaches tts_core through engines/cosyvoice2/voices.py, never directly.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from gateway.config import ConfigError, GatewayConfig, load_config
 
 PROG = "cosyvoice-gateway"
+# The engine loads its voices at start; SIGHUP re-reads only the config's `voices` aliases.
+VOICE_RESTART = "restart the gateway (systemctl restart cosyvoice-gateway) to use the change"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -32,6 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description="SIP gateway that speaks text onto phone calls.")
+    parser.add_argument("--version", action="version", version=f"{PROG} {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="answer SIP calls and speak")
@@ -58,11 +63,29 @@ def _parser() -> argparse.ArgumentParser:
     voice_commands = voice.add_subparsers(dest="voice_command", required=True)
     add = voice_commands.add_parser("add", help="register a speaker from a short prompt recording")
     add.add_argument("name")
-    add.add_argument("--wav", required=True, help="3-10 s of the speaker")
+    add.add_argument("--wav", required=True, help="1-12 s of the speaker (3-10 s of clean speech works best), "
+                                                  "recorded at 16 kHz or more")
     add.add_argument("--text", required=True, help="exactly what is said in the WAV")
     add.add_argument("--model-dir", required=True, help="the CosyVoice2 model directory")
+    add.add_argument("--replace", action="store_true", help="overwrite a voice of that name")
     add.set_defaults(run=_voice_add)
+    listing = voice_commands.add_parser("list", help="the voices the engine loads: name, prompt length, transcript")
+    listing.add_argument("--model-dir", required=True, help="the CosyVoice2 model directory")
+    listing.set_defaults(run=_voice_list)
+    remove = voice_commands.add_parser("remove", help="delete a voice added with `voice add`")
+    remove.add_argument("name")
+    remove.add_argument("--model-dir", required=True, help="the CosyVoice2 model directory")
+    remove.set_defaults(run=_voice_remove)
     return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("cosyvoice-gateway")
+    except PackageNotFoundError:  # run from a checkout that was never pip-installed
+        return "(not installed: pip install the checkout)"
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -117,18 +140,66 @@ def _call(args: argparse.Namespace) -> int:
     return 0 if result.answered else 1
 
 
+def _needs_tts(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """The voice commands need the `tts` extra; without it they say so in one line and exit 2."""
+    @functools.wraps(run)
+    def checked(args: argparse.Namespace) -> int:
+        from engines.cosyvoice2.voices import EnrolmentUnavailable
+
+        try:
+            return run(args)
+        except EnrolmentUnavailable as exc:
+            print(f"{PROG}: voice management is not available in this installation ({exc})", file=sys.stderr)
+            return 2
+    return checked
+
+
+@_needs_tts
 def _voice_add(args: argparse.Namespace) -> int:
-    from engines.cosyvoice2.voices import EnrolmentUnavailable, add_voice
+    from engines.cosyvoice2.voices import add_voice
 
     try:
-        add_voice(args.model_dir, args.name, args.wav, args.text)
-    except EnrolmentUnavailable as exc:
-        print(f"{PROG}: voice registration is not available in this installation ({exc})", file=sys.stderr)
-        return 2
+        path = add_voice(args.model_dir, args.name, args.wav, args.text, replace=args.replace)
+    except FileExistsError as exc:
+        print(f"{PROG}: {exc}; add --replace to overwrite it", file=sys.stderr)
+        return 1
     except (OSError, ValueError) as exc:
         print(f"{PROG}: voice {args.name!r} not added: {exc}", file=sys.stderr)
         return 1
-    print(f"voice {args.name!r} added to {args.model_dir}")
+    print(f"voice {args.name!r} {'replaced' if args.replace else 'added'}: {path}; {VOICE_RESTART}")
+    return 0
+
+
+@_needs_tts
+def _voice_list(args: argparse.Namespace) -> int:
+    from engines.cosyvoice2.voices import list_voices
+
+    try:
+        voices = list_voices(args.model_dir)
+    except (OSError, ValueError) as exc:
+        print(f"{PROG}: cannot list voices: {exc}", file=sys.stderr)
+        return 1
+    width = max((len(v.name) for v in voices), default=4)
+    for v in voices:
+        if v.problem:  # the engine would refuse to start with it: say so where the operator looks
+            print(f"{v.name:<{width}}  BROKEN  {v.problem}")
+        else:
+            text = v.transcript if len(v.transcript) <= 50 else v.transcript[:47] + "..."
+            print(f"{v.name:<{width}}  {v.prompt_seconds:5.1f} s  {text!r}  ({v.path})")
+    return 1 if any(v.problem for v in voices) else 0
+
+
+@_needs_tts
+def _voice_remove(args: argparse.Namespace) -> int:
+    from engines.cosyvoice2.voices import remove_voice
+
+    try:
+        paths = remove_voice(args.model_dir, args.name)
+    except (KeyError, OSError) as exc:
+        reason = exc.args[0] if isinstance(exc, KeyError) else exc
+        print(f"{PROG}: voice {args.name!r} not removed: {reason}", file=sys.stderr)
+        return 1
+    print(f"voice {args.name!r} removed from {', '.join(map(str, paths))}; {VOICE_RESTART}")
     return 0
 
 

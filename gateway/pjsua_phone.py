@@ -45,6 +45,9 @@ class CallResult:
     duration_s: float  # from answer (200 OK) to the end of the call; 0.0 if never answered
     ended_by: str  # "remote" (far end sent BYE or rejected), "timeout" (we hung up), "error"
     wav_path: str | None  # None when nothing was recorded (no answer or no audio stream)
+    peer: str = ""  # HOST:PORT the INVITE went to
+    waited_s: float = 0.0  # from the INVITE to the final response (or to our hang-up)
+    provisional: str = ""  # the last 1xx before the end, e.g. "180 Ringing"; "" if none came
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), ensure_ascii=False)
@@ -75,6 +78,7 @@ def call_in_this_process(uri: str, text: str | None, record_path: str | None = N
             self.ended_at: float | None = None
             self.status_code = 0
             self.reason = ""
+            self.provisional = ""
             self.recorder: pj.AudioMediaRecorder | None = None
 
         def onCallState(self, prm) -> None:
@@ -88,6 +92,8 @@ def call_in_this_process(uri: str, text: str | None, record_path: str | None = N
                 if self.answered_at is None:
                     self.status_code = info.lastStatusCode
                     self.reason = info.lastReason
+            elif 100 < info.lastStatusCode < 200 and self.answered_at is None:
+                self.provisional = f"{info.lastStatusCode} {info.lastReason}"
 
         def onCallMediaState(self, prm) -> None:
             if record_path is None or self.recorder is not None:
@@ -141,19 +147,23 @@ def call_in_this_process(uri: str, text: str | None, record_path: str | None = N
             header.hName = name
             header.hValue = value
             call_param.txOption.headers.append(header)
+        peer = _uri_peer(uri)
+        started = time.monotonic()
         try:
             phone.makeCall(uri, call_param)
         except pj.Error as exc:
-            return CallResult(False, 0, exc.info(), 0.0, "error", None)
+            return CallResult(False, 0, exc.reason or exc.info(), 0.0, "error", None, peer)
         ended_by = _wait_for_end(endpoint, phone, timeout_s, lambda: phone.hangup(pj.CallOpParam(True)))
 
         recorded = phone.recorder is not None
         phone.recorder = None  # destroying the writer finalises the WAV header
         ended_at = phone.ended_at or time.monotonic()
         duration = ended_at - phone.answered_at if phone.answered_at is not None else 0.0
+        final_at = phone.answered_at or (started + timeout_s if ended_by == "timeout" else ended_at)
         return CallResult(answered=phone.answered_at is not None, status_code=phone.status_code,
                           reason=phone.reason, duration_s=round(duration, 3), ended_by=ended_by,
-                          wav_path=record_path if recorded else None)
+                          wav_path=record_path if recorded else None, peer=peer,
+                          waited_s=round(final_at - started, 3), provisional=phone.provisional)
     finally:
         # The Call and Account wrappers must die before the library: their destructors call into it.
         del phone, account
@@ -200,6 +210,15 @@ def _uri_host(uri: str) -> str:
     if rest.startswith("["):
         return rest[: rest.index("]") + 1]
     return rest.split(":", 1)[0].split(";", 1)[0]
+
+
+def _uri_peer(uri: str) -> str:
+    """HOST:PORT a SIP URI is sent to (5060 when it names no port; RFC 3263 SRV look-ups aside)."""
+    host = _uri_host(uri)
+    rest = uri.split("@", 1)[-1] if "@" in uri else uri.split(":", 1)[-1]
+    rest = rest[len(host):] if rest.startswith(host) else ""
+    port = rest[1:].split(";", 1)[0].split(">", 1)[0] if rest.startswith(":") else ""
+    return f"{host}:{port or 5060}"
 
 
 def _prefer_codecs(endpoint, codecs: Sequence[str]) -> None:
@@ -270,8 +289,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def describe(result: CallResult) -> str:
+    """One line for the operator: answered, nobody answered in time, or who refused and how."""
     if not result.answered:
-        return f"not answered: {result.status_code} {result.reason}".rstrip()
+        if result.ended_by == "error":
+            return f"not answered: could not call {result.peer}: {result.reason}"
+        if result.ended_by == "timeout" or result.status_code in (0, 408):
+            # Our hang-up shows up as 487 Request Terminated, and 408 is the INVITE's own timer
+            # (RFC 3261 §17.1.1.2 Timer B): either way nobody answered, which is what to say.
+            rang = f" (it rang: {result.provisional})" if result.provisional else ""
+            return f"not answered: no answer from {result.peer} within {result.waited_s:.0f} s{rang}"
+        return f"not answered: {result.peer} refused the call with {result.status_code} {result.reason}".rstrip()
     recorded = f", recorded to {result.wav_path}" if result.wav_path else ""
     return f"answered, {result.duration_s:.1f} s, ended by {result.ended_by}{recorded}"
 

@@ -8,8 +8,9 @@ here loads in the official code and the official `spk2info.pt` loads here.
 
 `VoiceBank` holds `<model_dir>/spk2info.pt` plus every `<voices_dir>/*.pt` (default
 `<model_dir>/voices`); `register_voice` enrols a new voice from a wav and its transcript by running
-the two frontend ONNX models once, so synthesis never runs ONNX. Voice files are validated when
-loaded: a bad file is refused with a message naming it and the field, not at the first call.
+the two frontend ONNX models once (tts_core/voice_files.py, with the operator's `list_voices` and
+`remove_voice`), so synthesis never runs ONNX. Voice files are validated when loaded: a bad file is
+refused with a message naming the file, the voice and the field, not at the first call.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import structlog
 import torch
 
@@ -28,10 +28,16 @@ log = structlog.get_logger(__name__)
 
 MEL_BINS = 80
 EMBEDDING_DIM = 192
-MAX_PROMPT_SECONDS = 30.0  # the speech tokenizer's (Whisper encoder's) input limit
 PROMPT_RATE = 16_000  # speech tokens and the speaker embedding are computed at 16 kHz
 MEL_RATE = 24_000  # the prompt mel at the output rate
 FRAMES_PER_TOKEN = 2  # 50 Hz mel frames per 25 Hz speech token
+TOKEN_RATE = 25  # speech tokens per second of prompt
+# Prompt bounds. The official tokenizer takes up to 30 s, but the flow pool holds 600 prompt frames
+# per voice (runtime/chunk_render.FlowPoolSettings.voice_frames 500 + two 50-frame chunks): 12 s.
+# A longer voice would fail every start, so it is refused when added and, naming it, when loaded.
+MIN_PROMPT_SECONDS = 1.0
+MAX_PROMPT_SECONDS = 12.0
+MAX_PROMPT_TOKENS = int(MAX_PROMPT_SECONDS * TOKEN_RATE)
 
 
 @dataclass(frozen=True, eq=False)
@@ -69,6 +75,9 @@ class Voice:
                 raise ValueError(f"{where}: {key} has {emb.numel()} values, expected {EMBEDDING_DIM}")
             embeddings[key] = emb
         flow_tokens = tokens("flow_prompt_speech_token")
+        if len(flow_tokens) > MAX_PROMPT_TOKENS:
+            raise ValueError(f"{where}: its prompt is {len(flow_tokens) / TOKEN_RATE:.1f} s; at most "
+                             f"{MAX_PROMPT_SECONDS:g} s fits (remove it, or add it again from a shorter recording)")
         if feat.shape[0] != FRAMES_PER_TOKEN * len(flow_tokens):
             raise ValueError(f"{where}: prompt_speech_feat has {feat.shape[0]} frames for {len(flow_tokens)} "
                              f"prompt tokens; expected {FRAMES_PER_TOKEN} per token")
@@ -99,17 +108,16 @@ class Voice:
 
 
 def read_spk2info(path: Path) -> list[Voice]:
-    raw = torch.load(path, map_location="cpu", weights_only=False)
-    if not isinstance(raw, Mapping):
-        raise ValueError(f"{path}: not a speaker file (expected a mapping name -> speaker entry)")
-    return [Voice.from_spk2info(str(name), entry, str(path)) for name, entry in raw.items()]
+    """Every voice in one spk2info file, validated; ValueError names the file (and the voice and field)."""
+    ((_, entries),) = raw_voice_files_of([path])
+    if isinstance(entries, str):
+        raise ValueError(entries)
+    return [Voice.from_spk2info(str(name), entry, str(path)) for name, entry in entries.items()]
 
 
 def write_spk2info(path: Path, voices: list[Voice]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save({v.name: v.to_spk2info() for v in voices}, tmp)
-    tmp.replace(path)  # a reader never sees a half-written file
+    write_raw(path, {v.name: v.to_spk2info() for v in voices})
 
 
 class VoiceBank:
@@ -123,14 +131,14 @@ class VoiceBank:
     def load(cls, model_dir: str | Path, voices_dir: str | Path | None = None) -> VoiceBank:
         """`<model_dir>/spk2info.pt` (if any), then `<voices_dir>/*.pt`; a later file wins a name clash."""
         model_dir = Path(model_dir)
-        voices_dir = Path(voices_dir) if voices_dir is not None else model_dir / "voices"
-        files = [model_dir / "spk2info.pt"] if (model_dir / "spk2info.pt").is_file() else []
-        if voices_dir.is_dir():
-            files += sorted(voices_dir.glob("*.pt"))
+        voices_dir = voices_dir_of(model_dir, voices_dir)
+        files = raw_voice_files(model_dir, voices_dir)
         bank = cls()
-        for path in files:
-            for voice in read_spk2info(path):
-                bank.add(voice)
+        for path, entries in files:
+            if isinstance(entries, str):
+                raise ValueError(entries)
+            for name, entry in entries.items():
+                bank.add(Voice.from_spk2info(str(name), entry, str(path)))
         log.info("tts_voices_loaded", count=len(bank), files=len(files), voices_dir=str(voices_dir))
         return bank
 
@@ -161,80 +169,31 @@ class VoiceBank:
         return iter(self.names())
 
 
-# ---- enrolment ----------------------------------------------------------------------------------
-
-def register_voice(model_dir: str | Path, name: str, wav_path: str | Path, transcript: str,
-                   voices_dir: str | Path | None = None) -> Path:
-    """Enrol `wav_path` (the speaker saying `transcript`) as voice `name`; returns the file written,
-    `<voices_dir>/<name>.pt` (default voices_dir `<model_dir>/voices`)."""
-    model_dir = Path(model_dir)
-    if not name or not name.replace("_", "").replace("-", "").isalnum():
-        raise ValueError(f"voice name {name!r}: use letters, digits, '-' and '_' only")
-    voice = extract_voice(model_dir, name, Path(wav_path), transcript)
-    target_dir = Path(voices_dir) if voices_dir is not None else model_dir / "voices"
-    path = target_dir / f"{name}.pt"
-    write_spk2info(path, [voice])
-    log.info("tts_voice_registered", voice=name, path=str(path), prompt_tokens=len(voice.flow_prompt_speech_token),
-             prompt_text_tokens=len(voice.prompt_text))
-    return path
+def voices_dir_of(model_dir: Path, voices_dir: str | Path | None) -> Path:
+    return Path(voices_dir) if voices_dir is not None else model_dir / "voices"
 
 
-def extract_voice(model_dir: Path, name: str, wav_path: Path, transcript: str) -> Voice:
-    """The official zero-shot frontend (`frontend_zero_shot`) for one prompt: speech tokens and the
-    CAM++ embedding from the 16 kHz wav, the prompt mel from that wav resampled to 24 kHz, both
-    trimmed to 2 mel frames per token."""
-    # Imported here: enrolment is an offline step, synthesis must not need onnxruntime.
-    from tts_core.features.campplus_fbank import campplus_fbank
-    from tts_core.features.prompt_mel import PromptMelConfig, prompt_mel
-    from tts_core.features.wav_file import load_wav, resample
-    from tts_core.features.whisper_logmel import whisper_logmel
-    from tts_core.model_dir import ModelDir
-    from tts_core.text.normalize import TextNormalizer
-    from tts_core.text.tokenizer import TextTokenizer
-
-    if not transcript or not transcript.strip():
-        raise ValueError("transcript is empty: give the words spoken in the prompt wav")
-    md = ModelDir.open(model_dir)
-    for path, what in ((md.campplus_path, "campplus.onnx"), (md.speech_tokenizer_path, "speech_tokenizer_v2.onnx")):
-        if path is None:
-            raise FileNotFoundError(f"{model_dir / what} is missing: voice enrolment needs it")
-    if not wav_path.is_file():
-        raise FileNotFoundError(f"prompt wav not found: {wav_path}")
-    wav16 = load_wav(wav_path, PROMPT_RATE)
-    seconds = wav16.shape[0] / PROMPT_RATE
-    if seconds > MAX_PROMPT_SECONDS:
-        raise ValueError(f"{wav_path}: prompt is {seconds:.1f} s; the speech tokenizer takes at most "
-                         f"{MAX_PROMPT_SECONDS:.0f} s (3-10 s of clean speech works best)")
-    if seconds < 0.5:
-        raise ValueError(f"{wav_path}: prompt is {seconds:.2f} s; give at least a second of speech")
-
-    logmel = whisper_logmel(wav16, n_mels=128)
-    tokens = _run_onnx(md.speech_tokenizer_path, [logmel.numpy(), np.array([logmel.shape[2]], dtype=np.int32)])
-    tokens = tokens.reshape(-1).astype(np.int64)
-    embedding = _run_onnx(md.campplus_path, [campplus_fbank(wav16)[None].numpy()]).reshape(-1)
-    mel_config = PromptMelConfig.from_yaml(md.config)
-    wav24 = resample(wav16.numpy(), PROMPT_RATE, mel_config.sample_rate)
-    feat = prompt_mel(wav24, mel_config)
-    # Official rule for 24 kHz models: exactly two mel frames per token, cut to the shorter of the two.
-    n_tokens = min(feat.shape[0] // FRAMES_PER_TOKEN, len(tokens))
-    if n_tokens == 0:
-        raise ValueError(f"{wav_path}: the speech tokenizer found no speech tokens")
-    tokenizer = TextTokenizer(md.qwen_dir)
-    prompt_text = tokenizer.encode(TextNormalizer(tokenizer).normalize(transcript))
-    speech = tuple(int(t) for t in tokens[:n_tokens])
-    emb = torch.from_numpy(embedding.astype(np.float32))
-    return Voice(name=name, prompt_text=tuple(prompt_text), llm_prompt_speech_token=speech,
-                 flow_prompt_speech_token=speech, prompt_speech_feat=feat[:FRAMES_PER_TOKEN * n_tokens].contiguous(),
-                 llm_embedding=emb, flow_embedding=emb.clone())
+def raw_voice_files(model_dir: Path, voices_dir: Path) -> list[tuple[Path, Mapping[str, Any] | str]]:
+    """The files VoiceBank.load reads, in its order, each with its unvalidated entries (or, for a
+    file that does not unpickle to a mapping, the reason)."""
+    files = [model_dir / "spk2info.pt"] if (model_dir / "spk2info.pt").is_file() else []
+    return raw_voice_files_of(files + (sorted(voices_dir.glob("*.pt")) if voices_dir.is_dir() else []))
 
 
-def _run_onnx(path: Path, inputs: list[np.ndarray]) -> np.ndarray:
-    import onnxruntime
+def raw_voice_files_of(files: list[Path]) -> list[tuple[Path, Mapping[str, Any] | str]]:
+    loaded: list[tuple[Path, Mapping[str, Any] | str]] = []
+    for path in files:
+        try:
+            raw = torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as exc:  # a truncated or foreign file: unpickling raises anything
+            loaded.append((path, f"{path}: not a readable speaker file ({type(exc).__name__}: {exc})"))
+            continue
+        loaded.append((path, raw if isinstance(raw, Mapping) else
+                       f"{path}: not a speaker file (expected a mapping name -> speaker entry)"))
+    return loaded
 
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = 1  # an offline step; leave the cores to live calls
-    session = onnxruntime.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
-    names = [i.name for i in session.get_inputs()]
-    if len(names) != len(inputs):
-        raise ValueError(f"{path}: expects {len(names)} inputs ({', '.join(names)}), not {len(inputs)}")
-    return session.run(None, dict(zip(names, inputs)))[0]
+
+def write_raw(path: Path, entries: Mapping[str, Any]) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save(dict(entries), tmp)
+    tmp.replace(path)  # a reader never sees a half-written file

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gateway.pjsua_phone import RECORD_RATE, place_call
+from gateway.pjsua_phone import RECORD_RATE, describe, place_call
 
 pytest.importorskip("pjsua2")
 pytestmark = [pytest.mark.sipp, pytest.mark.skipif(shutil.which("sipp") is None, reason="sipp not installed")]
@@ -76,22 +76,36 @@ ANSWER_PLAY_BYE = """<?xml version="1.0" encoding="ISO-8859-1" ?>
 </scenario>
 """
 
-BUSY = """<?xml version="1.0" encoding="ISO-8859-1" ?>
-<scenario name="busy">
-  <recv request="INVITE" />
-  <send>
+def reply(status: str, cseq: str = "[last_CSeq:]") -> str:
+    """A SIPp <send> of a body-less response to the last request, To-tagged as ours."""
+    return f"""  <send>
     <![CDATA[
-      SIP/2.0 486 Busy Here
+      SIP/2.0 {status}
       [last_Via:]
       [last_From:]
       [last_To:];tag=[pid]SIPpTag01[call_number]
       [last_Call-ID:]
-      [last_CSeq:]
+      {cseq}
       Content-Length: 0
 
     ]]>
   </send>
-  <recv request="ACK" />
+"""
+
+
+BUSY = f"""<?xml version="1.0" encoding="ISO-8859-1" ?>
+<scenario name="busy">
+  <recv request="INVITE" />
+{reply("486 Busy Here")}  <recv request="ACK" />
+</scenario>
+"""
+
+# Ring, never answer; take the CANCEL the phone sends at its timeout and end the INVITE with 487.
+RING_NO_ANSWER = f"""<?xml version="1.0" encoding="ISO-8859-1" ?>
+<scenario name="ring, no answer">
+  <recv request="INVITE" />
+{reply("180 Ringing")}  <recv request="CANCEL" />
+{reply("200 OK")}{reply("487 Request Terminated", "CSeq: [cseq] INVITE")}  <recv request="ACK" />
 </scenario>
 """
 
@@ -149,6 +163,16 @@ def test_rejected_call_reports_the_status(tmp_path: Path):
     assert not result.answered
     assert result.status_code == 486
     assert result.wav_path is None
+    assert describe(result) == f"not answered: 127.0.0.1:{port} refused the call with 486 Busy Here"
+
+
+def test_a_ringing_call_nobody_answers_says_so_not_487(tmp_path: Path):
+    port = free_udp_port()
+    sipp = start_sipp(tmp_path, RING_NO_ANSWER, port)
+    result = place_call(f"sip:tts@127.0.0.1:{port}", "hello", None, timeout_s=2)
+    assert sipp.wait(timeout=20) == 0, sipp.stderr.read().decode()  # it saw our CANCEL
+    assert not result.answered and result.ended_by == "timeout"
+    assert describe(result) == f"not answered: no answer from 127.0.0.1:{port} within 2 s (it rang: 180 Ringing)"
 
 
 def test_phone_hangs_up_at_the_timeout(tmp_path: Path):

@@ -8,6 +8,7 @@ same names, shapes and dtypes, so voice registration runs the real onnxruntime p
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -64,3 +65,11 @@ def write_speech_tokenizer_standin(path: Path, codebook: int = 6561, seed: int =
         ],
     )
     return _save(graph, path)
+
+
+def model_dir_for_enrolment(model_dir: Path, target: Path) -> Path:
+    """A copy of `model_dir` at `target` with both stand-ins written into it (voice enrolment runs there)."""
+    shutil.copytree(model_dir, target)
+    write_campplus_standin(target / "campplus.onnx")
+    write_speech_tokenizer_standin(target / "speech_tokenizer_v2.onnx")
+    return target

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.engine_service.api.api_server import KEY, serve
+from tests.engine_service.api.api_server import KEY, GatedEngine, serve
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -31,18 +31,15 @@ from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def server_url() -> Iterator[str]:
-    """An espeak-backed API server on a thread of its own."""
-    from engines.espeak import EspeakEngine
-
+def serve_on_a_thread(make_engine) -> Iterator[str]:
+    """An API server around `make_engine()` on a thread and loop of its own; yields its URL."""
     ready: dict[str, str] = {}
     started, stop = threading.Event(), None
 
     async def run() -> None:
         nonlocal stop
         stop = asyncio.Event()
-        engine = EspeakEngine()
+        engine = make_engine()
         await engine.start()
         async with serve(engine) as server:
             ready["url"] = server.url
@@ -57,6 +54,27 @@ def server_url() -> Iterator[str]:
     yield ready["url"]
     loop.call_soon_threadsafe(stop.set)
     thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def server_url() -> Iterator[str]:
+    """An espeak-backed API server."""
+    from engines.espeak import EspeakEngine
+
+    yield from serve_on_a_thread(EspeakEngine)
+
+
+@pytest.fixture(scope="module")
+def gated() -> Iterator[tuple[str, GatedEngine, asyncio.AbstractEventLoop]]:
+    """A server whose engine sends its first chunk and holds the rest until its gate opens; with its loop."""
+    made: list = []
+
+    def make() -> GatedEngine:
+        made.extend([GatedEngine(chunks=50), asyncio.get_running_loop()])
+        return made[0]
+
+    for url in serve_on_a_thread(make):
+        yield url, made[0], made[1]
 
 
 @pytest.fixture(scope="module")
@@ -108,3 +126,78 @@ def test_page_reports_a_wrong_key(server_url, browser):
     browser.find_element(By.ID, "key").send_keys("not-the-right-key-000", Keys.TAB)
     WebDriverWait(browser, 20).until(lambda driver: body_data(driver, "state") == "error")
     assert "invalid_api_key" in browser.find_element(By.ID, "status").text
+
+
+def fresh_page(browser, url: str) -> None:
+    browser.get(url + "/")
+    browser.execute_script("localStorage.clear()")
+    browser.get(url + "/")
+
+
+def enter_key(browser, key: str = KEY) -> None:
+    field = browser.find_element(By.ID, "key")
+    field.clear()
+    field.send_keys(key, Keys.TAB)
+
+
+def test_the_key_stays_in_memory_unless_remember_is_ticked(server_url, browser):
+    fresh_page(browser, server_url)
+    enter_key(browser)
+    WebDriverWait(browser, 20).until(lambda driver: body_data(driver, "voices") == "2")
+    assert browser.execute_script("return localStorage.getItem('tts_api_key')") is None
+    browser.get(server_url + "/")
+    assert browser.find_element(By.ID, "key").get_attribute("value") == ""  # gone with the page
+
+    enter_key(browser)
+    browser.find_element(By.ID, "remember").click()
+    assert browser.execute_script("return localStorage.getItem('tts_api_key')") == KEY
+    browser.get(server_url + "/")
+    assert browser.find_element(By.ID, "key").get_attribute("value") == KEY
+    assert browser.find_element(By.ID, "remember").is_selected()
+    WebDriverWait(browser, 20).until(lambda driver: body_data(driver, "voices") == "2")  # listed with it
+    browser.find_element(By.ID, "remember").click()  # untick: forgotten at once
+    assert browser.execute_script("return localStorage.getItem('tts_api_key')") is None
+
+
+def test_a_new_request_clears_the_last_error_and_figures(server_url, browser):
+    fresh_page(browser, server_url)
+    enter_key(browser, "not-the-right-key-000")
+    WebDriverWait(browser, 20).until(lambda driver: body_data(driver, "state") == "error")
+    enter_key(browser)
+    WebDriverWait(browser, 20).until(lambda driver: body_data(driver, "state") == "ready")
+    assert "invalid_api_key" not in browser.find_element(By.ID, "status").text
+
+    text = browser.find_element(By.ID, "text")
+    text.clear()
+    text.send_keys("Short.")
+    browser.find_element(By.ID, "speak").click()
+    WebDriverWait(browser, 60).until(lambda driver: body_data(driver, "state") in ("played", "error"))
+    assert body_data(browser, "state") == "played" and body_data(browser, "ttfa-ms") is not None
+
+    text.clear()  # an empty text is refused: the last request's figures must not stay beside the error
+    browser.find_element(By.ID, "speak").click()
+    WebDriverWait(browser, 20).until(lambda driver: body_data(driver, "state") == "error")
+    assert "empty_text" in browser.find_element(By.ID, "status").text
+    assert [browser.find_element(By.ID, name).text for name in ("ttfa", "received", "played")] == ["–"] * 3
+    assert body_data(browser, "ttfa-ms") is None and body_data(browser, "played-seconds") is None
+
+
+def test_stop_aborts_the_stream(gated, browser):
+    url, engine, loop = gated
+    fresh_page(browser, url)
+    enter_key(browser)
+    WebDriverWait(browser, 20).until(lambda driver: body_data(driver, "voices") == "2")
+    stop = browser.find_element(By.ID, "stop")
+    assert not stop.is_enabled()
+    browser.find_element(By.ID, "speak").click()
+    # The first chunk is scheduled; the engine holds the rest, so the stream is open when Stop is clicked.
+    WebDriverWait(browser, 20).until(lambda driver: body_data(driver, "ttfa-ms") is not None)
+    assert len(engine.channels) == 1 and not engine.channels[0].cancelled
+    stop.click()
+    assert body_data(browser, "state") == "stopped" and browser.find_element(By.ID, "status").text == "Stopped."
+    assert not stop.is_enabled()
+    # The engine goes on; its next write finds the connection closed, and the server cancels the
+    # engine's stream (aiohttp notices a gone client when it writes).
+    loop.call_soon_threadsafe(engine.gate.set)
+    WebDriverWait(browser, 10).until(lambda driver: engine.channels[0].cancelled)
+    assert body_data(browser, "state") == "stopped" and body_data(browser, "received-seconds") is None
