@@ -1,7 +1,8 @@
 """The SIP user-agent server core (RFC 3261 §8.2, §12-§15): admits INVITEs and runs their dialogs.
 
-`SipServer` receives every message from the transport, applies the edge policy (per-source rate
-limit before parsing -> cheap 503 or drop, parse errors -> 400/505, source allow-list -> 403,
+`SipServer` receives every message from the transport, applies the edge policy (before parsing: a
+source outside the allow-list -> a few cheap 403s, the rest dropped; the flood budgets of rate_limit.py
+-> cheap 503 or drop, requests of live calls exempt; then parse errors -> 400/505,
 Max-Forwards 0 -> 483, unknown URI scheme -> 416, merged request -> 482, bad SDP offer -> 488/415,
 capacity and draining -> 503), hands requests to transactions and answers each method. Each new INVITE becomes an `InboundCall` (inbound_call.py) that
 the call layer drives; every name the call layer uses is importable from this module.
@@ -28,7 +29,7 @@ import structlog
 from gateway import metrics
 from gateway.sip.dialog import DialogKey, new_tag
 from gateway.sip.edge_replies import (
-    cheap_503,
+    cheap_reply,
     malformed_reply,
     response_address,
     stamp_via,
@@ -53,7 +54,14 @@ from gateway.sip.message import (
     make_response,
     parse,
 )
-from gateway.sip.rate_limit import SourceRateLimiter
+from gateway.sip.rate_limit import (
+    ALL_SOURCES,
+    FloodGuard,
+    FloodLimits,
+    Verdict,
+    looks_like_sip,
+    raw_call_id,
+)
 from gateway.sip.transaction import (
     InviteServerTransaction,
     NonInviteClientTransaction,
@@ -91,7 +99,7 @@ class SipSettings:
     user_agent: str = "cosyvoice-gateway"
     advertised_host: str | None = None  # host for Contact/SDP if different from listen_host
     stream_limits: StreamLimits = field(default_factory=StreamLimits)
-    max_requests_per_s_per_source: float = 100.0  # burst: twice this; over it -> cheap 503 or drop
+    flood: FloodLimits = field(default_factory=FloodLimits)  # budgets before parsing (rate_limit.py)
 
 
 class SipServer:
@@ -106,11 +114,12 @@ class SipServer:
         self._timers = Timers(settings.t1, settings.t2, settings.t4)
         self._transport = SipTransport(settings.listen_host, settings.listen_port, settings.transports,
                                        self._on_message, self._on_stream_error, settings.stream_limits,
-                                       self._address_allowed)
+                                       self._address_allowed, self._keepalive_within_budget)
         self._transactions = TransactionTable()
         self._calls: dict[DialogKey, InboundCall] = {}
+        self._live_call_ids: dict[str, int] = {}  # Call-ID -> dialogs: found before parsing (flood exemption)
         self._tasks: set[asyncio.Task[None]] = set()
-        self._limiter = SourceRateLimiter(settings.max_requests_per_s_per_source)
+        self._flood = FloodGuard(settings.flood)
         self._sweeper: asyncio.TimerHandle | None = None
         self._sparse_log = LogBudget(log)
         self._services = UasServices(settings.user_agent, settings.retry_after_s, self._timers,
@@ -142,17 +151,15 @@ class SipServer:
     # --- receiving ------------------------------------------------------------------------------
 
     def _on_message(self, data: bytes, peer: Peer) -> None:
-        verdict = self._limiter.check(peer.address[0], time.monotonic())
-        if not verdict.admit:  # before parsing: a flood costs a dict lookup and, at most, a cheap 503
-            if verdict.episode_started:
-                log.warning("sip_flood_started", source=_short(peer.address[0]),
-                            limit_per_s=self.settings.max_requests_per_s_per_source)
-            if (not data.startswith((b"SIP/", b"ACK ")) and not self._is_retransmission(data)
-                    and self._limiter.take_reply(peer.address[0])):
-                metrics.sip_rate_limited_total.labels(action="503").inc()
-                self._cheap_503(data, peer)
-            else:  # a dropped retransmission is harmless; a 503 to it would end a live transaction
-                metrics.sip_rate_limited_total.labels(action="dropped").inc()
+        # Before parsing, so a flood costs a dict lookup or two and, at most, a cheap answer.
+        source, now = peer.address[0], time.monotonic()
+        if not self._address_allowed(source) and not self._of_live_call(data, now):
+            self._refuse_stranger(data, peer, now)
+            return
+        junk = not looks_like_sip(data)
+        verdict = self._flood.check(source, now, junk=junk)
+        if not verdict.admit and (junk or not self._of_live_call(data, now)):
+            self._shed(data, peer, verdict, junk)
             return
         try:
             message = parse(data, stream=peer.transport == "tcp")
@@ -168,6 +175,43 @@ class SipServer:
                 transaction.on_response(message)
             return
         self._on_request(message, peer)
+
+    def _of_live_call(self, data: bytes, now: float) -> bool:
+        """A request of a call in progress (by its raw Call-ID, within that call's own budget): it
+        passes budgets a flood has spent, so a BYE, ACK or re-INVITE of a live call is never shed.
+        Its tags are checked after parsing (481 when they name no dialog)."""
+        call_id = raw_call_id(data) if self._live_call_ids else None
+        return call_id in self._live_call_ids and self._flood.admit_in_dialog(call_id, now)
+
+    def _refuse_stranger(self, data: bytes, peer: Peer, now: float) -> None:
+        """Outside the allow-list: not parsed. A few cheap 403s a second in total (so a misconfigured
+        PBX learns why), sent to the source address only; the rest dropped (no amplifier, no scan aid)."""
+        metrics.sip_dropped_total.labels(reason="not_allowed").inc()
+        if (looks_like_sip(data) and not data.startswith((b"SIP/", b"ACK "))
+                and self._flood.take_stranger_reply(now)):
+            self._cheap_reply(data, peer, 403, "Forbidden")
+
+    def _shed(self, data: bytes, peer: Peer, verdict: Verdict, junk: bool) -> None:
+        budget = ("junk" if junk else "requests") + ("_total" if verdict.source == ALL_SOURCES else "")
+        metrics.sip_shed_total.labels(budget=budget).inc()
+        if verdict.episode_started:
+            limits = self.settings.flood
+            limit = {"requests": limits.per_source_per_s, "requests_total": limits.total_per_s,
+                     "junk": limits.junk_per_source_per_s, "junk_total": limits.junk_total_per_s}[budget]
+            log.warning("sip_flood_started", source=_short(verdict.source), budget=budget, limit_per_s=limit)
+        if (not junk and not data.startswith((b"SIP/", b"ACK ")) and not self._is_retransmission(data)
+                and self._flood.take_reply(peer.address[0])):
+            metrics.sip_rate_limited_total.labels(action="503").inc()
+            self._cheap_reply(data, peer, 503, "Service Unavailable")
+        else:  # a dropped retransmission is harmless; a 503 to it would end a live transaction
+            metrics.sip_rate_limited_total.labels(action="dropped").inc()
+
+    def _keepalive_within_budget(self, source: str, pings: int) -> bool:
+        """TCP keep-alives (RFC 5626 §3.5.1) cost a request each from the source's budget."""
+        verdict = self._flood.check(source, time.monotonic(), cost=pings)
+        if not verdict.admit:
+            metrics.sip_shed_total.labels(budget="keepalive").inc()
+        return verdict.admit
 
     def _answer_malformed(self, error: ParseError, peer: Peer) -> None:
         """§21.4.1: 400 (414 for a Request-URI too long, §21.4.12; 505 for another SIP version,
@@ -196,12 +240,13 @@ class SipServer:
         match = _BRANCH.search(data, 0, 4096)
         return match is not None and self._transactions.has_branch(match.group(1).decode("latin-1"))
 
-    def _cheap_503(self, data: bytes, peer: Peer) -> None:
-        """A 503 without parsing or a transaction (§21.5.4), sent to the source address only."""
-        response = cheap_503(data, self.settings.retry_after_s)
+    def _cheap_reply(self, data: bytes, peer: Peer, status: int, reason: str) -> None:
+        """An answer without parsing or a transaction (503: §21.5.4), sent to the source address only."""
+        extra = (f"Retry-After: {self.settings.retry_after_s}",) if status == 503 else ()
+        response = cheap_reply(data, status, reason, extra)
         if response is None:
             return
-        metrics.sip_responses_total.labels(code="503").inc()
+        metrics.sip_responses_total.labels(code=str(status)).inc()
         self._transport.send(response, peer.transport, peer.address, peer.connection)
 
     def _on_request(self, request: SipRequest, peer: Peer) -> None:
@@ -293,6 +338,7 @@ class SipServer:
         transaction.respond(self._simple(invite, 100, "Trying"))  # §17.2.1: stop INVITE retransmits
         call = InboundCall(self._services, invite, transaction, peer, received_at)
         self._calls[call.dialog.key] = call
+        self._live_call_ids[call.call_id] = self._live_call_ids.get(call.call_id, 0) + 1
         log.info("sip_invite", call_id=_short(call.call_id), user=_short(call.request_user),
                  transport=peer.transport, source=f"{peer.address[0]}:{peer.address[1]}")
         try:
@@ -350,7 +396,7 @@ class SipServer:
     def _sweep(self) -> None:
         self._sweeper = asyncio.get_running_loop().call_later(_SWEEP_S, self._sweep)
         self._sparse_log.roll()
-        for source, shed in self._limiter.finished_episodes(time.monotonic()):
+        for source, shed in self._flood.finished_episodes(time.monotonic()):
             log.warning("sip_flood_ended", source=_short(source), requests_shed=shed)
 
     # --- sending --------------------------------------------------------------------------------
@@ -401,6 +447,11 @@ class SipServer:
     def _forget(self, call: InboundCall) -> None:
         if self._calls.get(call.dialog.key) is call:
             del self._calls[call.dialog.key]
+            left = self._live_call_ids.pop(call.call_id, 1) - 1
+            if left:
+                self._live_call_ids[call.call_id] = left
+            else:
+                self._flood.call_ended(call.call_id)
 
     def _spawn(self, coroutine) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)
