@@ -56,13 +56,14 @@ sip_rate_limited_total = Counter(
 sip_shed_total = Counter(
     "gateway_sip_shed_total",
     "Messages shed before parsing, by the sip.flood budget that was spent (requests, requests_total, junk, "
-    "junk_total, keepalive)",
+    "junk_total; tcp: keep-alives or a new connection over the source's budget)",
     ["budget"],
     registry=registry,
 )
 sip_tcp_refused_total = Counter(
     "gateway_sip_tcp_refused_total",
-    "TCP connections closed at accept, by reason (not_allowed, max_connections, max_connections_per_source)",
+    "TCP connections closed at accept, by reason (not_allowed, max_connections, max_connections_per_source, "
+    "over_budget: the source's sip.flood budget is spent)",
     ["reason"],
     registry=registry,
 )

@@ -73,6 +73,8 @@ class _Bucket:
         if self.tokens >= cost:
             self.tokens -= cost
             return True
+        if cost > 1:  # a batch over budget (keep-alives in one read) spends what is left
+            self.tokens = 0.0
         self.shed += 1
         return False
 

@@ -7,8 +7,8 @@ Content-Length delimits messages on TCP). Every received message is handed up as
 What a TCP peer may cost is bounded by `StreamLimits`: connections in total and per source (checked,
 with the trunk allow-list, at accept), idle and read timeouts, the size of one message, and the bytes
 queued for a peer that does not read (over it the connection is closed). Keep-alives (RFC 5626 §3.5.1)
-are charged to the source's budget through `KeepaliveBudget`; a peer over it is closed, never answered
-without limit. One connection never holds the loop: a read that carries many messages is handled
+and new connections are charged to the source's request budget through `SourceBudget`; a peer over it
+is closed (refused at accept), never answered without limit. One connection never holds the loop: a read that carries many messages is handled
 `_MESSAGES_PER_TURN` at a time, reading paused, the rest on the loop's next turns (the packet clock
 runs between them).
 """
@@ -36,6 +36,7 @@ _FD_RESERVE = 256  # descriptors kept free for RTP/RTCP sockets, /healthz and lo
 # ms however many a peer pipelines (2,000 in one write held the clock 89-114 ms when handled at once).
 _MESSAGES_PER_TURN = 8
 _CRLF_RUN = re.compile(rb"(?:\r\n)+")
+_KEEPALIVE_WINDOW = 4096  # bytes of a CRLF run looked at, and charged, at once (1,024 pings)
 
 
 @dataclass(frozen=True)
@@ -64,8 +65,8 @@ OnMessage = Callable[[bytes, Peer], None]
 # A stream whose framing broke: the header block (may be empty), the peer, and the status to answer.
 OnStreamError = Callable[[bytes, Peer, int, str], None]
 SourceAllowed = Callable[[str], bool]
-# Whether `pings` keep-alives from a source are within its budget (a peer over it is closed).
-KeepaliveBudget = Callable[[str, int], bool]
+# Whether a source may spend `cost` requests now (keep-alive pings, a new connection); a peer over it is closed.
+SourceBudget = Callable[[str, int], bool]
 
 
 class _DatagramEndpoint(asyncio.DatagramProtocol):
@@ -221,12 +222,13 @@ class _StreamConnection(asyncio.Protocol):
         buffer = self._buffer
         if self._frame_length is None:
             # RFC 5626 §3.5.1: CRLFCRLF is a keep-alive ping answered with CRLF; stray CRLFs are skipped.
-            run = _CRLF_RUN.match(buffer)
-            if run is not None:
+            while (run := _CRLF_RUN.match(buffer, 0, _KEEPALIVE_WINDOW)) is not None:
                 if not self._keepalive(run.end()):
                     return False
                 del buffer[: run.end()]
                 self._scanned = 0
+                if run.end() < _KEEPALIVE_WINDOW:
+                    break
             end = buffer.find(b"\r\n\r\n", max(0, self._scanned - 3))
             if end < 0:
                 self._scanned = len(buffer)
@@ -256,11 +258,11 @@ class _StreamConnection(asyncio.Protocol):
         return True
 
     def _keepalive(self, length: int) -> bool:
-        """One run of CRLFs (one read's worth at most): charged to the source's budget, one ping per
+        """One run of CRLFs (a window of it at most): charged to the source's budget, one ping per
         CRLFCRLF, and answered with one pong; a peer over its budget is closed (an honest one pings
         every 30 s or more, RFC 5626 §4.4.1), so no byte stream can make us answer without limit."""
         pings = length // 4
-        if not self._layer._keepalive_within_budget(self.address[0], max(1, pings)):
+        if not self._layer._within_budget(self.address[0], max(1, pings)):
             metrics.sip_tcp_closed_total.labels(reason="keepalive_flood").inc()
             self._abort()
             return False
@@ -282,9 +284,9 @@ class SipTransport:
     def __init__(self, host: str, port: int, transports: tuple[str, ...], on_message: OnMessage,
                  on_stream_error: OnStreamError | None = None, limits: StreamLimits = StreamLimits(),
                  source_allowed: SourceAllowed | None = None,
-                 keepalive_budget: KeepaliveBudget | None = None) -> None:
+                 budget: SourceBudget | None = None) -> None:
         self._host, self._port, self._kinds = host, port, transports
-        self._keepalive_budget = keepalive_budget
+        self._budget = budget
         self._on_message = on_message
         self._on_stream_error = on_stream_error
         self._source_allowed = source_allowed
@@ -311,10 +313,12 @@ class SipTransport:
             return "max_connections"
         if self._per_source.get(source, 0) >= self.limits.max_connections_per_source:
             return "max_connections_per_source"
+        if not self._within_budget(source, 1):  # a peer closed for flooding must not simply reconnect
+            return "over_budget"
         return None
 
-    def _keepalive_within_budget(self, source: str, pings: int) -> bool:
-        return self._keepalive_budget is None or self._keepalive_budget(source, pings)
+    def _within_budget(self, source: str, cost: int) -> bool:
+        return self._budget is None or self._budget(source, cost)
 
     async def start(self) -> None:
         # With port 0, UDP picks a free port first and TCP must get the same one; retry if taken.

@@ -114,7 +114,7 @@ class SipServer:
         self._timers = Timers(settings.t1, settings.t2, settings.t4)
         self._transport = SipTransport(settings.listen_host, settings.listen_port, settings.transports,
                                        self._on_message, self._on_stream_error, settings.stream_limits,
-                                       self._address_allowed, self._keepalive_within_budget)
+                                       self._address_allowed, self._within_budget)
         self._transactions = TransactionTable()
         self._calls: dict[DialogKey, InboundCall] = {}
         self._live_call_ids: dict[str, int] = {}  # Call-ID -> dialogs: found before parsing (flood exemption)
@@ -206,11 +206,11 @@ class SipServer:
         else:  # a dropped retransmission is harmless; a 503 to it would end a live transaction
             metrics.sip_rate_limited_total.labels(action="dropped").inc()
 
-    def _keepalive_within_budget(self, source: str, pings: int) -> bool:
-        """TCP keep-alives (RFC 5626 §3.5.1) cost a request each from the source's budget."""
-        verdict = self._flood.check(source, time.monotonic(), cost=pings)
+    def _within_budget(self, source: str, cost: int) -> bool:
+        """TCP keep-alives (RFC 5626 §3.5.1) and new connections cost a request each from the source's budget."""
+        verdict = self._flood.check(source, time.monotonic(), cost=cost)
         if not verdict.admit:
-            metrics.sip_shed_total.labels(budget="keepalive").inc()
+            metrics.sip_shed_total.labels(budget="tcp").inc()
         return verdict.admit
 
     def _answer_malformed(self, error: ParseError, peer: Peer) -> None:
