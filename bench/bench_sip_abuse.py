@@ -52,6 +52,8 @@ RESULTS = ROOT / "bench" / "results" / "sip_abuse.json"
 FLOOD_SOURCE = "127.0.0.2"
 TRUNK_SOURCE = "127.0.0.9"
 FLOOD_SOURCES = [f"127.0.0.{10 + i}" for i in range(50)]
+NOTE = ("Loopback on a small host shared with other work while it ran (loadavg_1m per run): a bad interval may be "
+        "someone else's. 'before' runs the same script against another tree (--tree), 'after' this one.")
 PHASES = ("invite_flood", "tcp_abuse", "crlf_keepalive", "tcp_pipeline", "spoofed_trunk_junk", "multi_source_flood")
 GATEWAY_NOFILE = 1024
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux value; Python does not export it  # systemd's default soft limit (LimitNOFILE=1024:524288)
@@ -544,7 +546,9 @@ def run(tree: Path, flood_rate: int, flood_seconds: float, hold_seconds: float, 
             call.stop()
             gateway.stop()
     # The host is shared: its load average says how much of a bad interval may be someone else's.
-    return {"tree": str(tree), "loadavg_1m": os.getloadavg()[0], "flood_rate_per_s": flood_rate,
+    commit = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip() or None
+    return {"tree": str(tree), "commit": commit, "host_cpus": os.cpu_count(), "loadavg_1m": os.getloadavg()[0], "flood_rate_per_s": flood_rate,
             "flood_seconds": flood_seconds, "tcp_hold_seconds": hold_seconds, "phase_seconds": phase_seconds,
             "phases": rows}
 
@@ -569,6 +573,7 @@ def main(argv: list[str] | None = None) -> int:
     result = run(args.tree.resolve(), args.flood_rate, args.flood_seconds, args.hold_seconds, args.phase_seconds,
                  phases)
     existing = json.loads(args.out.read_text()) if args.out.exists() else {}
+    existing["note"] = NOTE
     existing.setdefault(args.label, {"runs": []})["runs"].append(result)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(existing, indent=2) + "\n")
