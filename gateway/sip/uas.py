@@ -1,8 +1,8 @@
 """The SIP user-agent server core (RFC 3261 §8.2, §12-§15): admits INVITEs and runs their dialogs.
 
-`SipServer` receives every message from the transport, applies the edge policy (before parsing: a
-source outside the allow-list -> a few cheap 403s, the rest dropped; the flood budgets of rate_limit.py
--> cheap 503 or drop, requests of live calls exempt; then parse errors -> 400/505,
+`SipServer` receives every message from the transport, applies the edge policy (before parsing, the
+gate of gate.py: a source outside the allow-list -> a few cheap 403s, the rest dropped; the flood budgets
+of rate_limit.py -> cheap 503 or drop, requests of live calls exempt; then parse errors -> 400/505,
 Max-Forwards 0 -> 483, unknown URI scheme -> 416, merged request -> 482, bad SDP offer -> 488/415,
 capacity and draining -> 503), hands requests to transactions and answers each method. Each new INVITE becomes an `InboundCall` (inbound_call.py) that
 the call layer drives; every name the call layer uses is importable from this module.
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,7 +28,6 @@ import structlog
 from gateway import metrics
 from gateway.sip.dialog import DialogKey, new_tag
 from gateway.sip.edge_replies import (
-    cheap_reply,
     malformed_reply,
     response_address,
     stamp_via,
@@ -54,14 +52,8 @@ from gateway.sip.message import (
     make_response,
     parse,
 )
-from gateway.sip.rate_limit import (
-    ALL_SOURCES,
-    FloodGuard,
-    FloodLimits,
-    Verdict,
-    looks_like_sip,
-    raw_call_id,
-)
+from gateway.sip.gate import PreParseGate
+from gateway.sip.rate_limit import FloodLimits
 from gateway.sip.transaction import (
     InviteServerTransaction,
     NonInviteClientTransaction,
@@ -82,7 +74,6 @@ _IMPLEMENTED = frozenset({"INVITE", "ACK", "CANCEL", "BYE", "OPTIONS", "INFO", "
 _URI_SCHEMES = ("sip:", "sips:", "tel:")  # §8.2.2.1: anything else is 416
 _LOG_FIELD_CHARS = 64  # Call-IDs, reasons and addresses a peer chose, as they appear in logs
 _SWEEP_S = 1.0  # how often ended flood episodes and suppressed log lines are reported
-_BRANCH = re.compile(rb";\s*branch\s*=\s*(z9hG4bK[^;,\s]*)", re.IGNORECASE)  # the first is the top Via's
 
 
 @dataclass(frozen=True)
@@ -116,10 +107,10 @@ class SipServer:
                                        self._on_message, self._on_stream_error, settings.stream_limits,
                                        self._address_allowed, self._within_budget)
         self._transactions = TransactionTable()
+        self._gate = PreParseGate(settings.flood, settings.retry_after_s, self._address_allowed,
+                                  self._transactions.has_branch, self._send_cheap)
         self._calls: dict[DialogKey, InboundCall] = {}
-        self._live_call_ids: dict[str, int] = {}  # Call-ID -> dialogs: found before parsing (flood exemption)
         self._tasks: set[asyncio.Task[None]] = set()
-        self._flood = FloodGuard(settings.flood)
         self._sweeper: asyncio.TimerHandle | None = None
         self._sparse_log = LogBudget(log)
         self._services = UasServices(settings.user_agent, settings.retry_after_s, self._timers,
@@ -151,15 +142,7 @@ class SipServer:
     # --- receiving ------------------------------------------------------------------------------
 
     def _on_message(self, data: bytes, peer: Peer) -> None:
-        # Before parsing, so a flood costs a dict lookup or two and, at most, a cheap answer.
-        source, now = peer.address[0], time.monotonic()
-        if not self._address_allowed(source) and not self._of_live_call(data, now):
-            self._refuse_stranger(data, peer, now)
-            return
-        junk = not looks_like_sip(data)
-        verdict = self._flood.check(source, now, junk=junk)
-        if not verdict.admit and (junk or not self._of_live_call(data, now)):
-            self._shed(data, peer, verdict, junk)
+        if not self._gate.admit(data, peer):  # before parsing: allow-list and flood budgets (gate.py)
             return
         try:
             message = parse(data, stream=peer.transport == "tcp")
@@ -175,43 +158,6 @@ class SipServer:
                 transaction.on_response(message)
             return
         self._on_request(message, peer)
-
-    def _of_live_call(self, data: bytes, now: float) -> bool:
-        """A request of a call in progress (by its raw Call-ID, within that call's own budget): it
-        passes budgets a flood has spent, so a BYE, ACK or re-INVITE of a live call is never shed.
-        Its tags are checked after parsing (481 when they name no dialog)."""
-        call_id = raw_call_id(data) if self._live_call_ids else None
-        return call_id in self._live_call_ids and self._flood.admit_in_dialog(call_id, now)
-
-    def _refuse_stranger(self, data: bytes, peer: Peer, now: float) -> None:
-        """Outside the allow-list: not parsed. A few cheap 403s a second in total (so a misconfigured
-        PBX learns why), sent to the source address only; the rest dropped (no amplifier, no scan aid)."""
-        metrics.sip_dropped_total.labels(reason="not_allowed").inc()
-        if (looks_like_sip(data) and not data.startswith((b"SIP/", b"ACK "))
-                and self._flood.take_stranger_reply(now)):
-            self._cheap_reply(data, peer, 403, "Forbidden")
-
-    def _shed(self, data: bytes, peer: Peer, verdict: Verdict, junk: bool) -> None:
-        budget = ("junk" if junk else "requests") + ("_total" if verdict.source == ALL_SOURCES else "")
-        metrics.sip_shed_total.labels(budget=budget).inc()
-        if verdict.episode_started:
-            limits = self.settings.flood
-            limit = {"requests": limits.per_source_per_s, "requests_total": limits.total_per_s,
-                     "junk": limits.junk_per_source_per_s, "junk_total": limits.junk_total_per_s}[budget]
-            log.warning("sip_flood_started", source=_short(verdict.source), budget=budget, limit_per_s=limit)
-        if (not junk and not data.startswith((b"SIP/", b"ACK ")) and not self._is_retransmission(data)
-                and self._flood.take_reply(peer.address[0])):
-            metrics.sip_rate_limited_total.labels(action="503").inc()
-            self._cheap_reply(data, peer, 503, "Service Unavailable")
-        else:  # a dropped retransmission is harmless; a 503 to it would end a live transaction
-            metrics.sip_rate_limited_total.labels(action="dropped").inc()
-
-    def _within_budget(self, source: str, cost: int) -> bool:
-        """TCP keep-alives (RFC 5626 §3.5.1) and new connections cost a request each from the source's budget."""
-        verdict = self._flood.check(source, time.monotonic(), cost=cost)
-        if not verdict.admit:
-            metrics.sip_shed_total.labels(budget="tcp").inc()
-        return verdict.admit
 
     def _answer_malformed(self, error: ParseError, peer: Peer) -> None:
         """§21.4.1: 400 (414 for a Request-URI too long, §21.4.12; 505 for another SIP version,
@@ -235,19 +181,6 @@ class SipServer:
         if response is not None:
             metrics.sip_responses_total.labels(code=str(status)).inc()
             self._response_sender(response, peer)()
-
-    def _is_retransmission(self, data: bytes) -> bool:
-        match = _BRANCH.search(data, 0, 4096)
-        return match is not None and self._transactions.has_branch(match.group(1).decode("latin-1"))
-
-    def _cheap_reply(self, data: bytes, peer: Peer, status: int, reason: str) -> None:
-        """An answer without parsing or a transaction (503: §21.5.4), sent to the source address only."""
-        extra = (f"Retry-After: {self.settings.retry_after_s}",) if status == 503 else ()
-        response = cheap_reply(data, status, reason, extra)
-        if response is None:
-            return
-        metrics.sip_responses_total.labels(code=str(status)).inc()
-        self._transport.send(response, peer.transport, peer.address, peer.connection)
 
     def _on_request(self, request: SipRequest, peer: Peer) -> None:
         request = stamp_via(request, peer.address)
@@ -338,7 +271,7 @@ class SipServer:
         transaction.respond(self._simple(invite, 100, "Trying"))  # §17.2.1: stop INVITE retransmits
         call = InboundCall(self._services, invite, transaction, peer, received_at)
         self._calls[call.dialog.key] = call
-        self._live_call_ids[call.call_id] = self._live_call_ids.get(call.call_id, 0) + 1
+        self._gate.call_started(call.call_id)
         log.info("sip_invite", call_id=_short(call.call_id), user=_short(call.request_user),
                  transport=peer.transport, source=f"{peer.address[0]}:{peer.address[1]}")
         try:
@@ -385,6 +318,12 @@ class SipServer:
         if call is not None:
             call.on_ack(ack)
 
+    def _within_budget(self, source: str, cost: int) -> bool:
+        return self._gate.within_budget(source, cost)
+
+    def _send_cheap(self, response: bytes, peer: Peer) -> None:
+        self._transport.send(response, peer.transport, peer.address, peer.connection)
+
     def _address_allowed(self, host: str) -> bool:
         if not self.settings.allowed_sources:
             return True
@@ -396,8 +335,7 @@ class SipServer:
     def _sweep(self) -> None:
         self._sweeper = asyncio.get_running_loop().call_later(_SWEEP_S, self._sweep)
         self._sparse_log.roll()
-        for source, shed in self._flood.finished_episodes(time.monotonic()):
-            log.warning("sip_flood_ended", source=_short(source), requests_shed=shed)
+        self._gate.sweep()
 
     # --- sending --------------------------------------------------------------------------------
 
@@ -447,11 +385,7 @@ class SipServer:
     def _forget(self, call: InboundCall) -> None:
         if self._calls.get(call.dialog.key) is call:
             del self._calls[call.dialog.key]
-            left = self._live_call_ids.pop(call.call_id, 1) - 1
-            if left:
-                self._live_call_ids[call.call_id] = left
-            else:
-                self._flood.call_ended(call.call_id)
+            self._gate.call_ended(call.call_id)
 
     def _spawn(self, coroutine) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)
