@@ -1,7 +1,7 @@
 """The SIP server's gate before parsing: whether a received message is parsed at all (issue #31).
 
 In order: a source outside the allow-list gets a few cheap 403s and the rest is dropped (requests of a
-live call excepted, so a call from a trunk removed by a reload can still end); then the budgets of
+live call excepted: whether they are still welcome is decided after parsing, against their dialog); then the budgets of
 rate_limit.py (junk, per source, all sources together) shed with a few cheap 503s, the rest dropped,
 never a 503 to a retransmission of a transaction being served, and never shedding a request of a live
 call (found by its raw Call-ID). Every check reads raw bytes, so a flood costs a dict lookup or two
