@@ -281,12 +281,17 @@ def flood(sip_port: int, rate: int, seconds: float, sources: list[str] = [FLOOD_
     return {"invites_sent": sent, "sources": len(sources), "answers": answers}
 
 
-def _drain(sock: socket.socket, answers: dict[str, int]) -> None:
+def _waiting(sock: socket.socket):
+    """The datagrams already received on a non-blocking socket."""
     while True:
         try:
-            data = sock.recv(65535)
+            yield sock.recv(65535)
         except BlockingIOError:
             return
+
+
+def _drain(sock: socket.socket, answers: dict[str, int]) -> None:
+    for data in _waiting(sock):
         code = data[8:11].decode(errors="replace")
         answers[code] = answers.get(code, 0) + 1
 
@@ -466,16 +471,12 @@ def spoofed_trunk_junk(sip_port: int, seconds: float, junk_rate: int = 300, invi
     trunk.close()
     codes = list(finals.values())
     return {"junk_sent": junk_sent, "trunk_invites": placed,
-            "trunk_invites_answered": sum(code not in ("503",) for code in codes),
+            "trunk_invites_answered": sum(code != "503" for code in codes),
             "trunk_finals": {code: codes.count(code) for code in sorted(set(codes))}}
 
 
 def _finals(sock: socket.socket, finals: dict[str, str]) -> None:
-    while True:
-        try:
-            data = sock.recv(65535)
-        except BlockingIOError:
-            return
+    for data in _waiting(sock):
         code = data[8:11].decode(errors="replace")
         if code >= "200":
             call_id = data.split(b"\r\nCall-ID: ", 1)[1].split(b"\r\n", 1)[0].decode()

@@ -153,7 +153,8 @@ class _Budget:
         return verdict if not verdict.admit else self.total.check(ALL_SOURCES, now, cost)
 
     def take_reply(self, source: str) -> bool:
-        return self.total.take_reply(ALL_SOURCES) and self.sources.take_reply(source)
+        # The source's share first: one flooder with none left must not spend the total's for others.
+        return self.sources.take_reply(source) and self.total.take_reply(ALL_SOURCES)
 
     def finished_episodes(self, now: float) -> list[tuple[str, int]]:
         return self.sources.finished_episodes(now) + self.total.finished_episodes(now)
