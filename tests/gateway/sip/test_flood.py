@@ -93,6 +93,7 @@ async def test_strangers_are_not_parsed_and_get_few_403s(make_server):
     stranger, trunk = await udp_peer("127.0.0.1"), await udp_peer("127.0.0.2")
     malformed_before, dropped_before = _count("gateway_sip_malformed_total"), _count(
         "gateway_sip_dropped_total", reason="not_allowed")
+    started = asyncio.get_running_loop().time()
     for n in range(100):
         request = raw_request("INVITE", stranger.port, call_id=f"s{n}", branch=f"z9hG4bK-s{n}", body=ANSWER_SDP)
         stranger.send(request.replace(b"Max-Forwards: 70", b"Max-Forwards: x"), server.udp_address)
@@ -102,7 +103,9 @@ async def test_strangers_are_not_parsed_and_get_few_403s(make_server):
     answers = []
     while not stranger.inbox.empty():
         answers.append(parse(stranger.inbox.get_nowait()))
-    assert 1 <= len(answers) <= 11 and all(a.status == 403 and a.to_tag for a in answers)
+    refilled = 10 * (asyncio.get_running_loop().time() - started)
+    assert 10 <= len(answers) <= 10 + refilled + 1  # 10 at once, 10 a second, for all strangers together
+    assert all(a.status == 403 and a.to_tag for a in answers)
     assert _count("gateway_sip_dropped_total", reason="not_allowed") == dropped_before + 100
     assert _count("gateway_sip_malformed_total") == malformed_before  # Max-Forwards: x was never read
 
@@ -180,6 +183,7 @@ async def test_total_budget_bounds_many_sources_together(make_server):
     sources = [await udp_peer(f"127.0.0.{10 + i}") for i in range(50)]
     phone.policy = "reject_486"
     calls_before, total_before = len(phone.calls), _count("gateway_sip_shed_total", budget="requests_total")
+    started = asyncio.get_running_loop().time()
     for n in range(15):
         for i, source in enumerate(sources):  # 750 INVITEs, 15 per source: each within its burst of 40
             source.send(raw_request("INVITE", source.port, call_id=f"m{i}-{n}", branch=f"z9hG4bK-m{i}x{n}",
@@ -189,7 +193,9 @@ async def test_total_budget_bounds_many_sources_together(make_server):
                server.udp_address)
     assert (await _final(trunk, "z9hG4bK-l3")).status == 200
     admitted = len(phone.calls) - calls_before
-    assert 100 <= admitted <= 120  # the total's burst (and what refilled meanwhile), of 750
-    assert _count("gateway_sip_shed_total", budget="requests_total") - total_before >= 750 - 120
-    replies = sum(1 for source in sources for _ in range(source.inbox.qsize()))
-    assert replies <= admitted * 2 + 100 + 1  # 100 Trying + 486 per admitted; cheap 503s at most the total's 100
+    refilled = 50 * (asyncio.get_running_loop().time() - started)
+    assert 100 <= admitted <= 100 + refilled + 1  # of 750: the total's burst and what refilled meanwhile
+    assert _count("gateway_sip_shed_total", budget="requests_total") - total_before == 750 - admitted
+    refused = sum(parse(source.inbox.get_nowait()).status == 503 for source in sources
+                  for _ in range(source.inbox.qsize()))
+    assert 0 < refused <= 60  # cheap 503s: 50 a second in total, not 10 for each of the 50 sources
