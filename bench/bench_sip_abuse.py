@@ -55,8 +55,8 @@ FLOOD_SOURCES = [f"127.0.0.{10 + i}" for i in range(50)]
 NOTE = ("Loopback on a small host shared with other work while it ran (loadavg_1m per run): a bad interval may be "
         "someone else's. 'before' runs the same script against another tree (--tree), 'after' this one.")
 PHASES = ("invite_flood", "tcp_abuse", "crlf_keepalive", "tcp_pipeline", "spoofed_trunk_junk", "multi_source_flood")
-GATEWAY_NOFILE = 1024
-SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux value; Python does not export it  # systemd's default soft limit (LimitNOFILE=1024:524288)
+GATEWAY_NOFILE = 1024  # systemd's default soft limit (LimitNOFILE=1024:524288)
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux value; Python does not export it
 
 
 def free_port(kind: int = socket.SOCK_DGRAM) -> int:
@@ -549,7 +549,8 @@ def run(tree: Path, flood_rate: int, flood_seconds: float, hold_seconds: float, 
     # The host is shared: its load average says how much of a bad interval may be someone else's.
     commit = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip() or None
-    return {"tree": str(tree), "commit": commit, "host_cpus": os.cpu_count(), "loadavg_1m": os.getloadavg()[0], "flood_rate_per_s": flood_rate,
+    return {"tree": str(tree), "commit": commit, "host_cpus": os.cpu_count(), "loadavg_1m": os.getloadavg()[0],
+            "flood_rate_per_s": flood_rate,
             "flood_seconds": flood_seconds, "tcp_hold_seconds": hold_seconds, "phase_seconds": phase_seconds,
             "phases": rows}
 

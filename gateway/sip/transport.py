@@ -8,9 +8,9 @@ What a TCP peer may cost is bounded by `StreamLimits`: connections in total and 
 with the trunk allow-list, at accept), idle and read timeouts, the size of one message, and the bytes
 queued for a peer that does not read (over it the connection is closed). Keep-alives (RFC 5626 §3.5.1)
 and new connections are charged to the source's request budget through `SourceBudget`; a peer over it
-is closed (refused at accept), never answered without limit. One connection never holds the loop: a read that carries many messages is handled
-`_MESSAGES_PER_TURN` at a time, reading paused, the rest on the loop's next turns (the packet clock
-runs between them).
+is closed (refused at accept), never answered without limit. One connection never holds the loop: a
+read that carries many messages is handled `_MESSAGES_PER_TURN` at a time, reading paused, the rest on
+the loop's next turns (the packet clock runs between them).
 """
 
 from __future__ import annotations
