@@ -53,6 +53,7 @@ sip:
   max_calls: {max_calls}
   flood:
     max_requests_per_s_per_source: 100000  # SIPp places every call from one address, hundreds a second
+    max_requests_per_s: 100000
 trunks:
   - name: loopback
     allow: ["127.0.0.0/8"]

@@ -8,17 +8,23 @@ and records its RTP arrival times with kernel timestamps (SO_TIMESTAMPNS). Then,
 - `invite_flood`: 2,000 INVITE/s from 127.0.0.2 (to a number without a route) for `--flood-seconds`;
 - `tcp_abuse`: 2,000 idle connections (from 127.0.1.1-20), 50 slowloris connections (one header byte a
   second) and 150 unfinished 1 MiB bodies, held `--hold-seconds`; afterwards, whether a UDP OPTIONS
-  and /healthz are still answered, and how many of the abusive connections the gateway still holds.
+  and /healthz are still answered, and how many of the abusive connections the gateway still holds;
+- `crlf_keepalive`: one TCP connection (127.0.4.1) sends CRLFCRLF keep-alives as fast as it can and never
+  reads, for `--phase-seconds` (or until the gateway closes it);
+- `tcp_pipeline`: three TCP connections (127.0.5.1-3), one a second, each writes 2,000 INVITEs at once;
+- `spoofed_trunk_junk`: 300 datagrams/s of random bytes carrying the trunk's address (127.0.0.9) while the
+  trunk places an INVITE every 0.5 s: how many of the trunk's INVITEs get their real answer (404);
+- `multi_source_flood`: 2,000 INVITE/s spread over 50 addresses (127.0.0.10-59) for `--flood-seconds`.
 
 The load generator (this process) runs at nice 10, the gateway at 0. Per phase: the live call's RTP
-interval p50/p99/max, the gateway's CPU seconds, peak RSS and open
-file descriptors. Loopback only, bounded in count and time. Runs against any source tree:
+interval p50/p99/max, the gateway's CPU seconds, RSS at the start, peak and end, and open file
+descriptors. Loopback only, bounded in count and time. Runs against any source tree:
 
     python bench/bench_sip_abuse.py --label after
-    git archive de2514b | tar -x -C /tmp/sip-before
-    python bench/bench_sip_abuse.py --tree /tmp/sip-before --label before
+    python bench/bench_sip_abuse.py --tree /work/main --label before   # or a `git archive` of main
 
-Each run is appended to its label's runs in bench/results/sip_abuse.json (delete the file to start over).
+Each run is appended to its label's runs in bench/results/sip_abuse.json (delete the file to start over);
+`--phases` runs a subset (quiet always runs first).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import itertools
 import json
 import os
 import resource
+import random
 import secrets
 import select
 import socket
@@ -43,8 +50,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "sip_abuse.json"
 FLOOD_SOURCE = "127.0.0.2"
-GATEWAY_NOFILE = 1024
-SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux value; Python does not export it  # systemd's default soft limit (LimitNOFILE=1024:524288)
+TRUNK_SOURCE = "127.0.0.9"
+FLOOD_SOURCES = [f"127.0.0.{10 + i}" for i in range(50)]
+NOTE = ("Loopback on a small host shared with other work while it ran (loadavg_1m per run): a bad interval may be "
+        "someone else's. 'before' runs the same script against another tree (--tree), 'after' this one.")
+PHASES = ("invite_flood", "tcp_abuse", "crlf_keepalive", "tcp_pipeline", "spoofed_trunk_junk", "multi_source_flood")
+GATEWAY_NOFILE = 1024  # systemd's default soft limit (LimitNOFILE=1024:524288)
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux value; Python does not export it
 
 
 def free_port(kind: int = socket.SOCK_DGRAM) -> int:
@@ -232,42 +244,54 @@ class LiveCall:
 
 # --- the abuse ----------------------------------------------------------------------------------------
 
-def flood(sip_port: int, rate: int, seconds: float) -> dict:
-    """`rate` INVITEs a second from one source, paced in 10 ms batches; counts the answers."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.bind((FLOOD_SOURCE, 0))
-    sock.setblocking(False)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
-    port = sock.getsockname()[1]
-    body = offer(FLOOD_SOURCE, 9)
+def flood(sip_port: int, rate: int, seconds: float, sources: list[str] = [FLOOD_SOURCE]) -> dict:
+    """`rate` INVITEs a second, round robin over `sources`, paced in 10 ms batches; counts the answers."""
+    sockets = []
+    for source in sources:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock.bind((source, 0))
+        sock.setblocking(False)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20 if len(sources) == 1 else 1 << 20)
+        sockets.append(sock)
+    bodies = {source: offer(source, 9) for source in sources}
     answers: dict[str, int] = {}
     sent, start, batch = 0, time.monotonic(), rate // 100
     while (now := time.monotonic()) - start < seconds:
         due = int((now - start) * rate)
         while sent < due:
+            sock = sockets[sent % len(sockets)]
+            host, port = sock.getsockname()
             data = sip_request("INVITE", port, sip_port, user="nobody", call_id=f"flood-{sent}", branch=f"f{sent}",
-                               cseq=1, host=FLOOD_SOURCE, body=body)
+                               cseq=1, host=host, body=bodies[host])
             try:
                 sock.sendto(data, ("127.0.0.1", sip_port))
             except BlockingIOError:
                 pass
             sent += 1
-        _drain(sock, answers)
+        for sock in sockets:
+            _drain(sock, answers)
         time.sleep(0.01 if batch else 0.001)  # the flooder's own pacing, not the gateway's
     end = time.monotonic() + 2.0
     while time.monotonic() < end:
-        _drain(sock, answers)
+        for sock in sockets:
+            _drain(sock, answers)
         time.sleep(0.05)
-    sock.close()
-    return {"invites_sent": sent, "answers": answers}
+    for sock in sockets:
+        sock.close()
+    return {"invites_sent": sent, "sources": len(sources), "answers": answers}
+
+
+def _waiting(sock: socket.socket):
+    """The datagrams already received on a non-blocking socket."""
+    while True:
+        try:
+            yield sock.recv(65535)
+        except BlockingIOError:
+            return
 
 
 def _drain(sock: socket.socket, answers: dict[str, int]) -> None:
-    while True:
-        try:
-            data = sock.recv(65535)
-        except BlockingIOError:
-            return
+    for data in _waiting(sock):
         code = data[8:11].decode(errors="replace")
         answers[code] = answers.get(code, 0) + 1
 
@@ -353,6 +377,112 @@ def _open_count(sockets: list[socket.socket]) -> int:
     return count
 
 
+def crlf_keepalive(sip_port: int, seconds: float) -> dict:
+    """CRLFCRLF pings as fast as the socket takes them, never reading a pong, from one source; a
+    connection the gateway closes is opened again at once, as an attacker would."""
+    pings = b"\r\n\r\n" * 16384
+    sent, connections, refused, start = 0, 0, 0, time.monotonic()
+    while time.monotonic() - start < seconds:
+        try:
+            s = socket.create_connection(("127.0.0.1", sip_port), timeout=1.0, source_address=("127.0.4.1", 0))
+        except OSError:
+            refused += 1
+            time.sleep(0.01)
+            continue
+        connections += 1
+        s.setblocking(False)
+        while time.monotonic() - start < seconds:
+            try:
+                sent += s.send(pings)
+            except BlockingIOError:
+                time.sleep(0.001)
+            except OSError:  # closed by the gateway
+                break
+        s.close()
+    return {"keepalive_bytes_sent_mib": round(sent / 2**20, 1), "connections_opened": connections,
+            "connects_failed": refused}
+
+
+def tcp_pipeline(sip_port: int, batches: int = 3, per_batch: int = 2000) -> dict:
+    """`batches` connections, one a second, each writing `per_batch` INVITEs at once and reading answers."""
+    answers: dict[str, int] = {}
+    for n in range(batches):
+        source = f"127.0.5.{n + 1}"
+        s = socket.create_connection(("127.0.0.1", sip_port), source_address=(source, 0))
+        port = s.getsockname()[1]
+        body = offer(source, 9)
+        data = b"".join(sip_request("INVITE", port, sip_port, user="nobody", call_id=f"pipe-{n}-{i}", host=source,
+                                    branch=f"p{n}x{i}", cseq=1, body=body).replace(b"SIP/2.0/UDP", b"SIP/2.0/TCP")
+                        for i in range(per_batch))
+        s.setblocking(False)
+        received, end = bytearray(), time.monotonic() + 1.0
+        while data or time.monotonic() < end:
+            try:
+                data = data[s.send(data):] if data else data
+            except BlockingIOError:
+                pass
+            except OSError:
+                break
+            try:
+                chunk = s.recv(1 << 20)
+                if not chunk:
+                    break
+                received += chunk
+            except BlockingIOError:
+                time.sleep(0.001)
+            except OSError:
+                break
+        s.close()
+        for line in bytes(received).split(b"\r\n"):
+            if line.startswith(b"SIP/2.0 "):
+                code = line[8:11].decode(errors="replace")
+                answers[code] = answers.get(code, 0) + 1
+    return {"connections": batches, "invites_per_write": per_batch, "answers": answers}
+
+
+def spoofed_trunk_junk(sip_port: int, seconds: float, junk_rate: int = 300, invites: int = 11) -> dict:
+    """Junk datagrams with the trunk's source address while the trunk places `invites` INVITEs, one every
+    0.5 s from the start (the junk goes on for at least `seconds`)."""
+    junk = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    junk.bind((TRUNK_SOURCE, 0))
+    trunk = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    trunk.bind((TRUNK_SOURCE, 0))
+    trunk.setblocking(False)
+    port = trunk.getsockname()[1]
+    finals: dict[str, str] = {}
+    rng = random.Random(31)
+    placed, junk_sent, start = 0, 0, time.monotonic()
+    while (elapsed := time.monotonic() - start) < seconds or placed < invites:
+        while junk_sent < int(elapsed * junk_rate):
+            junk.sendto(rng.randbytes(rng.randint(40, 400)), ("127.0.0.1", sip_port))
+            junk_sent += 1
+        if placed < min(invites, int(elapsed / 0.5) + 1):
+            trunk.sendto(sip_request("INVITE", port, sip_port, user="nobody", call_id=f"trunk-{placed}",
+                                     branch=f"t{placed}", cseq=1, host=TRUNK_SOURCE, body=offer(TRUNK_SOURCE, 9)),
+                         ("127.0.0.1", sip_port))
+            placed += 1
+        _finals(trunk, finals)
+        time.sleep(0.01)
+    end = time.monotonic() + 1.0
+    while time.monotonic() < end:
+        _finals(trunk, finals)
+        time.sleep(0.05)
+    junk.close()
+    trunk.close()
+    codes = list(finals.values())
+    return {"junk_sent": junk_sent, "trunk_invites": placed,
+            "trunk_invites_answered": sum(code != "503" for code in codes),
+            "trunk_finals": {code: codes.count(code) for code in sorted(set(codes))}}
+
+
+def _finals(sock: socket.socket, finals: dict[str, str]) -> None:
+    for data in _waiting(sock):
+        code = data[8:11].decode(errors="replace")
+        if code >= "200":
+            call_id = data.split(b"\r\nCall-ID: ", 1)[1].split(b"\r\n", 1)[0].decode()
+            finals[call_id] = code
+
+
 # --- phases -------------------------------------------------------------------------------------------
 
 def phase(name: str, gateway: GatewayProcess, call: LiveCall, action) -> dict:
@@ -366,12 +496,14 @@ def phase(name: str, gateway: GatewayProcess, call: LiveCall, action) -> dict:
     cpu = gateway.cpu_seconds() - cpu0
     row = {"phase": name, "wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "cpu_cores": round(cpu / wall, 3),
            "rss_start_mib": round(rss0 / 1024, 1), "rss_peak_mib": round(gateway.peak_rss_kib / 1024, 1),
+           "rss_end_mib": round(gateway.rss_kib() / 1024, 1),
            "open_fds_end": gateway.open_fds(), **call.intervals_ms(start, end), **(detail or {})}
     print(json.dumps(row), flush=True)
     return row
 
 
-def run(tree: Path, flood_rate: int, flood_seconds: float, hold_seconds: float) -> dict:
+def run(tree: Path, flood_rate: int, flood_seconds: float, hold_seconds: float, phase_seconds: float,
+        phases: tuple[str, ...]) -> dict:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         gateway = GatewayProcess(tree, Path(tmp))
@@ -380,24 +512,34 @@ def run(tree: Path, flood_rate: int, flood_seconds: float, hold_seconds: float) 
         # The abuse comes from this process. A real attacker uses another host's CPU; on a small shared
         # host, nice 10 keeps the load generator from taking the gateway's core (the gateway keeps nice 0).
         os.nice(10)
+
+        def abuse() -> dict:
+            sockets, detail = tcp_abuse(gateway.sip_port, hold_seconds)
+            held.extend(sockets)
+            detail["open_fds_during"] = gateway.open_fds()
+            detail["udp_options_answered"] = call.options_answered()
+            detail["healthz_status"] = gateway.healthz()
+            return detail
+
+        actions = {
+            "invite_flood": lambda: flood(gateway.sip_port, flood_rate, flood_seconds),
+            "tcp_abuse": abuse,
+            "crlf_keepalive": lambda: crlf_keepalive(gateway.sip_port, phase_seconds),
+            "tcp_pipeline": lambda: tcp_pipeline(gateway.sip_port),
+            "spoofed_trunk_junk": lambda: spoofed_trunk_junk(gateway.sip_port, phase_seconds),
+            "multi_source_flood": lambda: flood(gateway.sip_port, flood_rate, flood_seconds, FLOOD_SOURCES),
+        }
         try:
             gateway.wait_ready()
             call.start()
             rows.append(phase("quiet", gateway, call, lambda: time.sleep(3.0)))
-            rows.append(phase("invite_flood", gateway, call,
-                              lambda: flood(gateway.sip_port, flood_rate, flood_seconds)))
-
-            def abuse() -> dict:
-                sockets, detail = tcp_abuse(gateway.sip_port, hold_seconds)
-                held.extend(sockets)
-                detail["open_fds_during"] = gateway.open_fds()
-                detail["udp_options_answered"] = call.options_answered()
-                detail["healthz_status"] = gateway.healthz()
-                return detail
-
-            rows.append(phase("tcp_abuse", gateway, call, abuse))
-            for s in held:
-                s.close()
+            for name in phases:
+                rows.append(phase(name, gateway, call, actions[name]))
+                for s in held:
+                    s.close()
+                held.clear()
+                time.sleep(1.0)  # let what a phase left behind settle before the next one measures
+            rows[-1]["options_answered_after"] = call.options_answered()
             log = gateway.log_path.read_text(errors="replace")
             rows.append({"phase": "totals", "gateway_log_lines": log.count("\n"),
                          "sip_requests_series": gateway.metrics_text().count("gateway_sip_requests_total{")})
@@ -405,8 +547,12 @@ def run(tree: Path, flood_rate: int, flood_seconds: float, hold_seconds: float) 
             call.stop()
             gateway.stop()
     # The host is shared: its load average says how much of a bad interval may be someone else's.
-    return {"tree": str(tree), "loadavg_1m": os.getloadavg()[0], "flood_rate_per_s": flood_rate, "flood_seconds": flood_seconds,
-            "tcp_hold_seconds": hold_seconds, "phases": rows}
+    commit = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip() or None
+    return {"tree": str(tree), "commit": commit, "host_cpus": os.cpu_count(), "loadavg_1m": os.getloadavg()[0],
+            "flood_rate_per_s": flood_rate,
+            "flood_seconds": flood_seconds, "tcp_hold_seconds": hold_seconds, "phase_seconds": phase_seconds,
+            "phases": rows}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -416,12 +562,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--flood-rate", type=int, default=2000)
     parser.add_argument("--flood-seconds", type=float, default=5.0)
     parser.add_argument("--hold-seconds", type=float, default=12.0)
+    parser.add_argument("--phase-seconds", type=float, default=5.0, help="crlf_keepalive and spoofed_trunk_junk")
+    parser.add_argument("--phases", default=",".join(PHASES), help=f"comma-separated subset of {','.join(PHASES)}")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 8192)), hard))
-    result = run(args.tree.resolve(), args.flood_rate, args.flood_seconds, args.hold_seconds)
+    phases = tuple(name for name in args.phases.split(",") if name)
+    unknown = set(phases) - set(PHASES)
+    if unknown:
+        parser.error(f"--phases: unknown {', '.join(sorted(unknown))}")
+    result = run(args.tree.resolve(), args.flood_rate, args.flood_seconds, args.hold_seconds, args.phase_seconds,
+                 phases)
     existing = json.loads(args.out.read_text()) if args.out.exists() else {}
+    existing["note"] = NOTE
     existing.setdefault(args.label, {"runs": []})["runs"].append(result)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(existing, indent=2) + "\n")

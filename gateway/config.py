@@ -74,6 +74,7 @@ class SipTcpSection(Section):
     max_connections_per_source: int = Field(50, ge=1)
     idle_timeout_s: float = Field(60.0, gt=0)  # no byte at all for this long: close
     read_timeout_s: float = Field(10.0, gt=0)  # a message begun must arrive whole within this
+    max_unsent_bytes: int = Field(262144, ge=4096)  # queued for a peer that does not read: over it, close
 
     @model_validator(mode="after")
     def _per_source_within_total(self) -> SipTcpSection:
@@ -83,9 +84,27 @@ class SipTcpSection(Section):
 
 
 class SipFloodSection(Section):
-    """Per-source rate limit before parsing (sip.flood); over it: a few cheap 503s, the rest dropped."""
+    """Budgets checked before parsing (sip.flood, gateway/sip/rate_limit.py); bursts of twice each pass.
+    Over one: a few cheap 503s, the rest dropped; requests of live calls pass regardless."""
 
-    max_requests_per_s_per_source: float = Field(100.0, gt=0)  # bursts of twice this pass
+    max_requests_per_s_per_source: float = Field(100.0, gt=0)
+    max_requests_per_s: float = Field(500.0, gt=0)  # all sources together: protects the packet clock
+    max_junk_per_s_per_source: float = Field(10.0, gt=0)  # what does not start like SIP: its own budget
+    max_junk_per_s: float = Field(100.0, gt=0)
+
+    @model_validator(mode="after")
+    def _totals_cover_one_source(self) -> SipFloodSection:
+        if self.max_requests_per_s < self.max_requests_per_s_per_source:
+            raise FieldProblem("max_requests_per_s", "must not be below max_requests_per_s_per_source")
+        if self.max_junk_per_s < self.max_junk_per_s_per_source:
+            raise FieldProblem("max_junk_per_s", "must not be below max_junk_per_s_per_source")
+        return self
+
+    def limits(self):
+        from gateway.sip.rate_limit import FloodLimits
+
+        return FloodLimits(self.max_requests_per_s_per_source, self.max_requests_per_s,
+                           self.max_junk_per_s_per_source, self.max_junk_per_s)
 
 
 class SipSection(Section):
@@ -329,8 +348,9 @@ class GatewayConfig(Section):
                            t4=sip.t4_ms / 1000, user_agent=sip.user_agent, advertised_host=sip.public_host,
                            stream_limits=StreamLimits(sip.tcp.max_connections, sip.tcp.max_connections_per_source,
                                                       sip.tcp.idle_timeout_s, sip.tcp.read_timeout_s,
-                                                      sip.max_message_bytes, budget),
-                           max_requests_per_s_per_source=sip.flood.max_requests_per_s_per_source)
+                                                      sip.max_message_bytes, budget=budget,
+                                                      max_unsent_bytes=sip.tcp.max_unsent_bytes),
+                           flood=sip.flood.limits())
 
     def media_settings(self):
         from gateway.media.call_media import MediaSettings

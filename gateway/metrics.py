@@ -42,7 +42,8 @@ sip_malformed_total = Counter(
 )
 sip_dropped_total = Counter(
     "gateway_sip_dropped_total",
-    "SIP datagrams/messages dropped unanswered, by reason (oversize, rate_limited)",
+    "SIP datagrams/messages dropped unparsed, by reason (oversize; not_allowed: from outside the trunks, "
+    "a few of which get a cheap 403)",
     ["reason"],
     registry=registry,
 )
@@ -52,15 +53,24 @@ sip_rate_limited_total = Counter(
     ["action"],
     registry=registry,
 )
+sip_shed_total = Counter(
+    "gateway_sip_shed_total",
+    "Messages shed before parsing, by the sip.flood budget that was spent (requests, requests_total, junk, "
+    "junk_total; tcp: keep-alives or a new connection over the source's budget)",
+    ["budget"],
+    registry=registry,
+)
 sip_tcp_refused_total = Counter(
     "gateway_sip_tcp_refused_total",
-    "TCP connections closed at accept, by reason (not_allowed, max_connections, max_connections_per_source)",
+    "TCP connections closed at accept, by reason (not_allowed, max_connections, max_connections_per_source, "
+    "over_budget: the source's sip.flood budget is spent)",
     ["reason"],
     registry=registry,
 )
 sip_tcp_closed_total = Counter(
     "gateway_sip_tcp_closed_total",
-    "TCP connections the gateway closed, by reason (idle_timeout, read_timeout, framing)",
+    "TCP connections the gateway closed, by reason (idle_timeout, read_timeout, framing, unread: more than "
+    "sip.tcp.max_unsent_bytes queued for a peer that does not read, keepalive_flood: keep-alives over budget)",
     ["reason"],
     registry=registry,
 )

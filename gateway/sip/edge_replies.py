@@ -5,18 +5,22 @@ response goes.
   the address a response is sent to (§18.2.2, RFC 3581 §4).
 - A message that does not parse or frame: 400, 413, 414 (§21.4.12) or 505 (§21.5.6) with the reason
   in a Warning (§20.43), when the request names where a response goes (§21.4.1); else nothing.
-- Under flood: a 503 built from the raw header lines, without parsing (§21.5.4).
+- Before parsing (a flood, or a source outside the allow-list): a 503 (§21.5.4) or 403 built from the
+  raw header lines.
 
 Pure protocol code: no sockets, no clocks; gateway/sip/uas.py decides when each applies and sends.
 """
 
 from __future__ import annotations
 
+import re
+
 from gateway.sip.dialog import new_tag
 from gateway.sip.message import SipRequest, SipResponse, canonical_name, make_response
 
 _REASONS = {413: "Request Entity Too Large", 414: "Request-URI Too Long", 505: "Version Not Supported"}
 _CHEAP_HEADERS = frozenset({"via", "from", "to", "call-id", "cseq"})
+_CSEQ = re.compile(rb"[ \t]*\d{1,10}[ \t]+[A-Za-z]{1,32}[ \t]*")
 
 
 def warning(user_agent: str, text: str) -> tuple[str, str]:
@@ -68,14 +72,22 @@ def malformed_reply(request: SipRequest | SipResponse | None, source: tuple[str,
                          headers=(warning(user_agent, detail),))
 
 
-def cheap_503(data: bytes, retry_after_s: int) -> bytes | None:
-    """A 503 from the raw header lines of `data` (Via, From, To, Call-ID, CSeq copied as written),
-    or None when they are not all there. The caller sends it to the source address only: a forged
-    Via must not turn us into an amplifier."""
+def cheap_reply(data: bytes, status: int, reason: str, extra: tuple[str, ...] = ()) -> bytes | None:
+    """A response built from the raw header lines of `data` (Via, From, To, Call-ID, CSeq copied as written;
+    §8.2.6.2: a To tag added when there is none), or None when they are not all there or the CSeq is not
+    a number and a method. The caller sends it
+    to the source address only: a forged Via must not turn us into an amplifier."""
     head = data[:8192].split(b"\r\n\r\n", 1)[0].split(b"\r\n")[1:]
-    copied = [line for line in head
-              if canonical_name(line.split(b":", 1)[0].decode("latin-1")) in _CHEAP_HEADERS]
+    copied = []
+    for line in head:
+        name = canonical_name(line.split(b":", 1)[0].decode("latin-1"))
+        if name in _CHEAP_HEADERS:
+            if name == "to" and b";tag=" not in line.lower():
+                line += b";tag=" + new_tag().encode()
+            elif name == "cseq" and _CSEQ.fullmatch(line.split(b":", 1)[-1]) is None:
+                return None  # a response the peer could not match to its request is worth nothing
+            copied.append(line)
     if len(copied) < 5:
         return None
-    return b"\r\n".join([b"SIP/2.0 503 Service Unavailable", *copied,
-                         f"Retry-After: {retry_after_s}".encode(), b"Content-Length: 0", b"", b""])
+    return b"\r\n".join([f"SIP/2.0 {status} {reason}".encode(), *copied, *(line.encode() for line in extra),
+                         b"Content-Length: 0", b"", b""])

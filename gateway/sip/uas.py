@@ -1,7 +1,8 @@
 """The SIP user-agent server core (RFC 3261 §8.2, §12-§15): admits INVITEs and runs their dialogs.
 
-`SipServer` receives every message from the transport, applies the edge policy (per-source rate
-limit before parsing -> cheap 503 or drop, parse errors -> 400/505, source allow-list -> 403,
+`SipServer` receives every message from the transport, applies the edge policy (before parsing, the
+gate of gate.py: a source outside the allow-list -> a few cheap 403s, the rest dropped; the flood budgets
+of rate_limit.py -> cheap 503 or drop, requests of live calls exempt; then parse errors -> 400/505,
 Max-Forwards 0 -> 483, unknown URI scheme -> 416, merged request -> 482, bad SDP offer -> 488/415,
 capacity and draining -> 503), hands requests to transactions and answers each method. Each new INVITE becomes an `InboundCall` (inbound_call.py) that
 the call layer drives; every name the call layer uses is importable from this module.
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,7 +29,6 @@ from gateway import metrics
 from gateway.config_errors import ConfigError
 from gateway.sip.dialog import DialogKey, new_tag
 from gateway.sip.edge_replies import (
-    cheap_503,
     malformed_reply,
     response_address,
     stamp_via,
@@ -54,7 +53,8 @@ from gateway.sip.message import (
     make_response,
     parse,
 )
-from gateway.sip.rate_limit import SourceRateLimiter
+from gateway.sip.gate import PreParseGate
+from gateway.sip.rate_limit import FloodLimits
 from gateway.sip.transaction import (
     InviteServerTransaction,
     NonInviteClientTransaction,
@@ -75,7 +75,6 @@ _IMPLEMENTED = frozenset({"INVITE", "ACK", "CANCEL", "BYE", "OPTIONS", "INFO", "
 _URI_SCHEMES = ("sip:", "sips:", "tel:")  # §8.2.2.1: anything else is 416
 _LOG_FIELD_CHARS = 64  # Call-IDs, reasons and addresses a peer chose, as they appear in logs
 _SWEEP_S = 1.0  # how often ended flood episodes and suppressed log lines are reported
-_BRANCH = re.compile(rb";\s*branch\s*=\s*(z9hG4bK[^;,\s]*)", re.IGNORECASE)  # the first is the top Via's
 
 
 @dataclass(frozen=True)
@@ -92,7 +91,7 @@ class SipSettings:
     user_agent: str = "cosyvoice-gateway"
     advertised_host: str | None = None  # host for Contact/SDP if different from listen_host
     stream_limits: StreamLimits = field(default_factory=StreamLimits)
-    max_requests_per_s_per_source: float = 100.0  # burst: twice this; over it -> cheap 503 or drop
+    flood: FloodLimits = field(default_factory=FloodLimits)  # budgets before parsing (rate_limit.py)
 
 
 class SipServer:
@@ -111,13 +110,14 @@ class SipServer:
         self._timers = Timers(settings.t1, settings.t2, settings.t4)
         self._transport = SipTransport(settings.listen_host, settings.listen_port, settings.transports,
                                        self._on_message, self._on_stream_error, settings.stream_limits,
-                                       self._address_allowed)
+                                       self._address_allowed, self._within_budget)
         self._transactions = TransactionTable()
+        self._gate = PreParseGate(settings.flood, settings.retry_after_s, self._address_allowed,
+                                  self._transactions.has_branch, self._send_cheap)
         self._calls: dict[DialogKey, InboundCall] = {}
         self._admitted: set[InboundCall] = set()  # counted against max_calls (see the class docstring)
         self._owners: dict[InboundCall, asyncio.Future] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        self._limiter = SourceRateLimiter(settings.max_requests_per_s_per_source)
         self._sweeper: asyncio.TimerHandle | None = None
         self._sparse_log = LogBudget(log)
         self._services = UasServices(settings.user_agent, settings.retry_after_s, self._timers,
@@ -155,17 +155,7 @@ class SipServer:
     # --- receiving ------------------------------------------------------------------------------
 
     def _on_message(self, data: bytes, peer: Peer) -> None:
-        verdict = self._limiter.check(peer.address[0], time.monotonic())
-        if not verdict.admit:  # before parsing: a flood costs a dict lookup and, at most, a cheap 503
-            if verdict.episode_started:
-                log.warning("sip_flood_started", source=_short(peer.address[0]),
-                            limit_per_s=self.settings.max_requests_per_s_per_source)
-            if (not data.startswith((b"SIP/", b"ACK ")) and not self._is_retransmission(data)
-                    and self._limiter.take_reply(peer.address[0])):
-                metrics.sip_rate_limited_total.labels(action="503").inc()
-                self._cheap_503(data, peer)
-            else:  # a dropped retransmission is harmless; a 503 to it would end a live transaction
-                metrics.sip_rate_limited_total.labels(action="dropped").inc()
+        if not self._gate.admit(data, peer):  # before parsing: allow-list and flood budgets (gate.py)
             return
         try:
             message = parse(data, stream=peer.transport == "tcp")
@@ -204,18 +194,6 @@ class SipServer:
         if response is not None:
             metrics.sip_responses_total.labels(code=str(status)).inc()
             self._response_sender(response, peer)()
-
-    def _is_retransmission(self, data: bytes) -> bool:
-        match = _BRANCH.search(data, 0, 4096)
-        return match is not None and self._transactions.has_branch(match.group(1).decode("latin-1"))
-
-    def _cheap_503(self, data: bytes, peer: Peer) -> None:
-        """A 503 without parsing or a transaction (§21.5.4), sent to the source address only."""
-        response = cheap_503(data, self.settings.retry_after_s)
-        if response is None:
-            return
-        metrics.sip_responses_total.labels(code="503").inc()
-        self._transport.send(response, peer.transport, peer.address, peer.connection)
 
     def _on_request(self, request: SipRequest, peer: Peer) -> None:
         request = stamp_via(request, peer.address)
@@ -307,6 +285,7 @@ class SipServer:
         call = InboundCall(self._services, invite, transaction, peer, received_at)
         self._calls[call.dialog.key] = call
         self._admitted.add(call)  # in the same step as the max_calls check: nothing runs in between
+        self._gate.call_started(call.call_id)
         log.info("sip_invite", call_id=_short(call.call_id), user=_short(call.request_user),
                  transport=peer.transport, source=f"{peer.address[0]}:{peer.address[1]}")
         try:
@@ -368,6 +347,12 @@ class SipServer:
         if call is not None:
             call.on_ack(ack)
 
+    def _within_budget(self, source: str, cost: int) -> bool:
+        return self._gate.within_budget(source, cost)
+
+    def _send_cheap(self, response: bytes, peer: Peer) -> None:
+        self._transport.send(response, peer.transport, peer.address, peer.connection)
+
     def _address_allowed(self, host: str) -> bool:
         if not self.settings.allowed_sources:
             return True
@@ -379,8 +364,7 @@ class SipServer:
     def _sweep(self) -> None:
         self._sweeper = asyncio.get_running_loop().call_later(_SWEEP_S, self._sweep)
         self._sparse_log.roll()
-        for source, shed in self._limiter.finished_episodes(time.monotonic()):
-            log.warning("sip_flood_ended", source=_short(source), requests_shed=shed)
+        self._gate.sweep()
 
     # --- sending --------------------------------------------------------------------------------
 
@@ -430,6 +414,7 @@ class SipServer:
     def _forget(self, call: InboundCall) -> None:
         if self._calls.get(call.dialog.key) is call:
             del self._calls[call.dialog.key]
+            self._gate.call_ended(call.call_id)
         if call not in self._owners:
             self._admitted.discard(call)
 

@@ -188,6 +188,10 @@ def test_engine_worker_keys_are_validated_and_plan_one_worker_per_gpu():
     ({"sip.tcp.keepalive": 1}, "sip.tcp.keepalive: unknown field"),
     ({"sip.max_message_bytes": 100}, "sip.max_message_bytes:"),
     ({"sip.flood.max_requests_per_s_per_source": 0}, "sip.flood.max_requests_per_s_per_source:"),
+    ({"sip.flood.max_requests_per_s_per_source": 900}, "sip.flood.max_requests_per_s: must not be below"),
+    ({"sip.flood.max_junk_per_s": 0}, "sip.flood.max_junk_per_s:"),
+    ({"sip.flood.max_junk_per_s_per_source": 500}, "sip.flood.max_junk_per_s: must not be below"),
+    ({"sip.tcp.max_unsent_bytes": 100}, "sip.tcp.max_unsent_bytes:"),
 ])
 def test_sip_abuse_limits_name_their_key(overrides, expected):
     with pytest.raises(ConfigError) as caught:
@@ -200,9 +204,11 @@ def test_sip_abuse_limits_reach_the_sip_settings():
     limits = sip.stream_limits
     assert (limits.max_connections, limits.max_connections_per_source) == (500, 50)
     assert (limits.idle_timeout_s, limits.read_timeout_s, limits.max_message_bytes) == (60, 10, 65535)
-    assert sip.max_requests_per_s_per_source == 100
+    assert limits.max_unsent_bytes == 262144
+    assert (sip.flood.per_source_per_s, sip.flood.total_per_s) == (100, 500)
+    assert (sip.flood.junk_per_source_per_s, sip.flood.junk_total_per_s) == (10, 100)
     default = load_config(None, {"sip.flood.max_requests_per_s_per_source": 5}).sip_settings()
-    assert default.max_requests_per_s_per_source == 5 and default.stream_limits.max_connections == 500
+    assert default.flood.per_source_per_s == 5 and default.stream_limits.max_connections == 500
 
 
 def test_supervised_workers_listen_on_consecutive_fixed_ports_and_serve_the_speech_api_only_there():

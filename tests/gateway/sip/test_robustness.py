@@ -19,6 +19,7 @@ import pytest_asyncio
 
 from gateway import metrics
 from gateway.sip.message import ParseError, SipResponse, parse
+from gateway.sip.rate_limit import FloodLimits
 from gateway.sip.uas import Ended, SipServer, SipSettings
 from tests.gateway.sip.malformed import Case, corpus_cases, generated_cases
 from tests.gateway.sip.peers import ANSWER_SDP, T1, Phone, UdpPeer, raw_request
@@ -67,8 +68,9 @@ class Gateway:
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def gateway() -> AsyncIterator[Gateway]:
     phone = Phone("reject_486")  # a valid INVITE reaches the call layer and is declined there
+    unlimited = FloodLimits(per_source_per_s=1e6, total_per_s=1e6, junk_per_source_per_s=1e6, junk_total_per_s=1e6)
     settings = SipSettings(listen_host="127.0.0.1", listen_port=0, t1=T1, t2=0.4, t4=0.25,
-                           max_requests_per_s_per_source=1e6)  # the corpus is not a flood
+                           flood=unlimited)  # the corpus is not a flood
     server = SipServer(settings, phone.on_invite)
     await server.start()
     transport, peer = await asyncio.get_running_loop().create_datagram_endpoint(UdpPeer, local_addr=("127.0.0.1", 0))
