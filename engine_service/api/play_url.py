@@ -3,7 +3,7 @@
 
     GET|HEAD /v1/play.wav?text=...&voice=en&codec=pcm16|pcmu|pcma&rate=8000|16000|24000
     GET|HEAD /v1/play.ulaw | .alaw  (raw G.711, 8000 Hz)   /v1/play.sln?rate=N  (raw 16-bit little-endian)
-    auth: Authorization: Bearer <key>, or a signed URL (&key=<name>&exp=<unix time>&sig=<hmac>; sign.py)
+    auth: Authorization: Bearer <key>, or a signed URL (&key=<name>&exp=<unix time>&sig=<hmac>; signed_url.py)
 
 The path ends in the file type because players pick the format from it (Asterisk's media cache from the
 Content-Type, else the URL's extension; FreeSWITCH's from the extension). Defaults: voice the API's default,
@@ -31,7 +31,7 @@ from engine_service.api.context import TTS_API, TtsApi
 from engine_service.api.errors import ApiError, answers_errors
 from engine_service.api.play_cache import PromptKey
 from engine_service.api.settings import ApiKey
-from engine_service.api.sign import SIGNATURE_PARAMS, signature_problem
+from engine_service.api.signed_url import SIGNATURE_PARAMS, signature_problem
 from engine_service.api.speech import encoded_audio, resolve_voice, speech_stream
 from engine_service.api.streaming_response import FIRST_BYTE_AT
 from engines.base import SynthesisFailed
