@@ -9,39 +9,72 @@ The path ends in the file type because players pick the format from it (Asterisk
 Content-Type, else the URL's extension; FreeSWITCH's from the extension). Defaults: voice the API's default,
 codec pcm16, rate 8000. An unknown parameter is a 400 (a typo must not fall back to a default).
 
-Every answer carries a strong `ETag` (the hash of text, voice, the engine's model identity, file type, codec
-and rate: see play_cache.PromptKey) and `Cache-Control: max-age=<tts_api.play_url.max_age_s>`; a request whose
+Every answer carries a strong `ETag` (the hash of the prompt's key -- text, voice, the engine's model identity,
+rate: play_cache.PromptKey -- with the file type and codec) and `Cache-Control: max-age=<tts_api.play_url.max_age_s>`; a request whose
 `If-None-Match` names it gets 304 without the engine. The body is rendered whole before the answer starts, so
 it always has a `Content-Length` and a WAV header with true sizes: the players this is for download a prompt to
 a file before playing it (none plays while downloading), and some refuse or misplay a WAV whose header says
 "unknown length" (Asterisk's format_wav reads the data size), so streaming a miss would buy no earlier audio
-and cost correctness. A miss's first byte is therefore the whole render; a hit's is a memory copy.
+and cost correctness. A miss's first byte is therefore the whole render; a hit's is an encode of kept PCM
+(G.711 by table lookup: well under a millisecond for a prompt).
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
 
+import numpy as np
 from aiohttp import web
 
 from engine_service.api.access import authenticate
 from engine_service.api.audio_format import AudioEncoder, AudioFormat, FormatProblem, wav_header
 from engine_service.api.context import TTS_API, TtsApi
 from engine_service.api.errors import ApiError, answers_errors
+from engine_service.api.g711 import encode_g711
 from engine_service.api.play_cache import PromptKey
 from engine_service.api.settings import ApiKey
 from engine_service.api.signed_url import SIGNATURE_PARAMS, signature_problem
 from engine_service.api.speech import encoded_audio, resolve_voice, speech_stream
 from engine_service.api.streaming_response import FIRST_BYTE_AT
 from engines.base import SynthesisFailed
+from engines.channel import ChunkChannel
 
 FILE_TYPES = ("wav", "ulaw", "alaw", "sln")
 ROUTE = "/v1/play.{file_type:" + "|".join(FILE_TYPES) + "}"
 _PARAMS = ("text", "voice", "codec", "rate", *SIGNATURE_PARAMS)
 _RAW_CODEC = {"ulaw": "pcmu", "alaw": "pcma", "sln": "pcm16"}
-_API_FORMAT = {"pcm16": "pcm_s16le", "pcmu": "pcmu", "pcma": "pcma"}  # audio_format's names for the codecs
+_API_FORMAT = {"pcm16": "pcm_s16le", "pcmu": "pcmu", "pcma": "pcma"}  # audio_format's names: its rate checks
 _CONTENT_TYPES = {"wav": "audio/wav", "ulaw": "audio/basic", "alaw": "audio/x-alaw-basic"}
+
+
+@dataclass(frozen=True)
+class PlayFile:
+    """One answer's audio: the prompt, and how its samples are packed."""
+
+    prompt: PromptKey
+    file_type: str  # wav, ulaw, alaw, sln
+    codec: str  # pcm16, pcmu, pcma
+
+    @property
+    def etag(self) -> str:
+        """A strong entity tag (RFC 9110 section 8.8.3): the same prompt packed alike is the same bytes."""
+        tag = hashlib.sha256(f"{self.prompt.digest}\0{self.file_type}\0{self.codec}".encode()).hexdigest()
+        return f'"{tag[:40]}"'
+
+    @property
+    def content_type(self) -> str:
+        return _CONTENT_TYPES.get(self.file_type, f"audio/l16;rate={self.prompt.rate}")
+
+    def body(self, samples: np.ndarray) -> bytes:
+        data = samples.astype("<i2").tobytes() if self.codec == "pcm16" else encode_g711(samples, self.codec)
+        if self.file_type == "wav":
+            return wav_header(self.prompt.rate, self.codec, len(data)) + data
+        return data
 
 
 @answers_errors
@@ -49,15 +82,15 @@ async def play(request: web.Request) -> web.StreamResponse:
     api = request.app[TTS_API]
     query = _single_values(request)
     key = _signed_key(request, api, query) if "sig" in query else authenticate(request, api)
-    prompt = _prompt_key(api, request.match_info["file_type"], query)
-    headers = {"ETag": prompt.etag, "Cache-Control": _cache_control(api, signed="sig" in query)}
-    if _matches(request.headers.get("If-None-Match"), prompt.etag):
+    play_file = _play_file(api, request.match_info["file_type"], query)
+    headers = {"ETag": play_file.etag, "Cache-Control": _cache_control(api, signed="sig" in query)}
+    if _matches(request.headers.get("If-None-Match"), play_file.etag):
         return web.Response(status=304, headers=headers)
-    body = api.play_cache.lookup(prompt)
-    if body is None:
-        body = await api.play_cache.fill(prompt, lambda: _render(api, key, prompt))
-    content_type = _CONTENT_TYPES.get(prompt.file_type, f"audio/l16;rate={prompt.sample_rate}")
-    response = web.Response(body=body, headers={**headers, "Content-Type": content_type})
+    prompt = play_file.prompt
+    samples = api.play_cache.lookup(prompt)
+    if samples is None:
+        samples = await api.play_cache.fill(prompt, lambda: _render(api, key, prompt))
+    response = web.Response(body=play_file.body(samples), headers={**headers, "Content-Type": play_file.content_type})
     await response.prepare(request)
     request[FIRST_BYTE_AT] = time.monotonic()
     return response
@@ -91,7 +124,7 @@ def _signed_key(request: web.Request, api: TtsApi, query: dict[str, str]) -> Api
     raise ApiError(403, "bad_signature", problem)
 
 
-def _prompt_key(api: TtsApi, file_type: str, query: dict[str, str]) -> PromptKey:
+def _play_file(api: TtsApi, file_type: str, query: dict[str, str]) -> PlayFile:
     text = query.get("text")
     if not text:
         raise ApiError(400, "invalid_field", "text: required")
@@ -106,10 +139,14 @@ def _prompt_key(api: TtsApi, file_type: str, query: dict[str, str]) -> PromptKey
     except FormatProblem as problem:
         raise ApiError(400, "invalid_field", f"rate: {problem}") from None
     voice = resolve_voice(api.engine, api.settings, query.get("voice"))
-    # The model identity keeps an ETag from outliving the model that made the audio; an engine without one is
-    # known by its name (espeak, instant: one model each).
-    model = getattr(api.engine, "model_identity", None) or api.engine.name
-    return PromptKey(text, voice, model, file_type, codec, int(rate))
+    return PlayFile(PromptKey(text, voice, _model_identity(api, voice), int(rate)), file_type, codec)
+
+
+def _model_identity(api: TtsApi, voice: str) -> str:
+    """The model identity keeps an ETag from outliving the model that made the audio. Engines report it as
+    `model_identity(voice)` (the prompt cache's branch adds it to engines.base); until then, the engine's name."""
+    identity = getattr(api.engine, "model_identity", None)
+    return identity(voice) if callable(identity) else f"{api.engine.name}:{voice}"
 
 
 def _cache_control(api: TtsApi, signed: bool) -> str:
@@ -125,15 +162,23 @@ def _matches(if_none_match: str | None, etag: str) -> bool:
     return "*" in tags or etag in tags
 
 
-async def _render(api: TtsApi, key: ApiKey, prompt: PromptKey) -> bytes:
-    audio_format = AudioFormat(_API_FORMAT[prompt.codec], prompt.sample_rate)
-    with api.slots.hold(key):
-        async with speech_stream(api, prompt.text, prompt.voice, uuid.uuid4().hex[:16]) as channel:
-            encoder = AudioEncoder(audio_format, api.engine.sample_rate)
-            try:
-                data = b"".join([piece async for piece in encoded_audio(channel, encoder)])
-            except SynthesisFailed as failure:
-                raise ApiError(500, "synthesis_failed", str(failure)) from None
-    if prompt.file_type == "wav":
-        return wav_header(prompt.sample_rate, prompt.codec, len(data)) + data
-    return data
+async def _render(api: TtsApi, key: ApiKey, prompt: PromptKey) -> AsyncIterator[np.ndarray]:
+    """Admit an engine stream for the prompt (refusals raise here, before any answer) and return its audio as
+    int16 chunks at the prompt's rate; the key's slot and the stream are held until the chunks end."""
+    stack = AsyncExitStack()
+    try:
+        stack.enter_context(api.slots.hold(key))
+        channel = await stack.enter_async_context(speech_stream(api, prompt.text, prompt.voice, uuid.uuid4().hex[:16]))
+    except BaseException:
+        await stack.aclose()
+        raise
+    return _pcm_chunks(stack, channel, AudioEncoder(AudioFormat("pcm_s16le", prompt.rate), api.engine.sample_rate))
+
+
+async def _pcm_chunks(stack: AsyncExitStack, channel: ChunkChannel, encoder: AudioEncoder) -> AsyncIterator[np.ndarray]:
+    async with stack:
+        try:
+            async for data in encoded_audio(channel, encoder):
+                yield np.frombuffer(data, dtype="<i2")
+        except SynthesisFailed as failure:
+            raise ApiError(500, "synthesis_failed", str(failure)) from None

@@ -224,3 +224,19 @@ async def test_bad_play_urls_name_the_parameter(espeak, query, status, words):
         async with client.get(f"{server.url}/v1/play.wav?{query}") as response:
             assert response.status == status
             assert words in (await response.json())["message"]
+
+
+async def test_a_failed_render_is_a_500_kept_nowhere_and_a_full_engine_a_503():
+    engine = GatedEngine(chunks=2, fail_after_first=True)
+    engine.gate.set()
+    async with serve(engine) as server, aiohttp.ClientSession(headers=AUTH) as client:
+        api = server.app[TTS_API]
+        for attempt in (1, 2):  # not cached: the second asks the engine again
+            async with client.get(f"{server.url}/v1/play.wav?text=hello") as response:
+                assert response.status == 500
+                assert (await response.json())["error"] == "synthesis_failed"
+            assert len(engine.texts) == attempt and api.slots.in_use("test") == 0
+    async with serve(GatedEngine(admit=False), settings(admission_timeout_s=0.2)) as server, \
+            aiohttp.ClientSession(headers=AUTH) as client:
+        async with client.get(f"{server.url}/v1/play.wav?text=hello") as response:
+            assert response.status == 503 and response.headers["Retry-After"] == "1"
