@@ -39,6 +39,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--codec", choices=("pcm16", "pcmu", "pcma"), help="inside a wav (default pcm16)")
     parser.add_argument("--rate", type=int, choices=(8000, 16000, 24000), help="sample rate (default 8000)")
     parser.add_argument("--ttl", type=_ttl_seconds, default="30d", help="valid for: 3600, 90m, 12h, 30d (default)")
+    parser.add_argument("--asterisk", action="store_true", help="separate parameters with ';' written '\\;' (for "
+                        "Playback() in extensions.conf, which splits at '&' and reads ';' as a comment)")
     args = parser.parse_args(argv)
 
     from engine_service.api.settings import TtsApiConfigError, TtsApiSettings
@@ -61,8 +63,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     params = {"text": args.text}
     params.update({name: str(value) for name, value in
                    (("voice", args.voice), ("codec", args.codec), ("rate", args.rate)) if value is not None})
-    print(signed_url(args.base_url, f"/v1/play.{args.file}", params, key.name, key.key,
-                     int(time.time()) + args.ttl))
+    url = signed_url(args.base_url, f"/v1/play.{args.file}", params, key.name, key.key, int(time.time()) + args.ttl,
+                     separator=";" if args.asterisk else "&")
+    print(url.replace(";", "\\;") if args.asterisk else url)
     return 0
 
 

@@ -48,10 +48,11 @@ def signature_problem(secret: str, path: str, params: Mapping[str, str], now: fl
 
 
 def signed_url(base_url: str, path: str, params: Mapping[str, str], key_name: str, secret: str,
-               expires_at: int) -> str:
+               expires_at: int, separator: str = "&") -> str:
     """A full URL: the parameters (dots encoded too, so a player that finds the file type by the URL's last
-    dot still sees '.wav'), the key's name, the expiry and the signature."""
+    dot, FreeSWITCH's mod_http_cache, still sees '.wav'), the key's name, the expiry and the signature, joined
+    by `separator` ('&', or ';' for Asterisk's Playback(), which splits at '&')."""
     signed = {**params, "key": key_name, "exp": str(expires_at)}
-    query = "&".join(f"{quote(name, safe='')}={quote(value, safe='').replace('.', '%2E')}"
-                     for name, value in sorted(signed.items()))
-    return f"{base_url.rstrip('/')}{path}?{query}&sig={signature(secret, path, signed)}"
+    query = separator.join(f"{quote(name, safe='')}={quote(value, safe='').replace('.', '%2E')}"
+                           for name, value in sorted(signed.items()))
+    return f"{base_url.rstrip('/')}{path}?{query}{separator}sig={signature(secret, path, signed)}"

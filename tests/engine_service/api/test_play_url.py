@@ -208,6 +208,11 @@ async def test_the_cli_mints_a_url_that_plays(espeak, tmp_path):
         path = tmp_path / "bye.wav"
         assert (await curl("-f", "-o", str(path), url)).returncode == 0
     assert soxi(path)["encoding"] == "u-law"
+    for_asterisk = subprocess.run(
+        [sys.executable, "-m", "engine_service.api.sign", "--config", str(config), "--key", "ivr", "--base-url",
+         "https://tts.example.com", "--text", "Goodbye.", "--asterisk"], capture_output=True, text=True, timeout=30)
+    assert for_asterisk.returncode == 0 and "&" not in for_asterisk.stdout
+    assert for_asterisk.stdout.count("\\;") == 3  # text, exp, key, then sig: each ';' escaped for extensions.conf
 
 
 @pytest.mark.parametrize(("query", "status", "words"), [
@@ -240,3 +245,20 @@ async def test_a_failed_render_is_a_500_kept_nowhere_and_a_full_engine_a_503():
             aiohttp.ClientSession(headers=AUTH) as client:
         async with client.get(f"{server.url}/v1/play.wav?text=hello") as response:
             assert response.status == 503 and response.headers["Retry-After"] == "1"
+
+
+async def test_asterisks_url_form_and_revalidation(espeak):
+    """Playback() splits at '&', so its URL separates parameters with ';'; when max-age passes,
+    res_http_media_cache asks again with HEAD and If-None-Match and keeps its file on a 304."""
+    async with worker(espeak) as base, aiohttp.ClientSession() as client:
+        url = signed_url(base, "/v1/play.wav", {"text": TEXT, "rate": "8000"}, "test", KEY, int(time.time()) + 60,
+                         separator=";")
+        assert "&" not in url
+        async with client.get(url) as got:
+            assert got.status == 200 and got.headers["Content-Type"] == "audio/wav"
+            etag = got.headers["ETag"]
+        async with client.head(url, headers={"If-None-Match": etag}) as revalidated:
+            assert revalidated.status == 304 and revalidated.headers["ETag"] == etag
+        async with client.head(url, headers={"If-None-Match": '"something-else"'}) as changed:
+            assert changed.status == 200
+        assert await renders(base) == 1
