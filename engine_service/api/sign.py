@@ -3,7 +3,8 @@
     python -m engine_service.api.sign --config gateway.yaml --key ivr --base-url https://tts.example.com \\
         --text "Press one for sales." --voice en --codec pcm16 --rate 8000 --ttl 30d
 
-The key's secret is read from tts_api.api_keys and never printed; exit 2 with one line naming the problem.
+The key's secret is read from the config's tts_api.api_keys (the YAML read here, not through the gateway's
+loader: api/ never imports the gateway) and never printed; exit 2 with one line naming the problem.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ import sys
 import time
 from collections.abc import Sequence
 
+import yaml
+
+from engine_service.api.settings import TtsApiConfigError, TtsApiSettings
 from engine_service.api.signed_url import signed_url
 
 _TTL_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -43,12 +47,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "Playback() in extensions.conf, which splits at '&' and reads ';' as a comment)")
     args = parser.parse_args(argv)
 
-    from engine_service.api.settings import TtsApiConfigError, TtsApiSettings
-    from gateway.config import load_config
-
     try:
-        settings = TtsApiSettings.from_mapping(load_config(args.config).tts_api)
-    except (OSError, ValueError, TtsApiConfigError) as exc:
+        with open(args.config, encoding="utf-8") as file:
+            document = yaml.safe_load(file) or {}
+        settings = TtsApiSettings.from_mapping(document.get("tts_api") if isinstance(document, dict) else None)
+    except (OSError, yaml.YAMLError, TtsApiConfigError) as exc:
         print(f"{args.config}: {exc}", file=sys.stderr)
         return 2
     key = settings.key_named(args.key)
