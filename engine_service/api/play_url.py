@@ -9,14 +9,15 @@ The path ends in the file type because players pick the format from it (Asterisk
 Content-Type, else the URL's extension; FreeSWITCH's from the extension). Defaults: voice the API's default,
 codec pcm16, rate 8000. An unknown parameter is a 400 (a typo must not fall back to a default).
 
-Every answer carries a strong `ETag` (the hash of the prompt's key -- text, voice, the engine's model identity,
-rate: play_cache.PromptKey -- with the file type and codec) and `Cache-Control: max-age=<tts_api.play_url.max_age_s>`; a request whose
-`If-None-Match` names it gets 304 without the engine. The body is rendered whole before the answer starts, so
-it always has a `Content-Length` and a WAV header with true sizes: the players this is for download a prompt to
-a file before playing it (none plays while downloading), and some refuse or misplay a WAV whose header says
-"unknown length" (Asterisk's format_wav reads the data size), so streaming a miss would buy no earlier audio
-and cost correctness. A miss's first byte is therefore the whole render; a hit's is an encode of kept PCM
-(G.711 by table lookup: well under a millisecond for a prompt).
+Every answer carries a strong `ETag` (the hash of the prompt's key -- text, voice, the engine's model
+identity, rate: play_cache.PromptKey -- with the file type and codec) and `Cache-Control:
+max-age=<tts_api.play_url.max_age_s>`; a request whose `If-None-Match` names it gets 304 without the engine.
+
+The body is rendered whole before the answer starts, so it always has a `Content-Length` and a WAV header with
+true sizes. The players this is for download a prompt to a file before they play it (res_http_media_cache
+curls to a file, then plays; mod_http_cache likewise), so streaming a miss would not start the audio sooner,
+while a WAV header that says "unknown length" is one not every reader takes. A miss's first byte is therefore
+the whole render; a hit's is a pack of kept PCM (G.711 by table lookup: well under a millisecond a prompt).
 """
 
 from __future__ import annotations
@@ -121,8 +122,8 @@ def _signed_key(request: web.Request, api: TtsApi, query: dict[str, str]) -> Api
     if key is None:
         problem = "key: no API key of that name"
     elif (problem := signature_problem(key.key, request.path, query, now)) is None:
-        if int(query["exp"]) - now > api.settings.play_url.max_signed_ttl_s:
-            problem = f"exp: further ahead than tts_api.play_url.max_signed_ttl_s ({api.settings.play_url.max_signed_ttl_s} s)"
+        if int(query["exp"]) - now > (most := api.settings.play_url.max_signed_ttl_s):
+            problem = f"exp: further ahead than tts_api.play_url.max_signed_ttl_s ({most} s)"
         else:
             return key
     api.key_failures.failed(source, "bad_signature")
@@ -140,7 +141,8 @@ def _play_file(api: TtsApi, file_type: str, query: dict[str, str]) -> PlayFile:
         raise ApiError(400, "invalid_field", f"codec: unknown codec {codec!r}; choose one of pcm16, pcmu, pcma")
     rate = query.get("rate", "8000")
     try:
-        AudioFormat.parse(_API_FORMAT[codec], int(rate) if rate.isdigit() else -1)
+        number = int(rate) if rate.isascii() and rate.isdigit() and len(rate) < 7 else -1  # no '²', no 5000 digits
+        AudioFormat.parse(_API_FORMAT[codec], number)
     except FormatProblem as problem:
         raise ApiError(400, "invalid_field", f"rate: {problem}") from None
     voice = resolve_voice(api.engine, api.settings, query.get("voice"))

@@ -11,7 +11,8 @@
     GET  /v1/audio/voices   the engine's voices, for OpenAI-style clients
 
 Every /v1 route needs `Authorization: Bearer <key>` from `tts_api.api_keys` (a play URL may carry a signature
-made with a key instead); the page itself is public and asks for a key. Nothing here starts or stops the engine: the worker owns its lifecycle.
+made with a key instead); the page itself is public and asks for a key. Nothing here starts or stops the
+engine: the worker owns its lifecycle.
 """
 
 from __future__ import annotations

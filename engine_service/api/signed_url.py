@@ -37,7 +37,7 @@ def signature(secret: str, path: str, params: Mapping[str, str]) -> str:
 def signature_problem(secret: str, path: str, params: Mapping[str, str], now: float) -> str | None:
     """None if the URL is signed with `secret` and not expired; else what is wrong (for the 403's message)."""
     expiry = params.get("exp", "")
-    if not expiry.isdigit():
+    if not (expiry.isascii() and expiry.isdigit() and len(expiry) <= 12):
         return "exp: missing or not a Unix time"
     good = signature(secret, path, params)
     if not hmac.compare_digest(good.encode(), params.get("sig", "").encode("utf-8", "surrogateescape")):

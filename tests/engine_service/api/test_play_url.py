@@ -184,8 +184,9 @@ async def test_an_expired_or_unknown_key_url_is_refused(espeak):
         expired = signed_url(base, "/v1/play.wav", {"text": TEXT}, "test", KEY, int(time.time()) - 1)
         unknown = signed_url(base, "/v1/play.wav", {"text": TEXT}, "nobody", KEY, int(time.time()) + 60)
         too_far = signed_url(base, "/v1/play.wav", {"text": TEXT}, "test", KEY, int(time.time()) + 400 * 86400)
+        hostile = expired.replace("exp=", "exp=" + "9" * 5000)
         for url, words in ((expired, "exp: the URL expired"), (unknown, "key: no API key of that name"),
-                           (too_far, "max_signed_ttl_s")):
+                           (too_far, "max_signed_ttl_s"), (hostile, "exp: missing or not a Unix time")):
             async with client.get(url) as response:
                 assert response.status == 403
                 assert words in (await response.json())["message"]
@@ -223,6 +224,8 @@ async def test_the_cli_mints_a_url_that_plays(espeak, tmp_path):
     ("text=hi&codec=opus", 400, "codec: unknown codec"),
     ("text=hi&voice=klingon", 400, "voice: unknown voice"),
     ("text=hi&text=ho", 400, "text: given twice"),
+    ("text=hi&rate=%C2%B2", 400, "rate: sample_rate must be one of"),  # '²' is a digit to str.isdigit
+    ("text=hi&rate=" + "9" * 5000, 400, "rate: sample_rate must be one of"),
 ])
 async def test_bad_play_urls_name_the_parameter(espeak, query, status, words):
     async with serve(espeak) as server, aiohttp.ClientSession(headers=AUTH) as client:
