@@ -4,6 +4,9 @@ Scenarios (each: N clients start together, repeated to ~--samples samples; time 
 first audio byte):
   engine      the engine's first chunk, opened in this process (what the API cannot beat)
   http        POST /v1/tts (pcm_s16le, 8 kHz): first body byte
+  openai      POST /v1/audio/speech (pcm, stream_format audio): first body byte
+  play_miss   GET /v1/play.wav (8 kHz pcm16) of a text no one asked for yet: first byte, after the whole render
+  play_hit    GET /v1/play.wav of a prompt already rendered: first byte, from the worker's memory
   bot_ws      /v1/tts/ws, socket already open: from sending the text + flush to the first binary frame
   jambonz_ws  /v1/jambonz/ws at 10 clients, the same measure with jambonz's messages
   bot_clear   one bot socket: from sending clear to the `cleared` ack, and audio bytes that arrived after it
@@ -151,6 +154,32 @@ async def http_first_byte(session: aiohttp.ClientSession, url: str) -> tuple[flo
     return first, r.headers.get("X-Request-Id", "")
 
 
+async def openai_first_byte(session: aiohttp.ClientSession, url: str) -> float:
+    started = time.monotonic()
+    async with session.post(f"{url}/v1/audio/speech",
+                            json={"model": "tts-1", "voice": "en", "input": TEXT, "response_format": "pcm"}) as r:
+        r.raise_for_status()
+        await r.content.readany()
+        first = time.monotonic() - started
+        r.close()  # as http_first_byte: the first byte is the figure
+    return first
+
+
+async def play_first_byte(session: aiohttp.ClientSession, url: str, text: str) -> float:
+    started = time.monotonic()
+    async with session.get(f"{url}/v1/play.wav", params={"text": text}) as r:
+        r.raise_for_status()
+        await r.content.readany()
+        return time.monotonic() - started
+
+
+async def first_byte_scenario(url: str, key: str, clients: int, first_byte) -> list[float]:
+    """`first_byte(session, url, n)` for n in range(clients), together."""
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {key}"}, connector=connector) as session:
+        return list(await asyncio.gather(*(first_byte(session, url, n) for n in range(clients))))
+
+
 async def ws_first_audio(session: aiohttp.ClientSession, ws_url: str, jambonz: bool,
                          opened: asyncio.Barrier) -> float:
     async with session.ws_connect(ws_url) as ws:
@@ -246,6 +275,14 @@ async def run(args: argparse.Namespace) -> dict:
                     row["engine_in_server_http"] = summary([e for _, e in matched])
                     row["http_added"] = summary([first - e for first, e in matched])
                 engine_log.take()
+            row["openai"] = await pooled(lambda: first_byte_scenario(
+                url, key, clients, lambda session, base, n: openai_first_byte(session, base)))
+            row["play_miss"] = await pooled(lambda: first_byte_scenario(  # a new text per request: every one a miss
+                url, key, clients,
+                lambda session, base, n: play_first_byte(session, base, f"{TEXT} {secrets.token_hex(4)}")))
+            await first_byte_scenario(url, key, 1, lambda session, base, n: play_first_byte(session, base, TEXT))
+            row["play_hit"] = await pooled(lambda: first_byte_scenario(
+                url, key, clients, lambda session, base, n: play_first_byte(session, base, TEXT)))
             row["bot_ws"] = await pooled(lambda: ws_scenario(url, key, clients, jambonz=False))
             if clients == args.jambonz_clients:
                 row["jambonz_ws"] = await pooled(lambda: ws_scenario(url, key, clients, jambonz=True))

@@ -68,12 +68,27 @@ class AudioFormat:
         return 1 if self.name in _G711 else 2
 
 
-def wav_header(sample_rate: int) -> bytes:
-    """RIFF/WAVE header for mono 16-bit PCM of unknown length."""
-    fmt = struct.pack("<HHIIHH", 1, 1, sample_rate, sample_rate * 2, 2, 16)
-    return (b"RIFF" + struct.pack("<I", _UNKNOWN_LENGTH) + b"WAVE"
-            + b"fmt " + struct.pack("<I", len(fmt)) + fmt
-            + b"data" + struct.pack("<I", _UNKNOWN_LENGTH))
+# WAVE format tags (RFC 2361): 16-bit PCM, and G.711 A-law and u-law at 8 bits a sample.
+_WAV_CODECS = {"pcm16": (1, 16), "pcma": (6, 8), "pcmu": (7, 8)}
+
+
+def wav_header(sample_rate: int, codec: str = "pcm16", data_bytes: int | None = None) -> bytes:
+    """RIFF/WAVE header for mono `codec` audio; with `data_bytes` None, of unknown length (0xFFFFFFFF sizes).
+
+    G.711 gets the 18-byte fmt chunk and the fact chunk (sample count) that non-PCM WAVE requires; players
+    that only know PCM WAV (Asterisk's format_wav) need codec pcm16."""
+    tag, bits = _WAV_CODECS[codec]
+    width = bits // 8
+    fmt = struct.pack("<HHIIHH", tag, 1, sample_rate, sample_rate * width, width, bits)
+    fact = b""
+    if tag != 1:
+        fmt += struct.pack("<H", 0)
+        if data_bytes is not None:
+            fact = b"fact" + struct.pack("<II", 4, data_bytes // width)
+    chunks = b"fmt " + struct.pack("<I", len(fmt)) + fmt + fact
+    riff_size = _UNKNOWN_LENGTH if data_bytes is None else 4 + len(chunks) + 8 + data_bytes
+    data_size = _UNKNOWN_LENGTH if data_bytes is None else data_bytes
+    return b"RIFF" + struct.pack("<I", riff_size) + b"WAVE" + chunks + b"data" + struct.pack("<I", data_size)
 
 
 def pcm16(samples: np.ndarray) -> np.ndarray:

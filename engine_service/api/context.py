@@ -1,4 +1,5 @@
-"""TtsApi: what every endpoint of the API shares (the engine, the settings, the per-key stream slots).
+"""TtsApi: what every endpoint of the API shares (the engine, the settings, the per-key stream slots, the play
+URL's cache).
 
 One instance per aiohttp application, stored under `TTS_API`; handlers read it from `request.app`.
 """
@@ -12,6 +13,7 @@ from aiohttp import web
 
 from engine_service.api.access import KeyFailures, StreamSlots
 from engine_service.api.client_pace import StreamBuffers
+from engine_service.api.play_cache import PlayCache
 from engine_service.api.settings import TtsApiSettings
 from engines.base import SpeechEngine
 
@@ -36,9 +38,11 @@ class TtsApi:
     slots: StreamSlots = field(default_factory=StreamSlots)  # per API key
     key_failures: KeyFailures = field(init=False)  # wrong keys per source
     buffers: StreamBuffers = field(default_factory=StreamBuffers)  # audio waiting for slow clients
+    play_cache: PlayCache = field(init=False)  # rendered play-URL answers
 
     def __post_init__(self) -> None:
         self.key_failures = KeyFailures(self.settings.max_key_failures, self.settings.key_failure_window_s)
+        self.play_cache = PlayCache(self.settings.play_url.cache_bytes)
 
 
 TTS_API = web.AppKey("tts_api", TtsApi)

@@ -6,9 +6,13 @@
     GET  /v1/tts/ws         bot WebSocket: text pieces in, audio per sentence out, flush and clear
     POST /v1/jambonz/tts    jambonz custom TTS vendor, HTTP
     GET  /v1/jambonz/ws     jambonz custom TTS vendor, streaming WebSocket
+    GET  /v1/play.wav       prompt audio by URL, cacheable (ETag, max-age, 304); also .ulaw .alaw .sln; HEAD too
+    POST /v1/audio/speech   OpenAI-compatible speech (its clients and frameworks, unchanged)
+    GET  /v1/audio/voices   the engine's voices, for OpenAI-style clients
 
-Every /v1 route needs `Authorization: Bearer <key>` from `tts_api.api_keys`; the page itself is public and asks
-for a key. Nothing here starts or stops the engine: the worker owns its lifecycle.
+Every /v1 route needs `Authorization: Bearer <key>` from `tts_api.api_keys` (a play URL may carry a signature
+made with a key instead); the page itself is public and asks for a key. Nothing here starts or stops the
+engine: the worker owns its lifecycle.
 """
 
 from __future__ import annotations
@@ -21,6 +25,9 @@ from engine_service.api.bot_ws import bot_websocket
 from engine_service.api.context import TTS_API, SharedSlots, TtsApi
 from engine_service.api.http_tts import get_voices, post_tts
 from engine_service.api.jambonz import jambonz_http, jambonz_websocket
+from engine_service.api.openai_speech import openai_speech, openai_voices
+from engine_service.api.play_url import ROUTE as PLAY_ROUTE
+from engine_service.api.play_url import play
 from engine_service.api.settings import TtsApiSettings
 from engines.base import SpeechEngine
 
@@ -41,6 +48,9 @@ def add_tts_routes(app: web.Application, engine: SpeechEngine, settings: TtsApiS
     app.router.add_get("/v1/tts/ws", bot_websocket)
     app.router.add_post("/v1/jambonz/tts", jambonz_http)
     app.router.add_get("/v1/jambonz/ws", jambonz_websocket)
+    app.router.add_get(PLAY_ROUTE, play)  # HEAD too (aiohttp's allow_head): same headers, no body
+    app.router.add_post("/v1/audio/speech", openai_speech)
+    app.router.add_get("/v1/audio/voices", openai_voices)
 
 
 async def _try_voice_page(request: web.Request) -> web.Response:

@@ -16,6 +16,10 @@
       reserved_call_slots: 0         # slots of each worker the API never takes: SIP calls always find them
       slow_client_timeout_s: 10      # a client that does not take its audio for this long is cut (slot freed)
       max_stream_buffer_bytes: 1048576  # audio made for one client and not yet sent; over it, see above
+      play_url:                      # GET /v1/play.wav?text=...: prompt audio by URL (engine_service/api/play_url.py)
+        max_age_s: 86400             # Cache-Control: max-age of its answers (PBX media caches keep it that long)
+        cache_bytes: 67108864        # rendered prompts kept in this worker's memory; least recently used go first
+        max_signed_ttl_s: 31536000   # a signed URL's exp= may lie at most this far ahead (a forged far future: 403)
 
 `TtsApiSettings.from_mapping(block)` validates and raises `TtsApiConfigError`, whose lines start with the key
 path (`tts_api.api_keys[1].max_streams: ...`), like the gateway's config. With no keys the API answers 401 to
@@ -54,6 +58,12 @@ class ApiKey(_Section):
         return f"ApiKey(name={self.name!r}, max_streams={self.max_streams})"
 
 
+class PlayUrlSettings(_Section):
+    max_age_s: int = Field(default=86400, ge=0)
+    cache_bytes: int = Field(default=64 << 20, ge=0)
+    max_signed_ttl_s: int = Field(default=365 * 86400, ge=1)
+
+
 class TtsApiSettings(_Section):
     api_keys: tuple[ApiKey, ...] = ()
     max_text_chars: int = Field(default=2000, ge=1)
@@ -67,6 +77,7 @@ class TtsApiSettings(_Section):
     reserved_call_slots: int = Field(default=0, ge=0)
     slow_client_timeout_s: float = Field(default=10.0, gt=0)
     max_stream_buffer_bytes: int = Field(default=1 << 20, ge=65536)
+    play_url: PlayUrlSettings = PlayUrlSettings()
 
     @field_validator("api_keys")
     @classmethod
@@ -102,6 +113,10 @@ class TtsApiSettings(_Section):
             if hmac.compare_digest(key.key.encode(), secret.encode("utf-8", "surrogateescape")):
                 found = key
         return found
+
+    def key_named(self, name: str) -> ApiKey | None:
+        """The key called `name` (a signed URL names its key; the secret never travels)."""
+        return next((key for key in self.api_keys if key.name == name), None)
 
 
 def _error_line(path: str, error: Mapping[str, Any]) -> str:

@@ -72,3 +72,15 @@ async def test_readme_bot_example(espeak, tmp_path):
     assert [end["text"] for end in ends] == ["Sure, I can help.", "What time?"]
     assert (tmp_path / "reply.pcm").stat().st_size == sum(end["audio_bytes"] for end in ends) > 16000 * 2
     assert ast.literal_eval(output.splitlines()[0])["type"] == "ready"
+
+
+async def test_readme_openai_example(espeak, tmp_path):
+    openai_block = readme_blocks()[2]
+    assert "from openai import OpenAI" in openai_block
+    (tmp_path / "speak.py").write_text(openai_block)
+    async with serve(espeak) as server:
+        await run([sys.executable, "speak.py"], tmp_path, server.url)
+    with wave.open(io.BytesIO((tmp_path / "openai.wav").read_bytes())) as reader:
+        assert reader.getframerate() == 24000
+        assert len(reader.readframes(10**7)) > 24000 * 2  # over a second of speech
+    assert (tmp_path / "openai.pcm").stat().st_size > 24000 * 2

@@ -45,6 +45,9 @@ def test_no_block_means_no_keys_so_nobody_gets_in():
     ({"jambonz_sample_rate": 44100}, "tts_api.jambonz_sample_rate: must be one of 8000, 16000, 24000"),
     ({"default_sample_rate": 22050}, "tts_api.default_sample_rate: must be one of 8000, 16000, 24000"),
     ({"max_text_chars": 0}, "tts_api.max_text_chars: Input should be greater than or equal to 1"),
+    ({"play_url": {"max_age_s": -1}}, "tts_api.play_url.max_age_s: Input should be greater than or equal to 0"),
+    ({"play_url": {"max_age": 60}}, "tts_api.play_url.max_age: unknown field"),
+    ({"play_url": {"max_signed_ttl_s": 0}}, "tts_api.play_url.max_signed_ttl_s: Input should be greater than"),
 ])
 def test_mistakes_are_named_by_key_path(block, message):
     with pytest.raises(TtsApiConfigError) as caught:
