@@ -157,6 +157,7 @@ class ChunkRenderer:
         if not graphs:
             return report
         from tts_core.accel.flow_pool_graphs import PooledFlowGraphs, compiled_estimator
+        from tts_core.accel.graph_capture import CaptureClock
 
         own_max = self.pooled.pool.shape.stream_frames
         step = -(-own_max // s.context_buckets // chunk) * chunk
@@ -174,14 +175,17 @@ class ChunkRenderer:
         final_tokens = range(1, schedule.max_hop_tokens + schedule.lookahead_tokens + extra // ratio + 1)
         later = self.lanes["later"]
         t0 = time.perf_counter()
+        clock = CaptureClock.now()
         estimator = compiled_estimator(self.flow.decoder.estimator) if s.compile else None
         later.graphs = PooledFlowGraphs(self.pooled, estimator)
         later.graphs.capture(s.batches, ctx_caps, new_caps, s.solve_parts)
+        report["flow_later_s"] = time.perf_counter() - t0
         # First lanes: first calls only, whose context is exactly their voice's shared prefix.
         for first in first_lanes:
             first.graphs = PooledFlowGraphs(self.pooled, estimator)
             first.graphs.capture(s.first_batches, sorted({p.prefix_frames for _, p in self._voices.values()}),
                                  first_news, s.solve_parts)
+        report["flow_first_s"] = time.perf_counter() - t0 - report["flow_later_s"]
         if window is not None:
             later.graphs.capture_encoder(s.batches, window, hop, False)
             for first in first_lanes:
@@ -194,13 +198,16 @@ class ChunkRenderer:
             for u in final_tokens:
                 later.graphs.capture_encoder((1,), before + u, u * ratio, True)
         report["flow_capture_s"] = time.perf_counter() - t0
+        report["flow_stages"] = CaptureClock.now().since(clock)
         if s.compile:
             from torch._dynamo.utils import counters
 
             report["flow_compiles"] = counters["stats"]["unique_graphs"]  # compiled graphs in this process
         t0 = time.perf_counter()
+        clock = CaptureClock.now()
         self._capture_hift(first_lanes, sorted(first_hops), hop, final_tokens)
         report["hift_capture_s"] = time.perf_counter() - t0
+        report["hift_stages"] = CaptureClock.now().since(clock)
         report.update({"flow_ctx_caps": ctx_caps, "flow_new_caps": new_caps, "flow_batches": list(s.batches),
                        "flow_first_batches": list(s.first_batches),
                        "first_lanes": len(first_lanes),

@@ -123,7 +123,7 @@ class SynthesisScheduler:
             report.update(self.runner.capture())
             torch.cuda.synchronize()
             report["capture_s"] = sum(v for k, v in report.items() if k.endswith("_capture_s"))
-            log.info("tts_graphs_captured", **{k: v for k, v in report.items() if k.endswith("_s")})
+            log.info("tts_graphs_captured", **{k: v for k, v in report.items() if k.endswith(("_s", "_stages"))})
         self.capture_report = report
         return report
 
