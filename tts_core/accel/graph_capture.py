@@ -27,6 +27,11 @@ import torch.fx.experimental._config as fx_config
 
 T = TypeVar("T")
 
+# Warm-up runs before recording: the first compiles what a new shape needs (torch.compile'd
+# regions), grows the allocator and makes the stream's cuBLAS workspace; a second did nothing more
+# but cost as much again: on the H100 the flow's two passes over its 491 graphs took 30-38 s of a
+# 62-77 s capture, recording one pass 15-19 s (bench/results/worker_start.json, "before").
+WARMUP_RUNS = 1
 COMPILE_LIMIT = 64  # compiles per compiled function during capture (see compiling_at_start_up)
 
 
@@ -43,6 +48,7 @@ class CaptureClock:
     compile_s: float = 0.0
     cache_hits: int = 0
     cache_misses: int = 0
+    compiles: int = 0  # graphs dynamo compiled (each size specialization counts)
 
     @classmethod
     def now(cls) -> CaptureClock:
@@ -52,7 +58,7 @@ class CaptureClock:
         inductor = counters["inductor"]
         return cls(CLOCK.warmup_s, CLOCK.record_s, CLOCK.graphs,
                    sum(compilation_time_metrics.get("_compile.compile_inner", ()), 0.0),
-                   inductor["fxgraph_cache_hit"], inductor["fxgraph_cache_miss"])
+                   inductor["fxgraph_cache_hit"], inductor["fxgraph_cache_miss"], counters["stats"]["unique_graphs"])
 
     def since(self, before: CaptureClock) -> dict:
         """What happened between `before` and this (a report's figures, seconds rounded)."""
@@ -120,7 +126,9 @@ def capture_chain(graphs: Sequence[torch.cuda.CUDAGraph], calls: Sequence[Callab
     recording = time.perf_counter()
     outs = []
     for graph, call in zip(graphs, calls, strict=True):
-        with torch.cuda.graph(graph, pool=pool, stream=side):
+        # Thread-local: only this thread's unsafe CUDA calls break the capture, not the serving
+        # threads' syncs while graphs are captured after start-up (flow_pool_graphs.capture_deferred).
+        with torch.cuda.graph(graph, pool=pool, stream=side, capture_error_mode="thread_local"):
             outs.append(call())
     charge(started, recording, len(graphs))
     return outs

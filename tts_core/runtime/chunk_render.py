@@ -52,6 +52,7 @@ class FlowPoolSettings:
     compile: bool = False  # captured solves call a torch.compile'd estimator step (accel/flow_pool_graphs)
     compile_hift: bool = False  # captured HiFT graphs call torch.compile'd stages (accel/hift_graphs)
     solve_parts: int = 1  # graphs per captured solve (accel/flow_pool_graphs.PooledFlowGraphs.capture)
+    defer_later: bool = False  # "later" lane: only its largest solve bucket at start-up (`capture_deferred`)
 
 
 @dataclass
@@ -178,7 +179,7 @@ class ChunkRenderer:
         clock = CaptureClock.now()
         estimator = compiled_estimator(self.flow.decoder.estimator) if s.compile else None
         later.graphs = PooledFlowGraphs(self.pooled, estimator)
-        later.graphs.capture(s.batches, ctx_caps, new_caps, s.solve_parts)
+        later.graphs.capture(s.batches, ctx_caps, new_caps, s.solve_parts, defer=s.defer_later)
         report["flow_later_s"] = time.perf_counter() - t0
         # First lanes: first calls only, whose context is exactly their voice's shared prefix.
         for first in first_lanes:
@@ -198,7 +199,7 @@ class ChunkRenderer:
             for u in final_tokens:
                 later.graphs.capture_encoder((1,), before + u, u * ratio, True)
         report["flow_capture_s"] = time.perf_counter() - t0
-        report["flow_stages"] = CaptureClock.now().since(clock)
+        report["flow_stages"] = {**CaptureClock.now().since(clock), "deferred": len(later.graphs.deferred)}
         if s.compile:
             from torch._dynamo.utils import counters
 
@@ -215,6 +216,24 @@ class ChunkRenderer:
                        "flow_graphs": sum(len(lane.graphs.solve_graphs) for lane in self.lanes.values()),
                        "hift_graphs": sum(len(lane.hift_graphs) for lane in self.lanes.values())})
         return report
+
+    def has_deferred(self) -> bool:
+        graphs = self.lanes["later"].graphs
+        return graphs is not None and bool(graphs.deferred)
+
+    def capture_deferred(self, stop=lambda: False) -> None:
+        """The "later" lane's solve buckets left by `prepare` (defer_later), on the calling thread
+        while the lanes serve; logs flow_graphs_complete once all are in (or the failure: the lane
+        keeps serving from what is in, every call fitting its largest bucket)."""
+        graphs = self.lanes["later"].graphs
+        started = time.perf_counter()
+        try:
+            done = graphs.capture_deferred(stop)
+        except Exception:  # noqa: BLE001 - serving goes on from the captured buckets; say so
+            log.exception("flow_graphs_deferred_failed", left=len(graphs.deferred))
+            return
+        log.info("flow_graphs_complete", lane="later", captured=done, left=len(graphs.deferred),
+                 graphs=len(graphs.solve_graphs), seconds=round(time.perf_counter() - started, 2))
 
     def _capture_hift(self, first_lanes: list[RenderLane], first_hops: list[int], hop: int,
                       final_tokens: range) -> None:

@@ -52,7 +52,9 @@ def startup_stages(startup: dict, warmup_s: float | None) -> dict:
         misses += stages["cache_misses"]
         parts[part] = {"s": round(startup[f"{part}_capture_s"], 2), "compile_s": stages["compile_s"],
                        "warmup_runs_s": round(stages["warmup_s"] - stages["compile_s"], 2),
-                       "record_s": stages["record_s"], "graphs": stages["graphs"]}
+                       "record_s": stages["record_s"], "graphs": stages["graphs"], "compiles": stages["compiles"]}
+        if stages.get("deferred"):
+            parts[part]["deferred_buckets"] = stages["deferred"]  # captured after ready: flow_graphs_complete
     cache = "unused" if not hits + misses else "warm" if not misses else "cold" if not hits else "partial"
     out = {"weights_s": round(startup.get("weights_s", 0.0), 2),
            "voices_s": round(startup.get("flow_voices_s", 0.0), 2),

@@ -78,13 +78,14 @@ class SynthesisScheduler:
             encoder_tokens=settings.flow_encoder_tokens, batches=settings.flow_batches,
             voice_slots=settings.flow_voice_slots, first_batches=settings.flow_first_batches,
             first_lanes=settings.first_chunk_lanes, compile=settings.compile_flow, compile_hift=settings.compile_hift,
-            solve_parts=settings.flow_solve_parts))
+            solve_parts=settings.flow_solve_parts, defer_later=settings.defer_flow_graphs))
         # Decode at the device's highest stream priority, first chunks next, later chunks lowest: when
         # several streams have kernels queued, the one a listener is waiting on goes first.
         high = min(torch.cuda.Stream.priority_range()) if self.cache.device.type == "cuda" else 0
         self._decode_priority = high
         self.runner = LMRunner(lm, sampler.config, settings, priority=high)
         self.capture_report: dict = {}
+        self._capture_thread: threading.Thread | None = None  # deferred flow graphs (`start`)
         # Re-entrant: a job failed by the render thread while it holds the lock releases under it too.
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)  # the decode thread waits on it
@@ -140,6 +141,18 @@ class SynthesisScheduler:
             lane.start()
         self._thread = threading.Thread(target=self._run, name="tts-decode", daemon=True)
         self._thread.start()
+        if self.renderer.has_deferred():
+            self._capture_thread = threading.Thread(target=self.renderer.capture_deferred, args=(self._is_stopping,),
+                                                    name="tts-capture", daemon=True)
+            self._capture_thread.start()
+
+    def _is_stopping(self) -> bool:
+        return self._stopping
+
+    @property
+    def capturing(self) -> bool:
+        """Whether graphs left for after start-up are still being captured (`defer_flow_graphs`)."""
+        return self._capture_thread is not None and self._capture_thread.is_alive()
 
     def submit(self, job: SynthesisJob) -> None:
         with self._cond:
@@ -159,6 +172,9 @@ class SynthesisScheduler:
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
+        if self._capture_thread is not None:  # it stops after the bucket in hand
+            self._capture_thread.join(timeout)
+            self._capture_thread = None
         with self._cond:
             left = list(self._waiting) + self._active
             self._waiting.clear()
