@@ -28,10 +28,14 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import asyncio
+
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_calls import free_port, gateway_config  # noqa: E402
+from e2e_caller import place_call  # noqa: E402
+from engine_log import job_events  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -86,9 +90,26 @@ def start_record(events: list[dict], ready_s: float | None) -> dict:
     if started:
         record["stages"] = started[-1].get("stages")
         record["load_s"] = started[-1].get("load_s")
-    if complete:
-        record["all_graphs_in_s"] = complete[-1].get("since_ready_s")
+    if complete:  # deferred graphs: how long their capture took, from about the ready
+        record["all_graphs_in_s"] = complete[-1].get("seconds")
     return record
+
+
+def calls_after_ready(count: int, sip: tuple[str, int], log_path: Path, timeout_s: float) -> list[dict]:
+    """`count` calls one after another, right after a ready: each one's first speech at the caller
+    (kernel timestamps) and the engine's first chunk (its tts_job_done), in ms."""
+    out = []
+    for index in range(count):
+        offset = log_path.stat().st_size
+        call = asyncio.run(place_call(index, sip, "bench", timeout_s))
+        time.sleep(0.3)  # the worker's job line reaches the log
+        jobs = [e for e in job_events(log_path, offset)[0]
+                if e["event"] == "tts_job_done" and e.get("call_id") == call.call_id]
+        out.append({"status": call.status,
+                    "first_speech_ms": None if call.first_speech_ns is None
+                    else round((call.first_speech_ns - call.invite_ns) / 1e6, 1),
+                    "engine_first_chunk_ms": round(1000 * jobs[0]["first_chunk_s"], 1) if jobs else None})
+    return out
 
 
 def wait_for(predicate, limit_s: float) -> bool:
@@ -101,11 +122,12 @@ def wait_for(predicate, limit_s: float) -> bool:
 
 
 def run(config_path: Path, http_url: str, restarts: int, limit_s: float, log_path: Path,
-        settle_s: float) -> dict:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+        settle_s: float, repo: Path, calls: int, sip: tuple[str, int]) -> dict:
+    env = dict(os.environ, PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join(p for p in (str(repo), os.environ.get("PYTHONPATH")) if p))
     with open(log_path, "wb") as log:
         serve = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--config", str(config_path)],
-                                 stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+                                 stdout=log, stderr=subprocess.STDOUT, cwd=repo, env=env)
     health = f"{http_url}/healthz"
     starts: list[dict] = []
     try:
@@ -116,6 +138,7 @@ def run(config_path: Path, http_url: str, restarts: int, limit_s: float, log_pat
         starts.append({"kind": "first", **start_record(events, ready)})
         if ready is None:
             return {"starts": starts, "error": "not ready"}
+        starts[-1]["calls_after_ready"] = calls_after_ready(calls, sip, log_path, 60)
         for round_ in range(restarts):
             offset = log_path.stat().st_size
             pids = worker_pids(events)
@@ -132,6 +155,10 @@ def run(config_path: Path, http_url: str, restarts: int, limit_s: float, log_pat
             starts.append({"kind": f"restart {round_ + 1} after kill -9", **start_record(events, ready)})
             if ready is None:
                 return {"starts": starts, "error": "not ready after a restart"}
+            starts[-1]["calls_after_ready"] = calls_after_ready(calls, sip, log_path, 60)
+            time.sleep(settle_s)
+            starts[-1].update({k: v for k, v in start_record(log_events(log_path, offset), ready).items()
+                               if k == "all_graphs_in_s"})
             events = log_events(log_path)
         return {"starts": starts}
     finally:
@@ -151,6 +178,9 @@ def main() -> None:
     p.add_argument("--restarts", type=int, default=1, help="kill -9 rounds after the first start")
     p.add_argument("--limit-s", type=float, default=400.0, help="give up on a start after this long")
     p.add_argument("--settle-s", type=float, default=1.0, help="wait after each ready before reading the log")
+    p.add_argument("--calls-after-ready", type=int, default=0,
+                   help="calls placed one after another after each ready (first speech, engine first chunk)")
+    p.add_argument("--repo", type=Path, default=ROOT, help="the checkout whose gateway runs (default this one)")
     p.add_argument("--label", default="", help="a note stored with the results")
     p.add_argument("--log", type=Path, help="keep serve's log here")
     p.add_argument("--out", type=Path, default=RESULTS / "worker_start.json")
@@ -167,7 +197,9 @@ def main() -> None:
     config_path = tmp / "serve.yaml"
     config_path.write_text(yaml.safe_dump(config))
     log_path = args.log or tmp / "serve.log"
-    result = run(config_path, f"http://127.0.0.1:{http_port}", args.restarts, args.limit_s, log_path, args.settle_s)
+    host, port = str(config["sip"]["listen"]).rsplit(":", 1)
+    result = run(config_path, f"http://127.0.0.1:{http_port}", args.restarts, args.limit_s, log_path, args.settle_s,
+                 args.repo.resolve(), args.calls_after_ready, (host, int(port)))
     result.update({"label": args.label, "engine": config["engine"]["name"],
                    "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
                    "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})

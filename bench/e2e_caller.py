@@ -39,6 +39,8 @@ class CallResult:
     first_speech_ns: int | None = None
     arrivals_ns: array = field(default_factory=lambda: array("q"))
     lost: int = 0  # packets missing from the RTP sequence numbers
+    call_id: str = ""  # the SIP Call-ID (the engine's job logs carry it as call_id)
+    bye_ns: int | None = None  # when the gateway's BYE arrived (time.time_ns(), as read)
 
 
 class RtpReceiver:
@@ -107,6 +109,7 @@ async def place_call(index: int, sip: tuple[str, int], user: str, timeout_s: flo
     rtp = RtpReceiver(call, loop)
     port = sip_transport.get_extra_info("sockname")[1]
     call_id, tag, branch = f"e2e-{index}-{port}@127.0.0.1", f"t{port}", f"z9hG4bK-e2e-{index}-{port}"
+    call.call_id = call_id
     sdp = (f"v=0\r\no=e2e 1 1 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\n"
            f"m=audio {rtp.port} RTP/AVP 0\r\na=rtpmap:0 PCMU/8000\r\na=ptime:20\r\n")
     common = (f"From: <sip:e2e@127.0.0.1>;tag={tag}\r\nCall-ID: {call_id}\r\nMax-Forwards: 70\r\n")
@@ -136,6 +139,7 @@ async def place_call(index: int, sip: tuple[str, int], user: str, timeout_s: flo
         while True:  # the gateway hangs up after its prompt
             data = await asyncio.wait_for(sip_proto.inbox.get(), max(deadline - time.monotonic(), 0.01))
             if data.startswith(b"BYE "):
+                call.bye_ns = time.time_ns()
                 h = _headers(data)
                 sip_transport.sendto((f"SIP/2.0 200 OK\r\nVia: {h['via']}\r\nFrom: {h['from']}\r\nTo: {h['to']}\r\n"
                                       f"Call-ID: {h['call-id']}\r\nCSeq: {h['cseq']}\r\nContent-Length: 0\r\n\r\n"
