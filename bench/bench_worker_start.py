@@ -101,10 +101,11 @@ def calls_after_ready(count: int, sip: tuple[str, int], log_path: Path, timeout_
     out = []
     for index in range(count):
         offset = log_path.stat().st_size
-        call = asyncio.run(place_call(index, sip, "bench", timeout_s))
-        time.sleep(0.3)  # the worker's job line reaches the log
+        call = asyncio.run(place_call(index, sip, "bench", timeout_s, hang_up_after_s=1.0))
+        time.sleep(0.5)  # the worker's job line (cancelled by the hang-up, first chunk included) reaches the log
         jobs = [e for e in job_events(log_path, offset)[0]
-                if e["event"] == "tts_job_done" and e.get("call_id") == call.call_id]
+                if e["event"] in ("tts_job_done", "tts_job_cancelled") and e.get("call_id") == call.call_id
+                and e.get("first_chunk_s") is not None]
         out.append({"status": call.status,
                     "first_speech_ms": None if call.first_speech_ns is None
                     else round((call.first_speech_ns - call.invite_ns) / 1e6, 1),
@@ -122,7 +123,8 @@ def wait_for(predicate, limit_s: float) -> bool:
 
 
 def run(config_path: Path, http_url: str, restarts: int, limit_s: float, log_path: Path,
-        settle_s: float, repo: Path, calls: int, sip: tuple[str, int]) -> dict:
+        settle_s: float, repo: Path, calls: int, sip: tuple[str, int], save) -> dict:
+    """The starts' records; `save(result)` after each, so a run cut short keeps what it measured."""
     env = dict(os.environ, PYTHONUNBUFFERED="1",
                PYTHONPATH=os.pathsep.join(p for p in (str(repo), os.environ.get("PYTHONPATH")) if p))
     with open(log_path, "wb") as log:
@@ -139,6 +141,7 @@ def run(config_path: Path, http_url: str, restarts: int, limit_s: float, log_pat
         if ready is None:
             return {"starts": starts, "error": "not ready"}
         starts[-1]["calls_after_ready"] = calls_after_ready(calls, sip, log_path, 60)
+        save({"starts": starts})
         for round_ in range(restarts):
             offset = log_path.stat().st_size
             pids = worker_pids(events)
@@ -159,6 +162,7 @@ def run(config_path: Path, http_url: str, restarts: int, limit_s: float, log_pat
             time.sleep(settle_s)
             starts[-1].update({k: v for k, v in start_record(log_events(log_path, offset), ready).items()
                                if k == "all_graphs_in_s"})
+            save({"starts": starts})
             events = log_events(log_path)
         return {"starts": starts}
     finally:
@@ -198,13 +202,20 @@ def main() -> None:
     config_path.write_text(yaml.safe_dump(config))
     log_path = args.log or tmp / "serve.log"
     host, port = str(config["sip"]["listen"]).rsplit(":", 1)
-    result = run(config_path, f"http://127.0.0.1:{http_port}", args.restarts, args.limit_s, log_path, args.settle_s,
-                 args.repo.resolve(), args.calls_after_ready, (host, int(port)))
-    result.update({"label": args.label, "engine": config["engine"]["name"],
-                   "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-                   "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    about = {"label": args.label, "engine": config["engine"]["name"],
+             "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+             "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+
+    def save(result: dict) -> None:
+        args.out.write_text(json.dumps({**result, **about}, indent=1) + "\n")
+
+    # A `timeout` around this bench sends SIGTERM: leave through `run`'s finally, which stops serve.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("bench_worker_start: terminated"))
+    result = run(config_path, f"http://127.0.0.1:{http_port}", args.restarts, args.limit_s, log_path, args.settle_s,
+                 args.repo.resolve(), args.calls_after_ready, (host, int(port)), save)
+    save(result)
+    result.update(about)
     for start in result["starts"]:
         print(f"{start['kind']:>26}: ready {start['ready_s']} s  stages {json.dumps(start.get('stages'))}")
     if "error" in result:

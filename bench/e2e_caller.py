@@ -101,8 +101,10 @@ def _headers(message: bytes) -> dict[str, str]:
     return {line.split(":", 1)[0].strip().lower(): line.split(":", 1)[1].strip() for line in lines[1:] if ":" in line}
 
 
-async def place_call(index: int, sip: tuple[str, int], user: str, timeout_s: float) -> CallResult:
-    """INVITE, ACK the final answer, then hear the prompt until the gateway's BYE (answered with 200)."""
+async def place_call(index: int, sip: tuple[str, int], user: str, timeout_s: float,
+                     hang_up_after_s: float | None = None) -> CallResult:
+    """INVITE, ACK the final answer, then hear the prompt until the gateway's BYE (answered with 200);
+    with `hang_up_after_s`, the caller hangs up (BYE) that long after the first speech instead."""
     loop = asyncio.get_running_loop()
     call = CallResult(index)
     sip_transport, sip_proto = await loop.create_datagram_endpoint(_Sip, local_addr=("127.0.0.1", 0))
@@ -136,8 +138,22 @@ async def place_call(index: int, sip: tuple[str, int], user: str, timeout_s: flo
             break
         if call.status != 200:
             return call
-        while True:  # the gateway hangs up after its prompt
-            data = await asyncio.wait_for(sip_proto.inbox.get(), max(deadline - time.monotonic(), 0.01))
+        while True:  # the gateway hangs up after its prompt (or this caller does, with hang_up_after_s)
+            if (hang_up_after_s is not None and call.first_speech_ns is not None
+                    and time.time_ns() - call.first_speech_ns >= hang_up_after_s * 1e9):
+                sip_transport.sendto((f"BYE sip:{user}@{sip[0]}:{sip[1]} SIP/2.0\r\nVia: SIP/2.0/UDP 127.0.0.1:{port};"
+                                      f"branch={branch}-bye;rport\r\n{common}To: {to_header}\r\nCSeq: 2 BYE\r\n"
+                                      f"Content-Length: 0\r\n\r\n").encode(), sip)
+                return call
+            wait = max(deadline - time.monotonic(), 0.01)
+            if hang_up_after_s is not None:
+                wait = min(wait, 0.05)  # look at the first speech's age again soon
+            try:
+                data = await asyncio.wait_for(sip_proto.inbox.get(), wait)
+            except asyncio.TimeoutError:
+                if hang_up_after_s is None or time.monotonic() >= deadline:
+                    raise
+                continue
             if data.startswith(b"BYE "):
                 call.bye_ns = time.time_ns()
                 h = _headers(data)
