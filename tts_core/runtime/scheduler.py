@@ -26,6 +26,7 @@ fails that job's sink only, from either thread.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -48,6 +49,9 @@ from tts_core.runtime.settings import SchedulerSettings
 from tts_core.voices import Voice
 
 log = structlog.get_logger(__name__)
+# In every job's last log line: which process served it, where several engine workers write into
+# one gateway log (the supervisor's engine_worker_started names each worker's pid).
+_PID = os.getpid()
 
 GIL_SWITCH_INTERVAL_S = 0.001  # as the gateway's packet clock sets it (gateway/app.py)
 FIRST_TOKEN_POLL_S = 0.0005  # how often an idle decode thread looks for a prefill's first token
@@ -262,7 +266,7 @@ class SynthesisScheduler:
     def _drop_cancelled(self) -> None:
         for job in self._jobs():
             if job.cancelled and self._release(job):
-                log.info("tts_job_cancelled", **job.figures())
+                log.info("tts_job_cancelled", pid=_PID, **job.figures())
 
     def _retire_rendered(self) -> list[SynthesisJob]:
         """Jobs whose segment the render thread finished: retire those with nothing left to say;
@@ -276,7 +280,7 @@ class SynthesisScheduler:
                 self._release(job)  # before the sink hears the end, so a finished stream's slot is free
         for job in done:
             job.sink.finish()
-            log.info("tts_job_done", segments=len(job.segments), **job.figures())
+            log.info("tts_job_done", segments=len(job.segments), pid=_PID, **job.figures())
         return [job for job in rendered if job.has_next_segment]
 
     def _admit(self) -> list[SynthesisJob]:
