@@ -102,10 +102,14 @@ def calls_after_ready(count: int, sip: tuple[str, int], log_path: Path, timeout_
     for index in range(count):
         offset = log_path.stat().st_size
         call = asyncio.run(place_call(index, sip, "bench", timeout_s, hang_up_after_s=1.0))
-        time.sleep(0.5)  # the worker's job line (cancelled by the hang-up, first chunk included) reaches the log
-        jobs = [e for e in job_events(log_path, offset)[0]
-                if e["event"] in ("tts_job_done", "tts_job_cancelled") and e.get("call_id") == call.call_id
-                and e.get("first_chunk_s") is not None]
+        jobs: list[dict] = []
+        waited = time.monotonic()
+        # The worker logs the job (cancelled by the hang-up, first chunk included) at its next chunk.
+        while not jobs and time.monotonic() - waited < 5.0:
+            time.sleep(0.2)
+            jobs = [e for e in job_events(log_path, offset)[0]
+                    if e["event"] in ("tts_job_done", "tts_job_cancelled") and e.get("call_id") == call.call_id
+                    and e.get("first_chunk_s") is not None]
         out.append({"status": call.status,
                     "first_speech_ms": None if call.first_speech_ns is None
                     else round((call.first_speech_ns - call.invite_ns) / 1e6, 1),

@@ -232,8 +232,10 @@ class ChunkRenderer:
         except Exception:  # noqa: BLE001 - serving goes on from the captured buckets; say so
             log.exception("flow_graphs_deferred_failed", left=len(graphs.deferred))
             return
-        log.info("flow_graphs_complete", lane="later", captured=done, left=len(graphs.deferred),
-                 graphs=len(graphs.solve_graphs), seconds=round(time.perf_counter() - started, 2))
+        # Stopped early (the engine closing) leaves some: not "complete".
+        log.info("flow_graphs_complete" if not graphs.deferred else "flow_graphs_deferred_stopped", lane="later",
+                 captured=done, left=len(graphs.deferred), graphs=len(graphs.solve_graphs),
+                 seconds=round(time.perf_counter() - started, 2))
 
     def _capture_hift(self, first_lanes: list[RenderLane], first_hops: list[int], hop: int,
                       final_tokens: range) -> None:

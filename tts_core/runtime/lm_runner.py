@@ -69,11 +69,7 @@ class LMRunner:
         t0 = time.perf_counter()
         clock = CaptureClock.now()
         attend = tuple(b for b in s.attend_buckets if b < s.max_len) + (s.max_len,)
-        # No 1-row bucket: one live row steps in the 2-row graph (a step reads the weights once
-        # either way). torch.compile specializes size 1, so that bucket alone cost a second
-        # compile of the step: 8 of the decode's 16 s at a warm-cache restart on the H100.
-        batches = tuple(b for b in power_of_two_buckets(s.max_batch) if b > 1) or (1,)
-        self.decoder = GraphedDecoder(self.lm, self.sampler, batches, attend,
+        self.decoder = GraphedDecoder(self.lm, self.sampler, power_of_two_buckets(s.max_batch), attend,
                                       scratch_slot=s.max_batch, slot_attention=s.slot_attention)
         report["decode_capture_s"] = time.perf_counter() - t0
         report["decode_stages"] = CaptureClock.now().since(clock)
