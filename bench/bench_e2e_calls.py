@@ -32,6 +32,9 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +63,110 @@ def engine_jobs(log_path: Path, offset: int) -> list[dict]:
             if event["event"] == "tts_job_done" and str(event.get("call_id", "")).startswith("e2e-")]
 
 
+def worker_names(config: dict) -> list[str]:
+    """The supervised workers' names in index order, as the gateway names them (engine_config.worker_plans)."""
+    engine = config.get("engine", {})
+    name = engine.get("name", "espeak")
+    devices = (engine.get("cosyvoice2") or {}).get("devices") if name == "cosyvoice2" else None
+    if devices:
+        return [f"{name}-cuda:{device}" for device in devices]
+    count = engine.get("workers")
+    if count is None:
+        count = 1 if name == "cosyvoice2" else 0
+    return [f"{name}-{index}" for index in range(count)]
+
+
+def serve_events(log_path: Path, names: tuple[str, ...], offset: int = 0) -> list[dict]:
+    """Serve's JSON log events named `names` past `offset` (lines that are not JSON skipped)."""
+    out = []
+    with open(log_path, "rb") as log:
+        log.seek(offset)
+        for line in log.read().splitlines():
+            if not line.startswith(b"{") or not any(n.encode() in line for n in names):
+                continue
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if event.get("event") in names:
+                out.append(event)
+    return out
+
+
+def _event_time(event: dict) -> float:
+    return datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00")).timestamp()
+
+
+def _health(http_port: int) -> dict:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/healthz", timeout=2) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as exc:  # 503 while no worker is ready: the body says why
+        return json.loads(exc.read() or b"{}")
+    except (urllib.error.URLError, OSError, ValueError):
+        return {}
+
+
+def _capacity(health: dict) -> tuple:
+    """What /healthz says of the workers' readiness: their count where it reports one, and the slots of the
+    ready workers (a killed worker's slots leave the total until it is back)."""
+    return health.get("workers_ready"), health.get("slots_total")
+
+
+async def kill_worker(at_s: float, started: float, name: str, log_path: Path, http_port: int,
+                      watch_s: float) -> dict:
+    """At `started` + `at_s` (time.time()), kill -9 the worker `name` (its pid from serve's latest
+    engine_worker_started line for it), then poll /healthz every 0.1 s until it reports the worker back
+    (`_capacity` drops, then returns to what it was); also when the gateway logged it connected again."""
+    await asyncio.sleep(max(0.0, started + at_s - time.time()))
+    before = await asyncio.to_thread(_health, http_port)
+    pids = [e["pid"] for e in serve_events(log_path, ("engine_worker_started",)) if e.get("worker") == name]
+    if not pids:
+        return {"worker": name, "error": "no engine_worker_started line for it"}
+    offset = log_path.stat().st_size
+    os.kill(pids[-1], signal.SIGKILL)
+    killed = time.time()
+    dropped_at = back_at = None
+    while time.time() - killed < watch_s:
+        now = _capacity(await asyncio.to_thread(_health, http_port))
+        if dropped_at is None and now != _capacity(before):
+            dropped_at = time.time()
+        elif dropped_at is not None and now == _capacity(before):
+            back_at = time.time()
+            break
+        await asyncio.sleep(0.1)
+    connected = [e for e in serve_events(log_path, ("engine_worker_connected",), offset) if e.get("worker") == name]
+    return {"worker": name, "pid": pids[-1], "at_s": at_s,
+            "healthz_noticed_s": None if dropped_at is None else round(dropped_at - killed, 2),
+            "healthz_ready_again_s": None if back_at is None else round(back_at - killed, 2),
+            "connected_again_s": round(_event_time(connected[0]) - killed, 2) if connected else None}
+
+
+def _rtp_figures(calls: list, longest_s: float) -> dict:
+    """Early BYEs (the gateway hung up before the call heard 90 % of the longest call's audio), gaps over
+    GAP_MS and RTP arrival interval p99/max of these answered calls."""
+    gaps = [np.diff(np.frombuffer(c.arrivals_ns, dtype=np.int64)) / 1e6 for c in calls if len(c.arrivals_ns) > 1]
+    intervals = np.concatenate(gaps or [np.zeros(0)])
+    return {"calls": len(calls),
+            "early_bye": sum(1 for c in calls if c.bye_ns is not None and len(c.arrivals_ns) * 0.02 < 0.9 * longest_s),
+            "calls_with_gap_over_60ms": sum(1 for g in gaps if g.max() > GAP_MS),
+            "rtp_interval_p99_ms": _pct(intervals, 99), "rtp_interval_max_ms": _pct(intervals, 100)}
+
+
+def by_worker(answered: list, jobs: list[dict], pids: dict[int, str], killed: str | None) -> dict:
+    """Which worker served each answered call (its job line's pid, named by engine_worker_started), and
+    the RTP figures of the killed worker's calls, the others' and those no job line names."""
+    served = {job["call_id"]: pids.get(job.get("pid"), f"pid {job.get('pid')}") for job in jobs if "call_id" in job}
+    longest = max((len(c.arrivals_ns) * 0.02 for c in answered), default=0.0)
+    groups: dict[str, list] = {"killed_worker": [], "other_workers": [], "unattributed": []}
+    for c in answered:
+        worker = served.get(c.call_id)
+        groups["unattributed" if worker is None else "killed_worker" if worker == killed else "other_workers"].append(c)
+    return {"per_call": [{"call_id": c.call_id, "worker": served.get(c.call_id), "packets": len(c.arrivals_ns),
+                          "bye": c.bye_ns is not None} for c in answered],
+            **{group: _rtp_figures(calls, longest) for group, calls in groups.items()}}
+
+
 def first_chunk_stages(jobs: list[dict]) -> dict[str, dict[str, float]]:
     """Mean and p95 (ms) of each first-chunk stage the jobs logged (tts_core's JobTimings.first_chunk_stages)."""
     names = [key for key in (jobs[0] if jobs else {}) if key.startswith("first_chunk_") and key.endswith("_ms")]
@@ -73,11 +180,17 @@ def _pct(values, q):
 
 
 async def run_step(calls: int, processes: int, rate: float, sip: tuple[str, int], gateway_pid: int,
-                   timeout_s: float, http_port: int, log_path: Path) -> dict:
+                   timeout_s: float, http_port: int, log_path: Path, kill: tuple[float, str] | None = None) -> dict:
+    """One step of `calls`; with `kill` (seconds after the step began, worker name), that worker is
+    killed with SIGKILL meanwhile and the row says how its calls and the others' fared (`by_worker`)."""
     workers = _children(gateway_pid)
     underruns0 = await asyncio.to_thread(metric, http_port, "gateway_playout_underruns_total")
     cpu0, wcpu0 = cpu_seconds(gateway_pid), sum(cpu_seconds(p) for p in workers)
     log_offset = log_path.stat().st_size
+    killer = None
+    if kill is not None:
+        killer = asyncio.create_task(kill_worker(kill[0], time.time(), kill[1], log_path, http_port,
+                                                 watch_s=timeout_s + 600))
     started, results = await asyncio.to_thread(place_calls, calls, processes, rate, sip, timeout_s)
     wall = time.time() - started
     cpu = cpu_seconds(gateway_pid) - cpu0
@@ -86,6 +199,13 @@ async def run_step(calls: int, processes: int, rate: float, sip: tuple[str, int]
     jobs = engine_jobs(log_path, log_offset)
     engine_first = [1000 * job["first_chunk_s"] for job in jobs]
     answered = [c for c in results if c.status == 200]
+    workers_row = {}
+    if kill is not None:
+        assert killer is not None
+        killed = await killer  # also waits for the worker to be back (for the next step)
+        pids = {e["pid"]: e["worker"] for e in serve_events(log_path, ("engine_worker_started",))}
+        all_jobs = [e for e in job_events(log_path, log_offset)[0] if str(e.get("call_id", "")).startswith("e2e-")]
+        workers_row = {"kill": killed, **by_worker(answered, all_jobs, pids, kill[1])}
     first = [(c.first_speech_ns - c.invite_ns) / 1e6 for c in answered if c.first_speech_ns is not None]
     first_packet = [(c.arrivals_ns[0] - c.invite_ns) / 1e6 for c in answered if c.arrivals_ns]
     gaps_ms = [np.diff(np.frombuffer(c.arrivals_ns, dtype=np.int64)) / 1e6 for c in answered if len(c.arrivals_ns) > 1]
@@ -108,7 +228,7 @@ async def run_step(calls: int, processes: int, rate: float, sip: tuple[str, int]
             "lost_packets": sum(c.lost for c in answered), "underruns": int(underruns),
             "gateway_cpu_s": round(cpu, 2), "gateway_cpu_ms_per_call": round(1000 * cpu / max(len(answered), 1), 1),
             "worker_cpu_s": round(worker_cpu, 2), "engine_workers": len(workers),
-            "caller_processes": processes, "clock": "kernel SO_TIMESTAMPNS"}
+            "caller_processes": processes, "clock": "kernel SO_TIMESTAMPNS", **workers_row}
 
 
 def _wait_serving(serve: subprocess.Popen, http_port: int, timeout_s: float, log_path: Path) -> None:
@@ -141,12 +261,17 @@ def _config_text(args, sip_port: int, http_port: int, prompt_chars: int, max_cal
             config["engine"]["instant"]["realtime"] = True  # a stream lasts as long as its audio, like a model
             config["engine"]["instant"]["first_chunk_delay_ms"] = args.first_chunk_delay_ms  # a model's first chunk
         config["engine"]["worker"] = {"slots": max_calls}
+    if args.devices is not None:  # one worker per listed GPU (engine.cosyvoice2.devices)
+        config["engine"].setdefault("cosyvoice2", {})["devices"] = list(args.devices)
+        config["engine"].pop("workers", None)
     if args.max_first_audio_ms:
         config["engine"].setdefault("admission", {})["max_first_audio_ms"] = args.max_first_audio_ms
     config.setdefault("routes", []).insert(0, {"match": "bench", "text": ("bench prompt " * 200)[:prompt_chars]})
     # A supervised engine worker logs at info whatever this says (the supervisor passes no --log-level), but an
     # in-process cosyvoice2 (workers: 0) follows it, and its tts_job_done lines are info.
-    config["logging"] = {"level": "info" if config["engine"].get("name") == "cosyvoice2" else "warning"}
+    # --kill-worker-at reads the supervisor's engine_worker_* lines (info) too.
+    info = config["engine"].get("name") == "cosyvoice2" or args.kill_worker_at is not None
+    config["logging"] = {"level": "info" if info else "warning"}
     return yaml.safe_dump(config, allow_unicode=True)
 
 
@@ -166,10 +291,16 @@ async def main_async(args) -> dict:
             started = time.monotonic()
             await asyncio.to_thread(_wait_serving, serve, http_port, args.start_timeout, log_path)
             print(json.dumps({"serving_after_s": round(time.monotonic() - started, 1)}), flush=True)
+            kill = None
+            if args.kill_worker_at is not None:
+                names = worker_names(yaml.safe_load(cfg.read_text()))
+                if not names:
+                    raise SystemExit("--kill-worker-at needs supervised engine workers")
+                kill = (args.kill_worker_at, names[min(args.kill_worker, len(names) - 1)])
             for calls in args.calls:
                 processes = args.caller_processes or max(1, math.ceil(calls / CALLS_PER_CALLER))
                 row = await run_step(calls, processes, args.rate, ("127.0.0.1", sip_port), serve.pid,
-                                     args.prompt_seconds * 3 + 30, http_port, log_path)
+                                     args.prompt_seconds * 3 + 30, http_port, log_path, kill)
                 print(json.dumps(row), flush=True)
                 rows.append(row)
             if args.then:  # another benchmark against the same warm serve (a GPU start-up costs minutes)
@@ -203,6 +334,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS / "e2e_calls.json")
     parser.add_argument("--serve-log", type=Path, default=None, help="keep the gateway's log here")
     parser.add_argument("--then", help="a shell command to run after the steps, while serve still serves")
+    parser.add_argument("--devices", type=int, nargs="+", default=None,
+                        help="cosyvoice2: one supervised worker per listed GPU (engine.cosyvoice2.devices)")
+    parser.add_argument("--kill-worker-at", type=float, default=None, metavar="SECONDS",
+                        help="in every step, kill -9 one engine worker this long after the step began, and report "
+                             "per call which worker served it and the killed worker's calls apart from the others'")
+    parser.add_argument("--kill-worker", type=int, default=1, metavar="INDEX",
+                        help="the worker --kill-worker-at kills (index in config order; default 1, the second GPU)")
     args = parser.parse_args(argv)
     result = asyncio.run(main_async(args))
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -39,6 +39,8 @@ class CallResult:
     first_speech_ns: int | None = None
     arrivals_ns: array = field(default_factory=lambda: array("q"))
     lost: int = 0  # packets missing from the RTP sequence numbers
+    call_id: str = ""  # the SIP Call-ID (the engine's job logs carry it as call_id)
+    bye_ns: int | None = None  # when the gateway's BYE arrived (time.time_ns(), as read)
 
 
 class RtpReceiver:
@@ -99,14 +101,17 @@ def _headers(message: bytes) -> dict[str, str]:
     return {line.split(":", 1)[0].strip().lower(): line.split(":", 1)[1].strip() for line in lines[1:] if ":" in line}
 
 
-async def place_call(index: int, sip: tuple[str, int], user: str, timeout_s: float) -> CallResult:
-    """INVITE, ACK the final answer, then hear the prompt until the gateway's BYE (answered with 200)."""
+async def place_call(index: int, sip: tuple[str, int], user: str, timeout_s: float,
+                     hang_up_after_s: float | None = None) -> CallResult:
+    """INVITE, ACK the final answer, then hear the prompt until the gateway's BYE (answered with 200);
+    with `hang_up_after_s`, the caller hangs up (BYE) that long after the first speech instead."""
     loop = asyncio.get_running_loop()
     call = CallResult(index)
     sip_transport, sip_proto = await loop.create_datagram_endpoint(_Sip, local_addr=("127.0.0.1", 0))
     rtp = RtpReceiver(call, loop)
     port = sip_transport.get_extra_info("sockname")[1]
     call_id, tag, branch = f"e2e-{index}-{port}@127.0.0.1", f"t{port}", f"z9hG4bK-e2e-{index}-{port}"
+    call.call_id = call_id
     sdp = (f"v=0\r\no=e2e 1 1 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\n"
            f"m=audio {rtp.port} RTP/AVP 0\r\na=rtpmap:0 PCMU/8000\r\na=ptime:20\r\n")
     common = (f"From: <sip:e2e@127.0.0.1>;tag={tag}\r\nCall-ID: {call_id}\r\nMax-Forwards: 70\r\n")
@@ -133,9 +138,24 @@ async def place_call(index: int, sip: tuple[str, int], user: str, timeout_s: flo
             break
         if call.status != 200:
             return call
-        while True:  # the gateway hangs up after its prompt
-            data = await asyncio.wait_for(sip_proto.inbox.get(), max(deadline - time.monotonic(), 0.01))
+        while True:  # the gateway hangs up after its prompt (or this caller does, with hang_up_after_s)
+            if (hang_up_after_s is not None and call.first_speech_ns is not None
+                    and time.time_ns() - call.first_speech_ns >= hang_up_after_s * 1e9):
+                sip_transport.sendto((f"BYE sip:{user}@{sip[0]}:{sip[1]} SIP/2.0\r\nVia: SIP/2.0/UDP 127.0.0.1:{port};"
+                                      f"branch={branch}-bye;rport\r\n{common}To: {to_header}\r\nCSeq: 2 BYE\r\n"
+                                      f"Content-Length: 0\r\n\r\n").encode(), sip)
+                return call
+            wait = max(deadline - time.monotonic(), 0.01)
+            if hang_up_after_s is not None:
+                wait = min(wait, 0.05)  # look at the first speech's age again soon
+            try:
+                data = await asyncio.wait_for(sip_proto.inbox.get(), wait)
+            except asyncio.TimeoutError:
+                if hang_up_after_s is None or time.monotonic() >= deadline:
+                    raise
+                continue
             if data.startswith(b"BYE "):
+                call.bye_ns = time.time_ns()
                 h = _headers(data)
                 sip_transport.sendto((f"SIP/2.0 200 OK\r\nVia: {h['via']}\r\nFrom: {h['from']}\r\nTo: {h['to']}\r\n"
                                       f"Call-ID: {h['call-id']}\r\nCSeq: {h['cseq']}\r\nContent-Length: 0\r\n\r\n"

@@ -6,12 +6,17 @@
 #   bash scripts/gpu_bench.sh bash scripts/gpu_e2e.sh workers "$OUT" 1 50 100 150 200
 #   bash scripts/gpu_bench.sh bash scripts/gpu_e2e.sh in_process "$OUT" 1 50 100
 #   bash scripts/gpu_bench.sh bash scripts/gpu_e2e.sh instant "$OUT" 100 200 500
+#   bash scripts/gpu_bench.sh bash scripts/gpu_e2e.sh workers2 "$OUT" 1 200 400
+#   KILL_WORKER_AT=10 bash scripts/gpu_bench.sh bash scripts/gpu_e2e.sh workers2 "$OUT" 200
 #
 # workers: the engine in a worker process the gateway supervises (the product's shape); its worker also
 # serves the speech API, which bench/bench_tts_api.py measures after the calls (1, 10 and 50 clients, jambonz
 # at 10) beside the engine's own first chunk of the same requests, from the serve log ($OUT/tts_api.json);
 # in_process: the same engine inside the gateway's process (engine.workers: 0, the arrangement before the
-# split); instant: no GPU work at all, the media path alone. The engine settings match bench_load's, so the
+# split); instant: no GPU work at all, the media path alone; workers2: a 2-GPU host, the same steps first on
+# one GPU (engine.cosyvoice2.devices [0], e2e_gpu1.json) then one worker per GPU (devices [0, 1],
+# e2e_gpu2.json), at RATE new calls/s (default 10); with KILL_WORKER_AT=SECONDS the two-GPU run kill -9s the
+# worker on GPU 1 that long into every step and reports the killed worker's calls apart from GPU 0's. The engine settings match bench_load's, so the
 # carried compiler cache serves both.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,10 +36,11 @@ case "$arrangement" in
         then=(--then "python3 bench/bench_tts_api.py --url http://127.0.0.1:8090 --key $key --clients 1 10 50 \
 --jambonz-clients 10 --samples 20 --engine-log $out/serve_workers.log --out $out/tts_api.json") ;;
     in_process) workers_line="  workers: 0" ;;
+    workers2) workers_line="  worker: {port: 8090}" ;;
     instant)
         exec python3 bench/bench_e2e_calls.py --engine instant --calls "$@" --prompt-seconds 20 \
             --out "$out/e2e_instant.json" ;;
-    *) echo "unknown arrangement $arrangement (workers, in_process, instant)" >&2; exit 2 ;;
+    *) echo "unknown arrangement $arrangement (workers, in_process, instant, workers2)" >&2; exit 2 ;;
 esac
 cat > "$config" <<YAML
 engine:
@@ -52,5 +58,14 @@ sip:
   max_calls: 1000
 $api_lines
 YAML
+if [ "$arrangement" = workers2 ]; then
+    rate="${RATE:-10}"
+    python3 bench/bench_e2e_calls.py --config "$config" --devices 0 --calls "$@" --prompt-seconds 20 --rate "$rate" \
+        --out "$out/e2e_gpu1.json" --serve-log "$out/serve_gpu1.log"
+    kill=()
+    [ -n "${KILL_WORKER_AT:-}" ] && kill=(--kill-worker-at "$KILL_WORKER_AT" --kill-worker 1)
+    exec python3 bench/bench_e2e_calls.py --config "$config" --devices 0 1 --calls "$@" --prompt-seconds 20 \
+        --rate "$rate" --out "$out/e2e_gpu2.json" --serve-log "$out/serve_gpu2.log" "${kill[@]}"
+fi
 exec python3 bench/bench_e2e_calls.py --config "$config" --calls "$@" --prompt-seconds 20 --rate 10 \
     --out "$out/e2e_$arrangement.json" --serve-log "$out/serve_$arrangement.log" "${then[@]}"

@@ -12,6 +12,7 @@ the same way.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -68,6 +69,7 @@ class CosyVoice2Engine(SpeechEngine):
 
     def _load(self):
         from tts_core.runtime import CosyVoice2Pipeline, SchedulerSettings
+        from tts_core.runtime.pipeline import startup_stages
         from tts_core.streaming.chunk_schedule import ChunkSchedule
 
         s = self.settings
@@ -95,7 +97,10 @@ class CosyVoice2Engine(SpeechEngine):
         except BaseException:
             pipeline.close()
             raise
-        log.info("cosyvoice2_engine_started", device=device, dtype=str(dtype), llm_fp8=s.llm_fp8, graphs=graphs,
+        stages = startup_stages(pipeline.startup, self.warmup_s)
+        stages["total_s"] = round(time.perf_counter() - started, 2)  # load + warm-up
+        stages["process_s"] = _process_age_s()  # since the process began: imports and CUDA set-up too
+        log.info("cosyvoice2_engine_started", stages=stages, device=device, dtype=str(dtype), llm_fp8=s.llm_fp8, graphs=graphs,
                  compile_flow=graphs and s.compile_flow, compile_hift=graphs and s.compile_hift,
                  slot_attention=graphs and s.slot_attention,
                  first_chunk_lanes=s.first_chunk_lanes,
@@ -163,6 +168,18 @@ class CosyVoice2Engine(SpeechEngine):
         assert self._frontend_thread is not None
         self._frontend_thread.submit(_submit_admitting, pipeline, request, options, channel)
         return channel
+
+
+def _process_age_s() -> float | None:
+    """Seconds since this process started (Linux /proc), None where that cannot be read."""
+    try:
+        with open("/proc/self/stat") as f:
+            started_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return round(uptime - started_ticks / os.sysconf("SC_CLK_TCK"), 2)
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _run_frontend(pipeline, texts: Sequence[str]) -> int:

@@ -90,3 +90,52 @@ def test_the_bench_places_calls_from_two_caller_processes_and_merges_them(tmp_pa
     assert step["clock"] == "kernel SO_TIMESTAMPNS"
     assert 18.0 <= step["rtp_interval_p50_ms"] <= 22.0
     assert step["engine_first_chunk_p50_ms"] is None  # the instant engine logs no tts_job_done
+
+
+def test_killing_one_of_two_workers_mid_step_ends_only_its_calls_and_times_its_return(tmp_path: Path) -> None:
+    """--kill-worker-at with two supervised instant workers: the second is killed 1.5 s into 6-s calls;
+    about half the calls (the gateway spreads them) end early with the gateway's BYE, the others play to
+    the end, and the row says when /healthz had the worker back."""
+    out = tmp_path / "e2e.json"
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_e2e_calls.py"), "--engine", "instant",
+                           "--workers", "2", "--calls", "8", "--rate", "20", "--prompt-seconds", "6",
+                           "--kill-worker-at", "1.5", "--start-timeout", "60", "--out", str(out)],
+                          capture_output=True, text=True, timeout=180, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    step = json.loads(out.read_text())["steps"][0]
+    kill = step["kill"]
+    assert kill["worker"] == "instant-1" and kill["pid"] > 0
+    assert kill["healthz_noticed_s"] is not None and kill["healthz_ready_again_s"] is not None
+    assert kill["connected_again_s"] is not None
+    # The instant engine logs no job lines, so no call is attributed to a worker; the early BYEs show the kill.
+    calls = step["unattributed"]
+    assert calls["calls"] == step["answered"] == 8
+    assert 1 <= calls["early_bye"] <= 7
+    assert len(step["per_call"]) == 8 and all(c["worker"] is None for c in step["per_call"])
+
+
+def test_calls_are_attributed_to_workers_by_their_job_lines_pid() -> None:
+    from array import array
+
+    from bench_e2e_calls import by_worker, worker_names
+
+    assert worker_names({"engine": {"name": "cosyvoice2", "cosyvoice2": {"devices": [0, 1]}}}) == [
+        "cosyvoice2-cuda:0", "cosyvoice2-cuda:1"]
+    assert worker_names({"engine": {"name": "instant", "workers": 2}}) == ["instant-0", "instant-1"]
+    assert worker_names({"engine": {"name": "cosyvoice2"}}) == ["cosyvoice2-0"]
+
+    def call(call_id: str, packets: int, gap_at: int | None = None) -> CallResult:
+        times = [i * 20_000_000 for i in range(packets)]
+        if gap_at is not None:
+            times = times[:gap_at] + [t + 100_000_000 for t in times[gap_at:]]
+        return CallResult(0, status=200, call_id=call_id, arrivals_ns=array("q", times), bye_ns=1)
+
+    answered = [call("a", 300), call("b", 40), call("c", 300, gap_at=100), call("d", 300)]
+    jobs = [{"call_id": "a", "pid": 10}, {"call_id": "b", "pid": 11}, {"call_id": "c", "pid": 10}]
+    row = by_worker(answered, jobs, {10: "w-0", 11: "w-1"}, killed="w-1")
+    assert [c["worker"] for c in row["per_call"]] == ["w-0", "w-1", "w-0", None]
+    assert (row["killed_worker"]["calls"], row["killed_worker"]["early_bye"]) == (1, 1)
+    assert (row["other_workers"]["calls"], row["other_workers"]["early_bye"]) == (2, 0)
+    assert row["other_workers"]["calls_with_gap_over_60ms"] == 1
+    assert row["other_workers"]["rtp_interval_max_ms"] == 120.0
+    assert row["unattributed"]["calls"] == 1

@@ -276,3 +276,36 @@ def test_graphs_that_draw_use_generators_of_their_own_not_the_default_one(tiny_m
     assert all(g.get_offset() > o for g, o in zip(generators, offsets))
     # Different generators, so two HiFT graphs draw different excitations for one mel.
     assert not torch.equal(hifts[0].inference(mel)[1], hifts[1].inference(mel)[1])
+
+
+def test_deferred_flow_buckets_are_captured_on_another_thread_while_calls_render(tiny_model_dir: Path,
+                                                                                golden_dir: Path,
+                                                                                monkeypatch) -> None:
+    """Start-up captures only the largest bucket (defer=True): every call fits it, padded, with the
+    golden output; the rest are captured on another thread while this one keeps rendering, and
+    the output stays golden throughout and after (each new bucket is published whole)."""
+    import threading
+
+    _, case, pooled, voice, graphs = _golden_pool_graphs(tiny_model_dir, golden_dir, monkeypatch, True)
+    graphs.capture(rows=(1, 4), ctx_caps=(50, 150, 250), new_caps=(112,), parts=2, defer=True)
+    assert set(graphs.solve_graphs) == {(4, 250, 112)} and len(graphs.deferred) == 5
+    first = case["first_hop"] + case["pre_lookahead_len"]
+    tokens = case["tokens"][:, :first].cuda()
+
+    def render_first_chunk() -> None:
+        stream = pooled.open_stream(voice)
+        out = graphs.render([stream], [tokens], [False])[0]
+        pooled.close_stream(stream)
+        assert (out.cpu() - case["mel_stream_first"]).abs().max().item() <= 1e-4
+
+    render_first_chunk()  # padded into 4 rows and 250 context frames
+    worker = threading.Thread(target=graphs.capture_deferred)
+    worker.start()
+    renders = 0
+    while worker.is_alive() or renders == 0:
+        render_first_chunk()
+        renders += 1
+    worker.join()
+    assert len(graphs.solve_graphs) == 6 and not graphs.deferred
+    render_first_chunk()  # now in its own bucket (1, 50, 112)
+    assert graphs.eager_calls == 0

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from tts_core.accel.graph_capture import (
+    WARMUP_RUNS,
     capture_chain,
     capture_graph,
     compiling_at_start_up,
@@ -110,7 +111,7 @@ class _SolveGraph:
         solve = SolveParts(pooled.model, pooled.pool, self.table, self.mu, ctx_cap, pooled.steps, estimator, parts)
         self.graphs = [torch.cuda.CUDAGraph() for _ in range(parts)]
         self.out = capture_chain(self.graphs, [functools.partial(solve.run, k) for k in range(parts)],
-                                 warmup=2, pool=pool, stream=stream)[-1]
+                                 warmup=WARMUP_RUNS, pool=pool, stream=stream)[-1]
         self._done = [torch.cuda.Event() for _ in range(parts)]  # recorded again each replay
 
     def replay(self, table: torch.Tensor, mu: torch.Tensor, ahead: int) -> torch.Tensor:
@@ -136,7 +137,7 @@ class _EncodeGraph:
         self._tables: dict = {}  # position tables the graph reads: must live as long as it
         with device_position_tables(self._tables):
             self.out = capture_graph(self.graph, lambda: encode_new_frames(model, self.tokens, finalize, new_frames),
-                                     warmup=2, pool=pool, stream=stream)
+                                     warmup=WARMUP_RUNS, pool=pool, stream=stream)
 
     def replay(self, tokens: torch.Tensor) -> torch.Tensor:
         self.tokens[:tokens.size(0)].copy_(tokens)
@@ -152,7 +153,11 @@ class PooledFlowGraphs:
         new one)."""
         self.pooled = pooled
         self.estimator = estimator
-        self.solve_graphs: dict[tuple[int, int, int], _SolveGraph] = {}  # (rows, ctx_cap, new_cap)
+        # (rows, ctx_cap, new_cap) -> graphs. Replaced, never changed in place, once the rendering
+        # thread may read it: `capture_deferred` adds buckets from another thread.
+        self.solve_graphs: dict[tuple[int, int, int], _SolveGraph] = {}
+        self.deferred: list[tuple[int, int, int]] = []  # buckets `capture(defer=True)` left for later
+        self._parts = 1
         self.encode_graphs: dict[tuple[int, int, int, bool], _EncodeGraph] = {}  # (rows, tokens, new, final)
         self._pool = None
         self._stream = stream  # the capture stream of all these graphs (see graph_capture)
@@ -175,8 +180,10 @@ class PooledFlowGraphs:
         return self._pool
 
     def capture(self, rows: Sequence[int], ctx_caps: Sequence[int], new_caps: Sequence[int],
-                parts: int = 1) -> float:
+                parts: int = 1, defer: bool = False) -> float:
         """Capture the solve for every (rows, ctx_cap, new_cap); returns the seconds it took.
+        `defer`: capture only the largest bucket now, which every call fits (padded: correct, at
+        more GPU work), and leave the rest to `capture_deferred` (after the engine is ready).
         `parts`: graphs per solve, cut at Euler-step boundaries, launched `parts_ahead` ahead of
         the GPU. H100 under load (bench/host_waits.py): a whole 10-step solve's launch held its
         thread for 10 ms (first lanes) to 55 ms (the later lane) on average, up to 127 ms, also
@@ -186,16 +193,41 @@ class PooledFlowGraphs:
         and the decode thread hardly stalls."""
         started = time.perf_counter()
         pool = self._graph_pool()
+        self._parts = parts
+        # Largest first: later captures reuse its blocks of the shared graph memory pool. The
+        # largest holds the most rows, context and new frames of all (max of each), so it fits all.
+        keys = sorted(((r, c, n) for r in rows for c in ctx_caps for n in new_caps),
+                      key=lambda k: (k[0] * (k[1] + k[2]), k), reverse=True)
+        keys = [k for k in keys if k not in self.solve_graphs]
+        if defer:
+            largest = (max(rows), max(ctx_caps), max(new_caps))
+            keys, self.deferred = [k for k in keys if k == largest], [k for k in keys if k != largest]
         with compiling_at_start_up():
-            # Largest first: later captures reuse its blocks of the shared graph memory pool.
-            for key in sorted(((r, c, n) for r in rows for c in ctx_caps for n in new_caps),
-                              key=lambda k: k[0] * (k[1] + k[2]), reverse=True):
-                if key not in self.solve_graphs:
-                    self.solve_graphs[key] = _SolveGraph(self.pooled, *key, pool, self._stream, self.estimator, parts)
+            for key in keys:
+                self.solve_graphs[key] = _SolveGraph(self.pooled, *key, pool, self._stream, self.estimator, parts)
         seconds = time.perf_counter() - started
         log.info("flow_pool_graphs_captured", graphs=len(self.solve_graphs), rows=list(rows), ctx_caps=list(ctx_caps),
-                 new_caps=list(new_caps), parts=parts, seconds=round(seconds, 2))
+                 new_caps=list(new_caps), parts=parts, deferred=len(self.deferred), seconds=round(seconds, 2))
         return seconds
+
+    def capture_deferred(self, stop: Callable[[], bool] = lambda: False) -> int:
+        """Capture the buckets `capture(defer=True)` left, largest first, while the rendering thread
+        replays the ones in (any other thread; one at a time). Each is published when complete;
+        until then a call runs in the smallest captured bucket that fits it. Safe beside serving:
+        recording launches nothing; the warm-up runs write only padding rows (the pool's trash);
+        graphs of one pool share scratch memory but replay one after another on the lane's thread;
+        and capture errors are this thread's own (thread-local capture mode), so the serving
+        threads' host syncs meanwhile are allowed. Returns how many were captured (`stop()` ends early)."""
+        pool = self._graph_pool()
+        done = 0
+        with compiling_at_start_up(), torch.cuda.device(self.pooled.device), torch.cuda.stream(self._stream):
+            while self.deferred and not stop():
+                key = self.deferred[0]
+                graph = _SolveGraph(self.pooled, *key, pool, self._stream, self.estimator, self._parts)
+                self.solve_graphs = {**self.solve_graphs, key: graph}
+                self.deferred = self.deferred[1:]
+                done += 1
+        return done
 
     def capture_encoder(self, rows: Sequence[int], tokens: int, new_frames: int, finalize: bool) -> None:
         pool = self._graph_pool()
@@ -207,7 +239,7 @@ class PooledFlowGraphs:
 
     @property
     def max_rows(self) -> int:
-        return max((k[0] for k in self.solve_graphs), default=0)
+        return max((k[0] for k in self.solve_graphs), default=0)  # the largest bucket is captured first
 
     @torch.inference_mode()
     def render(self, streams: Sequence[PooledStream], tokens: Sequence[torch.Tensor],
@@ -269,10 +301,11 @@ class PooledFlowGraphs:
         rows = len(plans)
         ctx = max(p.ctx_frames for p in plans)
         new = max(p.new_frames for p in plans)
-        fits = [k for k in self.solve_graphs if k[0] >= rows and k[1] >= ctx and k[2] >= new]
+        graphs = self.solve_graphs  # one read: `capture_deferred` may publish a new dict meanwhile
+        fits = [k for k in graphs if k[0] >= rows and k[1] >= ctx and k[2] >= new]
         if not fits:
             self.eager_calls += 1
             return pooled.solve(plans, mus)
         key = min(fits, key=lambda k: (k[0] * (k[1] + k[2]), k[0]))
         table = pooled.table([p.row for p in plans] + [pooled.padding_row()] * (key[0] - rows))
-        return self.solve_graphs[key].replay(table, pooled.stack_mu(mus, key[0], key[2]), self.parts_ahead)
+        return graphs[key].replay(table, pooled.stack_mu(mus, key[0], key[2]), self.parts_ahead)

@@ -17,7 +17,9 @@ lock around every launch did this before: under load one lane's graph launch hel
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, fields
 from typing import TypeVar
 
 import torch
@@ -25,7 +27,57 @@ import torch.fx.experimental._config as fx_config
 
 T = TypeVar("T")
 
+# Warm-up runs before recording: the first compiles what a new shape needs (torch.compile'd
+# regions), grows the allocator and makes the stream's cuBLAS workspace; a second did nothing more
+# but cost as much again: on the H100 the flow's two passes over its 491 graphs took 30-38 s of a
+# 62-77 s capture, recording one pass 15-19 s (bench/results/worker_start.json, "before").
+WARMUP_RUNS = 1
 COMPILE_LIMIT = 64  # compiles per compiled function during capture (see compiling_at_start_up)
+
+
+@dataclass
+class CaptureClock:
+    """Where start-up capture time goes, summed over every capture in this process (the start-up
+    report takes differences around each part): warm-up runs (torch.compile's compiling happens in
+    the first of them: `compile_s`, dynamo and inductor together), recording, graphs recorded, and
+    inductor's compiled-graph cache hits and misses (a warm cache: no misses)."""
+
+    warmup_s: float = 0.0
+    record_s: float = 0.0
+    graphs: int = 0
+    compile_s: float = 0.0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    compiles: int = 0  # graphs dynamo compiled (each size specialization counts)
+
+    @classmethod
+    def now(cls) -> CaptureClock:
+        """The totals so far, compiler figures included."""
+        from torch._dynamo.utils import compilation_time_metrics, counters
+
+        inductor = counters["inductor"]
+        return cls(CLOCK.warmup_s, CLOCK.record_s, CLOCK.graphs,
+                   sum(compilation_time_metrics.get("_compile.compile_inner", ()), 0.0),
+                   inductor["fxgraph_cache_hit"], inductor["fxgraph_cache_miss"], counters["stats"]["unique_graphs"])
+
+    def since(self, before: CaptureClock) -> dict:
+        """What happened between `before` and this (a report's figures, seconds rounded)."""
+        out = {}
+        for f in fields(self):
+            delta = getattr(self, f.name) - getattr(before, f.name)
+            out[f.name] = round(delta, 2) if isinstance(delta, float) else delta
+        return out
+
+
+CLOCK = CaptureClock()  # warm-up/record totals; compiler figures are read from torch in `now`
+
+
+def charge(started: float, recording: float, graphs: int) -> None:
+    """Add one capture to CLOCK: warm-up from `started` to `recording` (perf_counter; the warm-up's
+    stream synchronized by then), recording from then to now."""
+    CLOCK.warmup_s += recording - started
+    CLOCK.record_s += time.perf_counter() - recording
+    CLOCK.graphs += graphs
 
 
 @contextlib.contextmanager
@@ -63,14 +115,20 @@ def capture_chain(graphs: Sequence[torch.cuda.CUDAGraph], calls: Sequence[Callab
     side = stream if stream is not None else torch.cuda.Stream()
     if pool is None and len(graphs) > 1:
         pool = torch.cuda.graph_pool_handle()
+    started = time.perf_counter()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(warmup):
             for call in calls:
                 call()
     torch.cuda.current_stream().wait_stream(side)
+    side.synchronize()  # so the clock charges the warm-up's GPU time to the warm-up
+    recording = time.perf_counter()
     outs = []
     for graph, call in zip(graphs, calls, strict=True):
-        with torch.cuda.graph(graph, pool=pool, stream=side):
+        # Thread-local: only this thread's unsafe CUDA calls break the capture, not the serving
+        # threads' syncs while graphs are captured after start-up (flow_pool_graphs.capture_deferred).
+        with torch.cuda.graph(graph, pool=pool, stream=side, capture_error_mode="thread_local"):
             outs.append(call())
+    charge(started, recording, len(graphs))
     return outs

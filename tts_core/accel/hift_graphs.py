@@ -17,7 +17,7 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
-from tts_core.accel.graph_capture import capture_graph, compiling_at_start_up
+from tts_core.accel.graph_capture import WARMUP_RUNS, capture_graph, compiling_at_start_up
 from tts_core.hift.generator import HiftGenerator, Mix, mix_stage
 
 
@@ -67,7 +67,7 @@ class GraphedHift:
     Graphs that share a memory `pool` must not run at once, and each caller copies what it keeps
     of the outputs before the next replay of any of them."""
 
-    def __init__(self, vocoder: HiftGenerator, frames: int, cache_samples: int = 0, warmup: int = 2, rows: int = 1,
+    def __init__(self, vocoder: HiftGenerator, frames: int, cache_samples: int = 0, warmup: int = WARMUP_RUNS, rows: int = 1,
                  pool=None, stream: torch.cuda.Stream | None = None, mix: Mix | None = None) -> None:
         param = next(vocoder.parameters())
         if not param.is_cuda:

@@ -37,6 +37,7 @@ from tts_core.accel import decode_attention
 from tts_core.accel.batched_sampler import BatchedRasSampler
 from tts_core.accel.buckets import power_of_two_buckets, select_bucket
 from tts_core.accel.carried_decode import PendingTokens, SlotTokens, draw_first
+from tts_core.accel.graph_capture import charge
 from tts_core.llm.speech_lm import SpeechTokenLM
 
 log = structlog.get_logger(__name__)
@@ -127,6 +128,7 @@ class GraphedDecoder:
         # Warm up and capture on a stream of the decoder's own (cuBLAS handles, workspace: see
         # graph_capture.capture_graph) with every row on the scratch slot.
         side = torch.cuda.Stream()
+        started = time.perf_counter()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for batch in self.batch_buckets:
@@ -134,6 +136,8 @@ class GraphedDecoder:
                     for _ in range(warmup):
                         self._step(batch, attend)
         torch.cuda.current_stream().wait_stream(side)
+        side.synchronize()
+        recording = time.perf_counter()
         # Largest first, so smaller graphs reuse the pool's blocks.
         for batch in reversed(self.batch_buckets):
             for attend in reversed(self.attend_buckets):
@@ -142,6 +146,7 @@ class GraphedDecoder:
                 with torch.cuda.graph(graph, pool=pool, stream=side):
                     out = self._step(batch, attend)
                 self._graphs[(batch, attend)] = (graph, out)
+        charge(started, recording, len(self._graphs))
         self.cache.lengths.copy_(saved)
         self.state.last.copy_(saved_state[0])
         self.state.history.copy_(saved_state[1])
@@ -237,17 +242,21 @@ class GraphedPrefill:
         saved = self.cache.lengths.clone()
         pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream()
+        started = time.perf_counter()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for length in self.length_buckets:
                 for _ in range(warmup):
                     self._prefill(length)
         torch.cuda.current_stream().wait_stream(side)
+        side.synchronize()
+        recording = time.perf_counter()
         for length in reversed(self.length_buckets):
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool, stream=side):
                 out = self._prefill(length)
             self._graphs[length] = (graph, out)
+        charge(started, recording, len(self._graphs))
         self.cache.lengths.copy_(saved)
 
     def fits(self, length: int) -> bool:

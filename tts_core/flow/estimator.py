@@ -104,6 +104,7 @@ class CausalResnetBlock(nn.Module):
         self.block1 = CausalBlock(dim, dim_out)
         self.block2 = CausalBlock(dim_out, dim_out)
         self.res_conv = NhwcConv1d(dim, dim_out, 1)
+        self.branch_scale = 1.0  # what block2's output is multiplied by (flow/residual_scale.py)
 
     def time_bias(self, time_emb: torch.Tensor) -> torch.Tensor:
         """(B, time_emb_dim) -> (B, dim_out): what this block adds to every frame at that flow time."""
@@ -114,6 +115,8 @@ class CausalResnetBlock(nn.Module):
         """`second`: block2's cache where it is not `cache` (`Regions`: one per convolution)."""
         h = self.block1(x, mask, cache) + time_bias.unsqueeze(-1)
         h = self.block2(h, mask, cache if second is None else second)
+        if self.branch_scale != 1.0:
+            h = h * self.branch_scale
         return h + self.res_conv(_masked(x, mask))
 
     def convolutions(self) -> tuple[nn.Module, nn.Module]:
@@ -272,6 +275,7 @@ class FlowEstimator(nn.Module):
                                                CausalConv1d(c, c, 3))])
         self.final_block = CausalBlock(c, c)
         self.final_proj = NhwcConv1d(c, cfg.out_channels, 1)
+        self.residual_scale = 1.0  # the residual stream is carried divided by this (flow/residual_scale.py)
 
     def attention_mask(self, frames: int, streaming: bool, device: torch.device, start: int = 0) -> torch.Tensor | None:
         """The bool mask every transformer block uses for query frames [start, frames) against key
@@ -323,6 +327,8 @@ class FlowEstimator(nn.Module):
         modules); needs mask None and a `PooledStepContext` cache."""
         biases = iter(self.time_biases(t) if time_biases is None else time_biases)
         h = torch.cat([x, mu, spks.unsqueeze(-1).expand(-1, -1, x.size(-1)), cond], dim=1)
+        if self.residual_scale != 1.0:
+            h = h * (1.0 / self.residual_scale)
 
         resnet, blocks, conv = self.down_blocks[0]
         h = self._level(h, resnet, blocks, mask, next(biases), attn_mask, cache, regions)

@@ -24,6 +24,7 @@ from torch.nn import functional as F
 from tts_core.checkpoint import load_strict, read_state_dict
 from tts_core.flow.config import FlowConfig, flow_config_from
 from tts_core.flow.estimator import FlowEstimator
+from tts_core.flow.residual_scale import residual_scale_for, scale_residual_stream
 from tts_core.flow.sampler import FlowSampler
 from tts_core.flow.token_encoder import TokenEncoder
 from tts_core.model_config import load_model_yaml
@@ -110,6 +111,8 @@ def load_flow(model_dir: str | Path, device: torch.device | str = "cpu",
     cfg = flow_config_from(load_model_yaml(yaml_path), state)
     model = FlowModel(cfg)
     load_strict(model, state, str(model_dir / "flow.pt"))
+    # float16: the estimator's residual stream is carried scaled down (folded here, in float32).
+    scale_residual_stream(model.decoder.estimator, residual_scale_for(dtype))
     model.to(device=device, dtype=dtype).eval()
     log.info("flow_loaded", model_dir=str(model_dir), device=str(device), dtype=str(dtype),
              encoder_width=cfg.encoder.output_size, estimator_channels=cfg.estimator.channels)

@@ -52,6 +52,7 @@ class FlowPoolSettings:
     compile: bool = False  # captured solves call a torch.compile'd estimator step (accel/flow_pool_graphs)
     compile_hift: bool = False  # captured HiFT graphs call torch.compile'd stages (accel/hift_graphs)
     solve_parts: int = 1  # graphs per captured solve (accel/flow_pool_graphs.PooledFlowGraphs.capture)
+    defer_later: bool = False  # "later" lane: only its largest solve bucket at start-up (`capture_deferred`)
 
 
 @dataclass
@@ -157,6 +158,7 @@ class ChunkRenderer:
         if not graphs:
             return report
         from tts_core.accel.flow_pool_graphs import PooledFlowGraphs, compiled_estimator
+        from tts_core.accel.graph_capture import CaptureClock
 
         own_max = self.pooled.pool.shape.stream_frames
         step = -(-own_max // s.context_buckets // chunk) * chunk
@@ -174,14 +176,17 @@ class ChunkRenderer:
         final_tokens = range(1, schedule.max_hop_tokens + schedule.lookahead_tokens + extra // ratio + 1)
         later = self.lanes["later"]
         t0 = time.perf_counter()
+        clock = CaptureClock.now()
         estimator = compiled_estimator(self.flow.decoder.estimator) if s.compile else None
         later.graphs = PooledFlowGraphs(self.pooled, estimator)
-        later.graphs.capture(s.batches, ctx_caps, new_caps, s.solve_parts)
+        later.graphs.capture(s.batches, ctx_caps, new_caps, s.solve_parts, defer=s.defer_later)
+        report["flow_later_s"] = time.perf_counter() - t0
         # First lanes: first calls only, whose context is exactly their voice's shared prefix.
         for first in first_lanes:
             first.graphs = PooledFlowGraphs(self.pooled, estimator)
             first.graphs.capture(s.first_batches, sorted({p.prefix_frames for _, p in self._voices.values()}),
                                  first_news, s.solve_parts)
+        report["flow_first_s"] = time.perf_counter() - t0 - report["flow_later_s"]
         if window is not None:
             later.graphs.capture_encoder(s.batches, window, hop, False)
             for first in first_lanes:
@@ -194,13 +199,16 @@ class ChunkRenderer:
             for u in final_tokens:
                 later.graphs.capture_encoder((1,), before + u, u * ratio, True)
         report["flow_capture_s"] = time.perf_counter() - t0
+        report["flow_stages"] = {**CaptureClock.now().since(clock), "deferred": len(later.graphs.deferred)}
         if s.compile:
             from torch._dynamo.utils import counters
 
             report["flow_compiles"] = counters["stats"]["unique_graphs"]  # compiled graphs in this process
         t0 = time.perf_counter()
+        clock = CaptureClock.now()
         self._capture_hift(first_lanes, sorted(first_hops), hop, final_tokens)
         report["hift_capture_s"] = time.perf_counter() - t0
+        report["hift_stages"] = CaptureClock.now().since(clock)
         report.update({"flow_ctx_caps": ctx_caps, "flow_new_caps": new_caps, "flow_batches": list(s.batches),
                        "flow_first_batches": list(s.first_batches),
                        "first_lanes": len(first_lanes),
@@ -208,6 +216,26 @@ class ChunkRenderer:
                        "flow_graphs": sum(len(lane.graphs.solve_graphs) for lane in self.lanes.values()),
                        "hift_graphs": sum(len(lane.hift_graphs) for lane in self.lanes.values())})
         return report
+
+    def has_deferred(self) -> bool:
+        graphs = self.lanes["later"].graphs
+        return graphs is not None and bool(graphs.deferred)
+
+    def capture_deferred(self, stop=lambda: False) -> None:
+        """The "later" lane's solve buckets left by `prepare` (defer_later), on the calling thread
+        while the lanes serve; logs flow_graphs_complete once all are in (or the failure: the lane
+        keeps serving from what is in, every call fitting its largest bucket)."""
+        graphs = self.lanes["later"].graphs
+        started = time.perf_counter()
+        try:
+            done = graphs.capture_deferred(stop)
+        except Exception:  # noqa: BLE001 - serving goes on from the captured buckets; say so
+            log.exception("flow_graphs_deferred_failed", left=len(graphs.deferred))
+            return
+        # Stopped early (the engine closing) leaves some: not "complete".
+        log.info("flow_graphs_complete" if not graphs.deferred else "flow_graphs_deferred_stopped", lane="later",
+                 captured=done, left=len(graphs.deferred), graphs=len(graphs.solve_graphs),
+                 seconds=round(time.perf_counter() - started, 2))
 
     def _capture_hift(self, first_lanes: list[RenderLane], first_hops: list[int], hop: int,
                       final_tokens: range) -> None:

@@ -61,18 +61,23 @@ class LMRunner:
     def capture(self) -> dict:
         """The decode and prefill graphs (start-up, CUDA); returns each part's seconds."""
         from tts_core.accel.buckets import power_of_two_buckets
+        from tts_core.accel.graph_capture import CaptureClock
         from tts_core.accel.lm_graphs import GraphedDecoder, GraphedPrefill
 
         s = self.settings
         report = {}
         t0 = time.perf_counter()
+        clock = CaptureClock.now()
         attend = tuple(b for b in s.attend_buckets if b < s.max_len) + (s.max_len,)
         self.decoder = GraphedDecoder(self.lm, self.sampler, power_of_two_buckets(s.max_batch), attend,
                                       scratch_slot=s.max_batch, slot_attention=s.slot_attention)
         report["decode_capture_s"] = time.perf_counter() - t0
+        report["decode_stages"] = CaptureClock.now().since(clock)
         t0 = time.perf_counter()
+        clock = CaptureClock.now()
         self.prefiller = GraphedPrefill(self.lm, tuple(b for b in s.prefill_buckets if b <= s.max_len))
         report["prefill_capture_s"] = time.perf_counter() - t0
+        report["prefill_stages"] = CaptureClock.now().since(clock)
         return report
 
     def thread_started(self) -> None:

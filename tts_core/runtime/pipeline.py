@@ -37,6 +37,35 @@ WARMUP_TEXT = "Hello, this is a warm up."
 WARMUP_TOKENS = 60  # a first chunk and a final one: every kernel of the chunk path runs once
 
 
+def startup_stages(startup: dict, warmup_s: float | None) -> dict:
+    """`CosyVoice2Pipeline.startup` and the warm-up's seconds as the operator reads them: weights,
+    voices, per captured part its seconds with the compile / warm-up runs / recording split and
+    graph count, the warm-up synthesis, and whether the compiler cache was warm (no inductor cache
+    misses: "warm"; only misses: "cold"; both: "partial"; nothing compiled: "unused")."""
+    parts = {}
+    hits = misses = 0
+    for part in ("flow", "hift", "decode", "prefill"):
+        stages = startup.get(f"{part}_stages")
+        if stages is None:
+            continue
+        hits += stages["cache_hits"]
+        misses += stages["cache_misses"]
+        parts[part] = {"s": round(startup[f"{part}_capture_s"], 2), "compile_s": stages["compile_s"],
+                       "warmup_runs_s": round(stages["warmup_s"] - stages["compile_s"], 2),
+                       "record_s": stages["record_s"], "graphs": stages["graphs"], "compiles": stages["compiles"]}
+        if stages.get("deferred"):
+            parts[part]["deferred_buckets"] = stages["deferred"]  # captured after ready: flow_graphs_complete
+    cache = "unused" if not hits + misses else "warm" if not misses else "cold" if not hits else "partial"
+    out = {"weights_s": round(startup.get("weights_s", 0.0), 2),
+           "voices_s": round(startup.get("flow_voices_s", 0.0), 2),
+           "capture_s": round(startup.get("capture_s", 0.0), 2), "capture": parts,
+           "warmup_s": None if warmup_s is None else round(warmup_s, 3),
+           "compiler_cache": cache, "cache_hits": hits, "cache_misses": misses}
+    if "flow_later_s" in startup:
+        out["flow_lanes_s"] = {"later": round(startup["flow_later_s"], 2), "first": round(startup["flow_first_s"], 2)}
+    return out
+
+
 class CosyVoice2Pipeline:
     def __init__(self, model_dir: ModelDir, frontend: TextFrontend, voices: VoiceBank,
                  scheduler: SynthesisScheduler, device: torch.device, dtype: torch.dtype) -> None:
@@ -46,6 +75,9 @@ class CosyVoice2Pipeline:
         self.scheduler = scheduler
         self.device = device
         self.dtype = dtype
+        # Start-up stages (`load`): weights_s (model parts and voices onto the device), the
+        # scheduler's capture report (per part: seconds, compile/warm-up/record split) and total_s.
+        self.startup: dict = {}
 
     @classmethod
     def load(cls, model_dir: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
@@ -73,6 +105,7 @@ class CosyVoice2Pipeline:
         # is a small share of the work.
         hift = load_hift(md.root, device, torch.float32, fold=True)
         voices = VoiceBank.load(md.root, voices_dir)
+        weights_s = time.perf_counter() - started
         # The flow pool holds every voice of the bank, plus room for two registered later.
         settings = replace(fast or SchedulerSettings(), max_batch=max_batch, max_len=max_len, schedule=schedule,
                            flow_voice_slots=len(voices.names()) + 2)
@@ -81,10 +114,12 @@ class CosyVoice2Pipeline:
         scheduler = SynthesisScheduler(lm, RasSampler(md.sampling, lm.speech_token_size), flow, hift, settings)
         scheduler.capture([voices.get(name) for name in voices.names()])
         scheduler.start()
+        total_s = time.perf_counter() - started
         log.info("tts_pipeline_loaded", model_dir=str(md.root), device=str(device), dtype=str(dtype), llm_fp8=llm_fp8,
-                 voices=len(voices), max_batch=max_batch, max_len=max_len,
-                 seconds=round(time.perf_counter() - started, 3))
-        return cls(md, frontend, voices, scheduler, device, dtype)
+                 voices=len(voices), max_batch=max_batch, max_len=max_len, seconds=round(total_s, 3))
+        pipeline = cls(md, frontend, voices, scheduler, device, dtype)
+        pipeline.startup = {"weights_s": weights_s, **scheduler.capture_report, "total_s": total_s}
+        return pipeline
 
     def synthesize(self, text: str, voice: str, sink, options: JobOptions = JobOptions(),
                    call_id: str = "") -> SynthesisJob:

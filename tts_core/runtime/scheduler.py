@@ -26,6 +26,7 @@ fails that job's sink only, from either thread.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -48,6 +49,9 @@ from tts_core.runtime.settings import SchedulerSettings
 from tts_core.voices import Voice
 
 log = structlog.get_logger(__name__)
+# In every job's last log line: which process served it, where several engine workers write into
+# one gateway log (the supervisor's engine_worker_started names each worker's pid).
+_PID = os.getpid()
 
 GIL_SWITCH_INTERVAL_S = 0.001  # as the gateway's packet clock sets it (gateway/app.py)
 FIRST_TOKEN_POLL_S = 0.0005  # how often an idle decode thread looks for a prefill's first token
@@ -78,13 +82,14 @@ class SynthesisScheduler:
             encoder_tokens=settings.flow_encoder_tokens, batches=settings.flow_batches,
             voice_slots=settings.flow_voice_slots, first_batches=settings.flow_first_batches,
             first_lanes=settings.first_chunk_lanes, compile=settings.compile_flow, compile_hift=settings.compile_hift,
-            solve_parts=settings.flow_solve_parts))
+            solve_parts=settings.flow_solve_parts, defer_later=settings.defer_flow_graphs))
         # Decode at the device's highest stream priority, first chunks next, later chunks lowest: when
         # several streams have kernels queued, the one a listener is waiting on goes first.
         high = min(torch.cuda.Stream.priority_range()) if self.cache.device.type == "cuda" else 0
         self._decode_priority = high
         self.runner = LMRunner(lm, sampler.config, settings, priority=high)
         self.capture_report: dict = {}
+        self._capture_thread: threading.Thread | None = None  # deferred flow graphs (`start`)
         # Re-entrant: a job failed by the render thread while it holds the lock releases under it too.
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)  # the decode thread waits on it
@@ -123,7 +128,7 @@ class SynthesisScheduler:
             report.update(self.runner.capture())
             torch.cuda.synchronize()
             report["capture_s"] = sum(v for k, v in report.items() if k.endswith("_capture_s"))
-            log.info("tts_graphs_captured", **{k: v for k, v in report.items() if k.endswith("_s")})
+            log.info("tts_graphs_captured", **{k: v for k, v in report.items() if k.endswith(("_s", "_stages"))})
         self.capture_report = report
         return report
 
@@ -140,6 +145,18 @@ class SynthesisScheduler:
             lane.start()
         self._thread = threading.Thread(target=self._run, name="tts-decode", daemon=True)
         self._thread.start()
+        if self.renderer.has_deferred():
+            self._capture_thread = threading.Thread(target=self.renderer.capture_deferred, args=(self._is_stopping,),
+                                                    name="tts-capture", daemon=True)
+            self._capture_thread.start()
+
+    def _is_stopping(self) -> bool:
+        return self._stopping
+
+    @property
+    def capturing(self) -> bool:
+        """Whether graphs left for after start-up are still being captured (`defer_flow_graphs`)."""
+        return self._capture_thread is not None and self._capture_thread.is_alive()
 
     def submit(self, job: SynthesisJob) -> None:
         with self._cond:
@@ -159,6 +176,9 @@ class SynthesisScheduler:
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
+        if self._capture_thread is not None:  # it stops after the bucket in hand
+            self._capture_thread.join(timeout)
+            self._capture_thread = None
         with self._cond:
             left = list(self._waiting) + self._active
             self._waiting.clear()
@@ -246,7 +266,7 @@ class SynthesisScheduler:
     def _drop_cancelled(self) -> None:
         for job in self._jobs():
             if job.cancelled and self._release(job):
-                log.info("tts_job_cancelled", **job.figures())
+                log.info("tts_job_cancelled", pid=_PID, **job.figures())
 
     def _retire_rendered(self) -> list[SynthesisJob]:
         """Jobs whose segment the render thread finished: retire those with nothing left to say;
@@ -260,7 +280,7 @@ class SynthesisScheduler:
                 self._release(job)  # before the sink hears the end, so a finished stream's slot is free
         for job in done:
             job.sink.finish()
-            log.info("tts_job_done", segments=len(job.segments), **job.figures())
+            log.info("tts_job_done", segments=len(job.segments), pid=_PID, **job.figures())
         return [job for job in rendered if job.has_next_segment]
 
     def _admit(self) -> list[SynthesisJob]:

@@ -42,6 +42,10 @@ class SchedulerSettings:
     # Graphs per captured flow solve (1: one), launched a part ahead: a whole solve's launch held its
     # lane's thread 10-55 ms and stalled the decode thread ("host stalls in CUDA calls").
     flow_solve_parts: int = 10
+    # With graphs: at start-up capture only the largest of the "later" lane's flow buckets (every
+    # call fits it, padded) and the rest on a thread of their own once serving (logged as
+    # flow_graphs_complete): 30 of its 42 solve buckets, ~35-45 s of a restart on the H100.
+    defer_flow_graphs: bool = True
     # A later chunk whose stream has more unplayed audio than this waits, so that many streams'
     # chunks share one batched flow call (first chunks never wait).
     defer_slack_s: float = 0.8
