@@ -15,6 +15,13 @@ gaps), 503 answers (with the reason the gateway gave), and beside first speech t
     python bench/bench_e2e_calls.py --engine instant --calls 1 50 100
     python bench/bench_e2e_calls.py --engine instant --first-chunk-delay-ms 70 --workers 1 --calls 1 1 1 1 1
     python bench/bench_e2e_calls.py --config gpu.yaml --calls 50 100 200 --rate 10   # a GPU host
+    python bench/bench_e2e_calls.py --config gpu.yaml --devices 0 1 --calls 200 --kill-worker-at 10   # 2 GPUs
+
+`--devices` runs one supervised cosyvoice2 worker per listed GPU. `--kill-worker-at S` kill -9s one worker
+(`--kill-worker`, default index 1: the second GPU's) S seconds into every step, and the step's row then says
+which worker served each call (the pid in the engine's tts_job_queued/_done lines, named by the supervisor's
+engine_worker_started), the killed worker's calls apart from the others' (early BYEs, gaps over 60 ms, RTP
+p99/max), and how long until /healthz (and the gateway's log) had that worker back.
 
 Results: bench/results/e2e_calls.json (one row per step).
 """
