@@ -213,8 +213,8 @@ async def run_step(calls: int, processes: int, rate: float, sip: tuple[str, int]
         pids = {e["pid"]: e["worker"] for e in serve_events(log_path, ("engine_worker_started",))}
         # A job says its worker's pid when queued (tts_job_queued) and when it ends; a killed worker's calls
         # in flight have only the first.
-        all_jobs = [e for e in serve_events(log_path, ("tts_job_queued", "tts_job_done", "tts_job_cancelled"), log_offset)
-                    if str(e.get("call_id", "")).startswith("e2e-")]
+        job_lines = serve_events(log_path, ("tts_job_queued", "tts_job_done", "tts_job_cancelled"), log_offset)
+        all_jobs = [e for e in job_lines if str(e.get("call_id", "")).startswith("e2e-")]
         workers_row = {"kill": killed, **by_worker(answered, all_jobs, pids, kill[1])}
     first = [(c.first_speech_ns - c.invite_ns) / 1e6 for c in answered if c.first_speech_ns is not None]
     first_packet = [(c.arrivals_ns[0] - c.invite_ns) / 1e6 for c in answered if c.arrivals_ns]
