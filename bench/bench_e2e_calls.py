@@ -15,6 +15,13 @@ gaps), 503 answers (with the reason the gateway gave), and beside first speech t
     python bench/bench_e2e_calls.py --engine instant --calls 1 50 100
     python bench/bench_e2e_calls.py --engine instant --first-chunk-delay-ms 70 --workers 1 --calls 1 1 1 1 1
     python bench/bench_e2e_calls.py --config gpu.yaml --calls 50 100 200 --rate 10   # a GPU host
+    python bench/bench_e2e_calls.py --config gpu.yaml --devices 0 1 --calls 200 --kill-worker-at 10   # 2 GPUs
+
+`--devices` runs one supervised cosyvoice2 worker per listed GPU. `--kill-worker-at S` kill -9s one worker
+(`--kill-worker`, default index 1: the second GPU's) S seconds into every step, and the step's row then says
+which worker served each call (the pid in the engine's tts_job_queued/_done lines, named by the supervisor's
+engine_worker_started), the killed worker's calls apart from the others' (early BYEs, gaps over 60 ms, RTP
+p99/max), and how long until /healthz (and the gateway's log) had that worker back.
 
 Results: bench/results/e2e_calls.json (one row per step).
 """
@@ -154,7 +161,7 @@ def _rtp_figures(calls: list, longest_s: float) -> dict:
 
 
 def by_worker(answered: list, jobs: list[dict], pids: dict[int, str], killed: str | None) -> dict:
-    """Which worker served each answered call (its job line's pid, named by engine_worker_started), and
+    """Which worker served each answered call (its job lines' pid, named by engine_worker_started), and
     the RTP figures of the killed worker's calls, the others' and those no job line names."""
     served = {job["call_id"]: pids.get(job.get("pid"), f"pid {job.get('pid')}") for job in jobs if "call_id" in job}
     longest = max((len(c.arrivals_ns) * 0.02 for c in answered), default=0.0)
@@ -204,7 +211,10 @@ async def run_step(calls: int, processes: int, rate: float, sip: tuple[str, int]
         assert killer is not None
         killed = await killer  # also waits for the worker to be back (for the next step)
         pids = {e["pid"]: e["worker"] for e in serve_events(log_path, ("engine_worker_started",))}
-        all_jobs = [e for e in job_events(log_path, log_offset)[0] if str(e.get("call_id", "")).startswith("e2e-")]
+        # A job says its worker's pid when queued (tts_job_queued) and when it ends; a killed worker's calls
+        # in flight have only the first.
+        job_lines = serve_events(log_path, ("tts_job_queued", "tts_job_done", "tts_job_cancelled"), log_offset)
+        all_jobs = [e for e in job_lines if str(e.get("call_id", "")).startswith("e2e-")]
         workers_row = {"kill": killed, **by_worker(answered, all_jobs, pids, kill[1])}
     first = [(c.first_speech_ns - c.invite_ns) / 1e6 for c in answered if c.first_speech_ns is not None]
     first_packet = [(c.arrivals_ns[0] - c.invite_ns) / 1e6 for c in answered if c.arrivals_ns]

@@ -244,13 +244,36 @@ async def test_fp8_lm_weights_stream_the_same_schedule(tiny_model_dir: Path) -> 
     assert np.isfinite(np.concatenate(chunks)).all()
 
 
-async def test_a_dtype_whose_activations_overflow_is_refused_at_start(tiny_model_dir: Path) -> None:
-    # The tiny golden model's random weights drive the flow's activations to ~9400 before a
-    # convolution whose output passes float16's 65504: NaN audio. The warm-up request meets it and
-    # the engine refuses to start, naming the setting, instead of playing noise to callers.
+async def test_fp16_speaks_the_golden_model_whose_flow_overflowed_it_before(tiny_model_dir: Path) -> None:
+    # The tiny golden model's random weights drive the flow's residual stream to ~6.6e5, and a
+    # convolution of it passed float16's 65504: every chunk was NaN and the engine refused to start.
+    # Its estimator now carries that stream scaled down in float16 (tts_core/flow/residual_scale.py).
+    fp16 = CosyVoice2Engine(model_dir=str(tiny_model_dir), device="cpu", dtype="fp16", max_batch=1, max_len=512,
+                            seed=1)
+    await fp16.start()
+    try:
+        chunks = await asyncio.wait_for(_collect(fp16.open_stream(_request(78))), 60)
+    finally:
+        await fp16.close()
+    audio = np.concatenate(chunks)
+    assert np.isfinite(audio).all() and np.sqrt(np.mean(audio ** 2)) > 1e-4
+
+
+async def test_a_dtype_whose_activations_overflow_is_refused_at_start(tiny_model_dir: Path, tmp_path: Path) -> None:
+    # A model whose mel itself passes float16's 65504 (its final projection scaled up here): NaN
+    # audio in fp16. The warm-up request meets it and the engine refuses to start, naming the
+    # setting, instead of playing noise to callers.
+    from tts_core.checkpoint import read_state_dict
     from tts_core.runtime import SynthesisError
 
-    fp16 = CosyVoice2Engine(model_dir=str(tiny_model_dir), device="cpu", dtype="fp16", max_batch=1, max_len=512, seed=1)
+    for item in tiny_model_dir.iterdir():
+        if item.name != "flow.pt":
+            (tmp_path / item.name).symlink_to(item)
+    state = read_state_dict(tiny_model_dir / "flow.pt")
+    for key in ("decoder.estimator.final_proj.weight", "decoder.estimator.final_proj.bias"):
+        state[key] = state[key] * 1e5
+    torch.save(state, tmp_path / "flow.pt")
+    fp16 = CosyVoice2Engine(model_dir=str(tmp_path), device="cpu", dtype="fp16", max_batch=1, max_len=512, seed=1)
     with pytest.raises(SynthesisError, match=r"non-finite audio \(torch.float16\).*engine.cosyvoice2.dtype"):
         await fp16.start()
     assert fp16.pipeline is None

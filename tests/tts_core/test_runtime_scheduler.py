@@ -99,6 +99,24 @@ def test_timings_cover_the_first_chunk(pipeline: CosyVoice2Pipeline) -> None:
     assert sum(c.tokens for c in t.chunks) == 60
 
 
+def test_a_call_s_job_names_its_process_when_queued_and_when_done(pipeline: CosyVoice2Pipeline) -> None:
+    # Several engine workers log into one gateway log: the pid says which served a call, also for a
+    # worker killed mid-call (only its tts_job_queued line exists then).
+    import os
+
+    from structlog.testing import capture_logs
+
+    sink = CollectingSink()
+    with capture_logs() as logs:
+        pipeline.synthesize("Which worker?", VOICE, sink, _forced(30), call_id="call-7")
+        sink.wait(60)
+        deadline = time.monotonic() + 5
+        while not any(e["event"] == "tts_job_done" for e in logs) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    ours = [(e["event"], e["pid"]) for e in logs if e.get("call_id") == "call-7"]
+    assert ours == [("tts_job_queued", os.getpid()), ("tts_job_done", os.getpid())]
+
+
 def test_punctuation_only_text_is_refused_at_submit(pipeline: CosyVoice2Pipeline) -> None:
     """Nothing to say: refused on the caller's thread, before anything is queued (the official
     model would speak a blip of silence)."""

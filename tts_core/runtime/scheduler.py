@@ -49,8 +49,8 @@ from tts_core.runtime.settings import SchedulerSettings
 from tts_core.voices import Voice
 
 log = structlog.get_logger(__name__)
-# In every job's last log line: which process served it, where several engine workers write into
-# one gateway log (the supervisor's engine_worker_started names each worker's pid).
+# In a job's first and last log lines: which process served it, where several engine workers write
+# into one gateway log (the supervisor's engine_worker_started names each worker's pid).
 _PID = os.getpid()
 
 GIL_SWITCH_INTERVAL_S = 0.001  # as the gateway's packet clock sets it (gateway/app.py)
@@ -165,6 +165,8 @@ class SynthesisScheduler:
             job.timings.queued = time.perf_counter()
             self._waiting.append(job)
             self._cond.notify()
+        if job.call_id:  # which worker took the call, said now: one killed mid-call logs nothing later
+            log.info("tts_job_queued", call_id=job.call_id, pid=_PID)
 
     def stop(self, timeout: float | None = 30.0) -> None:
         """Stop both threads; jobs still waiting or running fail with SynthesisError."""
