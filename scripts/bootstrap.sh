@@ -13,6 +13,10 @@ command -v kamailio >/dev/null || [ -x /usr/sbin/kamailio ] || need_apt+=(kamail
 # the TTS API's try-a-voice page is tested in a real headless browser
 command -v chromium >/dev/null || need_apt+=(chromium)
 command -v chromedriver >/dev/null || need_apt+=(chromium-driver)
+# deploy/: a real Prometheus scrapes a gateway to check the dashboard and alert rules (promtool comes with it);
+# the GPU-host install script is linted with shellcheck
+command -v prometheus >/dev/null || need_apt+=(prometheus)
+command -v shellcheck >/dev/null || need_apt+=(shellcheck)
 if [ "${#need_apt[@]}" -gt 0 ] && [ "$extras" = "test" ]; then
     sudo_cmd=""; [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
     echo ">> installing system packages: ${need_apt[*]}"
