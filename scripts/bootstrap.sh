@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by quickstart.sh and test.sh: system packages + a project venv, idempotent.
 # Usage: source scripts/bootstrap.sh [extras]   (default extras: test)
 set -euo pipefail
@@ -36,5 +37,7 @@ if [ "$extras" = "test" ] && ! python -c "import torch" 2>/dev/null; then
     echo ">> installing torch (CPU build)"
     python -m pip install -q "torch==2.13.0"
 fi
-echo ">> installing cosyvoice-gateway[$extras]"
-python -m pip install -q -e "$root[$extras]"
+echo ">> installing cosyvoice-gateway[$extras] (versions pinned by requirements.lock)"
+# The lock pins every dependency but torch (installed above, or the host's CUDA build): as constraints, it
+# fixes the versions of whatever these extras need and installs nothing they do not.
+python -m pip install -q -c "$root/requirements.lock" -e "${root}[$extras]"
