@@ -81,7 +81,8 @@ def load_config_text(tmp_path: Path, text: str, overrides: dict):
 def test_the_configs_load_and_list_every_worker_replica(tmp_path: Path) -> None:
     data = resource("ConfigMap", "cosyvoice-config")["data"]
     gateway_yaml = yaml.safe_load(data["gateway.yaml"])
-    config = load_config_text(tmp_path, data["gateway.yaml"], {"sip.advertised_host": "10.0.0.21", "engine.remote.token": "t"})
+    overrides = {"sip.advertised_host": "10.0.0.21", "engine.remote.token": "t"}  # the pod's env sets these
+    config = load_config_text(tmp_path, data["gateway.yaml"], overrides)
     assert config.engine.name == "remote"
     assert gateway_yaml["shutdown"]["drain_timeout_s"] < resource("Deployment", "cosyvoice-gateway")[
         "spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
