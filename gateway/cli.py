@@ -62,6 +62,8 @@ def _parser() -> argparse.ArgumentParser:
 
     doctor = commands.add_parser("doctor", help="check this host against a config: ports, GPU, model, voices, cache")
     doctor.add_argument("--config", help="YAML config file (default: built-in loopback config)")
+    doctor.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
+                        help="override a config key as serve does (repeatable)")
     doctor.add_argument("--cache-dir", type=Path, help="the compiler-cache directory (default: "
                                                        "/var/cache/cosyvoice-gateway, the systemd unit's)")
     doctor.set_defaults(run=_doctor)
@@ -152,7 +154,7 @@ def _doctor(args: argparse.Namespace) -> int:
     from gateway.log import configure_logging
 
     configure_logging("warning", json=False)  # the model loaders' info events would break one line per check
-    checks = doctor.run(args.config, args.cache_dir)
+    checks = doctor.run(args.config, _settings(args.settings), args.cache_dir)
     for check in checks:
         print(check.line(), flush=True)
     return doctor.exit_code(checks)

@@ -15,7 +15,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -38,14 +38,15 @@ class Check:
     fix: str = ""  # what to do, for a failed check
 
     def line(self) -> str:
-        text = f"{self.status.upper():<5} {self.name:<22} {self.detail}"
+        text = f"{self.status.upper():<5} {self.name:<22}  {self.detail}"  # two spaces even after a long name
         return f"{text}\n      -> {self.fix}" if self.status == "fail" and self.fix else text
 
 
-def run(config_path: str | None, cache_dir: Path | None = None) -> list[Check]:
-    """Every check for the config at `config_path` (None: the embedded default), in order."""
+def run(config_path: str | None, overrides: Mapping[str, object] | None = None,
+        cache_dir: Path | None = None) -> list[Check]:
+    """Every check for the config at `config_path` (None: the embedded default) with serve's --set `overrides`."""
     try:
-        config = load_config(config_path)
+        config = load_config(config_path, overrides)
     except ConfigError as exc:
         return [Check("config", "fail", f"{config_path or 'built-in default'}: {exc}",
                       "fix the key named (the README's Configuration section lists them), then run doctor again")]

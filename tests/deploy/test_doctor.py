@@ -4,6 +4,7 @@ tiny golden CosyVoice2 model, copied and broken on purpose), real sockets holdin
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -44,8 +45,9 @@ def doctor(config: Path, *args: str) -> tuple[int, dict[str, str]]:
         if line.startswith("      -> "):
             lines[name] += "\n" + line
         else:
-            status, name, _ = line[:6].strip(), line[6:28].strip(), line[28:]
-            assert status in ("OK", "FAIL", "SKIP"), line
+            match = re.match(r"(OK|FAIL|SKIP) +(.+?)  ", line)
+            assert match, line
+            name = match.group(2)
             lines[name] = line
     return result.returncode, lines
 
