@@ -100,8 +100,11 @@ async def _query(session: aiohttp.ClientSession, prometheus: str, expr: str) -> 
 async def _until(session, prometheus: str, expr: str, timeout_s: float = 30.0) -> list[dict]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if result := await _query(session, prometheus, expr):
-            return result
+        try:
+            if result := await _query(session, prometheus, expr):
+                return result
+        except aiohttp.ClientError:
+            pass  # Prometheus still starting: not listening yet, or its API not serving JSON yet
         await asyncio.sleep(0.5)  # polling Prometheus's API as a dashboard would
     raise AssertionError(f"Prometheus never had {expr}")
 
