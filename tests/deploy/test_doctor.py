@@ -157,3 +157,39 @@ def test_the_cuda_version_is_read_from_nvidia_smis_banner() -> None:
     banner = "| NVIDIA-SMI 550.54.15    Driver Version: 550.54.15    CUDA Version: 12.4     |"
     assert cuda_version_of(banner) == "12.4"
     assert cuda_version_of("no banner") is None
+
+
+STAND_IN_NVIDIA_SMI = """#!/bin/sh
+# A stand-in for the driver's tool on a host without a GPU: what nvidia-smi prints for two 80 GB GPUs.
+case "$*" in
+  *driver_version*) echo "570.86.15"; echo "570.86.15" ;;
+  *memory.total*) echo "0, 81559, 1024"; echo "1, 81559, 60000" ;;
+  *) echo "| NVIDIA-SMI 570.86.15   Driver Version: 570.86.15   CUDA Version: 12.8 |" ;;
+esac
+"""
+
+
+def test_gpu_memory_is_weighed_against_max_batch_per_gpu(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """With a stand-in nvidia-smi (no GPU here: the parsing and the decision are what is tested, on the real
+    doctor): GPU 0 has room for max_batch 64, GPU 1 (60 of 80 GB used) does not and is told the max_batch that
+    fits; this host's torch is a CPU build, which fails with the way to the CUDA build."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text(STAND_IN_NVIDIA_SMI)
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    engine = {"name": "cosyvoice2", "cosyvoice2": {"model_dir": str(tiny_model_dir), "device": "cuda",
+                                                   "devices": [0, 1], "max_batch": 64}}
+    result = subprocess.run([sys.executable, "-m", "gateway.cli", "doctor", "--config",
+                             str(write_config(tmp_path, engine)), "--cache-dir", str(tmp_path)],
+                            capture_output=True, text=True, timeout=120, cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": str(REPO), "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    out = result.stdout
+    assert result.returncode == 1
+    assert re.search(r"OK +nvidia driver +driver 570.86.15, supports CUDA up to 12.8", out), out
+    assert re.search(r"OK +gpu 0 memory +78.6 GB free, max_batch 64 needs about 28 GB", out), out
+    assert re.search(r"FAIL +gpu 1 memory +21.1 GB free, max_batch 64 needs about 28 GB", out), out
+    assert "lower engine.cosyvoice2.max_batch to 47" in out
+    import torch
+
+    if torch.version.cuda is None:
+        assert re.search(r"FAIL +torch +torch .* is a CPU build", out) and "scripts/install_gpu_host.sh" in out
