@@ -1,10 +1,10 @@
 """The shipped Grafana dashboard and alert rules name series a real gateway and worker export.
 
 A real Prometheus (Debian's `prometheus`) scrapes a real `cosyvoice-gateway serve` (espeak, one supervised
-worker on a fixed port, the speech API on) every second while it takes calls from SIPp, answers one speech API
-request, and loses its worker once (SIGSTOP: the gateway kills it as hung and restarts it, and a call placed
-meanwhile is refused 503). Then every dashboard query and every alert expression is evaluated through
-Prometheus's HTTP API.
+worker on a fixed port, the speech API on) every second while its worker hangs once (SIGSTOP: the gateway kills
+it as hung and restarts it; a call placed meanwhile is refused 503), then in two rounds it takes calls from SIPp
+(1, then 2 at once) and answers a speech API request. Then every dashboard query and every alert expression is
+evaluated through Prometheus's HTTP API.
 
 What "returns data" means here, honestly:
 - dashboard queries: Grafana's `$__rate_interval` is replaced by `1m` (Prometheus has no such macro); each
