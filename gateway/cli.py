@@ -1,6 +1,6 @@
 """`cosyvoice-gateway`: the command line. `serve` runs the gateway, `call` is the test phone,
-`voice add|list|remove` manage the CosyVoice2 speakers in a model directory, `--version` prints the
-installed package's version.
+`voice add|list|remove` manage the CosyVoice2 speakers in a model directory, `doctor` checks that this host can
+serve a config (gateway/doctor.py), `--version` prints the installed package's version.
 
 Exit codes: 0 success; 1 the action ran and failed (call not answered, voice not registered);
 2 the invocation or the configuration is wrong (one line on stderr naming the key or option).
@@ -15,6 +15,7 @@ import asyncio
 import functools
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from gateway.config import ConfigError, GatewayConfig, load_config
 
@@ -58,6 +59,14 @@ def _parser() -> argparse.ArgumentParser:
     call.add_argument("--timeout", type=float, default=30.0, metavar="S", help="hang up after S seconds")
     call.add_argument("--verbose", action="store_true", help="show PJSIP's log")
     call.set_defaults(run=_call)
+
+    doctor = commands.add_parser("doctor", help="check this host against a config: ports, GPU, model, voices, cache")
+    doctor.add_argument("--config", help="YAML config file (default: built-in loopback config)")
+    doctor.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
+                        help="override a config key as serve does (repeatable)")
+    doctor.add_argument("--cache-dir", type=Path, help="the compiler-cache directory (default: "
+                                                       "/var/cache/cosyvoice-gateway, the systemd unit's)")
+    doctor.set_defaults(run=_doctor)
 
     voice = commands.add_parser("voice", help="manage CosyVoice2 voices")
     voice_commands = voice.add_subparsers(dest="voice_command", required=True)
@@ -138,6 +147,17 @@ def _call(args: argparse.Namespace) -> int:
     result = call_in_this_process(args.uri, args.text, args.record, args.timeout, args.voice, verbose=args.verbose)
     print(describe(result))
     return 0 if result.answered else 1
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from gateway import doctor
+    from gateway.log import configure_logging
+
+    configure_logging("warning", json=False)  # the model loaders' info events would break one line per check
+    checks = doctor.run(args.config, _settings(args.settings), args.cache_dir)
+    for check in checks:
+        print(check.line(), flush=True)
+    return doctor.exit_code(checks)
 
 
 def _needs_tts(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by quickstart.sh and test.sh: system packages + a project venv, idempotent.
 # Usage: source scripts/bootstrap.sh [extras]   (default extras: test)
 set -euo pipefail
@@ -14,6 +15,10 @@ command -v kamailio >/dev/null || [ -x /usr/sbin/kamailio ] || need_apt+=(kamail
 command -v chromium >/dev/null || need_apt+=(chromium)
 command -v chromedriver >/dev/null || need_apt+=(chromium-driver)
 command -v soxi >/dev/null || need_apt+=(sox)  # the play URL tests open its WAVs in sox
+# deploy/: a real Prometheus scrapes a gateway to check the dashboard and alert rules (promtool comes with it);
+# the GPU-host install script is linted with shellcheck
+command -v prometheus >/dev/null || need_apt+=(prometheus)
+command -v shellcheck >/dev/null || need_apt+=(shellcheck)
 if [ "${#need_apt[@]}" -gt 0 ] && [ "$extras" = "test" ]; then
     sudo_cmd=""; [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
     echo ">> installing system packages: ${need_apt[*]}"
@@ -33,5 +38,7 @@ if [ "$extras" = "test" ] && ! python -c "import torch" 2>/dev/null; then
     echo ">> installing torch (CPU build)"
     python -m pip install -q "torch==2.13.0"
 fi
-echo ">> installing cosyvoice-gateway[$extras]"
-python -m pip install -q -e "$root[$extras]"
+echo ">> installing cosyvoice-gateway[$extras] (versions pinned by requirements.lock)"
+# The lock pins every dependency but torch (installed above, or the host's CUDA build): as constraints, it
+# fixes the versions of whatever these extras need and installs nothing they do not.
+python -m pip install -q -c "$root/requirements.lock" -e "${root}[$extras]"
