@@ -38,6 +38,7 @@ from gateway.sip.edge_replies import (
 from gateway.sip.inbound_call import (
     ALLOW,
     SDP_TYPE,
+    SUPPORTED,
     CallEvent,
     Confirmed,
     Ended,
@@ -55,7 +56,9 @@ from gateway.sip.message import (
     parse,
 )
 from gateway.sip.rate_limit import SourceRateLimiter
+from gateway.sip.session_timer import SessionTimerSettings, TooSmall, negotiate
 from gateway.sip.transaction import (
+    InviteClientTransaction,
     InviteServerTransaction,
     NonInviteClientTransaction,
     NonInviteServerTransaction,
@@ -71,7 +74,8 @@ __all__ = ["CallEvent", "Confirmed", "Ended", "InboundCall", "SipServer", "SipSe
 log = structlog.get_logger(__name__)
 
 _NOT_ALLOWED = frozenset({"REGISTER", "SUBSCRIBE", "MESSAGE", "PUBLISH", "NOTIFY", "REFER"})
-_IMPLEMENTED = frozenset({"INVITE", "ACK", "CANCEL", "BYE", "OPTIONS", "INFO", "UPDATE"})
+_IMPLEMENTED = frozenset({"INVITE", "ACK", "CANCEL", "BYE", "OPTIONS", "INFO", "UPDATE", "PRACK"})
+_EXTENSIONS = frozenset(item.strip() for item in SUPPORTED.split(","))  # a Require of these is served
 _URI_SCHEMES = ("sip:", "sips:", "tel:")  # §8.2.2.1: anything else is 416
 _LOG_FIELD_CHARS = 64  # Call-IDs, reasons and addresses a peer chose, as they appear in logs
 _SWEEP_S = 1.0  # how often ended flood episodes and suppressed log lines are reported
@@ -93,6 +97,7 @@ class SipSettings:
     advertised_host: str | None = None  # host for Contact/SDP if different from listen_host
     stream_limits: StreamLimits = field(default_factory=StreamLimits)
     max_requests_per_s_per_source: float = 100.0  # burst: twice this; over it -> cheap 503 or drop
+    session_timers: SessionTimerSettings = field(default_factory=SessionTimerSettings)  # RFC 4028
 
 
 class SipServer:
@@ -121,7 +126,8 @@ class SipServer:
         self._sweeper: asyncio.TimerHandle | None = None
         self._sparse_log = LogBudget(log)
         self._services = UasServices(settings.user_agent, settings.retry_after_s, self._timers,
-                                     self._contact_address, self._send_request, self._spawn, self._forget)
+                                     self._contact_address, self._send_request, self._send_invite, self._spawn,
+                                     self._forget, settings.session_timers)
 
     @property
     def active_calls(self) -> int:
@@ -256,7 +262,7 @@ class SipServer:
         elif method == "CANCEL":
             self._on_cancel(request, transaction)
         elif method == "OPTIONS":  # qualify pings (Kamailio/Asterisk), in or out of a dialog
-            headers = (("Allow", ALLOW), ("Accept", SDP_TYPE), ("Supported", ""),
+            headers = (("Allow", ALLOW), ("Accept", SDP_TYPE), ("Supported", SUPPORTED),
                        ("Contact", contact_value(*self._contact_address(peer), peer.transport)))
             if request.to_tag is None and self.why_refused() is not None:
                 # Out of dialog, a qualify ping: 503 while we would refuse an INVITE, so the proxy
@@ -265,15 +271,15 @@ class SipServer:
                 transaction.respond(self._simple(request, 503, "Service Unavailable", (*headers, *retry)))
             else:
                 transaction.respond(self._simple(request, 200, "OK", headers))
-        elif request.header("Require") and method != "BYE":
-            # §8.2.2.3: we support no extensions; BYE is exempt so a call can always end.
-            unsupported = request.header("Require") or ""
+        elif _unsupported(request) and method != "BYE":
+            # §8.2.2.3: 420 naming what we lack; 100rel and timer we serve; BYE is exempt so a call can always end.
+            unsupported = ", ".join(_unsupported(request))
             transaction.respond(self._simple(request, 420, "Bad Extension", (("Unsupported", unsupported),)))
         elif request.to_tag is not None:
             self._on_in_dialog(request, transaction)
         elif method == "INVITE":
             assert isinstance(transaction, InviteServerTransaction)
-            if self._offer_acceptable(request, transaction):
+            if self._offer_acceptable(request, transaction) and self._session_timer_acceptable(request, transaction):
                 self._on_new_invite(request, transaction, peer)
         else:  # BYE/INFO/UPDATE outside any dialog
             transaction.respond(self._simple(request, 481, "Call/Transaction Does Not Exist"))
@@ -292,6 +298,20 @@ class SipServer:
         self._sparse_log.info("sip_offer_refused", call_id=_short(request.call_id), status=status,
                             detail=detail[:120])
         return False
+
+    def _session_timer_acceptable(self, request: SipRequest, transaction: ServerTransaction) -> bool:
+        """RFC 4028 §8.1: a Session-Expires below our minimum gets 422 with our Min-SE, before admission;
+        one that does not parse gets 400."""
+        try:
+            timer = negotiate(request, self.settings.session_timers)
+        except ValueError as exc:
+            transaction.respond(self._simple(request, 400, "Bad Session-Expires",
+                                             (warning(self.settings.user_agent, str(exc)),)))
+            return False
+        if isinstance(timer, TooSmall):
+            transaction.respond(self._simple(request, 422, "Session Interval Too Small", timer.response_headers()))
+            return False
+        return True
 
     def _on_new_invite(self, invite: SipRequest, transaction: InviteServerTransaction, peer: Peer) -> None:
         received_at = time.monotonic()
@@ -421,6 +441,21 @@ class SipServer:
         transaction.start()
         return await transaction.result
 
+    async def _send_invite(self, request: SipRequest, transport: str, host: str, port: int,
+                           peer: Peer) -> InviteClientTransaction:
+        """Start our re-INVITE inside a dialog (§17.1.1); the caller awaits its `result` and ACKs a 2xx."""
+        address = await resolve(host, port)
+        connection = peer.connection if transport == "tcp" else None
+
+        def send(data: bytes) -> None:
+            self._transport.send(data, transport, address, connection)
+
+        transaction = InviteClientTransaction(request, send, transport == "tcp", self._timers,
+                                              self._transactions.forget_client)
+        self._transactions.add_client(transaction)
+        transaction.start()
+        return transaction
+
     def _contact_address(self, peer: Peer) -> tuple[str, int]:
         bound = self.tcp_address if peer.transport == "tcp" else self.udp_address
         port = bound[1] if bound else self.settings.listen_port
@@ -442,6 +477,12 @@ class SipServer:
         task = asyncio.get_running_loop().create_task(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def _unsupported(request: SipRequest) -> list[str]:
+    """The option tags of the request's Require that we do not implement (§8.2.2.3)."""
+    return [tag for line in request.header_lines("Require") for tag in (t.strip() for t in line.split(","))
+            if tag and tag.lower() not in _EXTENSIONS]
 
 
 def _short(value: str | None) -> str | None:
