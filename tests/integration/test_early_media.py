@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from integration_harness import SCENARIOS, rtp_recorder, run_sipp, sipp_messages
+from integration_harness import SCENARIOS, invite_final_response, rtp_recorder, run_sipp, sipp_messages
 from serve_process import ServeProcess, start_serve
 
 pytestmark = [pytest.mark.sipp, pytest.mark.timeout(120),
@@ -149,4 +149,16 @@ async def test_prack_reliable_183_is_resent_until_prack_then_answered(serve, tmp
     await serve.wait_for_event("sip_prack")
     assert len(recorder.packets) > 100 and _rms(recorder, recorder.packets) > 500
     _one_stream(recorder.packets)
+    await _plain_call_works(serve, tmp_path)
+
+
+async def test_early_media_header_selects_it_and_a_bad_value_is_refused_with_400(serve, tmp_path):
+    (tmp_path / "plain").mkdir()
+    status = await invite_final_response(serve.sip_address, {"X-TTS-Text": "Hello.", "X-TTS-Early-Media": "later"})
+    assert status.startswith("SIP/2.0 400")
+    status = await invite_final_response(serve.sip_address, {"X-TTS-Text": "Sorry.", "X-TTS-Early-Media": "reject",
+                                                              "X-TTS-Reject-Code": "603"})
+    assert status == "SIP/2.0 603 Decline"  # after the announcement, as the header asked
+    early = await serve.wait_for_event("sip_early_media")
+    assert early["reliable"] is False
     await _plain_call_works(serve, tmp_path)

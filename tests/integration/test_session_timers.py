@@ -100,6 +100,16 @@ async def test_as_refresher_we_send_the_refresh_and_an_overlapping_reinvite_gets
     await _plain_call_works(serve, tmp_path)
 
 
+async def test_as_refresher_we_refresh_with_update_when_the_caller_allows_it(serve, tmp_path):
+    await _call(serve, "gw_timer_uas_update.xml", tmp_path / "call")
+    messages = sipp_messages(tmp_path / "call")
+    update = messages[messages.index("UPDATE sip:sipp@"):].split("\n\n", 1)[0]
+    assert "Session-Expires: 4;refresher=uas" in update and "Content-Length: 0" in update
+    ended = await serve.wait_for_event("call_ended")
+    assert ended["outcome"] == "caller_hangup"
+    await _plain_call_works(serve, tmp_path)
+
+
 async def test_too_small_session_expires_gets_422_with_our_min_se(serve, tmp_path):
     await _call(serve, "gw_timer_too_small.xml", tmp_path / "call")
     messages = sipp_messages(tmp_path / "call")
