@@ -3,7 +3,7 @@
 The call layer drives an `InboundCall` with reject/ring/progress/accept/hangup and reads `events`:
 Confirmed when the ACK for our 2xx arrives, then exactly one Ended. Here live the UAS core's duties for
 one dialog: early media (`progress`: 183 with the SDP answer, reliable with RSeq and resent until its
-PRACK when the INVITE requires or supports 100rel, RFC 3262), the 2xx retransmission until ACK
+PRACK when the INVITE requires or supports 100rel, RFC 3262: provisional.py), the 2xx retransmission until ACK
 (§13.3.1.4), answering re-INVITE/UPDATE offers (491/500 when they overlap, §14), session timers
 (RFC 4028, numbers in session_timer.py, timers in session_refresh.py), CANCEL and BYE from the peer,
 and our own BYE. The `SipServer` (uas.py) owns transports and transactions and
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import secrets
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -25,13 +24,13 @@ import structlog
 from gateway.media.sdp import SdpError, check_offer
 from gateway.sip.dialog import Dialog, new_tag
 from gateway.sip.message import SipRequest, SipResponse, make_response
+from gateway.sip.provisional import Provisionals
 from gateway.sip.session_refresh import SessionRefresh
-from gateway.sip.session_timer import Agreement, SessionTimerSettings, TooSmall, negotiate, supported_options
+from gateway.sip.session_timer import Agreement, SessionTimerSettings, TooSmall, negotiate
 from gateway.sip.transaction import (
     AnswerRetransmission,
     InviteClientTransaction,
     InviteServerTransaction,
-    ReliableProvisional,
     ServerTransaction,
     Timers,
 )
@@ -42,9 +41,6 @@ log = structlog.get_logger(__name__)
 ALLOW = "INVITE, ACK, CANCEL, BYE, OPTIONS, INFO, UPDATE, PRACK"
 SUPPORTED = "100rel, timer"  # the extensions we implement (RFC 3262, RFC 4028): a Require of these is served
 SDP_TYPE = "application/sdp"
-# RFC 3261 §13.3.1.1: a UAS that has not answered SHOULD send a provisional response every minute, so
-# proxies' Timer C (3 min or more) does not cancel a call that keeps ringing in early media.
-PROVISIONAL_REFRESH_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -95,9 +91,8 @@ class InboundCall:
         self.confirmed = asyncio.Event()  # set with the Confirmed event: the ACK for our 2xx arrived
         self.offer_handler: Callable[[str], str | None] | None = None
         self.dialog = Dialog(invite, new_tag())
-        # RFC 3262 §3: Require: 100rel obliges us; Supported: 100rel lets us choose, and we choose reliable
-        # early media, so a lost 183 (the SDP answer the early RTP belongs to) is resent, not missed.
-        self.reliable_provisionals = wants_100rel(invite)
+        self._provisionals = Provisionals(invite, transaction, self._provisional_response, services.timers,
+                                          peer.transport == "tcp", self._on_prack_timeout)
         self._services = services
         self._transaction = transaction
         self._peer = peer
@@ -105,11 +100,7 @@ class InboundCall:
         self._hangup_pending = False
         self._local_sdp: str | None = None
         self._answer: AnswerRetransmission | None = None
-        self._rseq = secrets.randbelow(2**31 - 2) + 1  # RFC 3262 §3: start anywhere in 1 .. 2**31 - 1
-        self._unacked: ReliableProvisional | None = None  # our reliable 183 awaiting its PRACK
-        self._unacked_has_sdp = False
         self._deferred_ok: str | None = None  # accept() while a reliable 183 with SDP awaits its PRACK
-        self._provisional_refresh: asyncio.TimerHandle | None = None
         agreement = _agreement(invite, services.session_timers)
         self._timer_agreement: Agreement | None = agreement
         self._session_refresh: SessionRefresh | None = None
@@ -124,6 +115,11 @@ class InboundCall:
     def retry_after_s(self) -> int:
         """The Retry-After a 503 for this call carries (RFC 3261 §20.33), from the SIP settings."""
         return self._services.retry_after_s
+
+    @property
+    def reliable_provisionals(self) -> bool:
+        """Whether our 18x go reliably (RFC 3262): the INVITE requires or supports 100rel."""
+        return self._provisionals.reliable
 
     @property
     def session_timer(self) -> Agreement | None:
@@ -145,7 +141,7 @@ class InboundCall:
 
     def ring(self) -> None:
         if self._state in ("offered", "early"):
-            self._provisional(180, "Ringing", None)
+            self._provisionals.send(180, "Ringing", None)
 
     def progress(self, sdp: str) -> None:
         """183 Session Progress carrying our SDP answer: RTP may flow before the 200 (early media, RFC 3960).
@@ -154,14 +150,14 @@ class InboundCall:
             return
         self._local_sdp = sdp
         self._state = "early"
-        self._provisional(183, "Session Progress", sdp)
+        self._provisionals.send(183, "Session Progress", sdp)
         self._log.info("sip_early_media", reliable=self.reliable_provisionals)
 
     def accept(self, sdp: str) -> None:
         if self._state not in ("offered", "early"):
             return
         self._local_sdp = sdp
-        if self._unacked is not None and self._unacked_has_sdp:
+        if self._provisionals.awaiting_prack_for_sdp:
             # RFC 3262 §3: no 2xx before the PRACK of a reliable provisional that carried SDP.
             self._deferred_ok = sdp
             return
@@ -237,14 +233,11 @@ class InboundCall:
     def _on_prack(self, request: SipRequest, transaction: ServerTransaction) -> None:
         """RFC 3262 §3: a PRACK whose RAck names our unacknowledged reliable provisional gets 200; any
         other gets 481. A 2xx held back for it goes now."""
-        unacked = self._unacked
-        if unacked is None or parse_rack(request.header("RAck")) != (unacked.rseq, self.invite.cseq[0], "INVITE"):
+        if not self._provisionals.on_prack(request.header("RAck")):
             transaction.respond(self._response(request, 481, "Call/Transaction Does Not Exist"))
             return
-        unacked.stop()
-        self._unacked = None
         transaction.respond(self._response(request, 200, "OK"))
-        self._log.info("sip_prack", rseq=unacked.rseq)
+        self._log.info("sip_prack", rack=request.header("RAck"))
         if self._deferred_ok is not None:
             sdp, self._deferred_ok = self._deferred_ok, None
             self.accept(sdp)
@@ -330,59 +323,23 @@ class InboundCall:
 
     # --- provisional responses (RFC 3262) -----------------------------------------------------------
 
-    def _provisional(self, status: int, reason: str, sdp: str | None) -> None:
-        headers = (*self._contact(), ("Allow", ALLOW), ("Supported", SUPPORTED))
-        if self.reliable_provisionals:
-            if self._unacked is not None:
-                return  # §3: no second reliable provisional before the first is acknowledged
-            self._rseq += 1
-            headers = (*headers, ("Require", "100rel"), ("RSeq", str(self._rseq)))
-        body = sdp.encode() if sdp is not None else b""
-        response = make_response(self.invite, status, reason, to_tag=self.dialog.local_tag,
-                                 headers=(*headers, ("Server", self._services.user_agent)), body=body,
-                                 content_type=SDP_TYPE if sdp is not None else None)
-        self._transaction.respond(response)
-        if self.reliable_provisionals:
-            self._unacked = ReliableProvisional(self._rseq, self._transaction.retransmit, self.transport == "tcp",
-                                                self._services.timers, self._on_prack_timeout)
-            self._unacked_has_sdp = sdp is not None
-        self._schedule_provisional_refresh()
-
-    def _schedule_provisional_refresh(self) -> None:
-        if self._provisional_refresh is not None:
-            self._provisional_refresh.cancel()
-        self._provisional_refresh = asyncio.get_running_loop().call_later(
-            PROVISIONAL_REFRESH_S, self._refresh_provisional)
-
-    def _refresh_provisional(self) -> None:
-        """Still unanswered a minute on: another 183 (§13.3.1.1). Unreliably the same one again; reliably a
-        new one without SDP (the answer stands, RFC 6337 §3.1), once the previous one was PRACKed."""
-        self._provisional_refresh = None
-        if self._state != "early":
-            return
-        if not self.reliable_provisionals:
-            self._transaction.retransmit()
-            self._schedule_provisional_refresh()
-        elif self._unacked is None:
-            self._provisional(183, "Session Progress", None)
-        else:
-            self._schedule_provisional_refresh()
+    def _provisional_response(self, status: int, reason: str, headers: tuple[tuple[str, str], ...],
+                              sdp: str | None) -> SipResponse:
+        headers = (*self._contact(), ("Allow", ALLOW), ("Supported", SUPPORTED), *headers,
+                   ("Server", self._services.user_agent))
+        return make_response(self.invite, status, reason, to_tag=self.dialog.local_tag, headers=headers,
+                             body=sdp.encode() if sdp is not None else b"",
+                             content_type=SDP_TYPE if sdp is not None else None)
 
     def _on_prack_timeout(self) -> None:
-        self._unacked = None
         self._log.warning("sip_prack_timeout")
         # RFC 3262 §3: no PRACK within 64*T1: the UAS SHOULD reject the INVITE with a 5xx.
         warning = f'399 {self._services.user_agent} "no PRACK for the reliable provisional response"'
         self.reject(504, "Server Time-out", {"Warning": warning}, end_reason="prack_timeout")
 
     def _stop_provisionals(self) -> None:
-        if self._unacked is not None:
-            self._unacked.stop()
-            self._unacked = None
+        self._provisionals.stop()
         self._deferred_ok = None
-        if self._provisional_refresh is not None:
-            self._provisional_refresh.cancel()
-            self._provisional_refresh = None
 
     # --- requests we send ---------------------------------------------------------------------------
 
@@ -487,20 +444,6 @@ class InboundCall:
                    ("Server", self._services.user_agent))
         return make_response(request, 200, "OK", to_tag=self.dialog.local_tag, headers=headers,
                              body=sdp.encode(), content_type=SDP_TYPE)
-
-
-def wants_100rel(invite: SipRequest) -> bool:
-    """RFC 3262 §3: whether our provisional responses to `invite` are sent reliably."""
-    required = {item.strip().lower() for line in invite.header_lines("Require") for item in line.split(",")}
-    return "100rel" in required or "100rel" in supported_options(invite)
-
-
-def parse_rack(value: str | None) -> tuple[int, int, str] | None:
-    """RAck (RFC 3262 §7.2): `response-num CSeq-num Method`; None when it does not parse."""
-    parts = (value or "").split()
-    if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit():
-        return None
-    return int(parts[0]), int(parts[1]), parts[2].upper()
 
 
 def _agreement(invite: SipRequest, settings: SessionTimerSettings) -> Agreement | None:
