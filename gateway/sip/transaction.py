@@ -166,21 +166,34 @@ class NonInviteServerTransaction(ServerTransaction):
         return True
 
 
-class NonInviteClientTransaction(_TimerOwner):
-    """§17.1.2: our BYE. `result` resolves to the final response, or None on Timer F (timeout)."""
+class ClientTransaction(_TimerOwner):
+    """Common part of our requests' transactions: matched by branch and method (§17.1.3); `result`
+    resolves to the final response, or None on timeout."""
+
+    first_state = "trying"
 
     def __init__(self, request: SipRequest, send: Callable[[bytes], None], reliable: bool,
-                 timers: Timers, on_terminated: Callable[[NonInviteClientTransaction], None]) -> None:
+                 timers: Timers, on_terminated: Callable[[ClientTransaction], None]) -> None:
         super().__init__()
         self.request = request
         self.key: TransactionKey = (request.vias[0].branch, request.method)
-        self.state = "trying"
+        self.state = self.first_state
         self.result: asyncio.Future[SipResponse | None] = self._loop.create_future()
         self._data = request.serialize()
         self._send = send
         self._reliable = reliable
         self._timers = timers
         self._on_terminated = on_terminated
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def on_response(self, response: SipResponse) -> None:
+        raise NotImplementedError
+
+
+class NonInviteClientTransaction(ClientTransaction):
+    """§17.1.2: our BYE and UPDATE (Timers E/F/K)."""
 
     def start(self) -> None:
         self._send(self._data)
@@ -276,25 +289,14 @@ class ReliableProvisional(_TimerOwner):
         self._stop_all()
 
 
-class InviteClientTransaction(_TimerOwner):
-    """§17.1.1 (with RFC 6026's Accepted state): our re-INVITE (a session refresh). `result` resolves to
-    the final response, or None on Timer B. A 3xx-6xx is ACKed here with the INVITE's branch (§17.1.1.3);
-    the ACK for a 2xx is the core's (§13.2.2.4): it hands it over with `acknowledge_2xx`, and a
-    retransmitted 2xx is answered with it again while the transaction lingers (64*T1)."""
+class InviteClientTransaction(ClientTransaction):
+    """§17.1.1 (with RFC 6026's Accepted state): our re-INVITE (a session refresh), Timers A/B/D. A
+    3xx-6xx is ACKed here with the INVITE's branch (§17.1.1.3); the ACK for a 2xx is the core's
+    (§13.2.2.4): it hands it over with `acknowledge_2xx`, and a retransmitted 2xx is answered with it
+    again while the transaction lingers (64*T1)."""
 
-    def __init__(self, request: SipRequest, send: Callable[[bytes], None], reliable: bool,
-                 timers: Timers, on_terminated: Callable[[InviteClientTransaction], None]) -> None:
-        super().__init__()
-        self.request = request
-        self.key: TransactionKey = (request.vias[0].branch, request.method)
-        self.state = "calling"
-        self.result: asyncio.Future[SipResponse | None] = self._loop.create_future()
-        self._data = request.serialize()
-        self._send = send
-        self._reliable = reliable
-        self._timers = timers
-        self._on_terminated = on_terminated
-        self._ack: bytes | None = None
+    first_state = "calling"
+    _ack: bytes | None = None
 
     def start(self) -> None:
         self._send(self._data)
@@ -363,7 +365,7 @@ class TransactionTable:
 
     def __init__(self) -> None:
         self.server: dict[TransactionKey, ServerTransaction] = {}
-        self.client: dict[TransactionKey, NonInviteClientTransaction | InviteClientTransaction] = {}
+        self.client: dict[TransactionKey, ClientTransaction] = {}
         self._by_request: dict[tuple, ServerTransaction] = {}  # the first transaction per merge_key
         self._branches: dict[str, int] = {}  # live server transactions per branch
 
@@ -394,14 +396,14 @@ class TransactionTable:
         first = self._by_request.get(merge_key(transaction.request))
         return first if first is not None and first is not transaction else None
 
-    def add_client(self, transaction: NonInviteClientTransaction | InviteClientTransaction) -> None:
+    def add_client(self, transaction: ClientTransaction) -> None:
         self.client[transaction.key] = transaction
 
-    def forget_client(self, transaction: NonInviteClientTransaction | InviteClientTransaction) -> None:
+    def forget_client(self, transaction: ClientTransaction) -> None:
         if self.client.get(transaction.key) is transaction:
             del self.client[transaction.key]
 
-    def match_client(self, response: SipResponse) -> NonInviteClientTransaction | InviteClientTransaction | None:
+    def match_client(self, response: SipResponse) -> ClientTransaction | None:
         """§17.1.3: top Via branch + CSeq method."""
         vias = response.vias
         if not vias:

@@ -22,6 +22,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import structlog
 
@@ -58,6 +59,7 @@ from gateway.sip.message import (
 from gateway.sip.rate_limit import SourceRateLimiter
 from gateway.sip.session_timer import SessionTimerSettings, TooSmall, negotiate
 from gateway.sip.transaction import (
+    ClientTransaction,
     InviteClientTransaction,
     InviteServerTransaction,
     NonInviteClientTransaction,
@@ -68,6 +70,8 @@ from gateway.sip.transaction import (
     server_key,
 )
 from gateway.sip.transport import Peer, SipTransport, StreamLimits, advertised_host_for, resolve
+
+ClientT = TypeVar("ClientT", bound=ClientTransaction)
 
 __all__ = ["CallEvent", "Confirmed", "Ended", "InboundCall", "SipServer", "SipSettings"]
 
@@ -427,6 +431,17 @@ class SipServer:
 
     async def _send_request(self, request: SipRequest, transport: str, host: str, port: int,
                             peer: Peer) -> SipResponse | None:
+        """A request inside a dialog (our BYE or UPDATE) -> its final response, None on timeout."""
+        transaction = await self._start_client(NonInviteClientTransaction, request, transport, host, port, peer)
+        return await transaction.result
+
+    async def _send_invite(self, request: SipRequest, transport: str, host: str, port: int,
+                           peer: Peer) -> InviteClientTransaction:
+        """Start our re-INVITE inside a dialog (§17.1.1); the caller awaits its `result` and ACKs a 2xx."""
+        return await self._start_client(InviteClientTransaction, request, transport, host, port, peer)
+
+    async def _start_client(self, kind: type[ClientT], request: SipRequest, transport: str, host: str, port: int,
+                            peer: Peer) -> ClientT:
         address = await resolve(host, port)
         # Keep the dialog on the connection it arrived on while it is open (clients behind NAT and
         # SIPp's single-socket TCP mode only listen there); else §18.1.1 opens a new one.
@@ -435,23 +450,7 @@ class SipServer:
         def send(data: bytes) -> None:
             self._transport.send(data, transport, address, connection)
 
-        transaction = NonInviteClientTransaction(request, send, transport == "tcp", self._timers,
-                                                 self._transactions.forget_client)
-        self._transactions.add_client(transaction)
-        transaction.start()
-        return await transaction.result
-
-    async def _send_invite(self, request: SipRequest, transport: str, host: str, port: int,
-                           peer: Peer) -> InviteClientTransaction:
-        """Start our re-INVITE inside a dialog (§17.1.1); the caller awaits its `result` and ACKs a 2xx."""
-        address = await resolve(host, port)
-        connection = peer.connection if transport == "tcp" else None
-
-        def send(data: bytes) -> None:
-            self._transport.send(data, transport, address, connection)
-
-        transaction = InviteClientTransaction(request, send, transport == "tcp", self._timers,
-                                              self._transactions.forget_client)
+        transaction = kind(request, send, transport == "tcp", self._timers, self._transactions.forget_client)
         self._transactions.add_client(transaction)
         transaction.start()
         return transaction

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from integration_harness import SCENARIOS, invite_final_response, rtp_recorder, run_sipp, sipp_messages
-from serve_process import ServeProcess, start_serve
+from serve_process import ServeProcess, healthy_serve
 
 pytestmark = [pytest.mark.sipp, pytest.mark.timeout(120),
               pytest.mark.skipif(shutil.which("sipp") is None, reason="sipp (sip-tester) not installed"),
@@ -37,12 +37,8 @@ routes:
 
 @pytest.fixture
 async def serve(tmp_path):
-    config = tmp_path / "gateway.yaml"
-    config.write_text(CONFIG)
-    process = await start_serve(tmp_path, config, engine="espeak")
-    await process.wait_healthy()
-    yield process
-    assert await process.stop() == 0
+    async with healthy_serve(tmp_path, CONFIG, "espeak") as process:
+        yield process
 
 
 def _wall_clock(packets) -> list[float]:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from integration_harness import SCENARIOS, rtp_recorder, run_sipp, sipp_messages
-from serve_process import ServeProcess, start_serve
+from serve_process import ServeProcess, healthy_serve
 
 pytestmark = [pytest.mark.sipp, pytest.mark.timeout(120),
               pytest.mark.skipif(shutil.which("sipp") is None, reason="sipp (sip-tester) not installed"),
@@ -31,12 +31,8 @@ LONG_TEXT = ("Thank you for calling the speech gateway. This prompt is long on p
 
 @pytest.fixture
 async def serve(tmp_path):
-    config = tmp_path / "gateway.yaml"
-    config.write_text(CONFIG)
-    process = await start_serve(tmp_path, config, engine="espeak")
-    await process.wait_healthy()
-    yield process
-    assert await process.stop() == 0
+    async with healthy_serve(tmp_path, CONFIG, "espeak") as process:
+        yield process
 
 
 def _logged_at(event: dict) -> float:
