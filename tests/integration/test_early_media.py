@@ -96,6 +96,7 @@ async def test_early_media_then_answer_speaks_before_the_200_on_one_stream(serve
     assert _rms(recorder, before_200) > 500  # ... and it is speech, far above G.711 silence
     assert _logged_at(early) <= arrived[0]
     _one_stream(packets)
+    assert (await serve.wait_for_event("call_ended"))["outcome"] == "completed"
     messages = sipp_messages(tmp_path / "call")
     ok = messages[messages.index("SIP/2.0 200 OK"):]
     progress = messages[messages.index("SIP/2.0 183 Session Progress"):]
@@ -113,6 +114,7 @@ async def test_early_media_then_reject_with_the_configured_code(serve, tmp_path)
     assert len(recorder.packets) > 50 and _rms(recorder, recorder.packets) > 500
     rejected = await serve.wait_for_event("sip_call_rejected")
     assert rejected["status"] == 486
+    assert (await serve.wait_for_event("call_ended"))["outcome"] == "announced_reject"
     assert _wall_clock(recorder.packets)[-1] <= _logged_at(rejected) + 0.05  # the announcement, then the 486
     await _plain_call_works(serve, tmp_path)
 
