@@ -7,8 +7,9 @@ values the config has already validated; it never parses YAML and never refuses 
 
 X-TTS headers (set by a PBX dialplan or the operator's test phone): X-TTS-Text (UTF-8, percent-encoding
 allowed), optional X-TTS-Voice (a voice or alias), X-TTS-After (`stay` keeps the call up) and
-X-TTS-Early-Media (`answer`, `reject` or `ring`, as a route's `early_media`) with X-TTS-Reject-Code
-(400-699, default 480). A value outside those raises `BadHeader` (the call session answers 400).
+X-TTS-Early-Media (`answer`, `reject` or `ring`, as a route's `early_media`, and over it on a routed
+call) with X-TTS-Reject-Code (400-699, default 480). A value outside those raises `BadHeader` (the call
+session answers 400).
 """
 
 from __future__ import annotations
@@ -98,7 +99,9 @@ class PromptRouter:
         route = self.route_for(call.request_user)
         if route is None:
             raise NoPrompt(f"no X-TTS-Text header and no route for {call.request_user!r}")
-        return self.prompt_for_route(route)
+        prompt = self.prompt_for_route(route)
+        early, code = _early_media_headers(call)  # the PBX may ask for early media on a routed call too
+        return prompt if early is None else replace(prompt, early_media=early, reject_code=code)
 
     def route_for(self, dialed_user: str) -> Route | None:
         best: Route | None = None
