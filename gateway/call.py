@@ -7,7 +7,8 @@ only things that travel back are explicit events: the dialog ending, DTMF digits
 Refusals happen before the call is answered (RFC 3261 §21.4 codes): no text and no route -> 404,
 text that is not UTF-8, holds control characters or nothing speakable -> 400, unknown voice / empty text
 -> the engine's refusal code, no free engine slot or engine down -> 503, no common codec -> 488, no free
-RTP port pair -> 503 (each 503 with Retry-After). The
+RTP port pair -> 503 (each 503 with Retry-After). All of them come before any 183: a route with
+`early_media` is admitted like any other, then speaks in 183 Session Progress (`_speak_early`). The
 engine stream is opened and admitted (its slot taken) before the 200 OK, so an answered call always has
 synthesis running behind it; the first packet of speech is limited by the engine, not by signalling.
 A caller that sends no RTP/RTCP for `media.inactivity_timeout_s` (off hold) is taken for gone: the call
@@ -27,7 +28,7 @@ from gateway import metrics
 from gateway.media.call_media import CallMedia, MediaEngine, PortsExhausted
 from gateway.media.inactivity import peer_silent_for
 from gateway.media.sdp import NoCommonCodec, SdpError
-from gateway.routing import NoPrompt, Prompt, PromptResolver
+from gateway.routing import BadHeader, NoPrompt, Prompt, PromptResolver
 from gateway.sip.uas import Ended, InboundCall
 
 log = structlog.get_logger(__name__)
@@ -38,6 +39,12 @@ _REFUSAL_KINDS = {"BadText": "bad_text", "EmptyText": "bad_text", "TextTooLong":
                   "UnknownVoice": "unknown_voice", "NoCapacity": "no_capacity",
                   "FirstAudioTooLate": "first_audio_bound",
                   "EngineUnavailable": "engine_unavailable"}
+
+
+# The reason phrases of the final responses an early-media route may end with (RFC 3261 §21).
+_REJECT_REASONS = {404: "Not Found", 410: "Gone", 480: "Temporarily Unavailable", 484: "Address Incomplete",
+                   486: "Busy Here", 503: "Service Unavailable", 600: "Busy Everywhere", 603: "Decline",
+                   604: "Does Not Exist Anywhere"}
 
 
 def _warning_text(detail: str) -> str:
@@ -82,6 +89,8 @@ class CallSession:
             return self._reject(404, "No Prompt For Number", str(exc), "no_prompt")
         except UnicodeDecodeError:
             return self._reject(400, "Bad X-TTS-Text Encoding", "X-TTS-Text is not valid UTF-8", "bad_text")
+        except BadHeader as exc:
+            return self._reject(400, "Bad X-TTS Header", str(exc), "bad_header")
         except SynthesisRefused as exc:
             return self._refuse(exc)
         if not call.remote_sdp:
@@ -109,9 +118,11 @@ class CallSession:
             await media.close()
             return "cancelled"
         call.offer_handler = self._offer_handler(media)
-        call.accept(media.answer_sdp)
-        self._log.info("answered", codec=media.plan.codec, voice=prompt.voice, chars=len(prompt.text))
         try:
+            if prompt.early_media is not None:
+                return await self._speak_early(prompt, stream, media)
+            call.accept(media.answer_sdp)
+            self._log.info("answered", codec=media.plan.codec, voice=prompt.voice, chars=len(prompt.text))
             return await self._speak_until_end(prompt, stream, media)
         finally:
             stream.cancel()
@@ -173,6 +184,59 @@ class CallSession:
             for task in (play, ended, dtmf, silent):
                 task.cancel()
             await asyncio.gather(play, ended, dtmf, silent, return_exceptions=True)
+
+    async def _speak_early(self, prompt: Prompt, stream, media: CallMedia) -> str:
+        """The prompt as early media: 183 with our SDP answer, RTP before any 200, then what the prompt says:
+        answer (the 200 carries the same SDP and the same RTP session goes on, so sequence numbers and
+        timestamps continue), reject with `reject_code`, or ring on in 183 until the caller cancels."""
+        call = self.call
+        call.progress(media.answer_sdp)
+        self._log.info("early_media", then=prompt.early_media, codec=media.plan.codec, voice=prompt.voice,
+                       chars=len(prompt.text), reliable=call.reliable_provisionals)
+        play = asyncio.create_task(media.play(stream), name=f"play-{call.call_id}")
+        ended = asyncio.create_task(self._next_end(), name=f"dialog-{call.call_id}")
+        dtmf = asyncio.create_task(self._watch_dtmf(media, prompt, play), name=f"dtmf-{call.call_id}")
+        try:
+            done, _ = await asyncio.wait({play, ended}, return_when=asyncio.FIRST_COMPLETED)
+            if play not in done:  # cancelled (487) or the PRACK never came while we spoke
+                play.cancel()
+                await asyncio.gather(play, return_exceptions=True)
+                self._observe_first_packet(media, stream)
+                return ended.result()
+            self._observe_first_packet(media, stream)
+            error = None if play.cancelled() else play.exception()
+            if error is not None:
+                metrics.synthesis_failures_total.inc()
+                self._log.error("synthesis_failed", error=repr(error), engine_error=isinstance(error, SynthesisFailed))
+                call.reject(500, "Server Internal Error")
+                return "failed"
+            self._log.info("prompt_played", early_media=True, underruns=media.underruns, packets=media.packets_sent)
+            if prompt.early_media == "reject":
+                call.reject(prompt.reject_code, _REJECT_REASONS.get(prompt.reject_code, "Call Rejected"))
+                return "announced_reject"
+            if prompt.early_media == "ring":
+                return await ended
+            call.accept(media.answer_sdp)  # held back by the call until the 183's PRACK, if it was reliable
+            confirmed = asyncio.create_task(call.confirmed.wait())
+            await asyncio.wait({confirmed, ended}, return_when=asyncio.FIRST_COMPLETED)
+            confirmed.cancel()
+            if ended.done():
+                return ended.result()
+            self._log.info("answered", codec=media.plan.codec, after_early_media=True)
+            if prompt.hangup_after:
+                call.hangup()
+                return await ended
+            silent = asyncio.create_task(self._caller_gone(media), name=f"inactivity-{call.call_id}")
+            try:
+                done, _ = await asyncio.wait({ended, silent}, return_when=asyncio.FIRST_COMPLETED)
+                return ended.result() if ended in done else self._end_without_caller(silent.result()[1])
+            finally:
+                silent.cancel()
+                await asyncio.gather(silent, return_exceptions=True)
+        finally:
+            for task in (play, ended, dtmf):
+                task.cancel()
+            await asyncio.gather(play, ended, dtmf, return_exceptions=True)
 
     async def _caller_gone(self, media: CallMedia) -> tuple[float, bool]:
         """Returns (silence, on hold) when the caller has sent no RTP/RTCP for media.inactivity_timeout_s off

@@ -107,6 +107,20 @@ class SipFloodSection(Section):
                            self.max_junk_per_s_per_source, self.max_junk_per_s)
 
 
+class SipSessionTimersSection(Section):
+    """RFC 4028 session timers (sip.session_timers): a call that nobody refreshes ends with our BYE."""
+
+    enabled: bool = True
+    expires_s: int = Field(1800, ge=1)  # the interval we ask for when the INVITE names none (RFC 4028 §4)
+    min_se_s: int = Field(90, ge=1)  # smaller Session-Expires get 422; RFC 4028 §4 puts the floor at 90
+
+    @model_validator(mode="after")
+    def _expires_above_minimum(self) -> SipSessionTimersSection:
+        if self.expires_s < self.min_se_s:
+            raise FieldProblem("expires_s", f"must be at least min_se_s ({self.min_se_s})")
+        return self
+
+
 class SipSection(Section):
     listen: ListenAddress = HostPort("127.0.0.1", 5060)
     transports: tuple[Literal["udp", "tcp"], ...] = ("udp", "tcp")
@@ -122,6 +136,7 @@ class SipSection(Section):
     max_message_bytes: int = Field(65535, ge=1500, le=1048576)  # one message, headers + body
     tcp: SipTcpSection = SipTcpSection()
     flood: SipFloodSection = SipFloodSection()
+    session_timers: SipSessionTimersSection = SipSessionTimersSection()
 
     @field_validator("transports")
     @classmethod
@@ -212,6 +227,11 @@ class Route(Section):
     voice: str | None = None
     after: Literal["hangup", "stay"] = "hangup"
     barge_in: bool = False
+    # Speak the prompt as early media (183 with SDP, before any 200), then: answer (200 OK, the same RTP
+    # stream goes on, then `after`), reject (with reject_code: an announcement, then the failure) or
+    # ring (stay in 183 until the caller cancels). Absent: answer first, as usual.
+    early_media: Literal["answer", "reject", "ring"] | None = None
+    reject_code: int | None = Field(None, ge=400, le=699)  # with early_media: reject; default 480
 
     @field_validator("match")
     @classmethod
@@ -226,6 +246,8 @@ class Route(Section):
             raise FieldProblem("prompt", "give either prompt (a name from prompts) or text")
         if self.voice is not None and self.prompt is not None:
             raise FieldProblem("voice", "only with text; a named prompt carries its own voice")
+        if self.reject_code is not None and self.early_media != "reject":
+            raise FieldProblem("reject_code", "only with early_media: reject")
         return self
 
     @property
@@ -338,10 +360,12 @@ class GatewayConfig(Section):
 
     def sip_settings(self, budget=None):
         """`budget`: the descriptor budget SIP TCP shares with the HTTP port (connection_caps), if any."""
+        from gateway.sip.session_timer import SessionTimerSettings
         from gateway.sip.transport import StreamLimits
         from gateway.sip.uas import SipSettings
 
         sip = self.sip
+        timers = sip.session_timers
         return SipSettings(listen_host=sip.listen.host, listen_port=sip.listen.port, transports=sip.transports,
                            allowed_sources=self.allowed_sources, max_calls=sip.max_calls,
                            retry_after_s=sip.retry_after_s, t1=sip.t1_ms / 1000, t2=sip.t2_ms / 1000,
@@ -350,7 +374,8 @@ class GatewayConfig(Section):
                                                       sip.tcp.idle_timeout_s, sip.tcp.read_timeout_s,
                                                       sip.max_message_bytes, budget=budget,
                                                       max_unsent_bytes=sip.tcp.max_unsent_bytes),
-                           flood=sip.flood.limits())
+                           flood=sip.flood.limits(),
+                           session_timers=SessionTimerSettings(timers.enabled, timers.expires_s, timers.min_se_s))
 
     def media_settings(self):
         from gateway.media.call_media import MediaSettings

@@ -15,7 +15,7 @@ calls_active = Gauge("gateway_calls_active", "Calls currently answered or ringin
 calls_total = Counter(
     "gateway_calls_total",
     "Calls that ended, by outcome (completed, caller_hangup, cancelled, rejected, failed, ack_timeout, "
-    "media_timeout, hold_timeout)",
+    "media_timeout, hold_timeout, announced_reject, prack_timeout, session_expired)",
     ["outcome"],
     registry=registry,
 )
@@ -159,7 +159,7 @@ engine_restarts_total = Counter(
 )
 calls_refused_total = Counter(
     "gateway_calls_refused_total",
-    "INVITEs refused before answer, by reason (bad_text, no_prompt, unknown_voice, no_capacity, "
+    "INVITEs refused before answer, by reason (bad_text, bad_header, no_prompt, unknown_voice, no_capacity, "
     "first_audio_bound, engine_unavailable, draining, max_calls, no_rtp_ports, no_codec, other)",
     ["reason"],
     registry=registry,

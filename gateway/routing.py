@@ -6,7 +6,10 @@ with neither header nor route raises `NoPrompt` (the call session answers 404). 
 values the config has already validated; it never parses YAML and never refuses a config.
 
 X-TTS headers (set by a PBX dialplan or the operator's test phone): X-TTS-Text (UTF-8, percent-encoding
-allowed), optional X-TTS-Voice (a voice or alias) and X-TTS-After (`stay` keeps the call up).
+allowed), optional X-TTS-Voice (a voice or alias), X-TTS-After (`stay` keeps the call up) and
+X-TTS-Early-Media (`answer`, `reject` or `ring`, as a route's `early_media`, and over it on a routed
+call) with X-TTS-Reject-Code (400-699, default 480). A value outside those raises `BadHeader` (the call
+session answers 400).
 """
 
 from __future__ import annotations
@@ -21,14 +24,25 @@ if TYPE_CHECKING:
     from gateway.sip.inbound_call import InboundCall
 
 
+EARLY_MEDIA = ("answer", "reject", "ring")
+DEFAULT_REJECT_CODE = 480  # Temporarily Unavailable: what carriers send after "the number is not available"
+
+
 @dataclass(frozen=True)
 class Prompt:
-    """What one call says, and whether the gateway hangs up once it has been said."""
+    """What one call says, whether the gateway hangs up once it has been said, and whether it is said as
+    early media (before the 200) and what follows it then: answer, reject with `reject_code`, or ring."""
 
     text: str
     voice: str
     hangup_after: bool = True
     barge_in: bool = False
+    early_media: str | None = None  # None | "answer" | "reject" | "ring"
+    reject_code: int = DEFAULT_REJECT_CODE
+
+
+class BadHeader(ValueError):
+    """An X-TTS header with a value outside its choices; the message names the header."""
 
 
 class NoPrompt(Exception):
@@ -46,8 +60,26 @@ def prompt_from_headers(call: InboundCall, default_voice: str) -> Prompt | None:
         return None
     voice = call.invite.header("X-TTS-Voice")
     hangup = (call.invite.header("X-TTS-After") or "hangup").strip().lower() != "stay"
+    early, code = _early_media_headers(call)
     return Prompt(text=unquote(text, encoding="utf-8", errors="strict").strip(),
-                  voice=unquote(voice).strip() if voice else default_voice, hangup_after=hangup)
+                  voice=unquote(voice).strip() if voice else default_voice, hangup_after=hangup,
+                  early_media=early, reject_code=code)
+
+
+def _early_media_headers(call: InboundCall) -> tuple[str | None, int]:
+    early = call.invite.header("X-TTS-Early-Media")
+    code = call.invite.header("X-TTS-Reject-Code")
+    if early is not None:
+        early = early.strip().lower()
+        if early not in EARLY_MEDIA:
+            raise BadHeader(f"X-TTS-Early-Media: expected one of {', '.join(EARLY_MEDIA)}, got {early[:20]!r}")
+    if code is None:
+        return early, DEFAULT_REJECT_CODE
+    if early != "reject":
+        raise BadHeader("X-TTS-Reject-Code: only with X-TTS-Early-Media: reject")
+    if not code.strip().isdigit() or not 400 <= int(code.strip()) <= 699:
+        raise BadHeader(f"X-TTS-Reject-Code: expected a SIP status 400-699, got {code[:20]!r}")
+    return early, int(code.strip())
 
 
 class PromptRouter:
@@ -67,7 +99,9 @@ class PromptRouter:
         route = self.route_for(call.request_user)
         if route is None:
             raise NoPrompt(f"no X-TTS-Text header and no route for {call.request_user!r}")
-        return self.prompt_for_route(route)
+        prompt = self.prompt_for_route(route)
+        early, code = _early_media_headers(call)  # the PBX may ask for early media on a routed call too
+        return prompt if early is None else replace(prompt, early_media=early, reject_code=code)
 
     def route_for(self, dialed_user: str) -> Route | None:
         best: Route | None = None
@@ -88,4 +122,5 @@ class PromptRouter:
             text, voice, barge_in = route.text, route.voice, route.barge_in
         voice = voice or self._default_voice
         return Prompt(text=text, voice=self._aliases.get(voice, voice), hangup_after=route.after == "hangup",
-                      barge_in=barge_in)
+                      barge_in=barge_in, early_media=route.early_media,
+                      reject_code=route.reject_code or DEFAULT_REJECT_CODE)

@@ -1,5 +1,5 @@
 """The UAS side of one dialog (RFC 3261 §12): its identity, route set, targets and sequence numbers,
-and how to build the requests we send inside it (our BYE). Pure: no sockets, no clocks.
+and how to build the requests we send inside it (our BYE, session refreshes and their ACKs). Pure: no sockets, no clocks.
 """
 
 from __future__ import annotations
@@ -63,10 +63,14 @@ class Dialog:
         self.remote_cseq = number
         return True
 
-    def make_request(self, method: str, via_sent_by: str, transport: str,
-                     user_agent: str) -> tuple[SipRequest, NextHop]:
-        """A request inside the dialog (§12.2.1.1), and the next hop to send it to."""
-        self.local_cseq += 1
+    def make_request(self, method: str, via_sent_by: str, transport: str, user_agent: str,
+                     headers: tuple[tuple[str, str], ...] = (), cseq: int | None = None
+                     ) -> tuple[SipRequest, NextHop]:
+        """A request inside the dialog (§12.2.1.1), and the next hop to send it to. `cseq` reuses a number
+        (the ACK of a 2xx carries its INVITE's, §13.2.2.4); otherwise the next local CSeq is taken."""
+        if cseq is None:
+            self.local_cseq += 1
+            cseq = self.local_cseq
         routes = list(self.route_set)
         uri = self.remote_target
         if routes and not _is_loose(routes[0]):
@@ -74,18 +78,18 @@ class Dialog:
             # target goes to the end of the Route list.
             uri = NameAddr.parse(routes[0]).uri.split(";", 1)[0]
             routes = routes[1:] + [f"<{self.remote_target}>"]
-        headers = [
+        lines = [
             ("Via", f"SIP/2.0/{transport.upper()} {via_sent_by};branch={new_branch()};rport"),
             ("Max-Forwards", "70"),
             *(("Route", route) for route in routes),
             ("From", self.local_uri),
             ("To", self.remote_uri),
             ("Call-ID", self.call_id),
-            ("CSeq", f"{self.local_cseq} {method}"),
+            ("CSeq", f"{cseq} {method}"),
             ("User-Agent", user_agent),
-            ("Content-Length", "0"),
+            *headers,
         ]
-        request = SipRequest(method=method, uri=uri, headers=tuple(headers))
+        request = SipRequest(method=method, uri=uri, headers=tuple(lines))
         first_hop = NameAddr.parse(self.route_set[0]).uri if self.route_set else self.remote_target
         return request, next_hop(first_hop, transport)
 

@@ -4,7 +4,8 @@ Server transactions (§17.2) resend their last response when a request is retran
 INVITE server transaction also retransmits a non-2xx final response until the ACK (Timers G/H/I)
 and, per RFC 6026 §7.1, stays "Accepted" after a 2xx so retransmitted INVITEs are absorbed while
 the UAS core retransmits the 2xx itself. The non-INVITE client transaction (§17.1.2) carries the
-BYE we send (Timers E/F/K). Timers only run over UDP where retransmission is needed (§17.1.2.2).
+BYE and UPDATE we send (Timers E/F/K), the INVITE client transaction our session-refresh re-INVITE
+(Timers A/B/D). `ReliableProvisional` resends a 100rel provisional until its PRACK (RFC 3262 §3). Timers only run over UDP where retransmission is needed (§17.1.2.2).
 
 Sending is injected as a callable so this module has no sockets; timers use the event loop clock.
 """
@@ -165,21 +166,34 @@ class NonInviteServerTransaction(ServerTransaction):
         return True
 
 
-class NonInviteClientTransaction(_TimerOwner):
-    """§17.1.2: our BYE. `result` resolves to the final response, or None on Timer F (timeout)."""
+class ClientTransaction(_TimerOwner):
+    """Common part of our requests' transactions: matched by branch and method (§17.1.3); `result`
+    resolves to the final response, or None on timeout."""
+
+    first_state = "trying"
 
     def __init__(self, request: SipRequest, send: Callable[[bytes], None], reliable: bool,
-                 timers: Timers, on_terminated: Callable[[NonInviteClientTransaction], None]) -> None:
+                 timers: Timers, on_terminated: Callable[[ClientTransaction], None]) -> None:
         super().__init__()
         self.request = request
         self.key: TransactionKey = (request.vias[0].branch, request.method)
-        self.state = "trying"
+        self.state = self.first_state
         self.result: asyncio.Future[SipResponse | None] = self._loop.create_future()
         self._data = request.serialize()
         self._send = send
         self._reliable = reliable
         self._timers = timers
         self._on_terminated = on_terminated
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def on_response(self, response: SipResponse) -> None:
+        raise NotImplementedError
+
+
+class NonInviteClientTransaction(ClientTransaction):
+    """§17.1.2: our BYE and UPDATE (Timers E/F/K)."""
 
     def start(self) -> None:
         self._send(self._data)
@@ -248,6 +262,99 @@ class AnswerRetransmission(_TimerOwner):
         self._stop_all()
 
 
+class ReliableProvisional(_TimerOwner):
+    """RFC 3262 §3: a reliable provisional response (our 183 with RSeq) is resent by the UAS core at T1,
+    2*T1, 4*T1, ... until its PRACK arrives; after 64*T1 without one it gives up (`on_give_up`: the
+    UAS SHOULD then reject the INVITE with a 5xx). Over TCP nothing is resent, the deadline still holds."""
+
+    def __init__(self, rseq: int, resend: Callable[[], None], reliable: bool, timers: Timers,
+                 on_give_up: Callable[[], None]) -> None:
+        super().__init__()
+        self.rseq = rseq
+        self._resend = resend
+        if not reliable:
+            self._start_timer("resend", timers.t1, lambda: self._tick(timers.t1))
+
+        def give_up() -> None:
+            self._stop_all()
+            on_give_up()
+
+        self._start_timer("give_up", 64 * timers.t1, give_up)
+
+    def _tick(self, interval: float) -> None:
+        self._resend()
+        self._start_timer("resend", 2 * interval, lambda: self._tick(2 * interval))
+
+    def stop(self) -> None:
+        self._stop_all()
+
+
+class InviteClientTransaction(ClientTransaction):
+    """§17.1.1 (with RFC 6026's Accepted state): our re-INVITE (a session refresh), Timers A/B/D. A
+    3xx-6xx is ACKed here with the INVITE's branch (§17.1.1.3); the ACK for a 2xx is the core's
+    (§13.2.2.4): it hands it over with `acknowledge_2xx`, and a retransmitted 2xx is answered with it
+    again while the transaction lingers (64*T1)."""
+
+    first_state = "calling"
+    _ack: bytes | None = None
+
+    def start(self) -> None:
+        self._send(self._data)
+        if not self._reliable:
+            self._start_timer("A", self._timers.t1, lambda: self._timer_a(self._timers.t1))
+        self._start_timer("B", 64 * self._timers.t1, lambda: self._finish(None))
+
+    def _timer_a(self, interval: float) -> None:
+        self._send(self._data)
+        self._start_timer("A", 2 * interval, lambda: self._timer_a(2 * interval))
+
+    def acknowledge_2xx(self, ack: SipRequest) -> None:
+        self._ack = ack.serialize()
+        self._send(self._ack)
+
+    def on_response(self, response: SipResponse) -> None:
+        if response.status < 200:
+            if self.state == "calling":
+                self.state = "proceeding"
+                self._stop_timer("A")
+            return
+        if self.state in ("calling", "proceeding"):
+            self._stop_timer("A")
+            self._stop_timer("B")
+            if response.status < 300:
+                self.state = "accepted"
+                self._start_timer("M", 64 * self._timers.t1, self._terminate)
+            else:
+                self.state = "completed"
+                self._send_failure_ack(response)
+                self._start_timer("D", 0 if self._reliable else 32.0, self._terminate)
+            if not self.result.done():
+                self.result.set_result(response)
+        elif self.state == "accepted" and response.status < 300 and self._ack is not None:
+            self._send(self._ack)  # a retransmitted 2xx: our ACK was lost
+        elif self.state == "completed" and response.status >= 300 and self._ack is not None:
+            self._send(self._ack)
+
+    def _send_failure_ack(self, response: SipResponse) -> None:
+        request = self.request
+        headers = [("Via", request.header_values("Via")[0]), ("Max-Forwards", "70"),
+                   *(("Route", route) for route in request.header_values("Route")),
+                   ("From", request.header("From") or ""), ("To", response.header("To") or ""),
+                   ("Call-ID", request.call_id or ""), ("CSeq", f"{request.cseq[0]} ACK"), ("Content-Length", "0")]
+        self._ack = SipRequest(method="ACK", uri=request.uri, headers=tuple(headers)).serialize()
+        self._send(self._ack)
+
+    def _finish(self, response: SipResponse | None) -> None:
+        if not self.result.done():
+            self.result.set_result(response)
+        self._terminate()
+
+    def _terminate(self) -> None:
+        self.state = "terminated"
+        self._stop_all()
+        self._on_terminated(self)
+
+
 def merge_key(request: SipRequest) -> tuple:
     """§8.2.2.2: requests with equal Call-ID, From tag and CSeq are one request, however they came."""
     return (request.call_id, request.from_tag, request.cseq)
@@ -258,7 +365,7 @@ class TransactionTable:
 
     def __init__(self) -> None:
         self.server: dict[TransactionKey, ServerTransaction] = {}
-        self.client: dict[TransactionKey, NonInviteClientTransaction] = {}
+        self.client: dict[TransactionKey, ClientTransaction] = {}
         self._by_request: dict[tuple, ServerTransaction] = {}  # the first transaction per merge_key
         self._branches: dict[str, int] = {}  # live server transactions per branch
 
@@ -289,14 +396,14 @@ class TransactionTable:
         first = self._by_request.get(merge_key(transaction.request))
         return first if first is not None and first is not transaction else None
 
-    def add_client(self, transaction: NonInviteClientTransaction) -> None:
+    def add_client(self, transaction: ClientTransaction) -> None:
         self.client[transaction.key] = transaction
 
-    def forget_client(self, transaction: NonInviteClientTransaction) -> None:
+    def forget_client(self, transaction: ClientTransaction) -> None:
         if self.client.get(transaction.key) is transaction:
             del self.client[transaction.key]
 
-    def match_client(self, response: SipResponse) -> NonInviteClientTransaction | None:
+    def match_client(self, response: SipResponse) -> ClientTransaction | None:
         """§17.1.3: top Via branch + CSeq method."""
         vias = response.vias
         if not vias:

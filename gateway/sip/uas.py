@@ -22,6 +22,7 @@ import ipaddress
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import structlog
 
@@ -37,6 +38,7 @@ from gateway.sip.edge_replies import (
 from gateway.sip.inbound_call import (
     ALLOW,
     SDP_TYPE,
+    SUPPORTED,
     CallEvent,
     Confirmed,
     Ended,
@@ -55,7 +57,10 @@ from gateway.sip.message import (
 )
 from gateway.sip.gate import PreParseGate
 from gateway.sip.rate_limit import FloodLimits
+from gateway.sip.session_timer import SessionTimerSettings, TooSmall, negotiate
 from gateway.sip.transaction import (
+    ClientTransaction,
+    InviteClientTransaction,
     InviteServerTransaction,
     NonInviteClientTransaction,
     NonInviteServerTransaction,
@@ -66,12 +71,15 @@ from gateway.sip.transaction import (
 )
 from gateway.sip.transport import Peer, SipTransport, StreamLimits, advertised_host_for, resolve
 
+ClientT = TypeVar("ClientT", bound=ClientTransaction)
+
 __all__ = ["CallEvent", "Confirmed", "Ended", "InboundCall", "SipServer", "SipSettings"]
 
 log = structlog.get_logger(__name__)
 
 _NOT_ALLOWED = frozenset({"REGISTER", "SUBSCRIBE", "MESSAGE", "PUBLISH", "NOTIFY", "REFER"})
-_IMPLEMENTED = frozenset({"INVITE", "ACK", "CANCEL", "BYE", "OPTIONS", "INFO", "UPDATE"})
+_IMPLEMENTED = frozenset({"INVITE", "ACK", "CANCEL", "BYE", "OPTIONS", "INFO", "UPDATE", "PRACK"})
+_EXTENSIONS = frozenset(item.strip() for item in SUPPORTED.split(","))  # a Require of these is served
 _URI_SCHEMES = ("sip:", "sips:", "tel:")  # §8.2.2.1: anything else is 416
 _LOG_FIELD_CHARS = 64  # Call-IDs, reasons and addresses a peer chose, as they appear in logs
 _SWEEP_S = 1.0  # how often ended flood episodes and suppressed log lines are reported
@@ -92,6 +100,7 @@ class SipSettings:
     advertised_host: str | None = None  # host for Contact/SDP if different from listen_host
     stream_limits: StreamLimits = field(default_factory=StreamLimits)
     flood: FloodLimits = field(default_factory=FloodLimits)  # budgets before parsing (rate_limit.py)
+    session_timers: SessionTimerSettings = field(default_factory=SessionTimerSettings)  # RFC 4028
 
 
 class SipServer:
@@ -121,7 +130,8 @@ class SipServer:
         self._sweeper: asyncio.TimerHandle | None = None
         self._sparse_log = LogBudget(log)
         self._services = UasServices(settings.user_agent, settings.retry_after_s, self._timers,
-                                     self._contact_address, self._send_request, self._spawn, self._forget)
+                                     self._contact_address, self._send_request, self._send_invite, self._spawn,
+                                     self._forget, settings.session_timers)
 
     @property
     def active_calls(self) -> int:
@@ -234,7 +244,7 @@ class SipServer:
         elif method == "CANCEL":
             self._on_cancel(request, transaction)
         elif method == "OPTIONS":  # qualify pings (Kamailio/Asterisk), in or out of a dialog
-            headers = (("Allow", ALLOW), ("Accept", SDP_TYPE), ("Supported", ""),
+            headers = (("Allow", ALLOW), ("Accept", SDP_TYPE), ("Supported", SUPPORTED),
                        ("Contact", contact_value(*self._contact_address(peer), peer.transport)))
             if request.to_tag is None and self.why_refused() is not None:
                 # Out of dialog, a qualify ping: 503 while we would refuse an INVITE, so the proxy
@@ -243,15 +253,15 @@ class SipServer:
                 transaction.respond(self._simple(request, 503, "Service Unavailable", (*headers, *retry)))
             else:
                 transaction.respond(self._simple(request, 200, "OK", headers))
-        elif request.header("Require") and method != "BYE":
-            # §8.2.2.3: we support no extensions; BYE is exempt so a call can always end.
-            unsupported = request.header("Require") or ""
+        elif _unsupported(request) and method != "BYE":
+            # §8.2.2.3: 420 naming what we lack; 100rel and timer we serve; BYE is exempt so a call can always end.
+            unsupported = ", ".join(_unsupported(request))
             transaction.respond(self._simple(request, 420, "Bad Extension", (("Unsupported", unsupported),)))
         elif request.to_tag is not None:
             self._on_in_dialog(request, transaction)
         elif method == "INVITE":
             assert isinstance(transaction, InviteServerTransaction)
-            if self._offer_acceptable(request, transaction):
+            if self._offer_acceptable(request, transaction) and self._session_timer_acceptable(request, transaction):
                 self._on_new_invite(request, transaction, peer)
         else:  # BYE/INFO/UPDATE outside any dialog
             transaction.respond(self._simple(request, 481, "Call/Transaction Does Not Exist"))
@@ -270,6 +280,20 @@ class SipServer:
         self._sparse_log.info("sip_offer_refused", call_id=_short(request.call_id), status=status,
                             detail=detail[:120])
         return False
+
+    def _session_timer_acceptable(self, request: SipRequest, transaction: ServerTransaction) -> bool:
+        """RFC 4028 §8.1: a Session-Expires below our minimum gets 422 with our Min-SE, before admission;
+        one that does not parse gets 400."""
+        try:
+            timer = negotiate(request, self.settings.session_timers)
+        except ValueError as exc:
+            transaction.respond(self._simple(request, 400, "Bad Session-Expires",
+                                             (warning(self.settings.user_agent, str(exc)),)))
+            return False
+        if isinstance(timer, TooSmall):
+            transaction.respond(self._simple(request, 422, "Session Interval Too Small", timer.response_headers()))
+            return False
+        return True
 
     def _on_new_invite(self, invite: SipRequest, transaction: InviteServerTransaction, peer: Peer) -> None:
         received_at = time.monotonic()
@@ -391,6 +415,17 @@ class SipServer:
 
     async def _send_request(self, request: SipRequest, transport: str, host: str, port: int,
                             peer: Peer) -> SipResponse | None:
+        """A request inside a dialog (our BYE or UPDATE) -> its final response, None on timeout."""
+        transaction = await self._start_client(NonInviteClientTransaction, request, transport, host, port, peer)
+        return await transaction.result
+
+    async def _send_invite(self, request: SipRequest, transport: str, host: str, port: int,
+                           peer: Peer) -> InviteClientTransaction:
+        """Start our re-INVITE inside a dialog (§17.1.1); the caller awaits its `result` and ACKs a 2xx."""
+        return await self._start_client(InviteClientTransaction, request, transport, host, port, peer)
+
+    async def _start_client(self, kind: type[ClientT], request: SipRequest, transport: str, host: str, port: int,
+                            peer: Peer) -> ClientT:
         address = await resolve(host, port)
         # Keep the dialog on the connection it arrived on while it is open (clients behind NAT and
         # SIPp's single-socket TCP mode only listen there); else §18.1.1 opens a new one.
@@ -399,11 +434,10 @@ class SipServer:
         def send(data: bytes) -> None:
             self._transport.send(data, transport, address, connection)
 
-        transaction = NonInviteClientTransaction(request, send, transport == "tcp", self._timers,
-                                                 self._transactions.forget_client)
+        transaction = kind(request, send, transport == "tcp", self._timers, self._transactions.forget_client)
         self._transactions.add_client(transaction)
         transaction.start()
-        return await transaction.result
+        return transaction
 
     def _contact_address(self, peer: Peer) -> tuple[str, int]:
         bound = self.tcp_address if peer.transport == "tcp" else self.udp_address
@@ -427,6 +461,12 @@ class SipServer:
         task = asyncio.get_running_loop().create_task(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def _unsupported(request: SipRequest) -> list[str]:
+    """The option tags of the request's Require that we do not implement (§8.2.2.3)."""
+    return [tag for line in request.header_lines("Require") for tag in (t.strip() for t in line.split(","))
+            if tag and tag.lower() not in _EXTENSIONS]
 
 
 def _short(value: str | None) -> str | None:

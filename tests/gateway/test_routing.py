@@ -3,7 +3,7 @@
 import pytest
 
 from gateway.config import load_config
-from gateway.routing import NoPrompt, Prompt
+from gateway.routing import BadHeader, NoPrompt, Prompt
 from gateway.sip.message import parse
 
 
@@ -61,3 +61,31 @@ def test_no_header_and_no_route_is_no_prompt():
     router = load_config(None, {"routes": [{"match": "1000", "text": "x"}]}).prompt_resolver("en")
     with pytest.raises(NoPrompt, match="'2000'"):
         router(_Offered("2000"))
+
+
+def test_early_media_from_the_route_or_the_header():
+    router = load_config(None, {"routes": [
+        {"match": "1", "text": "closed", "early_media": "reject", "reject_code": 486},
+        {"match": "2", "text": "hold on", "early_media": "ring"},
+        {"match": "3", "text": "hi"},
+    ]}).prompt_resolver("en")
+    assert router(_Offered("1")) == Prompt("closed", "en", early_media="reject", reject_code=486)
+    assert router(_Offered("2")).early_media == "ring"
+    assert router(_Offered("3")).early_media is None
+    # The header chooses for a header prompt, and over the route's choice on a routed call.
+    assert router(_Offered("3", "X-TTS-Early-Media: Answer\r\n")).early_media == "answer"
+    assert router(_Offered("2", "X-TTS-Early-Media: reject\r\nX-TTS-Reject-Code: 603\r\n")) == Prompt(
+        "hold on", "en", early_media="reject", reject_code=603)
+    header = router(_Offered("9", "X-TTS-Text: hi\r\nX-TTS-Early-Media: reject\r\n"))
+    assert (header.early_media, header.reject_code) == ("reject", 480)
+
+
+@pytest.mark.parametrize("headers, message", [
+    ("X-TTS-Early-Media: later\r\n", "X-TTS-Early-Media: expected one of answer, reject, ring"),
+    ("X-TTS-Early-Media: reject\r\nX-TTS-Reject-Code: 200\r\n", "X-TTS-Reject-Code: expected a SIP status 400-699"),
+    ("X-TTS-Early-Media: ring\r\nX-TTS-Reject-Code: 486\r\n", "X-TTS-Reject-Code: only with X-TTS-Early-Media: reject"),
+])
+def test_a_bad_early_media_header_names_itself(headers, message):
+    router = load_config(None, {"routes": [{"match": "3", "text": "hi"}]}).prompt_resolver("en")
+    with pytest.raises(BadHeader, match=message):
+        router(_Offered("3", headers))

@@ -101,8 +101,10 @@ async def rtp_recorder() -> RtpRecorder:
 
 
 async def run_sipp(scenario: Path, sip_address: tuple[str, int], workdir: Path, *, service: str = "1000",
-                   keys: dict[str, str] | None = None, timeout_s: int = 30) -> tuple[int, str]:
-    """Run one call of a SIPp scenario; returns (exit code, error log text)."""
+                   keys: dict[str, str] | None = None, timeout_s: int = 30, trace_msg: bool = False
+                   ) -> tuple[int, str]:
+    """Run one call of a SIPp scenario; returns (exit code, error log text). `trace_msg` keeps every message
+    SIPp sent and received in `workdir`/*_messages.log (see `sipp_messages`)."""
     if shutil.which("sipp") is None:
         raise RuntimeError("sipp not installed")
     command = ["sipp", f"{sip_address[0]}:{sip_address[1]}", "-sf", str(scenario), "-s", service, "-m", "1",
@@ -110,11 +112,18 @@ async def run_sipp(scenario: Path, sip_address: tuple[str, int], workdir: Path, 
                "-timeout", f"{timeout_s}s", "-timeout_error", "-trace_err", "-nostdin"]
     for key, value in (keys or {}).items():
         command += ["-key", key, value]
+    if trace_msg:
+        command += ["-trace_msg"]
     process = await asyncio.create_subprocess_exec(*command, cwd=workdir, stdout=asyncio.subprocess.DEVNULL,
                                                    stderr=asyncio.subprocess.PIPE)
     _, stderr = await asyncio.wait_for(process.communicate(), timeout_s + 10)
     errors = stderr.decode(errors="replace") + "".join(p.read_text(errors="replace") for p in workdir.glob("*errors*"))
     return process.returncode, errors
+
+
+def sipp_messages(workdir: Path) -> str:
+    """The message log of the `run_sipp(..., trace_msg=True)` calls made in `workdir`."""
+    return "".join(p.read_text(errors="replace") for p in sorted(workdir.glob("*_messages.log")))
 
 
 async def invite_final_response(sip_address: tuple[str, int], headers: dict[str, str | bytes], user: str = "1000",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -121,3 +122,16 @@ async def start_serve(workdir: Path, config: Path | None, *settings: str, engine
     with log_path.open("wb") as log_file:
         process = await asyncio.create_subprocess_exec(*command, cwd=ROOT, stdout=log_file, stderr=log_file, env=env)
     return ServeProcess(process, sip_port, http_port, log_path)
+
+
+@contextlib.asynccontextmanager
+async def healthy_serve(workdir: Path, config_text: str, engine: str | None = None):
+    """`serve` with `config_text` as its config file, once /healthz is 200; it must stop with exit 0."""
+    config = workdir / "gateway.yaml"
+    config.write_text(config_text)
+    process = await start_serve(workdir, config, engine=engine)
+    try:
+        await process.wait_healthy()
+        yield process
+    finally:
+        assert await process.stop() == 0

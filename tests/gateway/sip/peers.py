@@ -29,7 +29,7 @@ class Phone:
     """A stand-in for the call layer: answers each INVITE per `policy` and records events."""
 
     def __init__(self, policy: str = "accept") -> None:
-        self.policy = policy  # accept | ring | accept_later | reject_486 | hangup_after_ack
+        self.policy = policy  # accept | ring | early | accept_later | reject_486 | hangup_after_ack
         self.calls: list[InboundCall] = []
         self.events: dict[str, list[object]] = {}
         self._done: dict[str, asyncio.Future[Ended]] = {}
@@ -46,6 +46,8 @@ class Phone:
             call.accept(ANSWER_SDP)
         elif self.policy == "ring":
             call.ring()
+        elif self.policy == "early":
+            call.progress(ANSWER_SDP)
         elif self.policy == "accept_later":
             asyncio.get_running_loop().call_later(6 * T1, call.accept, ANSWER_SDP)
         elif self.policy == "reject_486":

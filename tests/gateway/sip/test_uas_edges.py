@@ -1,5 +1,5 @@
 """UAS edge cases with hand-written datagrams over loopback: garbage, malformed requests, policy
-codes (400/405/481/483/488/420), in-dialog UPDATE/INFO/OPTIONS, and TCP framing."""
+codes (400/405/481/483/488/420: 100rel and timer are served), in-dialog UPDATE/INFO/OPTIONS, and TCP framing."""
 
 from __future__ import annotations
 
@@ -68,11 +68,11 @@ async def test_policy_codes(make_server, udp_peer):
         (raw_request("OPTIONS", udp_peer.port, branch="z9hG4bK-a").replace(b"Max-Forwards: 70", b"Max-Forwards: 0"), 483),
         (raw_request("REGISTER", udp_peer.port, branch="z9hG4bK-b"), 405),
         (raw_request("SUBSCRIBE", udp_peer.port, branch="z9hG4bK-c"), 405),
-        (raw_request("PRACK", udp_peer.port, branch="z9hG4bK-d"), 501),
+        (raw_request("PRACK", udp_peer.port, branch="z9hG4bK-d"), 481),  # RFC 3262: implemented, no dialog
         (raw_request("BYE", udp_peer.port, branch="z9hG4bK-e", to_tag="nope"), 481),
         (raw_request("INFO", udp_peer.port, branch="z9hG4bK-f"), 481),
         (raw_request("CANCEL", udp_peer.port, branch="z9hG4bK-g"), 481),
-        (raw_request("INVITE", udp_peer.port, branch="z9hG4bK-h", extra="Require: 100rel\r\n"), 420),
+        (raw_request("INVITE", udp_peer.port, branch="z9hG4bK-h", extra="Require: 100rel, foo\r\n"), 420),
     ]
     for data, status in cases:
         udp_peer.send(data, server.udp_address)
@@ -80,6 +80,8 @@ async def test_policy_codes(make_server, udp_peer):
         assert response.status == status, (data.split(b"\r\n")[0], response.status)
         if status == 405:
             assert "INVITE" in (response.header("Allow") or "")
+        if status == 420:  # §8.2.2.3: only what we lack; 100rel (RFC 3262) we serve
+            assert response.header("Unsupported") == "foo"
     assert server.active_calls == 0
 
 
