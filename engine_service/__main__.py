@@ -207,6 +207,7 @@ async def _serve(args: argparse.Namespace, name: str, settings: dict[str, Any], 
     from engine_service.protocol import STREAM_PATH
     from connection_caps.listener import runner_options
     from engine_service.server import WorkerSettings, make_app, start_listener
+    from engines.base import EngineSettingsError
     from engines.registry import create_engine
 
     log = structlog.get_logger("engine_service")
@@ -226,6 +227,9 @@ async def _serve(args: argparse.Namespace, name: str, settings: dict[str, Any], 
     try:
         await engine.start()
         await engine.prepare(prompt_texts)
+    except EngineSettingsError as exc:  # a voice the engine lacks, cuda without a GPU: the operator's to fix
+        await engine.close()
+        return _refused(str(exc))
     except Exception as exc:  # noqa: BLE001 - any start failure: report it in one line and exit 1
         log.error("engine_worker_start_failed", engine=name, error=repr(exc))
         return 1
