@@ -1,6 +1,6 @@
 """One call's RTP/RTCP endpoint: the sockets, the source check, packet numbering, RTCP reports.
 
-- Binds RTP on an even port of the configured range on the advertised host, RTCP on port + 1
+- Binds RTP on an even port of the configured range on the media bind address, RTCP on port + 1
   (RFC 3550 §11), and sends from those same ports (symmetric RTP, RFC 4961).
 - Source check: `RtpPeer` says where media goes and whose packets count (the SDP address, or with
   latching enabled the first valid sender from an allowed host). RTP, RFC 4733 and RTCP from any
