@@ -28,6 +28,15 @@ class SharedSlots(Protocol):
     def give_back(self) -> None: ...
 
 
+class StreamEvents(Protocol):
+    """Where the API reports its admitted streams, to be counted with the worker's gateway streams
+    (engine_service/metrics.py labels them by route). `outcome`: completed, failed or cancelled."""
+
+    def opened(self) -> None: ...
+
+    def ended(self, outcome: str) -> None: ...
+
+
 @dataclass
 class TtsApi:
     engine: SpeechEngine
@@ -36,6 +45,7 @@ class TtsApi:
     slots: StreamSlots = field(default_factory=StreamSlots)  # per API key
     key_failures: KeyFailures = field(init=False)  # wrong keys per source
     buffers: StreamBuffers = field(default_factory=StreamBuffers)  # audio waiting for slow clients
+    stream_events: StreamEvents | None = None  # set by the worker's metrics (WorkerMetrics.watch_api)
 
     def __post_init__(self) -> None:
         self.key_failures = KeyFailures(self.settings.max_key_failures, self.settings.key_failure_window_s)
