@@ -81,6 +81,7 @@ class InboundCall:
         self._transaction = transaction
         self._peer = peer
         self._state = "offered"  # offered -> accepted -> confirmed -> ending -> ended
+        self.end_reason: str | None = None  # why the dialog ended (remote_bye, local_bye, rejected, ...), once it has
         self._hangup_pending = False
         self._local_sdp: str | None = None
         self._answer: AnswerRetransmission | None = None
@@ -103,7 +104,6 @@ class InboundCall:
         if self._state != "offered":
             return
         self._transaction.respond(self._response(self.invite, status, reason, tuple((headers or {}).items())))
-        self._log.info("sip_call_rejected", status=status, reason=reason)
         self._end("rejected")
 
     def ring(self) -> None:
@@ -118,7 +118,6 @@ class InboundCall:
         self._transaction.respond(ok)
         self._state = "accepted"
         self._expect_ack(self.invite.cseq[0], self._transaction)
-        self._log.info("sip_call_answered")
 
     def hangup(self) -> None:
         if self._state == "offered":  # never answered: decline instead of a BYE (§15)
@@ -238,9 +237,9 @@ class InboundCall:
         if self._answer is not None:
             self._answer.stop()
             self._answer = None
+        self.end_reason = reason  # logged by the call layer's call_ended, with the session's outcome
         self.events.put_nowait(Ended(reason))
         self._services.forget(self)
-        self._log.info("sip_call_ended", reason=reason)
 
     # --- responses ------------------------------------------------------------------------------
 
