@@ -122,7 +122,7 @@ class CosyVoice2Settings:
 
             reason = fp8_unsupported_reason(device)
             if reason is not None:
-                raise EngineSettingsError("engine.cosyvoice2.llm_fp8", True, reason)
+                raise EngineSettingsError("engine.cosyvoice2.llm_fp8", True, f"cannot be used here: {reason}")
         if self.dtype != "auto":
             return device, getattr(torch, self.dtype)
         if device.startswith("cuda"):
