@@ -401,6 +401,7 @@ class GatewayConfig(Section):
 
         media = self.media
         return MediaSettings(bind_host=self.media_bind_host, advertised_host=self.media_advertised_host,
+                             bind_key="media.bind_address" if media.bind_address is not None else "sip.listen",
                              rtp_port_min=media.rtp_port_range[0],
                              rtp_port_max=media.rtp_port_range[1], codecs=media.codecs,
                              initial_playout_delay_ms=media.initial_playout_delay_ms,

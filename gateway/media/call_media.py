@@ -43,6 +43,7 @@ __all__ = ["CallMedia", "MediaClosed", "MediaEngine", "MediaSettings", "NoCommon
 @dataclass(frozen=True)
 class MediaSettings:
     bind_host: str = "127.0.0.1"  # where RTP/RTCP sockets bind: an address of this host, or a wildcard
+    bind_key: str = "media.bind_address"  # the config key bind_host came from, for the start's error
     advertised_host: str = "127.0.0.1"  # what the SDP answer names (c=, o=): may be a public/NAT address
     rtp_port_min: int = 20000
     rtp_port_max: int = 30000
@@ -78,9 +79,9 @@ class MediaEngine:
             with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM) as probe:
                 probe.bind((host, 0))
         except OSError as exc:
-            raise ConfigError([f"media.bind_address: cannot bind RTP on {host} ({exc.strerror or exc}); bind an "
-                               "address of this host (default: sip.listen's host) and put a public or NAT address "
-                               "in media.advertised_address / sip.advertised_host"]) from None
+            raise ConfigError([f"{self.settings.bind_key}: cannot bind RTP on {host} ({exc.strerror or exc}); "
+                               "bind an address of this host and put a public or NAT address in "
+                               "sip.advertised_host / media.advertised_address"]) from None
         self.clock.start()
 
     async def stop(self) -> None:

@@ -95,5 +95,13 @@ async def test_rtp_bound_to_an_address_not_on_this_host_is_one_line_at_start(tmp
     assert "Traceback" not in log
     assert log.strip().splitlines()[-1] == (
         f"cosyvoice-gateway: config error: media.bind_address: cannot bind RTP on {PUBLIC} (Cannot assign requested "
-        "address); bind an address of this host (default: sip.listen's host) and put a public or NAT address in "
-        "media.advertised_address / sip.advertised_host")
+        "address); bind an address of this host and put a public or NAT address in sip.advertised_host / "
+        "media.advertised_address")
+
+
+async def test_sip_listening_on_an_address_not_on_this_host_names_sip_listen(tmp_path):
+    """The public address put in sip.listen instead of sip.advertised_host: the key the operator wrote is named."""
+    gateway = await start_serve(tmp_path, None, f"sip.listen={PUBLIC}:5060", engine="instant")
+    assert await gateway.process.wait() == 2
+    last = gateway.tail(20000).strip().splitlines()[-1]
+    assert last.startswith(f"cosyvoice-gateway: config error: sip.listen: cannot bind RTP on {PUBLIC} "), last
