@@ -86,7 +86,8 @@ def _ip_address(value: Any) -> str:
     try:
         return str(ipaddress.ip_address(str(value)))
     except ValueError:
-        raise ValueError(f"expected an IP address of this host (e.g. 10.0.0.5, 0.0.0.0 for all), got {value!r}") from None
+        raise ValueError(f"expected an IP address of this host (e.g. 10.0.0.5, 0.0.0.0 for all), "
+                         f"got {value!r}") from None
 
 
 def _reachable_host(value: Any) -> str:
