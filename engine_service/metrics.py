@@ -148,9 +148,9 @@ class _RouteStreams:
 class ApiView(Protocol):
     """What the scrape reads of the speech API (engine_service.api.context.TtsApi)."""
 
+    stream_events: Any  # WorkerMetrics.watch_api sets it
     key_failures: Any
     buffers: Any
-    stream_events: Any  # WorkerMetrics.watch_api sets it
 
 
 class _ApiCollector(Collector):

@@ -43,9 +43,9 @@ class TtsApi:
     settings: TtsApiSettings
     shared_slots: SharedSlots | None = None
     slots: StreamSlots = field(default_factory=StreamSlots)  # per API key
+    stream_events: StreamEvents | None = None  # set by the worker's metrics (WorkerMetrics.watch_api)
     key_failures: KeyFailures = field(init=False)  # wrong keys per source
     buffers: StreamBuffers = field(default_factory=StreamBuffers)  # audio waiting for slow clients
-    stream_events: StreamEvents | None = None  # set by the worker's metrics (WorkerMetrics.watch_api)
 
     def __post_init__(self) -> None:
         self.key_failures = KeyFailures(self.settings.max_key_failures, self.settings.key_failure_window_s)
