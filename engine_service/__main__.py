@@ -9,6 +9,8 @@ The engine is started (model loaded, warmed up) before the port is opened; then 
 supervisor that asked for port 0 learns the port. Logs go to stderr. `--supervised` (the gateway's
 supervisor): the token is the first line of stdin, and the worker exits when stdin closes, so it never
 outlives a gateway that was killed. SIGTERM closes the links (their streams end) and the engine, exit 0.
+Beyond loopback the engine link needs a token (`--token-file`): without one the worker refuses to start
+(exit 2); on loopback it starts and warns (any local process may drive it).
 Exit codes: 0 stopped, 2 bad arguments or engine settings, 1 the engine failed to start or its port is taken.
 Settings refused (exit 2) also print `{"event": "engine_worker_refused", "error": ...}` to stdout, so the
 supervisor's one-line error says why. The supervisor takes exit 2 as final only before the worker's first ready:
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import json
 import os
 import signal
@@ -183,6 +186,16 @@ def _listen_address(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def _loopback(host: str) -> bool:
+    """Whether only this host can reach `host` (a wildcard or any other address is reachable from outside)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # another name: it may resolve to anything
+        return False
+
+
 async def _read_token(args: argparse.Namespace) -> str:
     if not args.token_file:
         return ""
@@ -207,12 +220,17 @@ async def _serve(args: argparse.Namespace, name: str, settings: dict[str, Any], 
     from engine_service.protocol import STREAM_PATH
     from connection_caps.listener import runner_options
     from engine_service.server import WorkerSettings, make_app, start_listener
+    from engines.base import EngineSettingsError
     from engines.registry import create_engine
 
     log = structlog.get_logger("engine_service")
     try:
         host, port = _listen_address(args.listen)
         token = await _read_token(args)
+        if not token and not _loopback(host):
+            raise ValueError(f"--listen {args.listen}: beyond loopback the engine link needs a token, or anyone who "
+                             "reaches the port can synthesise: start with --token-file PATH (gateways send it as "
+                             "engine.remote.token)")
         tts_api = _tts_api_choice(args)
         prompt_texts = _prompt_texts(args)
         listener = _listener_choice(args)
@@ -226,6 +244,9 @@ async def _serve(args: argparse.Namespace, name: str, settings: dict[str, Any], 
     try:
         await engine.start()
         await engine.prepare(prompt_texts)
+    except EngineSettingsError as exc:  # a voice the engine lacks, cuda without a GPU: the operator's to fix
+        await engine.close()
+        return _refused(str(exc))
     except Exception as exc:  # noqa: BLE001 - any start failure: report it in one line and exit 1
         log.error("engine_worker_start_failed", engine=name, error=repr(exc))
         return 1
@@ -250,6 +271,9 @@ async def _serve(args: argparse.Namespace, name: str, settings: dict[str, Any], 
     print(json.dumps({"event": "engine_worker_listening", "url": url, "pid": os.getpid()}), flush=True)
     log.info("engine_worker_listening", engine=name, url=url, slots=slots, token=bool(token),
              speech_api=f"http://{shown_host}:{bound_port}/" if tts_api is not None else None)
+    if not token:
+        log.warning("engine_worker_link_without_token", url=url,
+                    why="any local process can open streams; start with --token-file PATH")
     if args.supervised:
         _stop_when_stdin_closes(loop, stop)
     await stop.wait()

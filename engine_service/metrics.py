@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from contextvars import ContextVar
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -27,6 +28,9 @@ from engine_service.api.streaming_response import FIRST_BYTE_AT
 FIRST_CHUNK_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0)
 STREAM_OUTCOMES = ("completed", "failed", "cancelled")
 STATES = ("ready", "warming", "down")
+# The route of the request being handled (set by the middleware), so a stream the speech API opens deep in a
+# handler's tasks is labelled with it.
+_ROUTE: ContextVar[str] = ContextVar("tts_worker_route", default="unmatched")
 
 
 class WorkerView(Protocol):
@@ -45,16 +49,17 @@ class WorkerMetrics:
         registry = self.registry
         self.links_open = Gauge("tts_worker_links_open", "Gateway links (WebSockets) open", registry=registry)
         self.streams_opened = Counter(
-            "tts_worker_streams_opened_total", "Gateway streams admitted (an opened frame sent)", registry=registry)
+            "tts_worker_streams_opened_total", "Streams admitted, by route (/v1/engine/stream: a gateway's link, an "
+            "opened frame sent; the speech API's routes: an admitted stream)", ["route"], registry=registry)
         self.refusals = Counter(
             "tts_worker_refusals_total",
             f"Gateway opens refused, by the protocol's reason ({', '.join(protocol.REFUSAL_REASONS)})",
             ["reason"], registry=registry)
         self.streams_ended = Counter(
             "tts_worker_streams_ended_total",
-            "Admitted gateway streams that ended, by outcome (completed: end sent; failed: the engine broke "
-            "mid-stream, failed sent; cancelled: a cancel frame or the link closed)",
-            ["outcome"], registry=registry)
+            "Admitted streams that ended, by route and outcome (completed: all audio sent; failed: the engine "
+            "broke mid-stream; cancelled: a cancel frame, the link closed or the API's client stopped it)",
+            ["route", "outcome"], registry=registry)
         self.first_chunk_seconds = Histogram(
             "tts_worker_first_chunk_latency_seconds",
             "Time from a gateway's open frame to the stream's first audio chunk, in the worker",
@@ -87,6 +92,7 @@ class WorkerMetrics:
     def watch_api(self, api: ApiView) -> None:
         """The speech API's own counts (wrong keys, slow clients, audio waiting for them), read at scrape time."""
         self.registry.register(_ApiCollector(api))
+        api.stream_events = _RouteStreams(self.streams_opened, self.streams_ended)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
@@ -98,6 +104,7 @@ class WorkerMetrics:
         async def count(request: web.Request, handler):
             started = time.monotonic()
             code: int | None = None
+            route = _ROUTE.set(_endpoint(request))
             try:
                 response = await handler(request)
                 code = response.status
@@ -109,6 +116,7 @@ class WorkerMetrics:
                 code = 500  # what aiohttp answers for a handler's unexpected exception
                 raise
             finally:
+                _ROUTE.reset(route)
                 endpoint = _endpoint(request)
                 if code is not None:
                     self.http_requests.labels(endpoint, str(code)).inc()
@@ -124,9 +132,23 @@ def _endpoint(request: web.Request) -> str:
     return resource.canonical if resource is not None else "unmatched"
 
 
+class _RouteStreams:
+    """The speech API's stream events, labelled with the route of the request that opened the stream."""
+
+    def __init__(self, opened: Counter, ended: Counter) -> None:
+        self._opened, self._ended = opened, ended
+
+    def opened(self) -> None:
+        self._opened.labels(_ROUTE.get()).inc()
+
+    def ended(self, outcome: str) -> None:
+        self._ended.labels(_ROUTE.get(), outcome).inc()
+
+
 class ApiView(Protocol):
     """What the scrape reads of the speech API (engine_service.api.context.TtsApi)."""
 
+    stream_events: Any  # WorkerMetrics.watch_api sets it
     key_failures: Any
     buffers: Any
     play_cache: Any

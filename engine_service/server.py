@@ -314,7 +314,7 @@ class _Link:
                 self._refuse(stream, protocol.refusal_reason(exc), str(exc))
                 return
             self._send(protocol.serialize(protocol.Opened(stream)))
-            metrics.streams_opened.inc()
+            metrics.streams_opened.labels(protocol.STREAM_PATH).inc()
             outcome = "cancelled"  # unless it completes or fails below
             try:
                 async for chunk in channel:
@@ -332,7 +332,7 @@ class _Link:
             self._send(protocol.serialize(protocol.End(stream)))
         finally:  # the slot is given back by _stream_done
             if outcome is not None:
-                metrics.streams_ended.labels(outcome).inc()
+                metrics.streams_ended.labels(protocol.STREAM_PATH, outcome).inc()
 
     # -- writing ---------------------------------------------------------------------------------
     def _send(self, data: str | bytes) -> None:

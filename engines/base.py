@@ -73,6 +73,16 @@ class EngineUnavailable(SynthesisRefused):
     sip_reason = "Engine Unavailable"
 
 
+class EngineSettingsError(ValueError):
+    """A setting the engine refuses when it starts (a voice espeak-ng lacks, `device: cuda` on a host without
+    one, a default voice the model has not): what only the engine can check. In-process (gateway/app.py) and
+    in a worker (engine_service/__main__.py) it becomes one line naming the key and the value, exit 2."""
+
+    def __init__(self, key: str, value: object, why: str) -> None:
+        super().__init__(f"{key}: {value!r} {why}")
+        self.key, self.value, self.why = key, value, why
+
+
 class SynthesisFailed(Exception):
     """The engine broke while a stream was running; the call that owns the stream ends, no other."""
 

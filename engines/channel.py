@@ -34,6 +34,7 @@ class ChunkChannel(AsyncIterator[np.ndarray]):
         self._closed = False
         self.opened_at = time.monotonic()
         self.first_chunk_at: float | None = None
+        self.outcome: str | None = None  # as the consumer saw it: "completed" (the end read) or "failed"
 
     # -- producer side (any thread) -------------------------------------------------------------
     @property
@@ -97,10 +98,10 @@ class ChunkChannel(AsyncIterator[np.ndarray]):
             raise StopAsyncIteration
         item = await self._queue.get()
         if item is _END:
-            self._closed = True
+            self._closed, self.outcome = True, "completed"
             raise StopAsyncIteration
         if isinstance(item, BaseException):
-            self._closed = True
+            self._closed, self.outcome = True, "failed"
             raise item
         if self.first_chunk_at is None:
             self.first_chunk_at = time.monotonic()

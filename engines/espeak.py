@@ -38,7 +38,14 @@ import numpy as np
 import soxr
 import structlog
 
-from engines.base import SAMPLE_RATE, EngineHealth, SpeechEngine, SynthesisFailed, SynthesisRequest
+from engines.base import (
+    SAMPLE_RATE,
+    EngineHealth,
+    EngineSettingsError,
+    SpeechEngine,
+    SynthesisFailed,
+    SynthesisRequest,
+)
 from engines.channel import ChunkChannel
 
 log = structlog.get_logger(__name__)
@@ -266,10 +273,10 @@ class EspeakEngine(SpeechEngine):
         jobs, stopping = self._jobs, self._stopping  # this thread's own, even after a restart replaces them
         try:
             self._library = _Library.get()
-            missing = [f"{name}={voice}" for name, voice in self._voices.items()
-                       if not self._library.has_voice(voice)]
-            if missing:
-                raise RuntimeError(f"engine.espeak.voices: espeak-ng has no voice {', '.join(missing)}")
+            for name, voice in self._voices.items():
+                if not self._library.has_voice(voice):
+                    raise EngineSettingsError(f"engine.espeak.voices.{name}", voice,
+                                              "is not a voice of the espeak-ng data installed")
         except BaseException as exc:
             ready.set_exception(exc)
             return

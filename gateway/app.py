@@ -22,7 +22,7 @@ from collections.abc import Callable
 import structlog
 
 from connection_caps.budget import DescriptorBudget
-from engines.base import SpeechEngine
+from engines.base import EngineSettingsError, SpeechEngine
 from gateway import metrics
 from gateway.call import CallSession
 from gateway.config import ConfigError, GatewayConfig
@@ -214,7 +214,10 @@ async def run(config, load_again: Callable[[], GatewayConfig] | None = None) -> 
         media_settings=config.media_settings(),
         resolve_prompt=config.prompt_resolver(engine.default_voice),
     )
-    await gateway.start()
+    try:
+        await gateway.start()
+    except EngineSettingsError as exc:  # in-process: what only the engine could check, one line and exit 2
+        raise ConfigError([str(exc)]) from None
     # /healthz with workers: how many serve, and why each other one does not (gateway/worker_report.py)
     status = with_workers(gateway.status, engine.links, supervisor) if config.engine.uses_workers else gateway.status
     http = None

@@ -74,13 +74,12 @@ class CallSession:
         finally:
             metrics.calls_active.dec()
         metrics.calls_total.labels(outcome=self.outcome).inc()
-        self._log.info("call_ended", outcome=self.outcome)
+        # one line per call's end: the session's outcome and how its dialog ended (InboundCall.end_reason)
+        self._log.info("call_ended", outcome=self.outcome, sip_end=self.call.end_reason)
         return self.outcome
 
     async def _run(self) -> str:
-        call = self.call
-        self._log.info("invite", user=call.request_user, source=f"{call.source[0]}:{call.source[1]}",
-                       transport=call.transport)
+        call = self.call  # its INVITE was logged by the SIP server (sip_invite)
         try:
             prompt = self._resolve_prompt(call)
             request = SynthesisRequest(text=prompt.text, voice=prompt.voice, call_id=call.call_id)

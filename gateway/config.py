@@ -40,8 +40,10 @@ from gateway.config_types import (
     HttpCapsSection,
     IPNetwork,
     ListenAddress,
+    LocalAddress,
     Network,
     PortRange,
+    ReachableHost,
     Section,
 )
 from gateway.engine_config import EngineSection, WorkerPlan
@@ -124,8 +126,10 @@ class SipSessionTimersSection(Section):
 class SipSection(Section):
     listen: ListenAddress = HostPort("127.0.0.1", 5060)
     transports: tuple[Literal["udp", "tcp"], ...] = ("udp", "tcp")
-    # The address put in Contact, Via and SDP; required when listening on all interfaces.
-    advertised_host: str | None = None
+    # The address put in Contact and in the Via of our BYE (and the SDP unless media.advertised_address says
+    # otherwise): a public or 1:1 NAT address may be used here while `listen` binds a local one. Default:
+    # listen's host; required when listening on all interfaces.
+    advertised_host: ReachableHost | None = None
     max_calls: int = Field(100, ge=1)
     retry_after_s: int = Field(5, ge=1)  # Retry-After on 503 while full or draining
     # RFC 3261 §17.1.1.1 timers; change only for links with unusual round-trip times.
@@ -174,6 +178,12 @@ class Trunk(Section):
 
 class MediaSection(Section):
     rtp_port_range: PortRange = (20000, 30000)
+    # Where the RTP/RTCP sockets bind: an address of this host (checked at start). Default: sip.listen's host,
+    # or all interfaces when SIP listens on all.
+    bind_address: LocalAddress | None = None
+    # The address the SDP answer gives callers (c=, o=), like Asterisk's external_media_address: a public or
+    # 1:1 NAT address need not be local. Default: sip.advertised_host, else sip.listen's host.
+    advertised_address: ReachableHost | None = None
     codecs: tuple[str, ...] = SUPPORTED_CODECS  # in order of preference
     initial_playout_delay_ms: int = Field(60, ge=0, le=2000)
     max_playout_delay_ms: int = Field(400, ge=20, le=10000)
@@ -289,10 +299,9 @@ class GatewayConfig(Section):
 
     def worker_plans(self) -> list[WorkerPlan]:
         """The engine's worker processes, logging at the gateway's level and prepared for its prompts, each also
-        serving the speech API when `tts_api` is set and the workers have fixed ports (engine.worker.port): an
-        API on a free port would have no client that knows where it is."""
-        tts_api = self.tts_api if self.engine.worker.port is not None else None
-        return [dataclasses.replace(plan, tts_api=tts_api, log_level=self.logging.level,
+        serving the speech API when `tts_api` is set (which needs fixed ports, engine.worker.port: an API on a free
+        port would have no client that knows where it is; `_references` refuses the config without one)."""
+        return [dataclasses.replace(plan, tts_api=self.tts_api, log_level=self.logging.level,
                                     prompt_texts=self.prompt_texts())
                 for plan in self.engine.worker_plans()]
 
@@ -313,11 +322,46 @@ class GatewayConfig(Section):
         known = self.engine.configured_voices()
         if known is not None:
             problems += self.unknown_voices(known)
+        problems += self._media_address_problems()
+        if self.tts_api is not None and self.engine.worker_plans() and self.engine.worker.port is None:
+            problems.append("tts_api: supervised workers serve the speech API only on fixed ports: set "
+                            "engine.worker.port (worker i listens on port + i), or remove tts_api")
         if problems:
             raise ValueError("@@" + "\n".join(problems))
         return self
 
+    def _media_address_problems(self) -> list[str]:
+        """RTP's sockets and the SDP's address must be of one family (an IPv4 socket cannot reach an IPv6 caller)."""
+        try:
+            advertised = ipaddress.ip_address(self.media_advertised_host)
+            bound = ipaddress.ip_address(self.media_bind_host)
+        except ValueError:  # a name: its family is the resolver's business
+            return []
+        if advertised.version == bound.version:
+            return []
+        key = "media.advertised_address" if self.media.advertised_address else "sip.advertised_host"
+        return [f"{key}: {advertised} is IPv{advertised.version} but RTP binds IPv{bound.version} {bound} "
+                "(media.bind_address): use one family for both"]
+
     # -- what the rest of the gateway asks ---------------------------------------------------------
+    @property
+    def media_bind_host(self) -> str:
+        """Where RTP binds: media.bind_address, else sip.listen's host (its wildcard when SIP listens on all)."""
+        if self.media.bind_address is not None:
+            return self.media.bind_address
+        host = self.sip.listen.host
+        if host not in _WILDCARD_HOSTS:
+            return host  # an address, or a name (localhost) the bind resolves
+        try:  # all interfaces, of the family callers are told to send to
+            return "::" if ipaddress.ip_address(self.media_advertised_host).version == 6 else "0.0.0.0"
+        except ValueError:  # an advertised name
+            return host
+
+    @property
+    def media_advertised_host(self) -> str:
+        """The SDP's address: media.advertised_address, else what SIP advertises."""
+        return self.media.advertised_address or self.sip.public_host
+
     @property
     def allowed_sources(self) -> tuple[IPNetwork, ...]:
         networks = tuple(network for trunk in self.trunks for network in trunk.allow)
@@ -381,7 +425,9 @@ class GatewayConfig(Section):
         from gateway.media.call_media import MediaSettings
 
         media = self.media
-        return MediaSettings(advertised_host=self.sip.public_host, rtp_port_min=media.rtp_port_range[0],
+        return MediaSettings(bind_host=self.media_bind_host, advertised_host=self.media_advertised_host,
+                             bind_key="media.bind_address" if media.bind_address is not None else "sip.listen",
+                             rtp_port_min=media.rtp_port_range[0],
                              rtp_port_max=media.rtp_port_range[1], codecs=media.codecs,
                              initial_playout_delay_ms=media.initial_playout_delay_ms,
                              max_playout_delay_ms=media.max_playout_delay_ms, rtcp_interval_s=media.rtcp_interval_s,

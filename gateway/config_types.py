@@ -82,6 +82,29 @@ def _network(value: Any) -> IPNetwork:
         raise ValueError(f"expected an IP address or CIDR (e.g. 192.0.2.10 or 10.0.0.0/24), got {value!r}") from None
 
 
+def _ip_address(value: Any) -> str:
+    try:
+        return str(ipaddress.ip_address(str(value)))
+    except ValueError:
+        raise ValueError(f"expected an IP address of this host (e.g. 10.0.0.5, 0.0.0.0 for all), "
+                         f"got {value!r}") from None
+
+
+def _reachable_host(value: Any) -> str:
+    """An address or name peers can send to: a wildcard (0.0.0.0, ::) names no host."""
+    text = str(value).strip()
+    if not text or any(char.isspace() for char in text):
+        raise ValueError(f"expected an IP address or host name, got {value!r}")
+    try:
+        wildcard = ipaddress.ip_address(text).is_unspecified
+    except ValueError:  # a host name
+        wildcard = False
+    if wildcard:
+        raise ValueError(f"{text} is a wildcard, which peers cannot send to: put the address they reach this "
+                         "host at (a public or 1:1 NAT address is fine)")
+    return text
+
+
 def _port_range(value: Any) -> tuple[int, int]:
     low, _, high = str(value).partition("-")
     if not (low.strip().isdigit() and high.strip().isdigit()):
@@ -97,3 +120,5 @@ def _port_range(value: Any) -> tuple[int, int]:
 ListenAddress = Annotated[HostPort, PlainValidator(_host_port)]
 Network = Annotated[IPNetwork, PlainValidator(_network)]
 PortRange = Annotated[tuple[int, int], PlainValidator(_port_range)]
+LocalAddress = Annotated[str, PlainValidator(_ip_address)]  # to bind on: an IP literal (a wildcard allowed)
+ReachableHost = Annotated[str, PlainValidator(_reachable_host)]  # to advertise: never a wildcard

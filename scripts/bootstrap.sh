@@ -33,10 +33,13 @@ fi
 # shellcheck disable=SC1091
 source "$venv/bin/activate"
 python -m pip install -q --upgrade pip
-# The CPU build of torch, so pip never pulls a multi-GB CUDA build on a CPU host (GPU hosts: see README).
+# The CPU build of torch: PyPI's torch for Linux is the CUDA build (GBs of CUDA libraries a CPU host never
+# uses), so a plain `pip install torch` is not it. A +cpu wheel pip already offers (find-links or a local
+# index, as on CI here) is installed from there; otherwise it comes from PyTorch's CPU index. GPU hosts: README.
 if [ "$extras" = "test" ] && ! python -c "import torch" 2>/dev/null; then
     echo ">> installing torch (CPU build)"
-    python -m pip install -q "torch==2.13.0"
+    python -m pip install -q "torch==2.13.0+cpu" 2>/dev/null \
+        || python -m pip install -q "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu
 fi
 echo ">> installing cosyvoice-gateway[$extras] (versions pinned by requirements.lock)"
 # The lock pins every dependency but torch (installed above, or the host's CUDA build): as constraints, it

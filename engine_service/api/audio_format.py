@@ -5,8 +5,9 @@ G.711 at 8, 16 or 24 kHz. `AudioEncoder` turns chunks into bytes as they arrive:
 python-soxr's streaming resampler (filter state carried across chunks, so no clicks at the seams; quality HQ
 delays the audio ~17 ms, against ~60 ms for VHQ, and first audio is what a caller waits for), converts to
 int16 and, for G.711, companders. A wav stream starts with a header whose sizes say "unknown length"
-(0xFFFFFFFF), the usual convention for WAV that is written before its end is known; players and `soxr`-free
-decoders read to the end of the stream.
+(0xFFFFFFFF), what ffmpeg writes to a pipe: ffmpeg, sox and Python's wave read to the end of the stream
+(tested), though a tool that prints the header's size (soxi) reports 37 hours at 16 kHz. A size of 0, the other
+convention, makes sox read nothing and Python's wave refuse the file.
 
 `audio/l16` is, strictly (RFC 2586), big-endian; jambonz and most TTS vendors use it for little-endian PCM,
 and so do we, because jambonz is the client that reads it.

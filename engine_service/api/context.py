@@ -30,12 +30,22 @@ class SharedSlots(Protocol):
     def give_back(self) -> None: ...
 
 
+class StreamEvents(Protocol):
+    """Where the API reports its admitted streams, to be counted with the worker's gateway streams
+    (engine_service/metrics.py labels them by route). `outcome`: completed, failed or cancelled."""
+
+    def opened(self) -> None: ...
+
+    def ended(self, outcome: str) -> None: ...
+
+
 @dataclass
 class TtsApi:
     engine: SpeechEngine
     settings: TtsApiSettings
     shared_slots: SharedSlots | None = None
     slots: StreamSlots = field(default_factory=StreamSlots)  # per API key
+    stream_events: StreamEvents | None = None  # set by the worker's metrics (WorkerMetrics.watch_api)
     key_failures: KeyFailures = field(init=False)  # wrong keys per source
     buffers: StreamBuffers = field(default_factory=StreamBuffers)  # audio waiting for slow clients
     play_cache: PlayCache = field(init=False)  # rendered play-URL answers

@@ -88,3 +88,16 @@ def answers_errors(handler: Handler) -> Handler:
             return error.response()
 
     return wrapped
+
+
+@web.middleware
+async def json_route_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """aiohttp's own refusals of a path or method the API does not have, in the API's JSON shape."""
+    try:
+        return await handler(request)
+    except web.HTTPMethodNotAllowed as exc:
+        allowed = ", ".join(sorted(exc.allowed_methods))
+        return ApiError(405, "method_not_allowed", f"{request.method} is not allowed on {request.path}; use {allowed}",
+                        {"Allow": allowed}).response()
+    except web.HTTPNotFound:
+        return ApiError(404, "not_found", f"no route {request.path} (docs/TTS_API.md lists them)").response()

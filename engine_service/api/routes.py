@@ -23,6 +23,7 @@ from aiohttp import web
 
 from engine_service.api.bot_ws import bot_websocket
 from engine_service.api.context import TTS_API, SharedSlots, TtsApi
+from engine_service.api.errors import json_route_errors
 from engine_service.api.http_tts import get_voices, post_tts
 from engine_service.api.jambonz import jambonz_http, jambonz_websocket
 from engine_service.api.openai_speech import openai_speech, openai_voices
@@ -40,6 +41,7 @@ def add_tts_routes(app: web.Application, engine: SpeechEngine, settings: TtsApiS
     if settings.default_voice is not None and settings.default_voice not in engine.voices():
         raise ValueError(f"tts_api.default_voice: {settings.default_voice!r} is not a voice of the "
                          f"{engine.name} engine ({', '.join(engine.voices())})")
+    app.middlewares.append(json_route_errors)  # 404/405 as every other refusal: {"error", "message"}
     app[TTS_API] = TtsApi(engine, settings, shared_slots)
     app[_PAGE] = resources.files("engine_service.api").joinpath("try_voice.html").read_bytes()
     app.router.add_get("/", _try_voice_page)

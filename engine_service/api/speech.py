@@ -59,10 +59,14 @@ async def speech_stream(api: TtsApi, text: str, voice: str, request_id: str = ""
                           settings.retry_after_s)
     try:
         channel = await _admitted_stream(api, SynthesisRequest(text=text, voice=voice, call_id=request_id))
+        if api.stream_events is not None:
+            api.stream_events.opened()
         try:
             yield channel
         finally:
             channel.cancel()
+            if api.stream_events is not None:  # not read to its end nor to a failure: the client stopped it
+                api.stream_events.ended(channel.outcome or "cancelled")
     finally:
         if api.shared_slots is not None:
             api.shared_slots.give_back()

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import structlog
 
-from engines.base import (EmptyText, EngineUnavailable, SpeechEngine, SynthesisFailed, SynthesisRefused,
-                          SynthesisRequest)
+from engines.base import (EmptyText, EngineSettingsError, EngineUnavailable, SpeechEngine, SynthesisFailed,
+                          SynthesisRefused, SynthesisRequest)
 from engines.channel import ChunkChannel
 from engines.cosyvoice2.settings import CosyVoice2Settings
 
@@ -89,8 +89,8 @@ class CosyVoice2Engine(SpeechEngine):
             if not pipeline.voices.names():
                 raise ValueError(f"engine.cosyvoice2: no voices in {s.model_dir} (add one with `voice add`)")
             if s.default_voice is not None and s.default_voice not in pipeline.voices:
-                raise ValueError(f"engine.cosyvoice2.default_voice: {s.default_voice!r} is not a voice of "
-                                 f"{s.model_dir} ({', '.join(pipeline.voices.names())})")
+                raise EngineSettingsError("engine.cosyvoice2.default_voice", s.default_voice,
+                                          f"is not a voice of {s.model_dir} ({', '.join(pipeline.voices.names())})")
             load_s = time.perf_counter() - started
             if s.warmup:
                 self.warmup_s = pipeline.warmup(s.default_voice)

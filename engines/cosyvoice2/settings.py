@@ -11,6 +11,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from engines.base import EngineSettingsError
+
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
           "float16": "float16", "fp16": "float16", "auto": "auto"}
 DEVICES = ("auto", "cpu", "cuda")
@@ -113,13 +115,14 @@ class CosyVoice2Settings:
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if device.startswith("cuda") and not torch.cuda.is_available():
-            raise ValueError(f"engine.cosyvoice2.device: {device} requested but CUDA is not available")
+            raise EngineSettingsError("engine.cosyvoice2.device", device, "requested but CUDA is not available "
+                                      "on this host (use cpu or auto)")
         if self.llm_fp8:
             from tts_core.accel.fp8_linear import fp8_unsupported_reason
 
             reason = fp8_unsupported_reason(device)
             if reason is not None:
-                raise ValueError(f"engine.cosyvoice2.llm_fp8: {reason}")
+                raise EngineSettingsError("engine.cosyvoice2.llm_fp8", True, f"cannot be used here: {reason}")
         if self.dtype != "auto":
             return device, getattr(torch, self.dtype)
         if device.startswith("cuda"):

@@ -26,6 +26,7 @@ import numpy as np
 import structlog
 
 from gateway import metrics
+from gateway.config_errors import ConfigError
 from gateway.media.packet_clock import PacketClock
 from gateway.media.playout import PlayoutBuffer, PlayoutSettings
 from gateway.media.port_pool import PortsExhausted, RtpPortPool
@@ -41,7 +42,9 @@ __all__ = ["CallMedia", "MediaClosed", "MediaEngine", "MediaSettings", "NoCommon
 
 @dataclass(frozen=True)
 class MediaSettings:
-    advertised_host: str = "127.0.0.1"
+    bind_host: str = "127.0.0.1"  # where RTP/RTCP sockets bind: an address of this host, or a wildcard
+    bind_key: str = "media.bind_address"  # the config key bind_host came from, for the start's error
+    advertised_host: str = "127.0.0.1"  # what the SDP answer names (c=, o=): may be a public/NAT address
     rtp_port_min: int = 20000
     rtp_port_max: int = 30000
     codecs: tuple[str, ...] = ("PCMU", "PCMA")
@@ -69,6 +72,16 @@ class MediaEngine:
         metrics.rtp_port_pairs_free.set(self._pool.free)
 
     async def start(self) -> None:
+        """Raises ConfigError when RTP cannot bind its address (not one of this host's): otherwise every call
+        would fail at its first bind, long after the start looked fine."""
+        host = self.settings.bind_host
+        try:
+            with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                probe.bind((host, 0))
+        except OSError as exc:
+            raise ConfigError([f"{self.settings.bind_key}: cannot bind RTP on {host} ({exc.strerror or exc}); "
+                               "bind an address of this host and put a public or NAT address in "
+                               "sip.advertised_host / media.advertised_address"]) from None
         self.clock.start()
 
     async def stop(self) -> None:
@@ -109,7 +122,7 @@ class MediaEngine:
         session = RtpSession(call_id, self.clock, settings.rtcp_interval_s,
                              RtpPeer(settings.rtp_latching, signalling_source), settings.dtmf_max_per_second)
         try:
-            await session.bind(self.settings.advertised_host, self._pool)
+            await session.bind(self.settings.bind_host, self._pool)
         finally:
             metrics.rtp_port_pairs_free.set(self._pool.free)
         try:

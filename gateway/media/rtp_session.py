@@ -1,6 +1,6 @@
 """One call's RTP/RTCP endpoint: the sockets, the source check, packet numbering, RTCP reports.
 
-- Binds RTP on an even port of the configured range on the advertised host, RTCP on port + 1
+- Binds RTP on an even port of the configured range on the media bind address, RTCP on port + 1
   (RFC 3550 §11), and sends from those same ports (symmetric RTP, RFC 4961).
 - Source check: `RtpPeer` says where media goes and whose packets count (the SDP address, or with
   latching enabled the first valid sender from an allowed host). RTP, RFC 4733 and RTCP from any
@@ -120,6 +120,7 @@ class RtpSession:
         self._rtcp_timer: asyncio.TimerHandle | None = None
         self._cname = f"{os.getpid()}-{self.ssrc:08x}@cosyvoice-gateway"
         self._log = log.bind(call_id=call_id)
+        self._bye_logged = False  # the caller's RTCP BYE: one log line per call
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def bind(self, host: str, pool: RtpPortPool) -> int:
@@ -289,7 +290,8 @@ class RtpSession:
             return
         self.last_received_at = time.monotonic()
         for packet in packets:
-            if isinstance(packet, rtcp.Bye):
+            if isinstance(packet, rtcp.Bye) and not self._bye_logged:  # phones repeat it (pjsua: twice)
+                self._bye_logged = True
                 self._log.info("rtcp_bye", reason=packet.reason)
 
     # -- RTCP reports ------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ import structlog
 
 from gateway import metrics
 from gateway.sip.edge_replies import cheap_reply
+from gateway.sip.log_budget import OncePerSource
 from gateway.sip.rate_limit import (
     ALL_SOURCES,
     FloodGuard,
@@ -36,6 +37,7 @@ log = structlog.get_logger(__name__)
 _BRANCH = re.compile(rb";\s*branch\s*=\s*(z9hG4bK[^;,\s]*)", re.IGNORECASE)  # the first is the top Via's
 _NEVER_ANSWERED = (b"SIP/", b"ACK ")  # responses and ACKs get no response (§17.1.1.3)
 _LOG_SOURCE_CHARS = 64
+REFUSAL_LOG_INTERVAL_S = 60.0  # a refused source is named in the log once per this
 
 
 class PreParseGate:
@@ -48,6 +50,7 @@ class PreParseGate:
         self._send = send
         self._flood = FloodGuard(limits)
         self._live_call_ids: dict[str, int] = {}  # Call-ID -> dialogs with it
+        self._refusals_logged = OncePerSource(REFUSAL_LOG_INTERVAL_S)
 
     def admit(self, data: bytes, peer: Peer) -> bool:
         """Whether `data` is parsed; if not, it has been answered cheaply or dropped, and counted."""
@@ -81,8 +84,11 @@ class PreParseGate:
 
     def sweep(self) -> None:
         """Once a second: report flood episodes that ended and forget quiet sources."""
-        for source, shed in self._flood.finished_episodes(time.monotonic()):
+        now = time.monotonic()
+        for source, shed in self._flood.finished_episodes(now):
             log.warning("sip_flood_ended", source=_short(source), requests_shed=shed)
+        if unnamed := self._refusals_logged.sweep(now):
+            log.warning("sip_source_refused_unnamed", sources=unnamed, why="too many sources to name each")
 
     def _of_live_call(self, data: bytes, now: float) -> bool:
         """A request of a call in progress (by its raw Call-ID, within that call's own budget). Its tags
@@ -92,10 +98,22 @@ class PreParseGate:
 
     def _refuse_stranger(self, data: bytes, peer: Peer, now: float) -> None:
         """Outside the allow-list: a few cheap 403s a second in total (so a misconfigured PBX learns why);
-        the rest dropped (no amplifier, no help to a scanner)."""
+        the rest dropped (no amplifier, no help to a scanner). The operator is told once a minute per source:
+        a PBX missing from the trunks is the first thing a new install meets."""
         metrics.sip_dropped_total.labels(reason="not_allowed").inc()
+        self._log_refused(peer.address[0], _first_word(data), now)
         if looks_like_sip(data) and not data.startswith(_NEVER_ANSWERED) and self._flood.take_stranger_reply(now):
             self._cheap_reply(data, peer, 403, "Forbidden")
+
+    def connection_refused(self, source: str) -> None:
+        """A TCP connection from outside the allow-list, closed at accept (transport.py): named like a request."""
+        self._log_refused(source, "TCP connection", time.monotonic())
+
+    def _log_refused(self, source: str, what: str, now: float) -> None:
+        if self._refusals_logged.due(source, now):
+            log.warning("sip_source_refused", source=_short(source), reason="not_in_trunks", what=what,
+                        fix="add the address to trunks[].allow (sip_config/gateway.yaml)",
+                        next_in_s=REFUSAL_LOG_INTERVAL_S)
 
     def _shed(self, data: bytes, peer: Peer, verdict: Verdict, junk: bool) -> None:
         budget = ("junk" if junk else "requests") + ("_total" if verdict.source == ALL_SOURCES else "")
@@ -123,6 +141,12 @@ class PreParseGate:
         if response is not None:
             metrics.sip_responses_total.labels(code=str(status)).inc()
             self._send(response, peer)
+
+
+def _first_word(data: bytes) -> str:
+    """The method (or "SIP/2.0" for a response), printable and short: what the refused source sent."""
+    word = data[:16].split(b" ", 1)[0]
+    return word.decode("ascii", "replace") if word.isalnum() or word == b"SIP/2.0" else "junk"
 
 
 def _short(source: str) -> str:

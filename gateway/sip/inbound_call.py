@@ -97,6 +97,7 @@ class InboundCall:
         self._transaction = transaction
         self._peer = peer
         self._state = "offered"  # offered -> early -> accepted -> confirmed -> ending -> ended
+        self.end_reason: str | None = None  # why the dialog ended (remote_bye, local_bye, rejected, ...), once it has
         self._hangup_pending = False
         self._local_sdp: str | None = None
         self._answer: AnswerRetransmission | None = None
@@ -136,7 +137,6 @@ class InboundCall:
             return
         self._stop_provisionals()
         self._transaction.respond(self._response(self.invite, status, reason, tuple((headers or {}).items())))
-        self._log.info("sip_call_rejected", status=status, reason=reason)
         self._end(end_reason)
 
     def ring(self) -> None:
@@ -166,7 +166,6 @@ class InboundCall:
         self._transaction.respond(ok)
         self._state = "accepted"
         self._expect_ack(self.invite.cseq[0], self._transaction)
-        self._log.info("sip_call_answered")
         if self._timer_agreement is not None:
             self._session_refresh = SessionRefresh(self._timer_agreement, self._send_refresh, self._expire,
                                                    self._services.spawn, self.call_id[:64])
@@ -420,9 +419,9 @@ class InboundCall:
         self._stop_provisionals()
         if self._session_refresh is not None:
             self._session_refresh.stop()
+        self.end_reason = reason  # logged by the call layer's call_ended, with the session's outcome
         self.events.put_nowait(Ended(reason))
         self._services.forget(self)
-        self._log.info("sip_call_ended", reason=reason)
 
     # --- responses ------------------------------------------------------------------------------
 

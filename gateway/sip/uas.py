@@ -119,7 +119,7 @@ class SipServer:
         self._timers = Timers(settings.t1, settings.t2, settings.t4)
         self._transport = SipTransport(settings.listen_host, settings.listen_port, settings.transports,
                                        self._on_message, self._on_stream_error, settings.stream_limits,
-                                       self._address_allowed, self._within_budget)
+                                       self._connection_allowed, self._within_budget)
         self._transactions = TransactionTable()
         self._gate = PreParseGate(settings.flood, settings.retry_after_s, self._address_allowed,
                                   self._transactions.has_branch, self._send_cheap)
@@ -376,6 +376,13 @@ class SipServer:
 
     def _send_cheap(self, response: bytes, peer: Peer) -> None:
         self._transport.send(response, peer.transport, peer.address, peer.connection)
+
+    def _connection_allowed(self, host: str) -> bool:
+        """A TCP connection at accept; one from outside the trunks is closed and its source logged (gate.py)."""
+        allowed = self._address_allowed(host)
+        if not allowed:
+            self._gate.connection_refused(host)
+        return allowed
 
     def _address_allowed(self, host: str) -> bool:
         if not self.settings.allowed_sources:

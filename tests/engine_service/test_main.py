@@ -53,3 +53,45 @@ def test_bad_http_limits_name_the_key():
     done = _worker_refusing("--http-limits", '{"max_connections": 5, "max_connections_per_source": 9}')
     assert done.returncode == 2
     assert "--http-limits: engine.worker.max_connections_per_source: must not exceed max_connections" in done.stderr
+
+
+def test_a_worker_listening_beyond_loopback_without_a_token_refuses_in_one_line():
+    """Anything that reaches such a port could synthesise without an API key (issue #33 item 5)."""
+    done = _worker_refusing("--listen", "0.0.0.0:0")
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "engine_service: --listen 0.0.0.0:0: beyond loopback the engine link needs a token, or anyone who reaches "
+        "the port can synthesise: start with --token-file PATH (gateways send it as engine.remote.token)"]
+    assert json.loads(done.stdout)["event"] == "engine_worker_refused"
+
+
+def test_an_empty_token_file_is_no_token(tmp_path):
+    token_file = tmp_path / "engine.token"
+    token_file.write_text("\n")
+    done = _worker_refusing("--listen", "0.0.0.0:0", "--token-file", str(token_file))
+    assert done.returncode == 2 and "needs a token" in done.stderr
+
+
+def _started(*arguments: str, stdin: str = "") -> tuple[dict, list[dict]]:
+    """A worker's listening line and its stderr events up to it, then SIGTERM."""
+    process = subprocess.Popen([sys.executable, "-m", "engine_service", "--engine", "instant", *arguments],
+                               cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        process.stdin.write(stdin)
+        process.stdin.flush()
+        listening = json.loads(process.stdout.readline())
+    finally:
+        process.terminate()
+        _, err = process.communicate(timeout=30)
+    return listening, [json.loads(line) for line in err.splitlines()]
+
+
+def test_a_loopback_worker_without_a_token_starts_and_warns_and_one_with_a_token_does_not():
+    listening, events = _started("--listen", "127.0.0.1:0")
+    assert listening["event"] == "engine_worker_listening"
+    warned = [e for e in events if e["event"] == "engine_worker_link_without_token"]
+    assert len(warned) == 1 and warned[0]["level"] == "warning" and warned[0]["url"] == listening["url"]
+    _, events = _started("--listen", "0.0.0.0:0", "--token-file", "-", stdin="a-long-random-secret\n")
+    assert [e["event"] for e in events if e["level"] == "warning"] == []

@@ -7,16 +7,18 @@ from __future__ import annotations
 
 import aiohttp
 import pytest
+from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine_service import protocol
 from engine_service.api.settings import TtsApiSettings
-from engine_service.server import WorkerSettings
+from engine_service.server import WorkerSettings, make_app
 from engines.instant import InstantEngine
-from tests.engine_service.api.api_server import GatedEngine
+from tests.engine_service.api.api_server import GatedEngine, until
 from tests.engine_service.worker_link import TOKEN, connect, frame_is, serving
 
 FIRST_CHUNK_DELAY_S = 0.3
+LINK = protocol.STREAM_PATH  # the route label of a gateway link's streams
 API_KEY = "k" * 24
 
 
@@ -66,10 +68,11 @@ async def test_a_finished_stream_moves_opened_ended_and_the_first_chunk_histogra
         await link.send(protocol.Open(stream=1, text="a short prompt", voice="en"))
         await link.until(frame_is(protocol.End, 1))
         after = await scrape(session, worker)
-    assert after("tts_worker_streams_opened_total") - before("tts_worker_streams_opened_total") == 1
+    assert (after("tts_worker_streams_opened_total", route=LINK)
+            - before("tts_worker_streams_opened_total", route=LINK)) == 1
     for outcome, moved in (("completed", 1), ("failed", 0), ("cancelled", 0)):
-        assert (after("tts_worker_streams_ended_total", outcome=outcome)
-                - before("tts_worker_streams_ended_total", outcome=outcome)) == moved
+        assert (after("tts_worker_streams_ended_total", route=LINK, outcome=outcome)
+                - before("tts_worker_streams_ended_total", route=LINK, outcome=outcome)) == moved
     assert (after("tts_worker_first_chunk_latency_seconds_count")
             - before("tts_worker_first_chunk_latency_seconds_count")) == 1
     # measured from the open frame: at least the engine's own first-chunk delay
@@ -110,8 +113,8 @@ async def test_slots_free_and_links_follow_an_open_stream_and_a_dropped_link(wor
         after = await scrape(session, worker)
     assert after("tts_worker_slots_free") == 2 and after("tts_worker_streams_active") == 0
     assert after("tts_worker_links_open") == 1  # the other link
-    assert (after("tts_worker_streams_ended_total", outcome="cancelled")
-            - during("tts_worker_streams_ended_total", outcome="cancelled")) == 1
+    assert (after("tts_worker_streams_ended_total", route=LINK, outcome="cancelled")
+            - during("tts_worker_streams_ended_total", route=LINK, outcome="cancelled")) == 1
 
 
 async def test_a_stream_that_breaks_mid_stream_counts_as_failed():
@@ -124,9 +127,9 @@ async def test_a_stream_that_breaks_mid_stream_counts_as_failed():
         engine.gate.set()
         await link.until(frame_is(protocol.Failed, 1))
         after = await scrape(session, base)
-    assert (after("tts_worker_streams_ended_total", outcome="failed")
-            - before("tts_worker_streams_ended_total", outcome="failed")) == 1
-    assert after("tts_worker_streams_ended_total", outcome="completed") == 0
+    assert (after("tts_worker_streams_ended_total", route=LINK, outcome="failed")
+            - before("tts_worker_streams_ended_total", route=LINK, outcome="failed")) == 1
+    assert after("tts_worker_streams_ended_total", route=LINK, outcome="completed") == 0
 
 
 async def test_the_speech_api_counts_requests_by_route_and_code_and_its_first_byte(worker):
@@ -151,3 +154,37 @@ async def test_the_speech_api_counts_requests_by_route_and_code_and_its_first_by
     first_byte_s = (after("tts_api_first_byte_latency_seconds_sum", endpoint="/v1/tts")
                     - before("tts_api_first_byte_latency_seconds_sum", endpoint="/v1/tts"))
     assert FIRST_CHUNK_DELAY_S <= first_byte_s < 5
+
+
+async def test_the_speech_apis_streams_are_counted_with_the_links_labelled_by_route():
+    """An API stream takes a worker slot like a call's: it counts in opened and ended too (issue #33)."""
+    engine = GatedEngine(chunks=3)  # the first chunk at once, the rest only once the gate opens
+    api = TtsApiSettings.from_mapping({"api_keys": [{"name": "bot", "key": API_KEY, "max_streams": 4}]})
+    runner = web.AppRunner(make_app(engine, WorkerSettings(token=TOKEN, slots=2), api),
+                           handler_cancellation=True)  # as engine_service/__main__.py runs it: a client gone ends it
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    base = "http://{}:{}".format(*runner.addresses[0][:2])
+    try:
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {API_KEY}"}) as session:
+            before = await scrape(session, base)
+            async with session.post(f"{base}/v1/jambonz/tts", json={"text": "left early"}) as response:
+                assert response.status == 200
+                await response.content.readany()  # the first audio, then the client goes away mid-stream
+            await until(lambda: engine.channels[0].cancelled)
+            engine.gate.set()
+            async with session.post(f"{base}/v1/tts", json={"text": "all of it", "format": "pcm_s16le"}) as response:
+                assert response.status == 200
+                assert len(await response.read()) == 3 * 2400 * 2  # three 100 ms chunks at 24 kHz
+            after = await scrape(session, base)
+    finally:
+        await runner.cleanup()
+
+    def moved(name: str, **labels: str) -> float:
+        return after(name, **labels) - before(name, **labels)
+
+    assert moved("tts_worker_streams_opened_total", route="/v1/jambonz/tts") == 1
+    assert moved("tts_worker_streams_ended_total", route="/v1/jambonz/tts", outcome="cancelled") == 1
+    assert moved("tts_worker_streams_opened_total", route="/v1/tts") == 1
+    assert moved("tts_worker_streams_ended_total", route="/v1/tts", outcome="completed") == 1
+    assert moved("tts_worker_streams_opened_total", route=LINK) == 0

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import engines.espeak as espeak_module
-from engines.base import EmptyText, SynthesisRequest, UnknownVoice
+from engines.base import EmptyText, EngineSettingsError, SynthesisRequest, UnknownVoice
 from engines.channel import ChunkChannel
 from engines.espeak import EspeakEngine
 
@@ -66,7 +66,7 @@ async def test_refuses_unknown_voice_and_empty_text(engine):
 
 async def test_start_fails_clearly_for_a_voice_espeak_lacks():
     engine = EspeakEngine(voices={"en": "no-such-voice"})
-    with pytest.raises(RuntimeError, match="no-such-voice"):
+    with pytest.raises(EngineSettingsError, match=r"engine.espeak.voices.en: 'no-such-voice'"):
         await engine.start()
 
 

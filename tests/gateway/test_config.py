@@ -59,6 +59,12 @@ def test_cosyvoice2_example_passes_engine_settings_through():
     ({"media.initial_playout_delay_ms": 1000}, "media.initial_playout_delay_ms: must not exceed"),
     ({"media.rtp_latching": "anyone"}, "media.rtp_latching: Input should be 'off', 'sdp_host' or 'signalling_source'"),
     ({"media.dtmf_max_per_second": 0}, "media.dtmf_max_per_second:"),
+    ({"media.bind_address": "rtp.example.net"}, "media.bind_address: expected an IP address of this host"),
+    ({"media.advertised_address": "0.0.0.0"}, "media.advertised_address: 0.0.0.0 is a wildcard, which peers "
+                                              "cannot send to"),
+    ({"sip.advertised_host": "::"}, "sip.advertised_host: :: is a wildcard"),
+    ({"media.bind_address": "127.0.0.1", "media.advertised_address": "2001:db8::5"},
+     "media.advertised_address: 2001:db8::5 is IPv6 but RTP binds IPv4 127.0.0.1 (media.bind_address)"),
     ({"engine.name": "festival"}, "engine.name: unknown engine 'festival'"),
     ({"engine.espeak.default_voice": "fr"}, "engine.espeak.default_voice:"),
     ({"engine.espeak.speed": 2}, "engine.espeak.speed: unknown field"),
@@ -224,8 +230,16 @@ def test_supervised_workers_listen_on_consecutive_fixed_ports_and_serve_the_spee
     assert [(plan.listen_port, plan.tts_api) for plan in fixed.worker_plans()] == [(7100, None), (7101, None)]
     asked = load_config(None, {"engine.workers": 2, "engine.worker.port": 8090, "tts_api": block})
     assert [(plan.listen_port, plan.tts_api) for plan in asked.worker_plans()] == [(8090, block), (8091, block)]
-    unasked = load_config(None, {"engine.workers": 2, "tts_api": block})  # no port: no public API
-    assert [(plan.listen_port, plan.tts_api) for plan in unasked.worker_plans()] == [(0, None), (0, None)]
+    assert load_config(None, {"engine.workers": 0, "tts_api": block}).tts_api == block  # a standalone worker's
+
+
+def test_a_speech_api_supervised_workers_cannot_serve_is_a_config_error_naming_both_keys():
+    """Without a fixed port the API's clients could not know where it is: an error, not silence (#33 item 6)."""
+    block = {"api_keys": [{"name": "jambonz", "key": "j" * 24, "max_streams": 10}]}
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, {"engine.workers": 2, "tts_api": block})
+    assert str(caught.value) == ("tts_api: supervised workers serve the speech API only on fixed ports: set "
+                                 "engine.worker.port (worker i listens on port + i), or remove tts_api")
 
 
 @pytest.mark.parametrize(("overrides", "expected"), [
@@ -253,3 +267,17 @@ def test_a_typo_in_the_cosyvoice2_block_is_a_one_line_error_at_load():
         with pytest.raises(ConfigError) as caught:
             load_config(None, {"engine.name": "cosyvoice2", "engine.cosyvoice2": block})
         assert str(caught.value).startswith(expected), str(caught.value)
+
+
+@pytest.mark.parametrize(("overrides", "bind", "advertised"), [
+    ({}, "127.0.0.1", "127.0.0.1"),
+    # a cloud host with a 1:1 NAT public address: SIP and RTP bind local addresses, callers are told the public one
+    ({"sip.listen": "0.0.0.0:5060", "sip.advertised_host": "203.0.113.5"}, "0.0.0.0", "203.0.113.5"),
+    ({"sip.listen": "[::]:5060", "sip.advertised_host": "203.0.113.5"}, "0.0.0.0", "203.0.113.5"),
+    ({"sip.listen": "10.0.0.5:5060", "sip.advertised_host": "203.0.113.5"}, "10.0.0.5", "203.0.113.5"),
+    ({"sip.listen": "10.0.0.5:5060", "media.advertised_address": "198.51.100.7"}, "10.0.0.5", "198.51.100.7"),
+    ({"media.bind_address": "0.0.0.0", "media.advertised_address": "198.51.100.7"}, "0.0.0.0", "198.51.100.7"),
+])
+def test_rtp_binds_a_local_address_and_the_sdp_advertises_another(overrides, bind, advertised):
+    media = load_config(None, overrides).media_settings()
+    assert (media.bind_host, media.advertised_host) == (bind, advertised)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import shutil
+import subprocess
 import wave
 
 import numpy as np
@@ -32,6 +34,22 @@ def test_wav_stream_starts_with_a_header_python_can_read():
     with wave.open(io.BytesIO(data)) as reader:
         assert (reader.getframerate(), reader.getnchannels(), reader.getsampwidth()) == (16000, 1, 2)
         assert len(reader.readframes(10**6)) == 1600 * 2
+
+
+@pytest.mark.parametrize("reader", ["sox", "ffmpeg"])
+def test_a_streamed_wav_read_from_a_pipe_by_sox_and_ffmpeg_is_all_the_audio(reader):
+    """The header's sizes are 0xFFFFFFFF, what ffmpeg itself writes to a pipe: readers go to the end of the
+    stream (a size of 0, the other convention, makes sox read nothing and Python's wave refuse the file)."""
+    if shutil.which(reader) is None:
+        pytest.skip(f"{reader} not installed")
+    tone = (0.5 * np.sin(2 * np.pi * 440 * np.arange(24000) / 24000)).astype(np.float32)
+    data = encode_all(AudioFormat("wav", 16000), np.array_split(tone, 5))
+    assert data[4:8] == data[40:44] == b"\xff\xff\xff\xff"
+    command = {"sox": ["sox", "-t", "wav", "-", "-t", "raw", "-"],
+               "ffmpeg": ["ffmpeg", "-v", "error", "-f", "wav", "-i", "pipe:0", "-f", "s16le", "pipe:1"]}[reader]
+    done = subprocess.run(command, input=data, capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == data[44:]
 
 
 def test_g711_is_one_byte_per_sample_at_8k():

@@ -225,3 +225,28 @@ async def test_a_body_over_aiohttp_s_limit_is_a_json_413():
         async with client.post(f"{server.url}/v1/tts", data=body) as response:
             assert response.status == 413
             assert (await response.json())["error"] == "body_too_large"
+
+
+async def test_a_wrong_path_or_method_is_the_documented_json_error_on_the_workers_server():
+    """404 and 405 come from aiohttp's router, before any handler: still {"error", "message"} (issue #33)."""
+    from engine_service.server import WorkerSettings, make_app
+    from engines.instant import InstantEngine
+
+    engine = InstantEngine()
+    await engine.start()
+    try:
+        async with serve_app(make_app(engine, WorkerSettings(token="t", slots=4), settings())) as url, \
+                aiohttp.ClientSession(headers=AUTH) as client:
+            async with client.get(f"{url}/v1/speech") as response:
+                assert response.status == 404 and response.content_type == "application/json"
+                assert await response.json() == {"error": "not_found",
+                                                 "message": "no route /v1/speech (docs/TTS_API.md lists them)"}
+            async with client.get(f"{url}/v1/tts") as response:
+                assert response.status == 405 and response.content_type == "application/json"
+                assert response.headers["Allow"] == "POST"
+                assert await response.json() == {"error": "method_not_allowed",
+                                                 "message": "GET is not allowed on /v1/tts; use POST"}
+            async with client.post(f"{url}/v1/tts", json={"text": "still served"}) as response:
+                assert response.status == 200 and len(await response.read()) > 44
+    finally:
+        await engine.close()

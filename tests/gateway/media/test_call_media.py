@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 import pytest
+from structlog.testing import capture_logs
 
 from gateway import metrics
 from gateway.media import g711, rtcp
@@ -369,3 +370,16 @@ async def test_an_rtcp_send_that_fails_is_counted_and_the_call_still_frees_its_s
         transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(
             asyncio.DatagramProtocol, local_addr=("127.0.0.1", reuse))
         transport.close()
+
+
+async def test_the_callers_rtcp_bye_is_logged_once_however_often_it_comes(engine: MediaEngine) -> None:
+    """pjsua sends its RTCP BYE twice, and a peer may send it at will: one log line per call."""
+    phone, phone_rtcp = await open_phone(), await open_phone()
+    media = await engine.open_call("c-bye", offer(phone.port, f"a=rtcp:{phone_rtcp.port}"))
+    bye = bytes.fromhex("80 c9 0001 aabbccdd") + rtcp.serialize_bye(rtcp.Bye((0xAABBCCDD,), "hangup"))  # RR + BYE
+    with capture_logs() as logs:
+        for _ in range(20):
+            phone_rtcp.transport.sendto(bye, ("127.0.0.1", media.local_port + 1))
+        await asyncio.sleep(0.3)
+    assert [(e["event"], e["reason"]) for e in logs if e["event"] == "rtcp_bye"] == [("rtcp_bye", "hangup")]
+    await media.close()
