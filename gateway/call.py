@@ -211,17 +211,19 @@ class CallSession:
                 return "failed"
             self._log.info("prompt_played", early_media=True, underruns=media.underruns, packets=media.packets_sent)
             if prompt.early_media == "reject":
-                call.reject(prompt.reject_code, _REJECT_REASONS.get(prompt.reject_code, "Call Rejected"))
+                reason = _REJECT_REASONS.get(prompt.reject_code, "Call Rejected")
+                call.reject(prompt.reject_code, reason)
+                self._log.info("rejected", status=prompt.reject_code, reason=reason, after_early_media=True)
                 return "announced_reject"
             if prompt.early_media == "ring":
                 return await ended
             call.accept(media.answer_sdp)  # held back by the call until the 183's PRACK, if it was reliable
+            self._log.info("answered", codec=media.plan.codec, after_early_media=True)
             confirmed = asyncio.create_task(call.confirmed.wait())
             await asyncio.wait({confirmed, ended}, return_when=asyncio.FIRST_COMPLETED)
             confirmed.cancel()
             if ended.done():
                 return ended.result()
-            self._log.info("answered", codec=media.plan.codec, after_early_media=True)
             if prompt.hangup_after:
                 call.hangup()
                 return await ended

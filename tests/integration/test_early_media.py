@@ -4,7 +4,7 @@ PRACK for a reliable 183 (RFC 3262), CANCEL while ringing in early media (487). 
 after each to show the gateway carries on.
 
 When RTP arrived is compared with when the gateway answered through the gateway's own log (its
-`sip_call_answered` event's UTC timestamp) against the recorder's wall-clock arrival times.
+`answered` event's UTC timestamp) against the recorder's wall-clock arrival times.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ async def test_early_media_then_answer_speaks_before_the_200_on_one_stream(serve
     recorder.transport.close()
     assert rc == 0, errors
     early = await serve.wait_for_event("sip_early_media")
-    answered = await serve.wait_for_event("sip_call_answered")
+    answered = await serve.wait_for_event("answered")
     packets = recorder.packets
     arrived = _wall_clock(packets)
     before_200 = [p for p, at in zip(packets, arrived) if at < _logged_at(answered)]
@@ -112,7 +112,7 @@ async def test_early_media_then_reject_with_the_configured_code(serve, tmp_path)
     recorder.transport.close()
     assert rc == 0, errors
     assert len(recorder.packets) > 50 and _rms(recorder, recorder.packets) > 500
-    rejected = await serve.wait_for_event("sip_call_rejected")
+    rejected = await serve.wait_for_event("rejected")
     assert rejected["status"] == 486
     assert (await serve.wait_for_event("call_ended"))["outcome"] == "announced_reject"
     assert _wall_clock(recorder.packets)[-1] <= _logged_at(rejected) + 0.05  # the announcement, then the 486

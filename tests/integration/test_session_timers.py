@@ -72,7 +72,7 @@ async def test_caller_refreshes_and_the_call_stays_up_with_rtp_undisturbed(serve
 
 async def test_a_session_nobody_refreshes_ends_with_our_bye_before_expiry(serve, tmp_path):
     await _call(serve, "gw_timer_expiry.xml", tmp_path / "call")
-    answered = await serve.wait_for_event("sip_call_answered")
+    answered = await serve.wait_for_event("answered")
     expired = await serve.wait_for_event("session_timer_expired")
     bye = await serve.wait_for_event("sip_bye_sent")
     ended = await serve.wait_for_event("call_ended")
