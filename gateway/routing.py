@@ -6,7 +6,10 @@ with neither header nor route raises `NoPrompt` (the call session answers 404). 
 values the config has already validated; it never parses YAML and never refuses a config.
 
 X-TTS headers (set by a PBX dialplan or the operator's test phone): X-TTS-Text (UTF-8, percent-encoding
-allowed), optional X-TTS-Voice (a voice or alias) and X-TTS-After (`stay` keeps the call up).
+allowed), optional X-TTS-Voice (a voice or alias), X-TTS-After (`stay` keeps the call up) and X-TTS-Type
+(`ssml` or `text`; without it a text starting with `<speak` is SSML, for headers, routes and prompts alike).
+SSML is parsed here, once, by engines.ssml (`<audio src=>` names a configured prompt); a document that cannot
+be spoken raises SsmlError (the call session answers 400).
 """
 
 from __future__ import annotations
@@ -15,6 +18,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 from urllib.parse import unquote
+
+from engines.segmented import speech_request
+from engines.ssml import Segment, Speech, SsmlError
 
 if TYPE_CHECKING:
     from gateway.config import PromptSection, Route
@@ -29,6 +35,8 @@ class Prompt:
     voice: str
     hangup_after: bool = True
     barge_in: bool = False
+    ssml: bool | None = None  # X-TTS-Type; None: SSML when the text starts with <speak
+    segments: tuple[Segment, ...] = ()  # parsed SSML (and then `text` is its words)
 
 
 class NoPrompt(Exception):
@@ -46,8 +54,12 @@ def prompt_from_headers(call: InboundCall, default_voice: str) -> Prompt | None:
         return None
     voice = call.invite.header("X-TTS-Voice")
     hangup = (call.invite.header("X-TTS-After") or "hangup").strip().lower() != "stay"
+    kind = (call.invite.header("X-TTS-Type") or "").strip().lower()
+    if kind not in ("", "text", "ssml"):
+        raise SsmlError(f"X-TTS-Type {kind[:20]!r}: expected text or ssml")
     return Prompt(text=unquote(text, encoding="utf-8", errors="strict").strip(),
-                  voice=unquote(voice).strip() if voice else default_voice, hangup_after=hangup)
+                  voice=unquote(voice).strip() if voice else default_voice, hangup_after=hangup,
+                  ssml={"": None, "text": False, "ssml": True}[kind])
 
 
 class PromptRouter:
@@ -63,11 +75,24 @@ class PromptRouter:
     def __call__(self, call: InboundCall) -> Prompt:
         prompt = prompt_from_headers(call, self._default_voice)
         if prompt is not None:
-            return replace(prompt, voice=self._aliases.get(prompt.voice, prompt.voice))
+            return self._parsed(replace(prompt, voice=self._aliases.get(prompt.voice, prompt.voice)))
         route = self.route_for(call.request_user)
         if route is None:
             raise NoPrompt(f"no X-TTS-Text header and no route for {call.request_user!r}")
-        return self.prompt_for_route(route)
+        return self._parsed(self.prompt_for_route(route))
+
+    def _parsed(self, prompt: Prompt) -> Prompt:
+        """The prompt with its SSML segments, if it is SSML; raises SsmlError."""
+        request = speech_request(prompt.text, prompt.voice, ssml=prompt.ssml, audio=self.prompt_segments)
+        return replace(prompt, text=request.text, segments=request.segments)
+
+    def prompt_segments(self, name: str) -> tuple[Segment, ...] | None:
+        """`<audio src=NAME>`: the configured prompt NAME as segments (its own `<audio>` is not followed), or
+        None when there is no such prompt. The prompt cache plugs in behind `Speech.prompt`, which names it."""
+        named = self._prompts.get(name)
+        if named is None:
+            return None
+        return speech_request(named.text, named.voice or self._default_voice).segments or (Speech(named.text),)
 
     def route_for(self, dialed_user: str) -> Route | None:
         best: Route | None = None
