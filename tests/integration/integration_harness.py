@@ -121,6 +121,12 @@ async def invite_final_response(sip_address: tuple[str, int], headers: dict[str,
                                 timeout: float = 10.0) -> str:
     """Send one INVITE (PCMU offer) from a plain UDP socket and return the first final response's status line.
     A header value given as bytes is sent as it is (to send bytes that are not UTF-8)."""
+    return (await invite_final_reply(sip_address, headers, user, timeout)).split("\r\n", 1)[0]
+
+
+async def invite_final_reply(sip_address: tuple[str, int], headers: dict[str, str | bytes], user: str = "1000",
+                             timeout: float = 10.0) -> str:
+    """As invite_final_response, but the whole final response (status line, headers, body)."""
     loop = asyncio.get_running_loop()
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.bind(("127.0.0.1", 0))
@@ -140,9 +146,8 @@ async def invite_final_response(sip_address: tuple[str, int], headers: dict[str,
         await loop.sock_sendto(sock, request, sip_address)
         while True:
             data = await asyncio.wait_for(loop.sock_recv(sock, 65535), timeout)
-            status_line = data.split(b"\r\n", 1)[0].decode()
-            if not status_line.startswith("SIP/2.0 1"):
-                return status_line
+            if not data.startswith(b"SIP/2.0 1"):
+                return data.decode(errors="replace")
     finally:
         sock.close()
 
