@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 
 LOOPBACK_SOURCES: tuple[IPNetwork, ...] = (ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1/128"))
 # What gateway.media answers with (G.711 only; telephone-event is added whenever offered).
-SUPPORTED_CODECS = ("PCMU", "PCMA")
+SUPPORTED_CODECS = ("PCMU", "PCMA", "G722")  # gateway/media/codecs.py
 _WILDCARD_HOSTS = ("0.0.0.0", "::")
 
 EMBEDDED_DEFAULT: dict[str, Any] = {
@@ -140,7 +140,10 @@ class Trunk(Section):
 
 class MediaSection(Section):
     rtp_port_range: PortRange = (20000, 30000)
-    codecs: tuple[str, ...] = SUPPORTED_CODECS  # in order of preference
+    codecs: tuple[str, ...] = SUPPORTED_CODECS  # those we answer with, in our order of preference
+    # Whose order picks the codec: "offer" (the caller's, RFC 3264 §6.1: G.722 when the offer lists it first) or
+    # "config" (the first of media.codecs the offer has: G.722 whenever offered, if listed first).
+    codec_order: Literal["offer", "config"] = "offer"
     initial_playout_delay_ms: int = Field(60, ge=0, le=2000)
     max_playout_delay_ms: int = Field(400, ge=20, le=10000)
     rtcp_interval_s: float = Field(5.0, gt=0)
@@ -338,6 +341,7 @@ class GatewayConfig(Section):
         media = self.media
         return MediaSettings(advertised_host=self.sip.public_host, rtp_port_min=media.rtp_port_range[0],
                              rtp_port_max=media.rtp_port_range[1], codecs=media.codecs,
+                             codec_order=media.codec_order,
                              initial_playout_delay_ms=media.initial_playout_delay_ms,
                              max_playout_delay_ms=media.max_playout_delay_ms, rtcp_interval_s=media.rtcp_interval_s,
                              rtp_latching=media.rtp_latching, dtmf_max_per_second=media.dtmf_max_per_second,

@@ -17,6 +17,7 @@ from gateway.app import Gateway
 from gateway.config import load_config
 from gateway.engine_watchdog import WatchdogSettings
 from gateway.media import g711
+from gateway.media.g722 import G722Decoder
 from tests.gateway.sip.peers import free_media_port
 
 SCENARIOS = Path(__file__).parent / "sipp"
@@ -89,6 +90,10 @@ class RtpRecorder(asyncio.DatagramProtocol):
         return self.transport.get_extra_info("sockname")[1]
 
     def audio(self, codec: str) -> np.ndarray:
+        """What was heard, int16: at 8 kHz for G.711, 16 kHz for G.722 (decoded packet by packet, as a phone does)."""
+        if codec == "G722":
+            decoder = G722Decoder()
+            return np.concatenate([decoder.decode(p.payload) for p in self.packets])
         payload = b"".join(p.payload for p in self.packets)
         return g711.decode(payload, codec)
 
