@@ -126,4 +126,4 @@ def test_at_16khz_frames_are_320_samples_and_delays_count_in_time() -> None:
     assert frame is not None and np.array_equal(frame, ramp(320))
     buffer.end_of_stream()
     frames = drain(buffer)
-    assert [f.size for f in frames] == [320, 320] and buffer.finished  # the last partial frame padded
+    assert [f.size for f in frames] == [320, 320, 320] and buffer.finished  # 680 left: the last 40 padded
