@@ -45,3 +45,36 @@ async def test_g722_offer_is_answered_with_g722_and_heard_wideband(tmp_path):
     assert audio.size == 320 * len(packets)
     assert np.sqrt(np.mean(audio.astype(np.float64) ** 2)) > 500  # speech
     assert band_share(audio, 16000, 4000, 7500) > 0.005  # the fricatives' band: absent from 8 kHz audio
+
+
+def wav_samples(path) -> tuple[int, np.ndarray]:
+    import wave
+
+    with wave.open(str(path)) as recording:
+        return recording.getframerate(), np.frombuffer(recording.readframes(recording.getnframes()), dtype=np.int16)
+
+
+async def test_pjsua2_test_phone_records_a_g722_call_at_16khz_with_the_wideband_band(tmp_path):
+    """The test phone (`cosyvoice-gateway call --codec g722 --record heard.wav`): its WAV is 16 kHz and, unlike
+    the same prompt over G.711, holds the 4-7.5 kHz band."""
+    pytest.importorskip("pjsua2")
+    from gateway.pjsua_phone import place_call_async
+
+    gateway = await start_gateway("espeak")
+    text = "Six sixty six, sister Susan sells sea shells, said the speech gateway."
+    try:
+        host, port = gateway.sip.udp_address
+        heard = {}
+        for codecs in (("G722",), ("PCMU",)):
+            wav = tmp_path / f"{codecs[0]}.wav"
+            result = await place_call_async(f"sip:1000@{host}:{port}", text, wav, 20.0, codecs=codecs)
+            assert result.answered and result.ended_by == "remote" and result.codec == codecs[0], result
+            heard[codecs[0]] = wav_samples(wav)
+    finally:
+        await gateway.stop()
+    rate, wide = heard["G722"]
+    assert rate == 16000
+    assert np.sqrt(np.mean(wide.astype(np.float64) ** 2)) > 300
+    _, narrow = heard["PCMU"]
+    assert band_share(wide, 16000, 4000, 7500) > 0.005
+    assert band_share(narrow, 16000, 4000, 7500) < band_share(wide, 16000, 4000, 7500) / 10
