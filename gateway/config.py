@@ -34,6 +34,7 @@ from pydantic import (
     model_validator,
 )
 
+from engines.ssml import Segment, Speech, SsmlError, is_ssml, parse_ssml
 from gateway.config_errors import ConfigError, FieldProblem, describe
 from gateway.config_types import (
     HostPort,
@@ -259,9 +260,17 @@ class GatewayConfig(Section):
                 for plan in self.engine.worker_plans()]
 
     def prompt_texts(self) -> tuple[str, ...]:
-        """Every text the config speaks (prompts, then routes' inline texts), once each, for `engine.prepare`."""
+        """Every text the config speaks (prompts, then routes' inline texts), once each, for `engine.prepare`; an
+        SSML text as the texts of its speech segments, which are what the engine is asked to say."""
         texts = [prompt.text for prompt in self.prompts.values()] + [route.text for route in self.routes if route.text]
-        return tuple(dict.fromkeys(texts))
+        spoken = [segment.text for text in texts for segment in self._segments(text) if isinstance(segment, Speech)]
+        return tuple(dict.fromkeys(spoken))
+
+    def _segments(self, text: str) -> tuple[Segment, ...]:
+        """A configured text as the engine gets it (plain text: one segment); raises SsmlError."""
+        if not is_ssml(text):
+            return (Speech(text),)
+        return parse_ssml(text, lambda src: (Speech(self.prompts[src].text),) if src in self.prompts else None)
 
     @model_validator(mode="after")
     def _references(self) -> GatewayConfig:
@@ -275,6 +284,13 @@ class GatewayConfig(Section):
         known = self.engine.configured_voices()
         if known is not None:
             problems += self.unknown_voices(known)
+        texts = [(f"prompts.{name}.text", prompt.text) for name, prompt in self.prompts.items()]
+        texts += [(f"routes[{i}].text", route.text) for i, route in enumerate(self.routes) if route.text]
+        for where, text in texts:
+            try:
+                self._segments(text)
+            except SsmlError as exc:
+                problems.append(f"{where}: {exc}")
         if problems:
             raise ValueError("@@" + "\n".join(problems))
         return self
