@@ -169,7 +169,10 @@ _SCHEMA: dict[str, tuple[type, dict[str, tuple[type, ...]], tuple[str, ...]]] = 
 
 def serialize(frame: Frame) -> str:
     """One control frame as compact JSON (keys in field order, non-ASCII kept as UTF-8)."""
-    return json.dumps(asdict(frame), ensure_ascii=False, separators=(",", ":"))
+    data = asdict(frame)
+    if isinstance(frame, Open) and not frame.segments:  # plain text: the open reads as it always did
+        del data["segments"]
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
 
 
 def parse(text: str | bytes) -> Frame:
