@@ -1,10 +1,10 @@
-"""The engine streaming protocol, version 2: frames between a gateway and an engine worker, parsed and built.
+"""The engine streaming protocol, version 3: frames between a gateway and an engine worker, parsed and built.
 
 Pure code: no sockets, no clocks. One WebSocket per gateway<->worker link carries many streams, each named
 by an integer id the gateway picks (unique on that link while the stream lives). docs/ENGINE_PROTOCOL.md is
 the same description for readers outside Python.
 
-Connect: `GET /v1/engine/stream?version=2` with `Authorization: Bearer <token>`. A missing or wrong token
+Connect: `GET /v1/engine/stream?version=3` with `Authorization: Bearer <token>`. A missing or wrong token
 is answered 401, a version the worker does not speak 400 naming both versions, before any upgrade.
 The worker's first frame is `hello`.
 
@@ -39,9 +39,9 @@ import numpy as np
 from engines.base import (BadText, EmptyText, EngineUnavailable, NoCapacity, SynthesisRefused, TextTooLong,
                           UnknownVoice)
 
-# 2: status gained opens_seen. Unknown fields are errors here, so a version 1 gateway could not read a version 2
-# status: the version says so at connect (400 naming both) instead of every status breaking the link.
-VERSION = 2
+# 2: status gained opens_seen; 3: open gained segments (SSML). Unknown fields are errors here, so an older peer
+# could not read the newer frames: the version says so at connect (400 naming both) instead of frames breaking.
+VERSION = 3
 STREAM_PATH = "/v1/engine/stream"
 FORMATS = ("f32le", "s16le")
 # Why an open was refused -> the engine interface's refusal, so a worker's refusal gets the SIP answer an
