@@ -121,15 +121,20 @@ def _walk(element: Element, prosody: _Prosody, out: list[Segment], audio: AudioR
         if tag == "prosody":
             prosody = replace(prosody, rate=_rate(element.get("rate"), prosody.rate),
                               volume_db=_volume(element.get("volume"), prosody.volume_db))
-        if (speech := _text(element.text, prosody)) is not None:
-            out.append(speech)
-        for child in element:
-            _walk(child, prosody, out, audio)
-            if (speech := _text(child.tail, prosody)) is not None:
-                out.append(speech)
+        _content(element, prosody, out, audio)
         if tag in ("p", "s"):
             out.append(Pause(PARAGRAPH_PAUSE_MS if tag == "p" else PARAGRAPH_PAUSE_MS // 3))
-    # break, say-as, sub and audio tails are read by the parent's loop above
+    # the tails of break, say-as, sub and audio are read by the parent's _content
+
+
+def _content(element: Element, prosody: _Prosody, out: list[Segment], audio: AudioResolver | None) -> None:
+    """An element's text and children, in document order (a child's tail is the text after it)."""
+    if (speech := _text(element.text, prosody)) is not None:
+        out.append(speech)
+    for child in element:
+        _walk(child, prosody, out, audio)
+        if (speech := _text(child.tail, prosody)) is not None:
+            out.append(speech)
 
 
 def _audio(element: Element, prosody: _Prosody, out: list[Segment], audio: AudioResolver | None) -> None:
@@ -141,12 +146,7 @@ def _audio(element: Element, prosody: _Prosody, out: list[Segment], audio: Audio
         out.extend(replace(s, prompt=src) if isinstance(s, Speech) else s for s in resolved)
         return
     fallback: list[Segment] = []
-    if (speech := _text(element.text, prosody)) is not None:
-        fallback.append(speech)
-    for child in element:
-        _walk(child, prosody, fallback, audio)
-        if (speech := _text(child.tail, prosody)) is not None:
-            fallback.append(speech)
+    _content(element, prosody, fallback, audio)
     if not any(isinstance(s, Speech) for s in fallback):
         raise SsmlError(f"<audio src={src[:60]!r}>: no configured prompt of that name, and no text inside to "
                         "speak instead")
