@@ -4,6 +4,7 @@ refused with 400 before any answer, its parse error in the Warning header."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import shutil
 from urllib.parse import quote
@@ -73,3 +74,21 @@ async def test_ssml_that_cannot_be_spoken_is_refused_400_with_the_reason(gateway
     assert reply.startswith("SIP/2.0 400 Bad SSML"), reply.split("\r\n", 1)[0]
     warning_line = next(line for line in reply.split("\r\n") if line.lower().startswith("warning:"))
     assert warning in warning_line
+
+
+async def test_through_an_engine_worker_the_break_is_heard_too(tmp_path):
+    """`serve` with a supervised eSpeak NG worker: the segments travel in the protocol's open frame."""
+    from supervised_serve import listening_call, start_serve, stop_serve
+
+    serve = await start_serve(tmp_path, {"name": "espeak", "workers": 1})
+    try:
+        await serve.until_healthy(timeout=120)
+        call, recorder = await listening_call(
+            serve, tmp_path, quote('<speak>Hello from a worker.<break time="1200ms"/>Goodbye.</speak>'), "call")
+        rc, errors, _ = await asyncio.wait_for(call, 90)
+        recorder.transport.close()
+        assert rc == 0, errors
+    finally:
+        await stop_serve(serve)
+    silence = longest_silence_s(recorder.audio("PCMU").astype(np.float64))
+    assert 1.2 <= silence <= 1.7, silence
