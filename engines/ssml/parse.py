@@ -3,9 +3,9 @@
 Tags: `speak`, `break time=|strength=`, `say-as interpret-as=` (engines/ssml/say_as.py), `prosody rate= volume=`,
 `sub alias=`, `phoneme` (its text is spoken: CosyVoice2's frontend takes BPE text, not pinyin or IPA), `audio
 src=` (a configured prompt, through an `AudioResolver`; its content when the name is unknown), `p`/`s` (a short
-pause after), `lang`/`voice`/`emphasis`/`mark` and any unknown tag: their text content. The language of say-as
-readings is the nearest `xml:lang` ("zh*" is Mandarin, anything else English), else Mandarin when the document
-has CJK characters. A document that is not well-formed XML, has no `<speak>` root, or holds a value we cannot
+pause after), `lang`/`voice`/`emphasis`/`mark` and any unknown tag: their text content. The language of a say-as
+reading is the nearest `xml:lang` ("zh*" is Mandarin, anything else English), else that of the last letter
+spoken before it, else Mandarin when the document has CJK characters. A document that is not well-formed XML, has no `<speak>` root, or holds a value we cannot
 read is refused with `SsmlError` naming the problem; the adapters turn that into a SIP 400 or an HTTP 400.
 
 Parsing is defusedxml's: a DOCTYPE, entity declarations and external references are refused, so a billion-laughs
@@ -59,6 +59,7 @@ class _Prosody:
     rate: float = 1.0
     volume_db: float = 0.0
     lang: str = "en"
+    lang_given: bool = False  # by an xml:lang; else a say-as reads in the language of the words before it
 
 
 def parse_ssml(document: str, audio: AudioResolver | None = None) -> tuple[Segment, ...]:
@@ -73,9 +74,10 @@ def parse_ssml(document: str, audio: AudioResolver | None = None) -> tuple[Segme
         raise SsmlError(f"SSML refused: {type(exc).__name__} (no DOCTYPE or entities allowed)") from None
     if _local(root.tag) != "speak":
         raise SsmlError(f"SSML root element must be <speak>, got <{_local(root.tag)}>")
-    lang = root.get(_XML_LANG) or ("zh" if _CJK.search(document) else "en")
+    given = root.get(_XML_LANG)
+    lang = given or ("zh" if _CJK.search(document) else "en")
     out: list[Segment] = []
-    _walk(root, _Prosody(lang=_language(lang)), out, audio)
+    _walk(root, _Prosody(lang=_language(lang), lang_given=given is not None), out, audio)
     return merged(out)
 
 
@@ -96,7 +98,7 @@ def _text(text: str | None, prosody: _Prosody) -> Speech | None:
 def _walk(element: Element, prosody: _Prosody, out: list[Segment], audio: AudioResolver | None) -> None:
     tag = _local(element.tag)
     if lang := element.get(_XML_LANG):
-        prosody = replace(prosody, lang=_language(lang))
+        prosody = replace(prosody, lang=_language(lang), lang_given=True)
     if tag == "break":
         out.append(Pause(_break_ms(element)))
     elif tag == "say-as":
@@ -105,7 +107,7 @@ def _walk(element: Element, prosody: _Prosody, out: list[Segment], audio: AudioR
         if kind is None:
             raise SsmlError("<say-as> needs interpret-as")
         try:
-            words = say_as(content, kind, prosody.lang, element.get("format"))
+            words = say_as(content, kind, _reading_language(prosody, out), element.get("format"))
         except SayAsError as exc:
             raise SsmlError(str(exc)) from None
         out.append(Speech(words if words is not None else _SPACES.sub(" ", content), prosody.rate,
@@ -135,6 +137,18 @@ def _content(element: Element, prosody: _Prosody, out: list[Segment], audio: Aud
         _walk(child, prosody, out, audio)
         if (speech := _text(child.tail, prosody)) is not None:
             out.append(speech)
+
+
+def _reading_language(prosody: _Prosody, before: list[Segment]) -> str:
+    """The language a say-as is read in: its xml:lang; else that of the last letter spoken before it
+    ("Balance 12" in a Mandarin document is English); else the document's."""
+    if not prosody.lang_given:
+        for segment in reversed(before):
+            if isinstance(segment, Speech):
+                letters = [c for c in segment.text if c.isalpha()]
+                if letters:
+                    return "zh" if _CJK.match(letters[-1]) else "en"
+    return prosody.lang
 
 
 def _audio(element: Element, prosody: _Prosody, out: list[Segment], audio: AudioResolver | None) -> None:

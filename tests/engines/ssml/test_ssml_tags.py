@@ -71,6 +71,9 @@ def texts(document: str, **kwargs) -> list[str | int]:
     ('<speak xml:lang="zh-CN"><say-as interpret-as="cardinal">12</say-as></speak>', ["十二"]),
     ('<speak>价格<lang xml:lang="en-US"><say-as interpret-as="cardinal">12</say-as></lang></speak>',
      ["价格twelve"]),
+    # without xml:lang, the words before a say-as choose its language; at the start, the document's
+    ('<speak><say-as interpret-as="cardinal">3</say-as>号，余额<say-as interpret-as="cardinal">12</say-as>，'
+     'balance <say-as interpret-as="cardinal">12</say-as></speak>', ["三号，余额十二，balance twelve"]),
 ])
 def test_each_tag_gives_the_engine_these_words_and_silences(document, spoken):
     assert texts(document) == spoken
