@@ -1,17 +1,17 @@
-"""The engine streaming protocol, version 2: frames between a gateway and an engine worker, parsed and built.
+"""The engine streaming protocol, version 3: frames between a gateway and an engine worker, parsed and built.
 
 Pure code: no sockets, no clocks. One WebSocket per gateway<->worker link carries many streams, each named
 by an integer id the gateway picks (unique on that link while the stream lives). docs/ENGINE_PROTOCOL.md is
 the same description for readers outside Python.
 
-Connect: `GET /v1/engine/stream?version=2` with `Authorization: Bearer <token>`. A missing or wrong token
+Connect: `GET /v1/engine/stream?version=3` with `Authorization: Bearer <token>`. A missing or wrong token
 is answered 401, a version the worker does not speak 400 naming both versions, before any upgrade.
 The worker's first frame is `hello`.
 
 Control frames are JSON text frames with a "type":
 
   gateway -> worker
-    open    {stream, text, voice, call_id, options, sample_rate, format}   start synthesis
+    open    {stream, text, voice, call_id, options, sample_rate, format, segments}   start synthesis
     cancel  {stream}                                                         stop it; no reply
   worker -> gateway
     hello   {version, engine, voices, default_voice, sample_rate, max_text_chars, formats}
@@ -39,9 +39,9 @@ import numpy as np
 from engines.base import (BadText, EmptyText, EngineUnavailable, NoCapacity, SynthesisRefused, TextTooLong,
                           UnknownVoice)
 
-# 2: status gained opens_seen. Unknown fields are errors here, so a version 1 gateway could not read a version 2
-# status: the version says so at connect (400 naming both) instead of every status breaking the link.
-VERSION = 2
+# 2: status gained opens_seen; 3: open gained segments (SSML). Unknown fields are errors here, so an older peer
+# could not read the newer frames: the version says so at connect (400 naming both) instead of frames breaking.
+VERSION = 3
 STREAM_PATH = "/v1/engine/stream"
 FORMATS = ("f32le", "s16le")
 # Why an open was refused -> the engine interface's refusal, so a worker's refusal gets the SIP answer an
@@ -74,6 +74,7 @@ class Open:
     options: dict[str, Any] = field(default_factory=dict)
     sample_rate: int = 24_000
     format: Format = "f32le"
+    segments: list[dict[str, Any]] = field(default_factory=list)  # SSML: engines.ssml.segments.to_wire
     type: Literal["open"] = "open"
 
 
@@ -150,7 +151,7 @@ _STR = (str,)
 _SCHEMA: dict[str, tuple[type, dict[str, tuple[type, ...]], tuple[str, ...]]] = {
     # type: (class, field types, required fields)
     "open": (Open, {"stream": _INT, "text": _STR, "voice": _STR, "call_id": _STR, "options": (dict,),
-                    "sample_rate": _INT, "format": _STR}, ("stream", "text", "voice")),
+                    "sample_rate": _INT, "format": _STR, "segments": (list,)}, ("stream", "text", "voice")),
     "cancel": (Cancel, {"stream": _INT}, ("stream",)),
     "hello": (Hello, {"version": _INT, "engine": _STR, "voices": (list,), "default_voice": _STR,
                       "sample_rate": _INT, "max_text_chars": _INT, "formats": (list,)},
@@ -168,7 +169,10 @@ _SCHEMA: dict[str, tuple[type, dict[str, tuple[type, ...]], tuple[str, ...]]] = 
 
 def serialize(frame: Frame) -> str:
     """One control frame as compact JSON (keys in field order, non-ASCII kept as UTF-8)."""
-    return json.dumps(asdict(frame), ensure_ascii=False, separators=(",", ":"))
+    data = asdict(frame)
+    if isinstance(frame, Open) and not frame.segments:  # plain text: the open reads as it always did
+        del data["segments"]
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
 
 
 def parse(text: str | bytes) -> Frame:

@@ -35,6 +35,7 @@ from engine_service.api.settings import TtsApiSettings
 from engine_service.first_audio import FirstAudioEstimate
 from engine_service.metrics import WorkerMetrics
 from engines.base import SpeechEngine, SynthesisFailed, SynthesisRefused, SynthesisRequest
+from engines.ssml.segments import from_wire
 
 log = structlog.get_logger(__name__)
 
@@ -273,8 +274,13 @@ class _Link:
         if refusal is not None:
             self._refuse(frame.stream, *refusal)
             return
-        request = SynthesisRequest(text=frame.text, voice=frame.voice, call_id=frame.call_id,
-                                   options=MappingProxyType(dict(frame.options)))
+        try:
+            request = SynthesisRequest(text=frame.text, voice=frame.voice, call_id=frame.call_id,
+                                       options=MappingProxyType(dict(frame.options)),
+                                       segments=from_wire(frame.segments))
+        except ValueError as exc:
+            self._refuse(frame.stream, "bad_text", str(exc))
+            return
         try:
             channel = engine.open_stream(request)
         except SynthesisRefused as exc:

@@ -19,6 +19,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from engines.channel import ChunkChannel
+from engines.ssml.segments import Segment
 from engines.text_check import text_problem
 
 SAMPLE_RATE = 24_000
@@ -107,10 +108,14 @@ class EngineHealth:
 
 @dataclass(frozen=True)
 class SynthesisRequest:
+    """`text` is what is said; an SSML request also carries its `segments` (speech and pauses, in order), and
+    then `text` is their words, for validation and logs (engines/segmented.py builds both)."""
+
     text: str
     voice: str
     call_id: str = ""
     options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    segments: tuple[Segment, ...] = ()
 
 
 class SpeechEngine(ABC):
@@ -119,6 +124,7 @@ class SpeechEngine(ABC):
     name: str = "abstract"
     sample_rate: int = SAMPLE_RATE
     max_text_chars: int = 2000
+    honours_rate: bool = False  # takes the request option `rate` (SSML prosody rate, 1.0 the voice's pace)
 
     async def start(self) -> None:
         """Load models and warm up; must not block the event loop (run heavy work in a thread)."""
@@ -164,4 +170,5 @@ class SpeechEngine(ABC):
 
         Raises `SynthesisRefused` when the request can be refused at once (validation, no capacity); an
         engine that learns of a refusal later (a worker process) delivers it through the channel's
-        `admitted()` before any chunk."""
+        `admitted()` before any chunk. A request with `segments` is spoken through
+        `engines.segmented.speak_segments` by in-process engines; a remote one sends the segments on."""

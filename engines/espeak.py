@@ -47,6 +47,7 @@ from engines.base import (
     SynthesisRequest,
 )
 from engines.channel import ChunkChannel
+from engines.segmented import speak_segments
 
 log = structlog.get_logger(__name__)
 
@@ -92,6 +93,7 @@ class _Job:
     espeak_voice: str
     channel: ChunkChannel
     call_id: str = ""
+    rate_wpm: int = 175
     pieces: deque[str] = field(default_factory=deque)  # what is left to speak, a turn each
     synthesis: _Synthesis | None = None  # one per job: its resampler runs across the pieces
 
@@ -183,6 +185,7 @@ class _Synthesis:
 
 class EspeakEngine(SpeechEngine):
     name = "espeak"
+    honours_rate = True  # SSML prosody rate scales the words per minute
 
     def __init__(self, voices: Mapping[str, str] | None = None, default_voice: str = "en",
                  rate_wpm: int = 175, stuck_after_s: float = 10.0) -> None:
@@ -264,8 +267,11 @@ class EspeakEngine(SpeechEngine):
         self.validate(request)
         if self._thread is None or self._stopping.is_set():
             raise RuntimeError("espeak engine is not running; call start() first")
+        if request.segments:
+            return speak_segments(self, request)
         channel = ChunkChannel()
-        self._jobs.put(_Job(request.text, self._voices[request.voice], channel, request.call_id))
+        rate_wpm = round(self._rate_wpm * float(request.options.get("rate", 1.0)))
+        self._jobs.put(_Job(request.text, self._voices[request.voice], channel, request.call_id, rate_wpm))
         return channel
 
     # -- the worker thread ------------------------------------------------------------------------
@@ -331,7 +337,7 @@ class EspeakEngine(SpeechEngine):
             try:
                 status = library.lib.espeak_SetVoiceByName(job.espeak_voice.encode())
                 if status == _EE_OK:
-                    library.lib.espeak_SetParameter(_RATE, self._rate_wpm, 0)
+                    library.lib.espeak_SetParameter(_RATE, job.rate_wpm, 0)
                     status = library.lib.espeak_Synth(text, len(text), 0, _POS_CHARACTER, 0, _CHARS_UTF8,
                                                       None, None)
             finally:

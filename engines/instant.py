@@ -29,6 +29,7 @@ import numpy as np
 
 from engines.base import SAMPLE_RATE, EngineHealth, SpeechEngine, SynthesisFailed, SynthesisRequest
 from engines.channel import ChunkChannel
+from engines.segmented import speak_segments
 
 _SYLLABLE_HZ = 4.0  # roughly the syllable rate of conversational speech
 _HARMONICS = (1.0, 0.5, 0.3, 0.15)
@@ -126,6 +127,8 @@ class InstantEngine(SpeechEngine):
         self.validate(request)
         if self._worker is None:
             raise RuntimeError("instant engine is not running; call start() first")
+        if request.segments:
+            return speak_segments(self, request)
         channel = ChunkChannel()
         seconds = signal_seconds(request.text, self._ms_per_char, self._min_s, self._max_s)
 

@@ -46,6 +46,7 @@ from engine_service import protocol
 from engines.base import (SAMPLE_RATE, EngineHealth, EngineUnavailable, FirstAudioTooLate, NoCapacity, SpeechEngine,
                           SynthesisFailed, SynthesisRefused, SynthesisRequest)
 from engines.channel import ChunkChannel
+from engines.ssml.segments import to_wire
 
 log = structlog.get_logger(__name__)
 
@@ -147,7 +148,8 @@ class WorkerLink:
         self._streams[stream] = _Stream(channel, fmt, sent=self._opens_sent)
         request = channel.request
         self._send(protocol.Open(stream=stream, text=request.text, voice=request.voice, call_id=request.call_id,
-                                 options=dict(request.options), sample_rate=SAMPLE_RATE, format=fmt))
+                                 options=dict(request.options), sample_rate=SAMPLE_RATE, format=fmt,
+                                 segments=to_wire(request.segments)))
         asyncio.get_running_loop().call_later(self.late_after_s, self._check_seen, stream)
 
     def _check_seen(self, stream: int) -> None:

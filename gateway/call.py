@@ -24,6 +24,7 @@ from collections.abc import Callable
 import structlog
 
 from engines.base import SpeechEngine, SynthesisFailed, SynthesisRefused, SynthesisRequest
+from engines.ssml import SsmlError
 from gateway import metrics
 from gateway.media.call_media import CallMedia, MediaEngine, PortsExhausted
 from gateway.media.inactivity import peer_silent_for
@@ -82,10 +83,13 @@ class CallSession:
         call = self.call  # its INVITE was logged by the SIP server (sip_invite)
         try:
             prompt = self._resolve_prompt(call)
-            request = SynthesisRequest(text=prompt.text, voice=prompt.voice, call_id=call.call_id)
+            request = SynthesisRequest(text=prompt.text, voice=prompt.voice, call_id=call.call_id,
+                                       segments=prompt.segments)
             self._engine.validate(request)
         except NoPrompt as exc:
             return self._reject(404, "No Prompt For Number", str(exc), "no_prompt")
+        except SsmlError as exc:
+            return self._reject(400, "Bad SSML", str(exc), "bad_text")
         except UnicodeDecodeError:
             return self._reject(400, "Bad X-TTS-Text Encoding", "X-TTS-Text is not valid UTF-8", "bad_text")
         except BadHeader as exc:

@@ -57,6 +57,8 @@ def _parser() -> argparse.ArgumentParser:
     call.add_argument("--voice", help="sent as X-TTS-Voice")
     call.add_argument("--record", metavar="OUT.wav", help="record the call (16 kHz mono 16-bit WAV)")
     call.add_argument("--timeout", type=float, default=30.0, metavar="S", help="hang up after S seconds")
+    call.add_argument("--codec", default="pcmu,pcma", metavar="LIST",
+                      help="codecs to offer, in order: pcmu, pcma, g722 (default pcmu,pcma)")
     call.add_argument("--verbose", action="store_true", help="show PJSIP's log")
     call.set_defaults(run=_call)
 
@@ -142,9 +144,15 @@ def _call(args: argparse.Namespace) -> int:
     except ImportError:
         print(f"{PROG}: the test phone needs pjsua2: pip install 'cosyvoice-gateway[phone]'", file=sys.stderr)
         return 2
-    from gateway.pjsua_phone import call_in_this_process, describe
+    from gateway.pjsua_phone import call_in_this_process, describe, parse_codecs
 
-    result = call_in_this_process(args.uri, args.text, args.record, args.timeout, args.voice, verbose=args.verbose)
+    try:
+        codecs = parse_codecs(args.codec)
+    except ValueError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
+    result = call_in_this_process(args.uri, args.text, args.record, args.timeout, args.voice, codecs,
+                                  verbose=args.verbose)
     print(describe(result))
     return 0 if result.answered else 1
 

@@ -34,6 +34,7 @@ from pydantic import (
     model_validator,
 )
 
+from engines.ssml import Segment, Speech, SsmlError, is_ssml, parse_ssml
 from gateway.config_errors import ConfigError, FieldProblem, describe
 from gateway.config_types import (
     HostPort,
@@ -53,7 +54,7 @@ if TYPE_CHECKING:
 
 LOOPBACK_SOURCES: tuple[IPNetwork, ...] = (ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1/128"))
 # What gateway.media answers with (G.711 only; telephone-event is added whenever offered).
-SUPPORTED_CODECS = ("PCMU", "PCMA")
+SUPPORTED_CODECS = ("PCMU", "PCMA", "G722")  # gateway/media/codecs.py
 _WILDCARD_HOSTS = ("0.0.0.0", "::")
 
 EMBEDDED_DEFAULT: dict[str, Any] = {
@@ -184,7 +185,10 @@ class MediaSection(Section):
     # The address the SDP answer gives callers (c=, o=), like Asterisk's external_media_address: a public or
     # 1:1 NAT address need not be local. Default: sip.advertised_host, else sip.listen's host.
     advertised_address: ReachableHost | None = None
-    codecs: tuple[str, ...] = SUPPORTED_CODECS  # in order of preference
+    codecs: tuple[str, ...] = SUPPORTED_CODECS  # those we answer with, in our order of preference
+    # Whose order picks the codec: "offer" (the caller's, RFC 3264 §6.1: G.722 when the offer lists it first) or
+    # "config" (the first of media.codecs the offer has: G.722 whenever offered, if listed first).
+    codec_order: Literal["offer", "config"] = "offer"
     initial_playout_delay_ms: int = Field(60, ge=0, le=2000)
     max_playout_delay_ms: int = Field(400, ge=20, le=10000)
     rtcp_interval_s: float = Field(5.0, gt=0)
@@ -306,9 +310,17 @@ class GatewayConfig(Section):
                 for plan in self.engine.worker_plans()]
 
     def prompt_texts(self) -> tuple[str, ...]:
-        """Every text the config speaks (prompts, then routes' inline texts), once each, for `engine.prepare`."""
+        """Every text the config speaks (prompts, then routes' inline texts), once each, for `engine.prepare`; an
+        SSML text as the texts of its speech segments, which are what the engine is asked to say."""
         texts = [prompt.text for prompt in self.prompts.values()] + [route.text for route in self.routes if route.text]
-        return tuple(dict.fromkeys(texts))
+        spoken = [segment.text for text in texts for segment in self._segments(text) if isinstance(segment, Speech)]
+        return tuple(dict.fromkeys(spoken))
+
+    def _segments(self, text: str) -> tuple[Segment, ...]:
+        """A configured text as the engine gets it (plain text: one segment); raises SsmlError."""
+        if not is_ssml(text):
+            return (Speech(text),)
+        return parse_ssml(text, lambda src: (Speech(self.prompts[src].text),) if src in self.prompts else None)
 
     @model_validator(mode="after")
     def _references(self) -> GatewayConfig:
@@ -326,6 +338,13 @@ class GatewayConfig(Section):
         if self.tts_api is not None and self.engine.worker_plans() and self.engine.worker.port is None:
             problems.append("tts_api: supervised workers serve the speech API only on fixed ports: set "
                             "engine.worker.port (worker i listens on port + i), or remove tts_api")
+        texts = [(f"prompts.{name}.text", prompt.text) for name, prompt in self.prompts.items()]
+        texts += [(f"routes[{i}].text", route.text) for i, route in enumerate(self.routes) if route.text]
+        for where, text in texts:
+            try:
+                self._segments(text)
+            except SsmlError as exc:
+                problems.append(f"{where}: {exc}")
         if problems:
             raise ValueError("@@" + "\n".join(problems))
         return self
@@ -429,6 +448,7 @@ class GatewayConfig(Section):
                              bind_key="media.bind_address" if media.bind_address is not None else "sip.listen",
                              rtp_port_min=media.rtp_port_range[0],
                              rtp_port_max=media.rtp_port_range[1], codecs=media.codecs,
+                             codec_order=media.codec_order,
                              initial_playout_delay_ms=media.initial_playout_delay_ms,
                              max_playout_delay_ms=media.max_playout_delay_ms, rtcp_interval_s=media.rtcp_interval_s,
                              rtp_latching=media.rtp_latching, dtmf_max_per_second=media.dtmf_max_per_second,

@@ -3,11 +3,12 @@
 It is a real SIP user agent (PJSIP through its `pjsua2` binding, from the `pjsua2-python` wheel),
 independent of the gateway's own SIP code, so it checks the gateway the way a PBX would. One call:
 INVITE `uri` with an `X-TTS-Text` header (UTF-8, percent-encoded so any proxy passes it as ASCII),
-offer G.711 (PCMU, PCMA), record the far end's audio to a WAV file, and end when the far end hangs
-up or the timeout passes (then we send BYE, or CANCEL while it is still ringing).
+offer G.711 (PCMU, PCMA) or the codecs asked for (`--codec g722` offers G.722 only, `--codec g722,pcmu` both,
+in that order), record the far end's audio to a WAV file, and end when the far end hangs up or the timeout
+passes (then we send BYE, or CANCEL while it is still ringing). The result names the codec the call used.
 
 Recording format: pjsua's WAV writer at the conference bridge rate, mono 16-bit PCM at
-`RECORD_RATE` (16 kHz), whatever the codec; G.711 audio is upsampled by PJSIP.
+`RECORD_RATE` (16 kHz), whatever the codec; G.711 audio is upsampled by PJSIP, G.722 is 16 kHz already.
 
 pjsua2 keeps process-global state (one library per process, created once), so `place_call` and
 `place_call_async` run each call in a fresh `python -m gateway.pjsua_phone` subprocess and read its
@@ -33,6 +34,7 @@ from urllib.parse import quote
 
 RECORD_RATE = 16_000
 DEFAULT_CODECS = ("PCMU", "PCMA")
+KNOWN_CODECS = ("PCMU", "PCMA", "G722")  # what the gateway answers with; the wheel's PJSIP has all three
 # After we hang up, how long we keep handling events so the BYE/CANCEL transaction completes.
 _HANGUP_GRACE_S = 2.0
 
@@ -48,6 +50,7 @@ class CallResult:
     peer: str = ""  # HOST:PORT the INVITE went to
     waited_s: float = 0.0  # from the INVITE to the final response (or to our hang-up)
     provisional: str = ""  # the last 1xx before the end, e.g. "180 Ringing"; "" if none came
+    codec: str = ""  # the audio codec of the answered call, e.g. "PCMU" or "G722"; "" if none
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), ensure_ascii=False)
@@ -80,6 +83,7 @@ def call_in_this_process(uri: str, text: str | None, record_path: str | None = N
             self.reason = ""
             self.provisional = ""
             self.recorder: pj.AudioMediaRecorder | None = None
+            self.codec = ""
 
         def onCallState(self, prm) -> None:
             info = self.getInfo()
@@ -96,11 +100,12 @@ def call_in_this_process(uri: str, text: str | None, record_path: str | None = N
                 self.provisional = f"{info.lastStatusCode} {info.lastReason}"
 
         def onCallMediaState(self, prm) -> None:
-            if record_path is None or self.recorder is not None:
-                return
             info = self.getInfo()
             for index, media in enumerate(info.media):
                 if media.type == pj.PJMEDIA_TYPE_AUDIO and media.status == pj.PJSUA_CALL_MEDIA_ACTIVE:
+                    self.codec = self.getStreamInfo(index).codecName.upper()
+                    if record_path is None or self.recorder is not None:
+                        return
                     self.recorder = pj.AudioMediaRecorder()
                     self.recorder.createRecorder(record_path)
                     self.getAudioMedia(index).startTransmit(self.recorder)
@@ -163,7 +168,7 @@ def call_in_this_process(uri: str, text: str | None, record_path: str | None = N
         return CallResult(answered=phone.answered_at is not None, status_code=phone.status_code,
                           reason=phone.reason, duration_s=round(duration, 3), ended_by=ended_by,
                           wav_path=record_path if recorded else None, peer=peer,
-                          waited_s=round(final_at - started, 3), provisional=phone.provisional)
+                          waited_s=round(final_at - started, 3), provisional=phone.provisional, codec=phone.codec)
     finally:
         # The Call and Account wrappers must die before the library: their destructors call into it.
         del phone, account
@@ -230,9 +235,19 @@ def _prefer_codecs(endpoint, codecs: Sequence[str]) -> None:
         endpoint.codecSetPriority(codec.codecId, priority)
 
 
+def parse_codecs(value: str) -> tuple[str, ...]:
+    """`--codec g722,pcmu` -> ("G722", "PCMU"); ValueError names a codec the gateway does not speak."""
+    names = tuple(name.strip().upper() for name in value.split(",") if name.strip())
+    unknown = [name for name in names if name not in KNOWN_CODECS]
+    if unknown or not names:
+        raise ValueError(f"--codec {value!r}: choose from {', '.join(c.lower() for c in KNOWN_CODECS)}")
+    return names
+
+
 def _command(uri: str, text: str | None, record_path: str | None, timeout_s: float,
-             voice: str | None) -> list[str]:
-    command = [sys.executable, "-m", "gateway.pjsua_phone", uri, "--timeout", str(timeout_s), "--json"]
+             voice: str | None, codecs: Sequence[str] = DEFAULT_CODECS) -> list[str]:
+    command = [sys.executable, "-m", "gateway.pjsua_phone", uri, "--timeout", str(timeout_s), "--json",
+               "--codec", ",".join(codecs)]
     if text is not None:
         command += ["--text", text]
     if record_path is not None:
@@ -250,18 +265,19 @@ def _parse_result(stdout: str, stderr: str, returncode: int) -> CallResult:
 
 
 def place_call(uri: str, text: str | None, record_path: str | Path | None = None, timeout_s: float = 30.0,
-               voice: str | None = None) -> CallResult:
+               voice: str | None = None, codecs: Sequence[str] = DEFAULT_CODECS) -> CallResult:
     """Place one call from a fresh subprocess (pjsua2 state stays out of this process). Blocks."""
-    done = subprocess.run(_command(uri, text, str(record_path) if record_path else None, timeout_s, voice),
+    done = subprocess.run(_command(uri, text, str(record_path) if record_path else None, timeout_s, voice, codecs),
                           capture_output=True, text=True, timeout=timeout_s + 30)
     return _parse_result(done.stdout, done.stderr, done.returncode)
 
 
 async def place_call_async(uri: str, text: str | None, record_path: str | Path | None = None,
-                           timeout_s: float = 30.0, voice: str | None = None) -> CallResult:
+                           timeout_s: float = 30.0, voice: str | None = None,
+                           codecs: Sequence[str] = DEFAULT_CODECS) -> CallResult:
     """`place_call` for code running on an event loop (e.g. a test that also runs the gateway)."""
     process = await asyncio.create_subprocess_exec(
-        *_command(uri, text, str(record_path) if record_path else None, timeout_s, voice),
+        *_command(uri, text, str(record_path) if record_path else None, timeout_s, voice, codecs),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
         stdout, stderr = await asyncio.wait_for(process.communicate(), timeout_s + 30)
@@ -279,10 +295,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--voice")
     parser.add_argument("--record")
     parser.add_argument("--timeout", type=float, default=30.0)
+    parser.add_argument("--codec", type=parse_codecs, default=DEFAULT_CODECS, help="codecs to offer, in order")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON line")
     parser.add_argument("--verbose", action="store_true", help="show PJSIP's log")
     args = parser.parse_args(argv)
-    result = call_in_this_process(args.uri, args.text, args.record, args.timeout, args.voice,
+    result = call_in_this_process(args.uri, args.text, args.record, args.timeout, args.voice, args.codec,
                                   verbose=args.verbose)
     print(result.to_json() if args.json else describe(result), flush=True)
     return 0 if result.answered else 1
@@ -300,7 +317,8 @@ def describe(result: CallResult) -> str:
             return f"not answered: no answer from {result.peer} within {result.waited_s:.0f} s{rang}"
         return f"not answered: {result.peer} refused the call with {result.status_code} {result.reason}".rstrip()
     recorded = f", recorded to {result.wav_path}" if result.wav_path else ""
-    return f"answered, {result.duration_s:.1f} s, ended by {result.ended_by}{recorded}"
+    codec = f" ({result.codec})" if result.codec else ""
+    return f"answered{codec}, {result.duration_s:.1f} s, ended by {result.ended_by}{recorded}"
 
 
 if __name__ == "__main__":

@@ -6,10 +6,12 @@ with neither header nor route raises `NoPrompt` (the call session answers 404). 
 values the config has already validated; it never parses YAML and never refuses a config.
 
 X-TTS headers (set by a PBX dialplan or the operator's test phone): X-TTS-Text (UTF-8, percent-encoding
-allowed), optional X-TTS-Voice (a voice or alias), X-TTS-After (`stay` keeps the call up) and
+allowed), optional X-TTS-Voice (a voice or alias), X-TTS-After (`stay` keeps the call up),
 X-TTS-Early-Media (`answer`, `reject` or `ring`, as a route's `early_media`, and over it on a routed
-call) with X-TTS-Reject-Code (400-699, default 480). A value outside those raises `BadHeader` (the call
-session answers 400).
+call) with X-TTS-Reject-Code (400-699, default 480), and X-TTS-Type (`ssml` or `text`; without it a
+text starting with `<speak` is SSML, for headers, routes and prompts alike). A header value outside its
+choices raises `BadHeader`. SSML is parsed here, once, by engines.ssml (`<audio src=>` names a configured
+prompt); a document that cannot be spoken raises SsmlError (the call session answers 400 for either).
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 from urllib.parse import unquote
+
+from engines.segmented import speech_request
+from engines.ssml import Segment, Speech, SsmlError
 
 if TYPE_CHECKING:
     from gateway.config import PromptSection, Route
@@ -39,6 +44,8 @@ class Prompt:
     barge_in: bool = False
     early_media: str | None = None  # None | "answer" | "reject" | "ring"
     reject_code: int = DEFAULT_REJECT_CODE
+    ssml: bool | None = None  # X-TTS-Type; None: SSML when the text starts with <speak
+    segments: tuple[Segment, ...] = ()  # parsed SSML (and then `text` is its words)
 
 
 class BadHeader(ValueError):
@@ -61,9 +68,12 @@ def prompt_from_headers(call: InboundCall, default_voice: str) -> Prompt | None:
     voice = call.invite.header("X-TTS-Voice")
     hangup = (call.invite.header("X-TTS-After") or "hangup").strip().lower() != "stay"
     early, code = _early_media_headers(call)
+    kind = (call.invite.header("X-TTS-Type") or "").strip().lower()
+    if kind not in ("", "text", "ssml"):
+        raise SsmlError(f"X-TTS-Type {kind[:20]!r}: expected text or ssml")
     return Prompt(text=unquote(text, encoding="utf-8", errors="strict").strip(),
                   voice=unquote(voice).strip() if voice else default_voice, hangup_after=hangup,
-                  early_media=early, reject_code=code)
+                  early_media=early, reject_code=code, ssml={"": None, "text": False, "ssml": True}[kind])
 
 
 def _early_media_headers(call: InboundCall) -> tuple[str | None, int]:
@@ -95,13 +105,26 @@ class PromptRouter:
     def __call__(self, call: InboundCall) -> Prompt:
         prompt = prompt_from_headers(call, self._default_voice)
         if prompt is not None:
-            return replace(prompt, voice=self._aliases.get(prompt.voice, prompt.voice))
+            return self._parsed(replace(prompt, voice=self._aliases.get(prompt.voice, prompt.voice)))
         route = self.route_for(call.request_user)
         if route is None:
             raise NoPrompt(f"no X-TTS-Text header and no route for {call.request_user!r}")
-        prompt = self.prompt_for_route(route)
+        prompt = self._parsed(self.prompt_for_route(route))
         early, code = _early_media_headers(call)  # the PBX may ask for early media on a routed call too
         return prompt if early is None else replace(prompt, early_media=early, reject_code=code)
+
+    def _parsed(self, prompt: Prompt) -> Prompt:
+        """The prompt with its SSML segments, if it is SSML; raises SsmlError."""
+        request = speech_request(prompt.text, prompt.voice, ssml=prompt.ssml, audio=self.prompt_segments)
+        return replace(prompt, text=request.text, segments=request.segments)
+
+    def prompt_segments(self, name: str) -> tuple[Segment, ...] | None:
+        """`<audio src=NAME>`: the configured prompt NAME as segments (its own `<audio>` is not followed), or
+        None when there is no such prompt. The prompt cache plugs in behind `Speech.prompt`, which names it."""
+        named = self._prompts.get(name)
+        if named is None:
+            return None
+        return speech_request(named.text, named.voice or self._default_voice).segments or (Speech(named.text),)
 
     def route_for(self, dialed_user: str) -> Route | None:
         best: Route | None = None

@@ -39,7 +39,7 @@ async def post_tts(request: web.Request) -> web.StreamResponse:
     voice = resolve_voice(api.engine, api.settings, string_field(body, "voice"))
     request_id = uuid.uuid4().hex[:16]
     with api.slots.hold(key):
-        async with speech_stream(api, text, voice, request_id) as channel:
+        async with speech_stream(api, text, voice, request_id, ssml=None) as channel:
             encoder = AudioEncoder(audio_format, api.engine.sample_rate)
             return await stream_audio(request, channel, encoder, audio_format.content_type, request_id, api)
 

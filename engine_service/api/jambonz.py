@@ -31,7 +31,6 @@ from engine_service.api.context import TTS_API
 from engine_service.api.errors import ApiError, answers_errors
 from engine_service.api.json_body import parse_message, read_json_object, string_field
 from engine_service.api.speech import resolve_voice, speech_stream
-from engine_service.api.ssml import is_ssml, ssml_text
 from engine_service.api.streaming_response import stream_audio
 from engine_service.api.text_stream import Sentence, SpokenTextStream
 
@@ -44,14 +43,12 @@ async def jambonz_http(request: web.Request) -> web.StreamResponse:
     key = authenticate(request, api)
     body = await read_json_object(request)  # extra fields are ignored: a newer jambonz may add some
     text = string_field(body, "text", required=True)
-    kind = string_field(body, "type") or "text"
-    if kind == "ssml" or is_ssml(text):
-        text = ssml_text(text)
+    ssml = True if string_field(body, "type") == "ssml" else None  # None: SSML when it starts with <speak
     voice = resolve_voice(api.engine, api.settings, string_field(body, "voice"), string_field(body, "language"))
     audio_format = AudioFormat("pcm_s16le", api.settings.jambonz_sample_rate)
     request_id = uuid.uuid4().hex[:16]
     with api.slots.hold(key):
-        async with speech_stream(api, text, voice, request_id) as channel:
+        async with speech_stream(api, text, voice, request_id, ssml) as channel:
             encoder = AudioEncoder(audio_format, api.engine.sample_rate)
             return await stream_audio(request, channel, encoder, audio_format.content_type, request_id, api)
 

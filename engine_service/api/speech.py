@@ -21,6 +21,8 @@ from engine_service.api.errors import ApiError, refusal_error, unavailable
 from engine_service.api.settings import TtsApiSettings
 from engines.base import SpeechEngine, SynthesisRefused, SynthesisRequest
 from engines.channel import ChunkChannel
+from engines.segmented import speech_request
+from engines.ssml import SsmlError
 
 
 def resolve_voice(engine: SpeechEngine, settings: TtsApiSettings, voice: str | None,
@@ -41,13 +43,19 @@ def resolve_voice(engine: SpeechEngine, settings: TtsApiSettings, voice: str | N
 
 
 @asynccontextmanager
-async def speech_stream(api: TtsApi, text: str, voice: str, request_id: str = "") -> AsyncIterator[ChunkChannel]:
+async def speech_stream(api: TtsApi, text: str, voice: str, request_id: str = "",
+                        ssml: bool | None = False) -> AsyncIterator[ChunkChannel]:
     """An admitted engine stream for the body of the `async with`; cancelled, and its shared slot given back,
-    when the body ends however it ends."""
+    when the body ends however it ends. `ssml`: True reads the text as SSML, None when it starts with `<speak`
+    (engines.segmented.speech_request); a document that cannot be spoken is a 400 `bad_ssml`."""
     settings = api.settings
     if len(text) > settings.max_text_chars:
         raise ApiError(413, "text_too_long",
                        f"text: {len(text)} characters, the limit is {settings.max_text_chars}")
+    try:
+        request = speech_request(text, voice, call_id=request_id, ssml=ssml)
+    except SsmlError as exc:
+        raise ApiError(400, "bad_ssml", str(exc)) from None
     health = api.engine.health()
     if not health.accepting:
         reason = "engine_unavailable" if health.state != "ready" else "at_capacity"
@@ -58,7 +66,7 @@ async def speech_stream(api: TtsApi, text: str, voice: str, request_id: str = ""
         raise unavailable("at_capacity", f"every engine slot of this worker the API may use is in use{reserved}",
                           settings.retry_after_s)
     try:
-        channel = await _admitted_stream(api, SynthesisRequest(text=text, voice=voice, call_id=request_id))
+        channel = await _admitted_stream(api, request)
         if api.stream_events is not None:
             api.stream_events.opened()
         try:

@@ -25,6 +25,7 @@ from engines.base import (EmptyText, EngineSettingsError, EngineUnavailable, Spe
                           SynthesisRefused, SynthesisRequest)
 from engines.channel import ChunkChannel
 from engines.cosyvoice2.settings import CosyVoice2Settings
+from engines.segmented import speak_segments
 
 log = structlog.get_logger(__name__)
 
@@ -156,6 +157,8 @@ class CosyVoice2Engine(SpeechEngine):
         from tts_core.runtime import JobOptions
 
         self.validate(request)
+        if request.segments:  # each speech segment is one job, pauses are silence between them
+            return speak_segments(self, request)
         pipeline = self._running()
         options = JobOptions(seed=_int_option(request.options, "seed", self.settings.seed),
                              min_tokens=_int_option(request.options, "min_tokens"),

@@ -30,10 +30,10 @@ from gateway.config_errors import ConfigError
 from gateway.media.packet_clock import PacketClock
 from gateway.media.playout import PlayoutBuffer, PlayoutSettings
 from gateway.media.port_pool import PortsExhausted, RtpPortPool
-from gateway.media.resample import Resampler24kTo8k
+from gateway.media.resample import Resampler
 from gateway.media.rtp_peer import Latching, RtpPeer
 from gateway.media.rtp_session import RtpSession
-from gateway.media.sdp import MediaPlan, NoCommonCodec, SdpAnswerer
+from gateway.media.sdp import CodecOrder, MediaPlan, NoCommonCodec, SdpAnswerer
 
 log = structlog.get_logger(__name__)
 
@@ -47,7 +47,8 @@ class MediaSettings:
     advertised_host: str = "127.0.0.1"  # what the SDP answer names (c=, o=): may be a public/NAT address
     rtp_port_min: int = 20000
     rtp_port_max: int = 30000
-    codecs: tuple[str, ...] = ("PCMU", "PCMA")
+    codecs: tuple[str, ...] = ("PCMU", "PCMA", "G722")
+    codec_order: CodecOrder = "offer"  # see sdp.py: the offer's order or ours
     initial_playout_delay_ms: int = 60
     max_playout_delay_ms: int = 400
     rtcp_interval_s: float = 5.0
@@ -126,7 +127,8 @@ class MediaEngine:
         finally:
             metrics.rtp_port_pairs_free.set(self._pool.free)
         try:
-            answerer = SdpAnswerer(self.settings.advertised_host, session.local_port, self.settings.codecs)
+            answerer = SdpAnswerer(self.settings.advertised_host, session.local_port, self.settings.codecs,
+                                   self.settings.codec_order)
             answer_sdp, plan = answerer.answer(offer_sdp)
             plan = await _resolved(plan)
             session.apply_plan(plan)
@@ -173,7 +175,7 @@ class CallMedia:
         self._clock = engine.clock
         self._buffer = PlayoutBuffer(PlayoutSettings(
             initial_delay_ms=engine.settings.initial_playout_delay_ms,
-            max_delay_ms=engine.settings.max_playout_delay_ms))
+            max_delay_ms=engine.settings.max_playout_delay_ms), plan.audio_rate)  # a re-offer keeps the rate
         self._done: asyncio.Future[None] | None = None
         self._closed = False
         self._listening_since = time.monotonic()  # answer or last hold/resume: silence before it does not count
@@ -226,7 +228,7 @@ class CallMedia:
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
         self._done = done
-        resampler = Resampler24kTo8k(source_rate)
+        resampler = Resampler(source_rate, self.plan.audio_rate)
         buffer = self._buffer
         buffer.begin_prompt()
         self._clock.subscribe(self._on_tick)

@@ -1,6 +1,7 @@
-"""The playout buffer: 8 kHz audio in at the engine's bursty pace, one 160-sample frame out per 20 ms tick.
+"""The playout buffer: audio at the codec's rate in at the engine's bursty pace, one 20 ms frame out per tick
+(160 samples at G.711's 8 kHz, 320 at G.722's 16 kHz).
 
-Audio is stored as 16-bit PCM, the input G.711 encodes: converting float32 once per chunk instead of
+Audio is stored as 16-bit PCM, the input the codecs encode: converting float32 once per chunk instead of
 once per frame takes the float scaling, rounding and clipping off the per-tick hot path (measured in
 bench/bench_media_tick.py: 18 us -> 2.5 us per frame encode on the CI box).
 
@@ -27,8 +28,7 @@ import numpy as np
 from gateway import metrics
 from gateway.media.g711 import float_to_pcm16
 
-FRAME_SAMPLES = 160  # 20 ms at 8 kHz (RFC 3551 §4.5: G.711 default packetisation)
-SAMPLE_RATE = 8000
+FRAME_MS = 20  # RFC 3551 §4.5: the default packetisation of G.711 and G.722
 
 
 @dataclass(frozen=True)
@@ -46,8 +46,10 @@ class PlayoutState(enum.Enum):
 
 
 class PlayoutBuffer:
-    def __init__(self, settings: PlayoutSettings = PlayoutSettings()) -> None:
+    def __init__(self, settings: PlayoutSettings = PlayoutSettings(), sample_rate: int = 8000) -> None:
         self.settings = settings
+        self.sample_rate = sample_rate
+        self.frame_samples = sample_rate * FRAME_MS // 1000
         self.underruns = 0
         self.state = PlayoutState.IDLE
         self._floor = self._samples(settings.initial_delay_ms)
@@ -59,9 +61,8 @@ class PlayoutBuffer:
         self._drain_origin: float | None = None  # min over arrivals of (arrival time - audio before it)
         self._received = 0  # samples of this prompt received so far
 
-    @staticmethod
-    def _samples(ms: float) -> int:
-        return int(ms * SAMPLE_RATE / 1000)
+    def _samples(self, ms: float) -> int:
+        return int(ms * self.sample_rate / 1000)
 
     @property
     def buffered(self) -> int:
@@ -107,14 +108,15 @@ class PlayoutBuffer:
         self._maybe_start()
 
     def pop_frame(self) -> np.ndarray | None:
-        """The next 160 int16 samples, or None while nothing is to be sent (idle, or buffering a prompt's start)."""
+        """The next frame of int16 samples, or None while nothing is to be sent (idle, or buffering a prompt's start)."""
         if self.state is PlayoutState.PLAYING:
             available = self.buffered
-            if available >= FRAME_SAMPLES:
-                frame = self._buffer[self._read : self._read + FRAME_SAMPLES]
-                self._read += FRAME_SAMPLES
+            size = self.frame_samples
+            if available >= size:
+                frame = self._buffer[self._read : self._read + size]
+                self._read += size
             elif self._ended:  # the last, partial frame: pad with silence
-                frame = np.zeros(FRAME_SAMPLES, dtype=np.int16)
+                frame = np.zeros(size, dtype=np.int16)
                 frame[:available] = self._buffer[self._read :]
                 self._read += available
             else:
@@ -144,12 +146,12 @@ class PlayoutBuffer:
             self.state = PlayoutState.BUFFERING
             self._floor = min(self._samples(self.settings.max_delay_ms),
                               self.start_threshold + self._samples(self.settings.underrun_step_ms))
-        return np.zeros(FRAME_SAMPLES, dtype=np.int16)
+        return np.zeros(self.frame_samples, dtype=np.int16)
 
     def _learn_jitter(self, now: float) -> None:
         # D_j = t_j - A_j (arrival time minus audio received before it, in seconds); the worst drain
         # between arrivals i < j is D_j - min_{i<=j} D_i.
-        deficit = now - self._received / SAMPLE_RATE
+        deficit = now - self._received / self.sample_rate
         if self._drain_origin is None or deficit < self._drain_origin:
             self._drain_origin = deficit
         drain = self._samples((deficit - self._drain_origin) * 1000)

@@ -1,10 +1,11 @@
-"""Streaming sample-rate conversion of engine audio to the 8 kHz of G.711 (python-soxr).
+"""Streaming sample-rate conversion of engine audio to the codec's rate (python-soxr): 24 kHz -> 8 kHz for G.711,
+24 kHz -> 16 kHz for G.722.
 
-One `Resampler24kTo8k` per prompt: chunks go in as they arrive, 8 kHz audio comes out with the filter
+One `Resampler` per prompt: chunks go in as they arrive, audio at the target rate comes out with the filter
 state carried across chunk boundaries (no clicks at seams), and `flush()` drains the filter tail at the
 end of the stream. Quality 'HQ' is the latency trade-off: its filter delays the audio by ~17 ms
 against ~60 ms for 'VHQ', and first-packet latency is what callers hear; HQ's passband (to ~3.8 kHz at
-8 kHz out) is already wider than the telephone band.
+8 kHz out, ~7.6 kHz at 16 kHz) is already wider than each codec's band.
 """
 
 from __future__ import annotations
@@ -12,17 +13,16 @@ from __future__ import annotations
 import numpy as np
 import soxr
 
-TARGET_RATE = 8000
 
+class Resampler:
+    """Engine rate (24 kHz for CosyVoice2, other rates accepted) -> `target_rate` float32 mono."""
 
-class Resampler24kTo8k:
-    """Engine rate (24 kHz for CosyVoice2, other rates accepted) -> 8 kHz float32 mono."""
-
-    def __init__(self, source_rate: int = 24000, quality: str = "HQ") -> None:
+    def __init__(self, source_rate: int = 24000, target_rate: int = 8000, quality: str = "HQ") -> None:
         self.source_rate = source_rate
+        self.target_rate = target_rate
         self._stream = (
-            soxr.ResampleStream(source_rate, TARGET_RATE, 1, dtype="float32", quality=quality)
-            if source_rate != TARGET_RATE else None
+            soxr.ResampleStream(source_rate, target_rate, 1, dtype="float32", quality=quality)
+            if source_rate != target_rate else None
         )
 
     def push(self, chunk: np.ndarray) -> np.ndarray:

@@ -16,7 +16,7 @@
   enough to log a BYE. RTCP SR + SDES go out every `rtcp_interval_s`, randomised to 0.5-1.5x
   (RFC 3550 §6.3.5).
 
-`send_frame` is on the per-tick hot path: header pack, G.711 table lookup, one sendto. It writes to the
+`send_frame` is on the per-tick hot path: header pack, the codec (a G.711 table lookup, or G.722), one sendto. It writes to the
 RTP socket directly rather than through the asyncio transport: a packet the kernel cannot take now is
 dropped (and shows as a sequence gap at the receiver) instead of being queued and sent late, which is
 what real-time audio wants, and it saves the transport's per-call overhead (bench/bench_media_tick.py).
@@ -40,7 +40,8 @@ import numpy as np
 import structlog
 
 from gateway import metrics
-from gateway.media import g711, rtcp
+from gateway.media import rtcp
+from gateway.media.codecs import FrameEncoder, frame_encoder
 from gateway.media.dtmf import DtmfDetector, DtmfParseError
 from gateway.media.packet_clock import PacketClock
 from gateway.media.port_pool import PortsExhausted, RtpPortPool
@@ -51,7 +52,7 @@ from gateway.media.token_bucket import TokenBucket
 
 log = structlog.get_logger(__name__)
 
-SAMPLES_PER_TICK = 160
+SAMPLES_PER_TICK = 160  # RTP timestamp units per 20 ms packet: the RTP clock is 8000 for G.711 and G.722 alike
 _DROPPED_FOREIGN = metrics.rtp_packets_dropped_total.labels(reason="foreign_source")
 _DROPPED_MALFORMED = metrics.rtp_packets_dropped_total.labels(reason="malformed")
 _SEND_FAILED = {(stream, reason): metrics.rtp_send_failures_total.labels(stream=stream, reason=reason)
@@ -100,6 +101,7 @@ class RtpSession:
         self.ssrc = random.getrandbits(32)
         self._clock = clock
         self._plan: MediaPlan | None = None  # None until the first offer is answered: send nothing
+        self._encode: FrameEncoder | None = None  # the plan's codec; G.722's state lives as long as the codec
         self._peer = peer
         self.foreign_packets_dropped = 0
         self.dtmf_dropped = 0
@@ -189,6 +191,8 @@ class RtpSession:
         a host we cannot use keeps media flowing where it already goes.
         """
         old, self._plan = self._plan, plan
+        if old is None or old.codec != plan.codec:
+            self._encode = frame_encoder(plan.codec)
         if old is not None and ((plan.remote_host, plan.remote_port, plan.remote_rtcp_port)
                                 == (old.remote_host, old.remote_port, old.remote_rtcp_port)):
             return
@@ -204,7 +208,8 @@ class RtpSession:
         return self._last_sent_tick
 
     def send_frame(self, samples: np.ndarray, tick: int) -> bool:
-        """Send 160 samples as the packet of `tick`; False (nothing sent) when the plan forbids sending."""
+        """Send one 20 ms frame (160 samples for G.711, 320 for G.722) as the packet of `tick`; False (nothing
+        sent) when the plan forbids sending."""
         plan = self._plan
         if plan is None or not plan.can_send or self._rtp_socket is None:
             return False
@@ -212,7 +217,7 @@ class RtpSession:
         self._last_sent_tick = tick
         header = pack_header(plan.payload_type, self._seq, (self._ts_base + SAMPLES_PER_TICK * tick) & 0xFFFFFFFF,
                              self.ssrc, marker)
-        payload = g711.encode(samples, plan.codec)
+        payload = self._encode(samples)
         self._seq = (self._seq + 1) & 0xFFFF  # a dropped packet is a loss the receiver should see
         try:
             self._rtp_socket.sendto(header + payload, self._peer.remote)

@@ -1,9 +1,11 @@
 """SDP offer/answer for one audio stream: parse an offer (RFC 4566), answer it (RFC 3264), plan the media.
 
-We answer with G.711 only (PCMU/PCMA, 8 kHz, 20 ms) plus telephone-event when offered. The codec is the
+We answer with G.711 (PCMU/PCMA) or G.722, 20 ms, plus telephone-event when offered. The codec is the
 first one in the OFFER's order that we support (RFC 3264 §6.1 lets the answerer follow the offerer's
-preference); on a re-offer we keep the current codec if it is still offered, so a hold/resume does not
-switch codecs mid-call. Only the first usable audio stream is accepted; every other m= line is rejected
+preference), or, with `codec_order="config"`, the first of our own list that the offer has; on a re-offer we
+keep the current codec if it is still offered, so a hold/resume does not switch codecs mid-call, and never
+switch to one of another audio rate (G.722's 16 kHz against G.711's 8 kHz: the prompt playing is buffered
+at its rate), a 488 instead. Only the first usable audio stream is accepted; every other m= line is rejected
 with port 0 (§6). The answer's o= line keeps its session id and increments its version only when the
 answer changes (§8). No sockets, no clocks.
 """
@@ -13,12 +15,19 @@ from __future__ import annotations
 import ipaddress
 import random
 from dataclasses import dataclass, field
+from typing import Literal
 
-STATIC_PAYLOAD_TYPES = {0: ("PCMU", 8000), 8: ("PCMA", 8000)}  # RFC 3551 §6, table 4
+from gateway.media.codecs import CODECS, RTP_CLOCK_RATE
+
+# RFC 3551 §6, table 4. G.722 says 8000 although it carries 16 kHz audio (§4.5.2).
+STATIC_PAYLOAD_TYPES = {codec.payload_type: (codec.name, RTP_CLOCK_RATE) for codec in CODECS.values()}
 DIRECTIONS = ("sendrecv", "sendonly", "recvonly", "inactive")
 _ANSWER_DIRECTION = {"sendrecv": "sendrecv", "sendonly": "recvonly", "recvonly": "sendonly", "inactive": "inactive"}
 _RTP_PROFILES = ("RTP/AVP", "RTP/AVPF")  # plain RTP; SRTP profiles are rejected
 PTIME_MS = 20
+
+
+CodecOrder = Literal["offer", "config"]  # whose preference picks the codec: the offer's, or media.codecs'
 
 
 class SdpError(ValueError):
@@ -59,7 +68,7 @@ class MediaPlan:
 
     remote_host: str
     remote_port: int
-    codec: str  # "PCMU" or "PCMA"
+    codec: str  # "PCMU", "PCMA" or "G722"
     payload_type: int
     clock_rate: int
     telephone_event_pt: int | None
@@ -67,6 +76,11 @@ class MediaPlan:
     ptime: int  # ms per packet
     direction: str = "sendrecv"  # our answer's direction attribute
     remote_rtcp_port: int = 0  # a=rtcp (RFC 3605) if offered, else remote_port + 1 (RFC 3550 §11)
+
+    @property
+    def audio_rate(self) -> int:
+        """Samples per second of the audio the codec carries (16000 for G.722; clock_rate is RTP's)."""
+        return CODECS[self.codec].audio_rate
 
 
 def _connection_address(value: str) -> str:
@@ -206,13 +220,18 @@ class _Choice:
     telephone_event_fmtp: str | None
 
 
-def _choose(stream: MediaDescription, index: int, supported: tuple[str, ...], keep: str | None) -> _Choice | None:
+def _choose(stream: MediaDescription, index: int, supported: tuple[str, ...], keep: str | None,
+            order: CodecOrder) -> _Choice | None:
     maps = _rtpmaps(stream)
     offered = [(fmt, maps.get(fmt)) for fmt in stream.formats if fmt.isdigit()]
-    ours = [(m[0], int(fmt)) for fmt, m in offered if m is not None and m[1] == 8000 and m[0] in supported]
+    ours = [(m[0], int(fmt)) for fmt, m in offered if m is not None and m[1] == RTP_CLOCK_RATE and m[0] in supported]
+    if keep is not None:  # a re-offer: the playing prompt is buffered at the call's audio rate
+        ours = [c for c in ours if CODECS[c[0]].audio_rate == CODECS[keep].audio_rate]
     if not ours:
         return None
-    codec_pt = next((c for c in ours if c[0] == keep), ours[0])  # the offer's order, current codec first
+    if order == "config":
+        ours.sort(key=lambda c: supported.index(c[0]))
+    codec_pt = next((c for c in ours if c[0] == keep), ours[0])  # the chosen order, current codec first
     te = next((int(fmt) for fmt, m in offered if m == ("TELEPHONE-EVENT", 8000)), None)
     te_fmtp = None
     if te is not None:
@@ -227,7 +246,8 @@ class SdpAnswerer:
 
     local_host: str
     local_port: int
-    supported: tuple[str, ...] = ("PCMU", "PCMA")
+    supported: tuple[str, ...] = ("PCMU", "PCMA", "G722")
+    codec_order: CodecOrder = "offer"
     session_id: int = field(default_factory=lambda: random.getrandbits(62))
     _version: int = field(default=0, init=False)
     _last_body: str | None = field(default=None, init=False)
@@ -247,7 +267,7 @@ class SdpAnswerer:
         # c=0.0.0.0 is the pre-RFC 3264 way to put a call on hold (RFC 3264 §8.4): never send there.
         can_send = direction in ("sendrecv", "sendonly") and host not in ("0.0.0.0", "::")
         plan = MediaPlan(remote_host=host, remote_port=stream.port, codec=choice.codec,
-                         payload_type=choice.payload_type, clock_rate=8000,
+                         payload_type=choice.payload_type, clock_rate=RTP_CLOCK_RATE,
                          telephone_event_pt=choice.telephone_event_pt, can_send=can_send, ptime=PTIME_MS,
                          direction=direction, remote_rtcp_port=rtcp_port(stream))
         body = self._body(offer, choice, direction)
@@ -261,7 +281,7 @@ class SdpAnswerer:
         for index, stream in enumerate(offer.media):
             if stream.media != "audio" or stream.port == 0 or stream.proto not in _RTP_PROFILES:
                 continue
-            choice = _choose(stream, index, self.supported, self._codec)
+            choice = _choose(stream, index, self.supported, self._codec, self.codec_order)
             if choice is not None:
                 return choice
         offered = [" ".join(m.formats) for m in offer.media if m.media == "audio" and m.port != 0]
@@ -288,7 +308,7 @@ class SdpAnswerer:
             if choice.telephone_event_pt is not None:
                 formats.append(str(choice.telephone_event_pt))
             lines.append(f"m=audio {self.local_port} {stream.proto} {' '.join(formats)}")
-            lines.append(f"a=rtpmap:{choice.payload_type} {choice.codec}/8000")
+            lines.append(f"a=rtpmap:{choice.payload_type} {choice.codec}/{RTP_CLOCK_RATE}")
             if choice.telephone_event_pt is not None:
                 lines.append(f"a=rtpmap:{choice.telephone_event_pt} telephone-event/8000")
                 lines.append(f"a=fmtp:{choice.telephone_event_pt} {choice.telephone_event_fmtp or '0-15'}")

@@ -11,7 +11,9 @@ import pytest
 
 from engine_service import protocol
 from engine_service.server import WorkerSettings
-from engines.instant import InstantEngine
+from engines.instant import InstantEngine, render_test_signal, signal_seconds
+from engines.ssml import Pause, Speech
+from engines.ssml.segments import to_wire
 from tests.engine_service.worker_link import TOKEN, connect, frame_is, serving
 
 
@@ -37,6 +39,31 @@ async def test_hello_then_open_chunks_end(worker):
         assert kinds == [protocol.Opened, protocol.End]
         audio = np.concatenate(link.audio[5])
         assert len(audio) == int(len("hello there, caller, from the worker") * 0.02 * 24000) and np.abs(audio).max() > 0.05
+
+
+async def test_ssml_segments_in_an_open_are_spoken_in_order_with_the_pause_as_silence(worker):
+    """What a gateway sends for an SSML prompt (engines.ssml.segments.to_wire): the worker speaks each piece with
+    the engine and puts the pause between them as zeros."""
+    segments = to_wire((Speech("first part"), Pause(700), Speech("second", volume_db=-6.0)))
+    async with aiohttp.ClientSession() as session:
+        link = await connect(session, worker)
+        await link.send(protocol.Open(stream=3, text="first part second", voice="en", segments=segments))
+        await link.until(frame_is(protocol.End, 3))
+        audio = np.concatenate(link.audio[3])
+    # the fixture's engine: 20 ms per character, at least 0.5 s (InstantEngine's default) per text
+    first, second = (int(signal_seconds(text, 20.0, 0.5, 30.0) * 24000) for text in ("first part", "second"))
+    assert len(audio) == first + 24000 * 700 // 1000 + second
+    assert np.abs(audio[first:first + 16800]).max() == 0  # 700 ms of silence
+    quieter = render_test_signal("second", 0, second)  # the instant engine's signal for that text, at -6 dB
+    assert np.allclose(audio[-second:], quieter * 10 ** (-6 / 20), atol=1e-6)
+
+
+async def test_segments_that_are_no_speech_or_pause_are_refused(worker):
+    async with aiohttp.ClientSession() as session:
+        link = await connect(session, worker)
+        await link.send(protocol.Open(stream=4, text="x", voice="en", segments=[{"pause_ms": 999_999}]))
+        refused = await link.until(frame_is(protocol.Refused, 4))
+        assert refused.reason == "bad_text" and "segments[0]" in refused.message
 
 
 async def test_s16le_audio_is_the_same_signal(worker):

@@ -148,7 +148,8 @@ def test_sections_become_the_sip_and_media_settings():
     assert sip.advertised_host == "192.0.2.20" and sip.max_calls == 200 and sip.t1 == 0.5
     assert sip.allowed_sources == config.allowed_sources
     media = config.media_settings()
-    assert (media.rtp_port_min, media.rtp_port_max, media.codecs) == (20000, 30000, ("PCMU", "PCMA"))
+    assert (media.rtp_port_min, media.rtp_port_max, media.codecs) == (20000, 30000, ("PCMU", "PCMA", "G722"))
+    assert media.codec_order == "offer"
     assert media.advertised_host == "192.0.2.20"
     assert (media.rtp_latching, media.dtmf_max_per_second) == ("off", 10)
 

@@ -89,3 +89,34 @@ def test_a_bad_early_media_header_names_itself(headers, message):
     router = load_config(None, {"routes": [{"match": "3", "text": "hi"}]}).prompt_resolver("en")
     with pytest.raises(BadHeader, match=message):
         router(_Offered("3", headers))
+
+
+def test_ssml_routes_and_headers_give_segments_and_audio_src_plays_a_configured_prompt():
+    from engines.ssml import Pause, Speech, SsmlError
+
+    config = load_config(None, {
+        "prompts": {"welcome": {"text": "Welcome to Acme."}},
+        "routes": [{"match": "1", "text": '<speak><audio src="welcome"/><break time="400ms"/>'
+                                          'Your balance is <say-as interpret-as="cardinal">42</say-as>.</speak>'}],
+    })
+    router = config.prompt_resolver("en")
+    prompt = router(_Offered("1"))
+    assert prompt.segments == (Speech("Welcome to Acme.", prompt="welcome"), Pause(400),
+                               Speech("Your balance is forty-two."))
+    assert prompt.text == "Welcome to Acme. Your balance is forty-two."
+    assert config.prompt_texts() == ("Welcome to Acme.", "Your balance is forty-two.")  # what engines prepare
+    header = router(_Offered("1", "X-TTS-Type: ssml\r\nX-TTS-Text: %3Cspeak%3Ehi%3Cbreak/%3Ethere%3C/speak%3E\r\n"))
+    assert header.segments == (Speech("hi"), Pause(500), Speech("there"))
+    plain = router(_Offered("1", "X-TTS-Type: text\r\nX-TTS-Text: %3Cspeak%3Ehi\r\n"))
+    assert plain.segments == () and plain.text == "<speak>hi"
+    with pytest.raises(SsmlError, match="not well-formed"):
+        router(_Offered("1", "X-TTS-Text: %3Cspeak%3Ehi\r\n"))
+
+
+def test_ssml_in_the_config_is_checked_at_load_naming_the_key():
+    from gateway.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"prompts\.bad\.text: .*not well-formed"):
+        load_config(None, {"prompts": {"bad": {"text": "<speak>hi"}}})
+    with pytest.raises(ConfigError, match=r"routes\[0\]\.text: <audio src='nope'>: no configured prompt"):
+        load_config(None, {"routes": [{"match": "1", "text": '<speak><audio src="nope"/></speak>'}]})

@@ -17,6 +17,7 @@ from gateway.app import Gateway
 from gateway.config import load_config
 from gateway.engine_watchdog import WatchdogSettings
 from gateway.media import g711
+from gateway.media.g722 import G722Decoder
 from tests.gateway.sip.peers import free_media_port
 
 SCENARIOS = Path(__file__).parent / "sipp"
@@ -89,6 +90,10 @@ class RtpRecorder(asyncio.DatagramProtocol):
         return self.transport.get_extra_info("sockname")[1]
 
     def audio(self, codec: str) -> np.ndarray:
+        """What was heard, int16: at 8 kHz for G.711, 16 kHz for G.722 (decoded packet by packet, as a phone does)."""
+        if codec == "G722":
+            decoder = G722Decoder()
+            return np.concatenate([decoder.decode(p.payload) for p in self.packets])
         payload = b"".join(p.payload for p in self.packets)
         return g711.decode(payload, codec)
 
@@ -130,6 +135,12 @@ async def invite_final_response(sip_address: tuple[str, int], headers: dict[str,
                                 timeout: float = 10.0) -> str:
     """Send one INVITE (PCMU offer) from a plain UDP socket and return the first final response's status line.
     A header value given as bytes is sent as it is (to send bytes that are not UTF-8)."""
+    return (await invite_final_reply(sip_address, headers, user, timeout)).split("\r\n", 1)[0]
+
+
+async def invite_final_reply(sip_address: tuple[str, int], headers: dict[str, str | bytes], user: str = "1000",
+                             timeout: float = 10.0) -> str:
+    """As invite_final_response, but the whole final response (status line, headers, body)."""
     loop = asyncio.get_running_loop()
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.bind(("127.0.0.1", 0))
@@ -149,9 +160,8 @@ async def invite_final_response(sip_address: tuple[str, int], headers: dict[str,
         await loop.sock_sendto(sock, request, sip_address)
         while True:
             data = await asyncio.wait_for(loop.sock_recv(sock, 65535), timeout)
-            status_line = data.split(b"\r\n", 1)[0].decode()
-            if not status_line.startswith("SIP/2.0 1"):
-                return status_line
+            if not data.startswith(b"SIP/2.0 1"):
+                return data.decode(errors="replace")
     finally:
         sock.close()
 

@@ -97,7 +97,7 @@ async def test_caller_hangs_up_mid_prompt_and_rtp_stops(gateway, tmp_path):
     assert _outcomes().get("caller_hangup", 0) == before + 1
 
 
-async def test_offer_without_g711_is_refused_with_488(gateway, tmp_path):
+async def test_offer_without_a_codec_we_speak_is_refused_with_488(gateway, tmp_path):
     before = _outcomes().get("rejected", 0)
     rc, errors = await run_sipp(SCENARIOS / "gw_no_common_codec.xml", gateway.sip.udp_address, tmp_path)
     assert rc == 0, errors

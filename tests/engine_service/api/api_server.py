@@ -19,6 +19,7 @@ from aiohttp import web
 from engine_service.api import TtsApiSettings, add_tts_routes
 from engines.base import SAMPLE_RATE, SpeechEngine, SynthesisFailed, SynthesisRequest
 from engines.channel import ChunkChannel
+from engines.segmented import speak_segments
 
 KEY = "test-key-0123456789abcdef"
 OTHER_KEY = "other-key-0123456789abcdef"
@@ -90,6 +91,8 @@ class GatedEngine(SpeechEngine):
 
     def open_stream(self, request: SynthesisRequest) -> ChunkChannel:
         self.validate(request)
+        if request.segments:
+            return speak_segments(self, request)
         channel = ChunkChannel(admitted=self._admit)
         self.channels.append(channel)
         self.texts.append(request.text)

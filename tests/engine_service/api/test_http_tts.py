@@ -67,6 +67,21 @@ async def test_g711_body_is_the_companded_pcm_of_the_same_request():
             assert await response.read() == encode_g711(pcm, "pcmu")
 
 
+async def test_ssml_is_spoken_segment_by_segment_and_malformed_ssml_is_400_bad_ssml():
+    engine = GatedEngine(chunks=1)  # 100 ms of a constant level per piece of speech
+    document = '<speak>Balance <say-as interpret-as="cardinal">12</say-as><break time="200ms"/>余额</speak>'
+    async with serve(engine) as server, aiohttp.ClientSession(headers=AUTH) as client:
+        async with client.post(f"{server.url}/v1/tts", json={"text": document, "format": "pcm_s16le"}) as response:
+            assert response.status == 200
+            pcm = np.frombuffer(await response.read(), dtype="<i2")
+        async with client.post(f"{server.url}/v1/tts", json={"text": "<speak>Balance <break>"}) as response:
+            assert response.status == 400
+            error = await response.json()
+    assert engine.texts == ["Balance twelve", "余额"]
+    assert len(pcm) == 2400 + 4800 + 2400 and not pcm[2400:7200].any()
+    assert error["error"] == "bad_ssml" and "not well-formed" in error["message"]
+
+
 async def test_first_bytes_arrive_before_synthesis_ends():
     engine = GatedEngine(chunks=5)
     async with serve(engine) as server, aiohttp.ClientSession(headers=AUTH) as client:

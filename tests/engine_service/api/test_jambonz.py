@@ -25,15 +25,29 @@ async def test_http_vendor_answers_l16_at_8k_streamed(espeak):
     assert np.abs(pcm.astype(np.int32)).max() > 3000
 
 
-async def test_http_vendor_speaks_the_text_of_ssml_and_uses_the_configured_rate():
-    engine = GatedEngine(chunks=1)
+async def test_http_vendor_speaks_ssml_with_its_break_as_silence_and_uses_the_configured_rate():
+    engine = GatedEngine(chunks=1)  # 100 ms of a constant level per piece of speech
     body = {"language": "en-US", "voice": "en", "type": "ssml",
             "text": '<speak>Press <emphasis>one</emphasis><break time="300ms"/>now.</speak>'}
     async with serve(engine, settings(jambonz_sample_rate=16000)) as server, aiohttp.ClientSession() as client:
         async with client.post(f"{server.url}/v1/jambonz/tts", json=body, headers=JAMBONZ_HEADERS) as response:
             assert response.headers["Content-Type"] == "audio/l16;rate=16000"
-            assert abs(len(await response.read()) - 1600 * 2) <= 8
-    assert engine.texts == ["Press one now."]
+            pcm = np.frombuffer(await response.read(), dtype="<i2")
+    assert engine.texts == ["Press one", "now."]
+    assert abs(len(pcm) - 16 * 500) <= 8  # 100 ms, the 300 ms break, 100 ms
+    silent = np.flatnonzero(np.abs(pcm[1600:-1600].astype(np.int32)) < 30)
+    assert len(silent) >= 16 * 290
+
+
+async def test_http_vendor_refuses_malformed_ssml_with_400_json():
+    engine = GatedEngine(chunks=1)
+    body = {"voice": "en", "type": "ssml", "text": "<speak>Press <break time='300ms'>one</speak>"}
+    async with serve(engine) as server, aiohttp.ClientSession() as client:
+        async with client.post(f"{server.url}/v1/jambonz/tts", json=body, headers=JAMBONZ_HEADERS) as response:
+            assert response.status == 400
+            answer = await response.json()
+    assert answer["error"] == "bad_ssml" and "not well-formed" in answer["message"]
+    assert engine.texts == []
 
 
 async def test_http_vendor_picks_the_voice_from_the_language_when_the_voice_is_not_given():

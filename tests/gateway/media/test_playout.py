@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from gateway import metrics
-from gateway.media.playout import FRAME_SAMPLES, PlayoutBuffer, PlayoutSettings
+from gateway.media.playout import PlayoutBuffer, PlayoutSettings
 
 
 def ramp(n: int, start: int = 0) -> np.ndarray:
@@ -55,7 +55,7 @@ def test_underrun_is_counted_filled_with_zeros_and_raises_the_threshold() -> Non
     threshold = buffer.start_threshold
     assert buffer.pop_frame() is not None and buffer.pop_frame() is not None
     silence = buffer.pop_frame()
-    assert silence is not None and silence.shape == (FRAME_SAMPLES,) and not silence.any()
+    assert silence is not None and silence.shape == (160,) and not silence.any()
     assert buffer.underruns == 1
     assert metrics.registry.get_sample_value("gateway_playout_underruns_total") == before + 1
     assert buffer.start_threshold > threshold
@@ -114,3 +114,16 @@ def test_starting_says_the_first_frame_of_a_prompt_is_ready_and_only_that_one() 
     assert np.array_equal(buffer.pop_frame(), ramp(160)) and not buffer.starting
     assert buffer.pop_frame() is not None and buffer.pop_frame() is not None
     assert not buffer.pop_frame().any() and not buffer.starting  # an underrun refills mid-prompt: not a start
+
+
+def test_at_16khz_frames_are_320_samples_and_delays_count_in_time() -> None:
+    """G.722: the same 20 ms frames and millisecond delays, twice the samples."""
+    buffer = PlayoutBuffer(PlayoutSettings(initial_delay_ms=60), sample_rate=16000)
+    buffer.push(ramp(800), now=0.0)  # 50 ms at 16 kHz < 60 ms
+    assert buffer.pop_frame() is None
+    buffer.push(ramp(200, 800), now=0.0)  # 62.5 ms
+    frame = buffer.pop_frame()
+    assert frame is not None and np.array_equal(frame, ramp(320))
+    buffer.end_of_stream()
+    frames = drain(buffer)
+    assert [f.size for f in frames] == [320, 320, 320] and buffer.finished  # 680 left: the last 40 padded

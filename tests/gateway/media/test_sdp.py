@@ -154,3 +154,31 @@ def test_a_reoffer_that_disables_the_audio_stream_is_refused_and_the_session_sta
     with pytest.raises(NoCommonCodec, match="disabled"):
         session.answer(offer("0", port=0))
     assert session.answer(offer("0")) == (sdp, plan)
+
+
+def test_g722_first_in_offer_is_answered_at_8000_in_sdp_with_16khz_audio() -> None:
+    """RFC 3551 §4.5.2: G.722 is 'G722/8000' in SDP and on the RTP clock, though its audio is 16 kHz."""
+    sdp, plan = answerer(("PCMU", "PCMA", "G722")).answer(offer("9 0 8 101", "a=rtpmap:9 G722/8000", *TE))
+    assert (plan.codec, plan.payload_type, plan.clock_rate, plan.audio_rate) == ("G722", 9, 8000, 16000)
+    media = parse_sdp(sdp).media[0]
+    assert media.formats == ("9", "101") and ("rtpmap", "9 G722/8000") in media.attributes
+
+
+def test_g722_offered_after_g711_follows_the_offer_unless_the_config_orders() -> None:
+    ours = ("G722", "PCMU", "PCMA")
+    _, plan = answerer(ours).answer(offer("0 8 9"))
+    assert (plan.codec, plan.audio_rate) == ("PCMU", 8000)
+    _, plan = SdpAnswerer("198.51.100.1", 20000, ours, codec_order="config").answer(offer("0 8 9"))
+    assert plan.codec == "G722"
+    _, plan = SdpAnswerer("198.51.100.1", 20000, ("PCMU", "PCMA"), codec_order="config").answer(offer("9 8 0"))
+    assert plan.codec == "PCMU"  # not configured: never chosen
+
+
+def test_a_reoffer_never_changes_the_audio_rate() -> None:
+    """The prompt playing is buffered at the call's rate: a re-offer may move PCMU -> PCMA, not G.722 -> G.711."""
+    sdp_answerer = answerer(("PCMU", "PCMA", "G722"))
+    sdp_answerer.answer(offer("9 0"))
+    with pytest.raises(NoCommonCodec):
+        sdp_answerer.answer(offer("0 8"))
+    _, plan = sdp_answerer.answer(offer("0 9"))
+    assert plan.codec == "G722"
