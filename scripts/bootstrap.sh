@@ -15,6 +15,8 @@ command -v kamailio >/dev/null || [ -x /usr/sbin/kamailio ] || need_apt+=(kamail
 command -v chromium >/dev/null || need_apt+=(chromium)
 command -v chromedriver >/dev/null || need_apt+=(chromium-driver)
 command -v soxi >/dev/null || need_apt+=(sox)  # the play URL tests open its WAVs in sox
+# streamed WAVs are read from a pipe by ffmpeg too; G.722 is checked byte for byte against its encoder
+command -v ffmpeg >/dev/null || need_apt+=(ffmpeg)
 # deploy/: a real Prometheus scrapes a gateway to check the dashboard and alert rules (promtool comes with it);
 # the GPU-host install script is linted with shellcheck
 command -v prometheus >/dev/null || need_apt+=(prometheus)
