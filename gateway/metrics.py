@@ -184,3 +184,34 @@ engine_worker_streams_lost_total = Counter(
     "Streams ended because their engine worker died, went silent or its link broke (each call gets a BYE)",
     ["worker"], registry=registry,
 )
+
+# MRCPv2 synthesizer sessions (gateway/mrcp/)
+mrcp_sessions_active = Gauge("gateway_mrcp_sessions_active", "MRCPv2 synthesizer sessions answered and not ended",
+                             registry=registry)
+mrcp_requests_total = Counter(
+    "gateway_mrcp_requests_total",
+    "MRCPv2 requests taken for a channel, by method (unknown methods count as OTHER)",
+    ["method"],
+    registry=registry,
+)
+MRCP_METHOD_LABELS = frozenset({"SPEAK", "STOP", "PAUSE", "RESUME", "BARGE-IN-OCCURRED", "CONTROL", "SET-PARAMS",
+                                "GET-PARAMS", "DEFINE-LEXICON"})
+
+
+def mrcp_method_label(method: str) -> str:
+    return method if method in MRCP_METHOD_LABELS else "OTHER"
+
+
+mrcp_speaks_total = Counter(
+    "gateway_mrcp_speaks_total",
+    "MRCPv2 SPEAKs ended or refused, by Completion-Cause (normal, parse-failure, uri-failure, error, "
+    "language-unsupported); a SPEAK ended by STOP or barge-in counts as stopped",
+    ["cause"],
+    registry=registry,
+)
+mrcp_malformed_total = Counter(
+    "gateway_mrcp_malformed_total",
+    "MRCPv2 messages answered with a 4xx/5xx before reaching a channel (framing, start line, headers, unknown "
+    "channel)",
+    registry=registry,
+)

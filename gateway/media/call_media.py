@@ -237,6 +237,16 @@ class CallMedia:
             if not buffer.finished:
                 buffer.flush()
 
+    def pause(self) -> None:
+        """Send nothing from the next tick on, keeping the prompt's buffered audio (MRCP PAUSE, and STOP
+        before its task is cancelled, so no packet leaves after the response)."""
+        self._clock.unsubscribe(self._on_tick)
+
+    def resume(self) -> None:
+        """Carry on with the paused prompt from where it stopped (MRCP RESUME); nothing when none plays."""
+        if self._done is not None and not self._closed:
+            self._clock.subscribe(self._on_tick)
+
     def _start_talkspurt(self) -> None:
         """The prompt's first audio is buffered: send its first frame now, not at the call's next tick.
 
