@@ -245,6 +245,28 @@ class LoggingSection(Section):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
 
+class MrcpTlsSection(Section):
+    """TCP/TLS/MRCPv2 (RFC 6787 §4.2 requires servers to offer it): a second listener with this certificate."""
+
+    listen: ListenAddress = HostPort("127.0.0.1", 1545)
+    cert: str = Field(min_length=1)  # PEM certificate chain
+    key: str = Field(min_length=1)  # PEM private key
+
+    @model_validator(mode="after")
+    def _loadable(self) -> MrcpTlsSection:
+        import ssl
+
+        for field, path in (("cert", self.cert), ("key", self.key)):
+            if not Path(path).is_file():
+                raise FieldProblem(field, f"no such file: {path}")
+        try:
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(self.cert, self.key)
+        except (ssl.SSLError, OSError) as exc:
+            raise FieldProblem("cert", f"certificate {self.cert} and key {self.key} do not load together: "
+                                       f"{getattr(exc, 'reason', None) or exc}") from None
+        return self
+
+
 class MrcpSection(Section):
     """The MRCPv2 synthesizer server (gateway/mrcp/): INVITEs offering TCP/MRCPv2 on the SIP port, their
     control connections on `listen`. Off by default; with it off such an INVITE gets 488."""
@@ -255,6 +277,7 @@ class MrcpSection(Section):
     max_connections: int = Field(200, ge=1)
     max_message_bytes: int = Field(65536, ge=1024, le=1048576)  # one MRCP message; more: 504 and closed
     idle_timeout_s: float = Field(3600.0, gt=0)  # no byte on a control connection this long: closed
+    tls: MrcpTlsSection | None = None
 
 
 class ShutdownSection(Section):
@@ -385,7 +408,9 @@ class GatewayConfig(Section):
         mrcp = self.mrcp
         return MrcpSettings(listen_host=mrcp.listen.host, listen_port=mrcp.listen.port,
                             max_connections=mrcp.max_connections, max_message_bytes=mrcp.max_message_bytes,
-                            idle_timeout_s=mrcp.idle_timeout_s, voice_aliases=tuple(self.voices.items()))
+                            idle_timeout_s=mrcp.idle_timeout_s, voice_aliases=tuple(self.voices.items()),
+                            tls_listen=(mrcp.tls.listen.host, mrcp.tls.listen.port) if mrcp.tls else None,
+                            tls_cert=mrcp.tls.cert if mrcp.tls else None, tls_key=mrcp.tls.key if mrcp.tls else None)
 
     def prompt_resolver(self, default_voice: str | None = None) -> PromptRouter:
         """INVITE -> Prompt over these routes and prompts (gateway/routing.py owns the lookup).

@@ -1,5 +1,5 @@
-"""The MRCPv2 control listener (RFC 6787 §4.2): TCP connections from clients, framed into requests and
-handed to the channel each names.
+"""The MRCPv2 control listeners (RFC 6787 §4.2): TCP, and TLS when a certificate is configured (§4.2, §12.2:
+TCP/TLS/MRCPv2), connections from clients framed into requests and handed to the channel each names.
 
 A session's SIP answer names its channel (`a=channel:<id>@speechsynth`); the client then opens a connection
 (`a=connection:new`) or reuses one it has to us (`existing`), and every request carries that id in
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -47,6 +48,9 @@ class MrcpSettings:
     max_message_bytes: int = 65536
     idle_timeout_s: float = 3600.0  # a control connection with no channel and no byte this long is closed
     voice_aliases: tuple[tuple[str, str], ...] = ()  # the config's `voices:` (alias -> engine voice)
+    tls_listen: tuple[str, int] | None = None  # TCP/TLS/MRCPv2 on its own port, when a certificate is given
+    tls_cert: str | None = None
+    tls_key: str | None = None
 
 
 class MrcpServer:
@@ -54,25 +58,35 @@ class MrcpServer:
         self.settings = settings
         self._allowed_sources = allowed_sources  # read at each accept: a SIGHUP's new trunks apply at once
         self._channels: dict[str, Synthesizer] = {}
-        self._server: asyncio.Server | None = None
+        self._servers: list[asyncio.Server] = []
         self._connections: set[asyncio.StreamWriter] = set()
         self.port = settings.listen_port
+        self.tls_port: int | None = None  # where TCP/TLS/MRCPv2 clients connect; None: no TLS
 
     async def start(self) -> None:
+        settings = self.settings
+        self.port = await self._listen("mrcp.listen", settings.listen_host, settings.listen_port, None)
+        if settings.tls_listen is not None:
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            context.load_cert_chain(settings.tls_cert, settings.tls_key)
+            self.tls_port = await self._listen("mrcp.tls.listen", *settings.tls_listen, context)
+        log.info("mrcp_listening", host=settings.listen_host, port=self.port, tls_port=self.tls_port)
+
+    async def _listen(self, key: str, host: str, port: int, context: ssl.SSLContext | None) -> int:
         try:
-            self._server = await asyncio.start_server(self._serve, self.settings.listen_host, self.settings.listen_port)
+            server = await asyncio.start_server(self._serve, host, port, ssl=context)
         except OSError as exc:
-            where = f"{self.settings.listen_host}:{self.settings.listen_port}"
-            raise ConfigError([f"mrcp.listen: cannot listen on {where} (tcp): {exc.strerror or exc}"]) from None
-        self.port = self._server.sockets[0].getsockname()[1]
-        log.info("mrcp_listening", host=self.settings.listen_host, port=self.port)
+            raise ConfigError([f"{key}: cannot listen on {host}:{port} (tcp): {exc.strerror or exc}"]) from None
+        self._servers.append(server)
+        return server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            for writer in list(self._connections):
-                writer.close()
-            await self._server.wait_closed()
+        for server in self._servers:
+            server.close()
+        for writer in list(self._connections):
+            writer.close()
+        for server in self._servers:
+            await server.wait_closed()
 
     def add_channel(self, synthesizer: Synthesizer) -> None:
         self._channels[synthesizer.channel] = synthesizer
@@ -91,7 +105,7 @@ class MrcpServer:
         log.info("mrcp_connection_opened", source=f"{peer[0]}:{peer[1]}")
         try:
             await self._read_requests(reader, writer)
-        except (ConnectionError, TimeoutError):
+        except (ConnectionError, TimeoutError, ssl.SSLError):
             pass
         finally:
             self._connections.discard(writer)

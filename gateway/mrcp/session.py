@@ -53,7 +53,7 @@ class MrcpSession:
     async def _run(self) -> str:
         call = self.call
         try:
-            control = synthesizer_offer(call.remote_sdp or "", tls_available=False)
+            control = synthesizer_offer(call.remote_sdp or "", tls_available=self._server.tls_port is not None)
         except (MrcpOfferError, SdpError) as exc:
             return self._reject(488, "Not Acceptable Here", str(exc), "no_codec")
         try:
@@ -71,7 +71,8 @@ class MrcpSession:
         try:
             if call.ended:  # cancelled while the media was being set up
                 return "cancelled"
-            call.accept(answer_with_control(media.answer_sdp, control, self._server.port, session_id))
+            port = self._server.tls_port if control.proto == "TCP/TLS/MRCPv2" else self._server.port
+            call.accept(answer_with_control(media.answer_sdp, control, port, session_id))
             self._log.info("mrcp_session_answered", channel=channel, codec=media.plan.codec,
                            connection=control.connection, source=f"{call.source[0]}:{call.source[1]}")
             return await self._until_ended()

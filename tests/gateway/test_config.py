@@ -252,7 +252,9 @@ def test_a_typo_in_the_cosyvoice2_block_is_a_one_line_error_at_load():
     ({"mrcp.listen": "1544"}, "mrcp.listen: expected HOST:PORT"),
     ({"mrcp.enabled": "sometimes"}, "mrcp.enabled: "),
     ({"mrcp.max_message_bytes": 100}, "mrcp.max_message_bytes: "),
-    ({"mrcp.tls": {"cert": "x"}}, "mrcp.tls: unknown field"),
+    ({"mrcp.tls": {"cert": "/nonexistent/cert.pem", "key": "/nonexistent/key.pem"}},
+     "mrcp.tls.cert: no such file: /nonexistent/cert.pem"),
+    ({"mrcp.tls": {"cert": __file__, "key": __file__}}, "mrcp.tls.cert: certificate "),
 ])
 def test_mrcp_mistakes_name_their_key(overrides, expected):
     with pytest.raises(ConfigError) as caught:

@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import socket
+import ssl
 import subprocess
 import time
 from dataclasses import dataclass
@@ -29,9 +30,9 @@ def _free_port(kind: int = socket.SOCK_DGRAM) -> int:
 
 
 # -- raw SIP -----------------------------------------------------------------------------------------
-def mrcp_offer(rtp_port: int, connection: str = "new") -> str:
+def mrcp_offer(rtp_port: int, connection: str = "new", proto: str = "TCP/MRCPv2") -> str:
     return ("v=0\r\no=test 0 0 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\n"
-            f"m=application 9 TCP/MRCPv2 1\r\na=setup:active\r\na=connection:{connection}\r\n"
+            f"m=application 9 {proto} 1\r\na=setup:active\r\na=connection:{connection}\r\n"
             "a=resource:speechsynth\r\na=cmid:1\r\n"
             f"m=audio {rtp_port} RTP/AVP 0 8 101\r\na=rtpmap:0 PCMU/8000\r\na=rtpmap:8 PCMA/8000\r\n"
             "a=rtpmap:101 telephone-event/8000\r\na=fmtp:101 0-15\r\na=recvonly\r\na=ptime:20\r\na=mid:1\r\n")
@@ -52,7 +53,7 @@ class SipLeg:
 
     @property
     def control_port(self) -> int:
-        return int(re.search(r"m=application (\d+) TCP/MRCPv2", self.answer).group(1))
+        return int(re.search(r"m=application (\d+) TCP/(?:TLS/)?MRCPv2", self.answer).group(1))
 
     def _request(self, method: str, cseq: int) -> bytes:
         return (f"{method} sip:mrcp@{self.sip_address[0]}:{self.sip_address[1]} SIP/2.0\r\n"
@@ -70,14 +71,15 @@ class SipLeg:
             self.sock.close()
 
 
-async def invite(sip_address: tuple[str, int], rtp_port: int, connection: str = "new") -> SipLeg:
+async def invite(sip_address: tuple[str, int], rtp_port: int, connection: str = "new",
+                 proto: str = "TCP/MRCPv2") -> SipLeg:
     """One INVITE with an MRCPv2 offer; returns the leg with its final status line (ACKed if 200)."""
     loop = asyncio.get_running_loop()
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.bind(("127.0.0.1", 0))
     sock.setblocking(False)
     port = sock.getsockname()[1]
-    sdp = mrcp_offer(rtp_port, connection)
+    sdp = mrcp_offer(rtp_port, connection, proto)
     request = (f"INVITE sip:mrcp@{sip_address[0]}:{sip_address[1]} SIP/2.0\r\n"
                f"Via: SIP/2.0/UDP 127.0.0.1:{port};branch=z9hG4bK-inv-{port};rport\r\n"
                f"From: <sip:test@127.0.0.1>;tag=mt{port}\r\nTo: <sip:mrcp@127.0.0.1>\r\n"
@@ -128,8 +130,13 @@ class Control:
         self.reader, self.writer = reader, writer
 
     @classmethod
-    async def connect(cls, port: int) -> Control:
-        return cls(*await asyncio.open_connection("127.0.0.1", port))
+    async def connect(cls, port: int, tls: bool = False) -> Control:
+        context = None
+        if tls:  # the test's self-signed certificate: encryption is what is tested, not the PKI
+            context = ssl.create_default_context()
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        return cls(*await asyncio.open_connection("127.0.0.1", port, ssl=context))
 
     def send_raw(self, data: bytes) -> None:
         self.writer.write(data)
@@ -182,11 +189,11 @@ class Session:
         await self.leg.bye()
 
 
-async def open_session(sip_address: tuple[str, int]) -> Session:
+async def open_session(sip_address: tuple[str, int], tls: bool = False) -> Session:
     rtp = await rtp_recorder()
-    leg = await invite(sip_address, rtp.port)
+    leg = await invite(sip_address, rtp.port, proto="TCP/TLS/MRCPv2" if tls else "TCP/MRCPv2")
     assert leg.status.startswith("SIP/2.0 200"), leg.status
-    return Session(leg, await Control.connect(leg.control_port), rtp)
+    return Session(leg, await Control.connect(leg.control_port, tls), rtp)
 
 
 # -- UniMRCP's umc ------------------------------------------------------------------------------------

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -256,6 +258,38 @@ async def test_malformed_messages_get_their_status_and_hurt_nobody(tmp_path):
         assert (await second.control.read()).headers["Completion-Cause"] == "000 normal"
         await second.close()
         assert "Traceback" not in serve.tail(200000)
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl makes the test's certificate")
+async def test_a_speak_over_tls(tmp_path):
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=127.0.0.1"], check=True, capture_output=True)
+    tls = f"mrcp.tls={{listen: '127.0.0.1:{free_port(1)}', cert: '{cert}', key: '{key}'}}"
+    async with serving(tmp_path, tls) as serve:
+        session = await open_session(serve.sip_address, tls=True)
+        assert "m=application" in session.leg.answer and "TCP/TLS/MRCPv2" in session.leg.answer
+        await speak(session, 1, "Spoken over TLS.")
+        assert (await session.control.read()).state == "IN-PROGRESS"
+        assert (await session.control.read()).headers["Completion-Cause"] == "000 normal"
+        assert rms(session.rtp.audio("PCMU")) > 0.03
+        await session.close()
+        # a plain TCP connection to the TLS port gets nothing it could read as MRCP
+        plain = await Control.connect(session.leg.control_port)
+        plain.send("GET-PARAMS", 1, session.channel)
+        assert await plain.closed()
+
+
+async def test_an_mrcp_offer_without_mrcp_enabled_gets_488(tmp_path):
+    serve = await start_serve(tmp_path, None, "shutdown.drain_timeout_s=1", engine="instant")
+    try:
+        await serve.wait_healthy()
+        rtp = await rtp_recorder()
+        refused = await invite(serve.sip_address, rtp.port)
+        assert refused.status.startswith("SIP/2.0 488"), refused.status
+        rtp.transport.close()
+    finally:
+        assert await serve.stop() == 0
 
 
 async def test_a_session_while_full_is_refused_with_503(tmp_path):
