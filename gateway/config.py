@@ -277,6 +277,9 @@ class MrcpSection(Section):
     max_connections: int = Field(200, ge=1)
     max_message_bytes: int = Field(65536, ge=1024, le=1048576)  # one MRCP message; more: 504 and closed
     idle_timeout_s: float = Field(3600.0, gt=0)  # no byte on a control connection this long: closed
+    # A session with no control connection this long (never opened, or closed and not reopened) gets our BYE:
+    # a client gone without one must not hold its RTP ports and sip.max_calls place.
+    unattached_timeout_s: float = Field(30.0, gt=0)
     tls: MrcpTlsSection | None = None
 
 
@@ -408,7 +411,8 @@ class GatewayConfig(Section):
         mrcp = self.mrcp
         return MrcpSettings(listen_host=mrcp.listen.host, listen_port=mrcp.listen.port,
                             max_connections=mrcp.max_connections, max_message_bytes=mrcp.max_message_bytes,
-                            idle_timeout_s=mrcp.idle_timeout_s, voice_aliases=tuple(self.voices.items()),
+                            idle_timeout_s=mrcp.idle_timeout_s, unattached_timeout_s=mrcp.unattached_timeout_s,
+                            voice_aliases=tuple(self.voices.items()),
                             tls_listen=(mrcp.tls.listen.host, mrcp.tls.listen.port) if mrcp.tls else None,
                             tls_cert=mrcp.tls.cert if mrcp.tls else None, tls_key=mrcp.tls.key if mrcp.tls else None)
 

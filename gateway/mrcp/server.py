@@ -46,7 +46,8 @@ class MrcpSettings:
     listen_port: int = 1544
     max_connections: int = 200
     max_message_bytes: int = 65536
-    idle_timeout_s: float = 3600.0  # a control connection with no channel and no byte this long is closed
+    idle_timeout_s: float = 3600.0  # a control connection with no byte this long is closed
+    unattached_timeout_s: float = 30.0  # a session with no control connection this long is ended (BYE)
     voice_aliases: tuple[tuple[str, str], ...] = ()  # the config's `voices:` (alias -> engine voice)
     tls_listen: tuple[str, int] | None = None  # TCP/TLS/MRCPv2 on its own port, when a certificate is given
     tls_cert: str | None = None
@@ -110,6 +111,8 @@ class MrcpServer:
         finally:
             self._connections.discard(writer)
             writer.close()
+            for synthesizer in list(self._channels.values()):
+                synthesizer.connection_lost(writer)
             log.info("mrcp_connection_closed", source=f"{peer[0]}:{peer[1]}")
 
     async def _read_requests(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -133,11 +136,11 @@ class MrcpServer:
                     break
                 request, length = framed
                 del buffer[:length]
-                self._dispatch(request, send)
+                self._dispatch(request, send, writer)
             if writer.is_closing():
                 return
 
-    def _dispatch(self, request, send: Callable[[bytes], None]) -> None:
+    def _dispatch(self, request, send: Callable[[bytes], None], connection: object) -> None:
         channel = request.channel
         if channel is None:
             self._refuse(MessageError(MANDATORY_HEADER_MISSING, "no Channel-Identifier (§6.2.1)",
@@ -149,7 +152,7 @@ class MrcpServer:
                                       request.request_id, 0, channel), send)
             return
         try:
-            synthesizer.handle(request, send)
+            synthesizer.handle(request, send, connection)
         except Exception:  # one channel's bug must not end the connection other channels share
             log.exception("mrcp_request_failed", channel=channel, method=request.method[:20])
 

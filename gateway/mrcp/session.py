@@ -11,6 +11,7 @@ session's `CallMedia`, on the process's one packet clock, exactly as for a call.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from collections.abc import Mapping
 
@@ -75,19 +76,45 @@ class MrcpSession:
             call.accept(answer_with_control(media.answer_sdp, control, port, session_id))
             self._log.info("mrcp_session_answered", channel=channel, codec=media.plan.codec,
                            connection=control.connection, source=f"{call.source[0]}:{call.source[1]}")
-            return await self._until_ended()
+            return await self._until_ended(synthesizer)
         finally:
             self._server.remove_channel(channel)
             metrics.mrcp_sessions_active.dec()
             await synthesizer.close()
             await media.close()
 
-    async def _until_ended(self) -> str:
+    async def _until_ended(self, synthesizer: Synthesizer) -> str:
+        ended = asyncio.create_task(self._dialog_ended())
+        lost = asyncio.create_task(self._client_lost(synthesizer))
+        try:
+            await asyncio.wait({ended, lost}, return_when=asyncio.FIRST_COMPLETED)
+            if ended.done():
+                return ended.result()
+            self._log.warning("mrcp_client_lost", timeout_s=self._server.settings.unattached_timeout_s)
+            self.call.hangup()  # our BYE: the session's ports, engine slot and max_calls place come back
+            return "client_lost"
+        finally:
+            for task in (ended, lost):
+                task.cancel()
+            await asyncio.gather(ended, lost, return_exceptions=True)
+
+    async def _dialog_ended(self) -> str:
         while True:
             event = await self.call.events.get()
             if isinstance(event, Ended):
                 return {"remote_bye": "caller_hangup", "local_bye": "completed",
                         "bye_timeout": "completed"}.get(event.reason, event.reason)
+
+    async def _client_lost(self, synthesizer: Synthesizer) -> None:
+        """Returns once the session has had no control connection for `unattached_timeout_s`: a client
+        that never connected, or whose connection closed and did not come back, is gone without a BYE."""
+        timeout = self._server.settings.unattached_timeout_s
+        while True:
+            try:
+                await asyncio.wait_for(synthesizer.attached.wait(), timeout)
+            except TimeoutError:
+                return
+            await synthesizer.detached.wait()
 
     def _reject(self, status: int, reason: str, detail: str, kind: str) -> str:
         self._log.info("mrcp_session_rejected", status=status, detail=detail)

@@ -83,12 +83,17 @@ class Synthesizer:
         self._last_request_id = -1
         self._last_marker: str | None = None
         self._send: Callable[[bytes], None] = lambda data: None
+        self._connection: object | None = None  # the connection the last request came on
+        # Set while that connection is open / once it closed: the session ends a channel left without one.
+        self.attached, self.detached = asyncio.Event(), asyncio.Event()
         self._log = log.bind(call_id=call_id[:64], channel=channel)
 
     # -- requests ----------------------------------------------------------------------------------
-    def handle(self, request: MrcpRequest, send: Callable[[bytes], None]) -> None:
-        """Answer one request of this channel; `send` writes to the connection it came on."""
-        self._send = send
+    def handle(self, request: MrcpRequest, send: Callable[[bytes], None], connection: object) -> None:
+        """Answer one request of this channel; `send` writes to `connection`, the one it came on."""
+        self._send, self._connection = send, connection
+        self.attached.set()
+        self.detached.clear()
         metrics.mrcp_requests_total.labels(method=metrics.mrcp_method_label(request.method)).inc()
         try:
             if request.request_id <= self._last_request_id:
@@ -243,6 +248,9 @@ class Synthesizer:
                 await self._media.play(stream)
             except SynthesisFailed as exc:
                 cause, reason = ERROR, str(exc)
+            except Exception as exc:  # a bug while playing ends this SPEAK, never the channel
+                self._log.exception("mrcp_speak_failed_unexpectedly", request_id=speak.request_id)
+                cause, reason = ERROR, repr(exc)
             finally:
                 stream.cancel()
         self._speaking = None
@@ -280,6 +288,13 @@ class Synthesizer:
     def _marker(self) -> str:
         self._last_marker = f"timestamp={int((time.time() + _NTP_EPOCH_OFFSET) * 2**32)}"
         return self._last_marker
+
+    def connection_lost(self, connection: object) -> None:
+        """`connection` closed: if it was this channel's, the channel waits for the client to come back."""
+        if connection is self._connection:
+            self._connection = None
+            self.attached.clear()
+            self.detached.set()
 
     async def close(self) -> None:
         """The session ended: stop speaking and drop the queue (the client is gone; nothing is sent)."""

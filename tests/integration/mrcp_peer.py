@@ -62,6 +62,19 @@ class SipLeg:
                 f"Call-ID: mrcp-{self.port}@127.0.0.1\r\nCSeq: {cseq} {method}\r\nMax-Forwards: 70\r\n"
                 "Content-Length: 0\r\n\r\n").encode()
 
+    async def wait_for_bye(self, timeout: float) -> None:
+        """Until the gateway's BYE arrives (answered 200, as a client would)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            data = (await asyncio.wait_for(loop.sock_recv(self.sock, 65535), timeout)).decode()
+            if data.startswith("BYE "):
+                head = data.split("\r\n\r\n", 1)[0].split("\r\n")[1:]
+                keep = [h for h in head if h.split(":", 1)[0].lower() in ("via", "from", "to", "call-id", "cseq")]
+                response = "SIP/2.0 200 OK\r\n" + "\r\n".join(keep) + "\r\nContent-Length: 0\r\n\r\n"
+                await loop.sock_sendto(self.sock, response.encode(), self.sip_address)
+                self.sock.close()
+                return
+
     async def bye(self) -> None:
         loop = asyncio.get_running_loop()
         await loop.sock_sendto(self.sock, self._request("BYE", 2), self.sip_address)

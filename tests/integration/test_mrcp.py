@@ -292,6 +292,23 @@ async def test_an_mrcp_offer_without_mrcp_enabled_gets_488(tmp_path):
         assert await serve.stop() == 0
 
 
+async def test_a_session_whose_client_is_gone_is_ended_with_bye(tmp_path):
+    async with serving(tmp_path, "mrcp.unattached_timeout_s=1") as serve:
+        rtp = await rtp_recorder()
+        never = await invite(serve.sip_address, rtp.port)  # answered, but never opens its control connection
+        await never.wait_for_bye(timeout=10)
+        left = await open_session(serve.sip_address)  # connects, is served, then its connection closes
+        left.control.send("GET-PARAMS", 1, left.channel)
+        assert (await left.control.read()).status == 200
+        left.control.close()
+        await left.leg.wait_for_bye(timeout=10)
+        for _ in range(2):
+            event = await serve.wait_for_event("mrcp_session_ended")
+            assert event["outcome"] == "client_lost"
+        rtp.transport.close()
+        left.rtp.transport.close()
+
+
 async def test_a_session_while_full_is_refused_with_503(tmp_path):
     async with serving(tmp_path, "sip.max_calls=1") as serve:
         session = await open_session(serve.sip_address)
