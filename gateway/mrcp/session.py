@@ -19,6 +19,7 @@ import structlog
 
 from engines.base import SpeechEngine
 from gateway import metrics
+from gateway.call import dialog_outcome
 from gateway.media.call_media import MediaEngine, PortsExhausted
 from gateway.media.sdp import NoCommonCodec, SdpError
 from gateway.mrcp.sdp import SYNTHESIZER, MrcpOfferError, answer_with_control, synthesizer_offer
@@ -102,8 +103,7 @@ class MrcpSession:
         while True:
             event = await self.call.events.get()
             if isinstance(event, Ended):
-                return {"remote_bye": "caller_hangup", "local_bye": "completed",
-                        "bye_timeout": "completed"}.get(event.reason, event.reason)
+                return dialog_outcome(event)
 
     async def _client_lost(self, synthesizer: Synthesizer) -> None:
         """Returns once the session has had no control connection for `unattached_timeout_s`: a client
