@@ -14,8 +14,8 @@ registry = CollectorRegistry(auto_describe=True)
 calls_active = Gauge("gateway_calls_active", "Calls currently answered or ringing", registry=registry)
 calls_total = Counter(
     "gateway_calls_total",
-    "Calls that ended, by outcome (completed, caller_hangup, cancelled, rejected, failed, ack_timeout, "
-    "media_timeout, hold_timeout)",
+    "Calls and MRCP sessions that ended, by outcome (completed, caller_hangup, cancelled, rejected, failed, "
+    "ack_timeout, media_timeout, hold_timeout, client_lost)",
     ["outcome"],
     registry=registry,
 )

@@ -7,6 +7,9 @@ sends nothing, but its socket stays open to receive DTMF. A prompt's first packe
 call's next tick: it goes out as soon as its audio is buffered, as the packet of the tick just passed
 (`_start_talkspurt`).
 
+`pause()` takes a playing prompt off the clock and `resume()` puts it back, its buffered audio kept (MRCP
+PAUSE/RESUME, and STOP before its play task is cancelled).
+
 On hold (the peer's offer says we may not send), a playing prompt keeps running in time and its
 frames are dropped unsent: `play()` still ends when the prompt's last sample is due, and the engine
 stream never backs up behind a caller who pressed hold.

@@ -309,6 +309,21 @@ async def test_a_session_whose_client_is_gone_is_ended_with_bye(tmp_path):
         left.rtp.transport.close()
 
 
+async def test_many_sessions_at_once_each_hear_their_speak(tmp_path):
+    async with serving(tmp_path) as serve:
+        sessions = await asyncio.gather(*(open_session(serve.sip_address) for _ in range(8)))
+        assert len({session.channel for session in sessions}) == 8
+        for number, session in enumerate(sessions):
+            await speak(session, 1, f"Session number {number}.")
+        for session in sessions:
+            assert (await session.control.read()).state == "IN-PROGRESS"
+            done = await session.control.read(timeout=30)
+            assert (done.event, done.headers["Completion-Cause"]) == ("SPEAK-COMPLETE", "000 normal")
+            assert rms(session.rtp.audio("PCMU")) > 0.03
+            assert_framed(session)
+        await asyncio.gather(*(session.close() for session in sessions))
+
+
 async def test_a_session_while_full_is_refused_with_503(tmp_path):
     async with serving(tmp_path, "sip.max_calls=1") as serve:
         session = await open_session(serve.sip_address)
