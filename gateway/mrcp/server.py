@@ -37,6 +37,7 @@ from gateway.mrcp.synthesizer import Synthesizer
 log = structlog.get_logger(__name__)
 
 _READ_BYTES = 65536
+_MESSAGES_PER_TURN = 8  # then yield to the loop: a pipelined burst must not hold back the packet clock
 _MAX_UNSENT_BYTES = 1 << 20  # a client that does not read its responses is cut off past this
 
 
@@ -123,7 +124,11 @@ class MrcpServer:
             if not data:
                 return
             buffer += data
+            taken = 0
             while buffer:
+                taken += 1
+                if taken % _MESSAGES_PER_TURN == 0:
+                    await asyncio.sleep(0)
                 try:
                     framed = read_request(buffer, self.settings.max_message_bytes)
                 except MessageError as exc:

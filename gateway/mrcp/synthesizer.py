@@ -49,6 +49,7 @@ log = structlog.get_logger(__name__)
 NORMAL, PARSE_FAILURE, URI_FAILURE, ERROR, LANGUAGE_UNSUPPORTED = (
     "000 normal", "002 parse-failure", "003 uri-failure", "004 error", "005 language-unsupported")
 _NTP_EPOCH_OFFSET = 2208988800  # seconds from 1900 to 1970 (RFC 5905)
+MAX_QUEUED = 32  # SPEAKs waiting behind the one speaking; more are refused (004), so a client cannot hoard memory
 
 
 class SpeakRefused(Exception):
@@ -130,6 +131,9 @@ class Synthesizer:
             self._log.info("mrcp_speak_refused", request_id=request.request_id, cause=exc.cause, reason=exc.reason)
             metrics.mrcp_speaks_total.labels(cause=exc.cause[4:]).inc()
             self._respond(request, METHOD_FAILED, headers=_completion(exc.cause, exc.reason))
+            return
+        if self._speaking is not None and len(self._queue) >= MAX_QUEUED:
+            self._respond(request, METHOD_FAILED, headers=_completion(ERROR, f"{MAX_QUEUED} SPEAKs already queued"))
             return
         if self._speaking is not None:
             self._queue.append(speak)
