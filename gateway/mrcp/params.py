@@ -2,8 +2,8 @@
 SET-PARAMS may set, and whether a value is legal. Pure.
 
 Settable and used: Voice-Name (a voice or alias of the engine), Speech-Language (picks a voice when no
-Voice-Name is set), Kill-On-Barge-In. Settable and reported by GET-PARAMS but not yet applied to the audio:
-Prosody-Rate (no engine takes a rate yet). Speech-Marker is read-only (the last marker's timestamp). Other
+Voice-Name is set), Kill-On-Barge-In, Prosody-Rate (the request option `rate`, a multiplier as in SSML 1.0
+prosody, for engines that say `honours_rate`; the others speak at their own pace). Speech-Marker is read-only (the last marker's timestamp). Other
 §8.4 fields are known and ignored (a SET-PARAMS naming one answers 201, §5.4); a name outside the RFC's
 lists is refused with 403.
 """
@@ -26,7 +26,7 @@ IGNORED = frozenset(name.lower() for name in (
     "Fetch-Hint", "Audio-Fetch-Hint", "Failed-URI", "Failed-URI-Cause", "Speak-Restart", "Speak-Length",
     "Load-Lexicon", "Lexicon-Search-Order", *READ_ONLY))
 _CANONICAL = {name.lower(): name for name in SETTABLE + READ_ONLY}
-_RATE_WORDS = ("x-slow", "slow", "medium", "fast", "x-fast", "default")
+RATE_WORDS = {"x-slow": 0.5, "slow": 0.75, "medium": 1.0, "default": 1.0, "fast": 1.25, "x-fast": 1.5}
 _LANGUAGE = re.compile(r"[A-Za-z]{1,8}(-[A-Za-z0-9]{1,8})*")
 
 
@@ -71,8 +71,8 @@ def _value_problem(field: str, value: str) -> str | None:
         if not _LANGUAGE.fullmatch(value):
             return f"{value[:40]!r} is not a language tag (RFC 5646, e.g. en-US)"
     elif field == "Prosody-Rate":
-        if value.lower() not in _RATE_WORDS and not _positive_number(value):
-            return f"{value[:20]!r}: expected {', '.join(_RATE_WORDS)} or a positive number (§8.4.8)"
+        if value.lower() not in RATE_WORDS and not _positive_number(value):
+            return f"{value[:20]!r}: expected {', '.join(RATE_WORDS)} or a number from 0.25 to 4 (§8.4.8)"
     elif field == "Kill-On-Barge-In":
         if value.lower() not in ("true", "false"):
             return f"{value[:20]!r}: expected true or false"
@@ -84,4 +84,9 @@ def _positive_number(value: str) -> bool:
         number = float(value)
     except ValueError:
         return False
-    return 0 < number <= 10 and value.replace(".", "", 1).isdigit()
+    return 0.25 <= number <= 4 and value.replace(".", "", 1).isdigit()
+
+
+def rate_multiplier(value: str) -> float:
+    """A checked Prosody-Rate as a multiplier of the voice's pace (1.0: unchanged)."""
+    return RATE_WORDS.get(value.lower()) or float(value)

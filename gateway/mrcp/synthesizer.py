@@ -191,7 +191,9 @@ class Synthesizer:
             text = speech_text(kind, request.body)
         except SpeechTextError as exc:
             raise SpeakRefused(PARSE_FAILURE, str(exc)) from None
-        synthesis = SynthesisRequest(text=text, voice=self._voice(values), call_id=self._call_id)
+        rate = params.rate_multiplier(values.get("Prosody-Rate", "default"))
+        options = {"rate": rate} if rate != 1.0 and getattr(self._engine, "honours_rate", False) else {}
+        synthesis = SynthesisRequest(text=text, voice=self._voice(values), call_id=self._call_id, options=options)
         try:
             self._engine.validate(synthesis)
         except (BadText, EmptyText) as exc:
