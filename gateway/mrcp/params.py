@@ -3,9 +3,9 @@ SET-PARAMS may set, and whether a value is legal. Pure.
 
 Settable and used: Voice-Name (a voice or alias of the engine), Speech-Language (picks a voice when no
 Voice-Name is set), Kill-On-Barge-In, Prosody-Rate (the request option `rate`, a multiplier as in SSML 1.0
-prosody, for engines that say `honours_rate`; the others speak at their own pace). Speech-Marker is read-only (the last marker's timestamp). Other
-§8.4 fields are known and ignored (a SET-PARAMS naming one answers 201, §5.4); a name outside the RFC's
-lists is refused with 403.
+prosody, for engines that say `honours_rate`; the others speak at their own pace). Speech-Marker is read-only
+(the last marker's timestamp). Other §8.4 fields are known and ignored (a SET-PARAMS naming one answers 201,
+§5.4); a name outside the RFC's lists is refused with 403.
 """
 
 from __future__ import annotations

@@ -25,7 +25,8 @@ PACKET_S = 0.020
 @contextlib.asynccontextmanager
 async def serving(tmp_path, *settings: str):
     serve = await start_serve(tmp_path, None, "mrcp.enabled=true", f"mrcp.listen=127.0.0.1:{free_port(1)}",
-                              "media.rtp_port_range=43000-43999", "shutdown.drain_timeout_s=1", *settings, engine="espeak")
+                              "media.rtp_port_range=43000-43999", "shutdown.drain_timeout_s=1", *settings,
+                              engine="espeak")
     try:
         await serve.wait_healthy()
         yield serve
@@ -79,10 +80,9 @@ async def test_umc_text_plain_speak(tmp_path):
     async with serving(tmp_path) as serve:
         workdir = umc_workdir(tmp_path / "umc", serve.sip_port)
         scenario = workdir / "conf" / "umc-scenarios" / "synthesizer.xml"
-        text = scenario.read_text()
-        text = text.replace('<speak enable="1" content-type="application/synthesis+ssml" content-location="speak.xml"/>',
-                            '<speak enable="1" content-type="text/plain" content-location="speak.txt"/>')
-        scenario.write_text(text)
+        ssml = '<speak enable="1" content-type="application/synthesis+ssml" content-location="speak.xml"/>'
+        plain = '<speak enable="1" content-type="text/plain" content-location="speak.txt"/>'
+        scenario.write_text(scenario.read_text().replace(ssml, plain))
         output = await run_umc(workdir, ["run synth"], seconds=4)
     assert "Content-Type: text/plain" in output
     assert "Completion-Cause: 000 normal" in output, output[-4000:]
@@ -322,6 +322,36 @@ async def test_many_sessions_at_once_each_hear_their_speak(tmp_path):
             assert rms(session.rtp.audio("PCMU")) > 0.03
             assert_framed(session)
         await asyncio.gather(*(session.close() for session in sessions))
+
+
+async def test_the_engine_slot_decides_sessions_and_speaks(tmp_path):
+    """One engine slot (a worker, realtime instant engine): a SPEAK holds it while it speaks; meanwhile another
+    session's SPEAK fails with 004 and a new session is refused with 503, as a call would be; after STOP both go."""
+    serve = await start_serve(tmp_path, None, "mrcp.enabled=true", f"mrcp.listen=127.0.0.1:{free_port(1)}",
+                              "media.rtp_port_range=43000-43999", "shutdown.drain_timeout_s=1", "engine.workers=1",
+                              "engine.worker.slots=1", "engine.instant.realtime=true", engine="instant")
+    try:
+        await serve.wait_healthy(status="ok")
+        first, second = await open_session(serve.sip_address), await open_session(serve.sip_address)
+        await speak(first, 1, LONG_TEXT)
+        assert (await first.control.read()).state == "IN-PROGRESS"
+        while (await serve.healthz())[1].get("status") != "full":
+            await asyncio.sleep(0.05)
+        await speak(second, 1, "No room for me.")
+        refused = await second.control.read()
+        assert (refused.status, refused.headers["Completion-Cause"]) == (407, "004 error")
+        rtp = await rtp_recorder()
+        assert (await invite(serve.sip_address, rtp.port)).status.startswith("SIP/2.0 503")
+        rtp.transport.close()
+        first.control.send("STOP", 2, first.channel)
+        assert (await first.control.read()).status == 200
+        await serve.wait_healthy(status="ok")
+        third = await open_session(serve.sip_address)
+        await speak(second, 2, "Now there is room.")
+        assert (await second.control.read()).state == "IN-PROGRESS"
+        await asyncio.gather(first.close(), second.close(), third.close())
+    finally:
+        assert await serve.stop() == 0
 
 
 async def test_a_session_while_full_is_refused_with_503(tmp_path):
