@@ -1,6 +1,7 @@
 """The running gateway: engine + media + SIP + HTTP wired together, with graceful drain.
 
-`Gateway` owns the process-wide parts and one `CallSession` task per admitted INVITE. On SIGTERM it
+`Gateway` owns the process-wide parts and one `CallSession` task per admitted INVITE (an `MrcpSession`,
+gateway/mrcp/, when the INVITE's offer opens an MRCPv2 synthesizer channel). On SIGTERM it
 stops admitting (SIP answers 503 + Retry-After, /healthz turns 503), lets prompts in progress finish
 for at most `drain_timeout_s`, then ends what is left and exits. While the engine is down (the watchdog
 restarts it) or has no free slot, INVITEs and OPTIONS get 503, so a PBX routes elsewhere instead of
