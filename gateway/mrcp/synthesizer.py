@@ -103,8 +103,8 @@ class Synthesizer:
             self._last_request_id = request.request_id
             handler = _HANDLERS.get(request.method)
             if handler is None:
-                raise MessageError(METHOD_NOT_ALLOWED, f"method {request.method[:20]!r} is not one of the "
-                                                       "synthesizer's", request.request_id, 0)
+                raise MessageError(METHOD_NOT_ALLOWED, f"method {request.method[:20]!r} is not served by this "
+                                                       "synthesizer (no lexicons, no recognizer)", request.request_id, 0)
             params.check_names(request.request_id, request.headers)
             handler(self, request)
         except MessageError as exc:
