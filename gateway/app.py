@@ -73,6 +73,7 @@ class Gateway:
         session: CallSession | MrcpSession
         if is_mrcp_offer(call.remote_sdp):
             if self.mrcp is None:
+                metrics.calls_refused_total.labels(reason="mrcp_offer").inc()
                 call.reject(488, "Not Acceptable Here",
                             {"Warning": '399 cosyvoice-gateway "MRCPv2 is not enabled here (mrcp.enabled)"'})
                 return None

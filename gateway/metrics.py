@@ -160,7 +160,7 @@ engine_restarts_total = Counter(
 calls_refused_total = Counter(
     "gateway_calls_refused_total",
     "INVITEs refused before answer, by reason (bad_text, no_prompt, unknown_voice, no_capacity, "
-    "first_audio_bound, engine_unavailable, draining, max_calls, no_rtp_ports, no_codec, other)",
+    "first_audio_bound, engine_unavailable, draining, max_calls, no_rtp_ports, no_codec, mrcp_offer, other)",
     ["reason"],
     registry=registry,
 )

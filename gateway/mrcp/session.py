@@ -57,7 +57,7 @@ class MrcpSession:
         try:
             control = synthesizer_offer(call.remote_sdp or "", tls_available=self._server.tls_port is not None)
         except (MrcpOfferError, SdpError) as exc:
-            return self._reject(488, "Not Acceptable Here", str(exc), "no_codec")
+            return self._reject(488, "Not Acceptable Here", str(exc), "mrcp_offer")
         try:
             media = await self._media_engine.open_call(call.call_id, call.remote_sdp or "",
                                                        signalling_source=call.source[0])
