@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
+import signal
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -350,6 +353,31 @@ async def test_the_engine_slot_decides_sessions_and_speaks(tmp_path):
         await speak(second, 2, "Now there is room.")
         assert (await second.control.read()).state == "IN-PROGRESS"
         await asyncio.gather(first.close(), second.close(), third.close())
+    finally:
+        assert await serve.stop() == 0
+
+
+async def test_an_engine_failing_mid_speak_ends_that_speak_with_004_not_the_session(tmp_path):
+    serve = await start_serve(tmp_path, None, "mrcp.enabled=true", f"mrcp.listen=127.0.0.1:{free_port(1)}",
+                              "media.rtp_port_range=43000-43999", "shutdown.drain_timeout_s=1", "engine.workers=1",
+                              "engine.instant.realtime=true", engine="instant")
+    try:
+        await serve.wait_healthy(status="ok")
+        session = await open_session(serve.sip_address)
+        await speak(session, 1, LONG_TEXT)
+        assert (await session.control.read()).state == "IN-PROGRESS"
+        await session.rtp.wait_for_packets(10)
+        children = Path(f"/proc/{serve.process.pid}/task/{serve.process.pid}/children").read_text().split()
+        (worker,) = [int(pid) for pid in children if b"engine_service" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        os.kill(worker, signal.SIGKILL)
+        failed = await session.control.read(timeout=30)
+        assert (failed.event, failed.request_id, failed.headers["Completion-Cause"]) == ("SPEAK-COMPLETE", 1,
+                                                                                          "004 error")
+        await serve.wait_healthy(status="ok", timeout_s=60)  # the supervisor started a new worker
+        await speak(session, 2, "Back again.")
+        assert (await session.control.read()).state == "IN-PROGRESS"
+        assert (await session.control.read(timeout=30)).headers["Completion-Cause"] == "000 normal"
+        await session.close()
     finally:
         assert await serve.stop() == 0
 
