@@ -67,6 +67,7 @@ class _Speak:
     synthesis: SynthesisRequest
     kill_on_barge_in: bool
     task: asyncio.Task[None] | None = None
+    playing: bool = False  # its engine stream is admitted and its audio on the way (PAUSE acts on it)
 
 
 class Synthesizer:
@@ -170,7 +171,7 @@ class Synthesizer:
         self._respond(request, SUCCESS_WITH_IGNORE, headers=(("Active-Request-Id-List", str(speaking.request_id)),))
 
     def _in_progress(self, request: MrcpRequest) -> _Speak:
-        if self._speaking is None:
+        if self._speaking is None or not self._speaking.playing:
             raise MessageError(METHOD_NOT_VALID_IN_STATE, f"{request.method} while no SPEAK is in progress",
                                request.request_id, 0)
         return self._speaking
@@ -250,6 +251,7 @@ class Synthesizer:
                 self._send_response(speak.request_id, SUCCESS, "IN-PROGRESS", (("Speech-Marker", marker),))
             self._log.info("mrcp_speak", request_id=speak.request_id, voice=speak.synthesis.voice,
                            chars=len(speak.synthesis.text))
+            speak.playing = True
             try:
                 await self._media.play(stream)
             except SynthesisFailed as exc:
