@@ -1,6 +1,7 @@
 """The running gateway: engine + media + SIP + HTTP wired together, with graceful drain.
 
-`Gateway` owns the process-wide parts and one `CallSession` task per admitted INVITE. On SIGTERM it
+`Gateway` owns the process-wide parts and one `CallSession` task per admitted INVITE (an `MrcpSession`,
+gateway/mrcp/, when the INVITE's offer opens an MRCPv2 synthesizer channel). On SIGTERM it
 stops admitting (SIP answers 503 + Retry-After, /healthz turns 503), lets prompts in progress finish
 for at most `drain_timeout_s`, then ends what is left and exits. While the engine is down (the watchdog
 restarts it) or has no free slot, INVITEs and OPTIONS get 503, so a PBX routes elsewhere instead of
@@ -28,6 +29,9 @@ from gateway.call import CallSession
 from gateway.config import ConfigError, GatewayConfig
 from gateway.engine_watchdog import EngineWatchdog, WatchdogSettings
 from gateway.media.call_media import MediaEngine, MediaSettings
+from gateway.mrcp.sdp import is_mrcp_offer
+from gateway.mrcp.server import MrcpServer, MrcpSettings
+from gateway.mrcp.session import MrcpSession
 from gateway.routing import PromptResolver
 from gateway.sip.uas import InboundCall, SipServer, SipSettings
 
@@ -38,14 +42,17 @@ PACKET_CLOCK_SWITCH_INTERVAL_S = 0.001
 
 class Gateway:
     def __init__(self, engine: SpeechEngine, sip_settings: SipSettings, media_settings: MediaSettings,
-                 resolve_prompt: PromptResolver, watchdog_settings: WatchdogSettings | None = None) -> None:
+                 resolve_prompt: PromptResolver, watchdog_settings: WatchdogSettings | None = None,
+                 mrcp_settings: MrcpSettings | None = None) -> None:
         self.engine = engine
         self.watchdog = EngineWatchdog(engine, watchdog_settings or WatchdogSettings())
         self.media = MediaEngine(media_settings)
         self.sip = SipServer(sip_settings, on_invite=self._on_invite,
                              refusal=lambda: self.watchdog.refusal() or self.media.refusal())
         self.resolve_prompt = resolve_prompt  # replaced once workers say which voice is their default
-        self._sessions: dict[asyncio.Task[str], CallSession] = {}
+        # MRCPv2 (gateway/mrcp/): same SIP port, same admission; the control connections on their own listener
+        self.mrcp = MrcpServer(mrcp_settings, lambda: self.sip.settings.allowed_sources) if mrcp_settings else None
+        self._sessions: dict[asyncio.Task[str], CallSession | MrcpSession] = {}
         self.started_at: float | None = None
 
     async def start(self) -> None:
@@ -54,13 +61,25 @@ class Gateway:
         self.watchdog.start()
         await self.media.start()
         await self.sip.start()
+        if self.mrcp is not None:
+            await self.mrcp.start()
         self.started_at = time.monotonic()
         log.info("gateway_started", engine=self.engine.name, start_s=round(self.started_at - t0, 3),
                  sip_udp=_fmt(self.sip.udp_address), sip_tcp=_fmt(self.sip.tcp_address))
 
-    def _on_invite(self, call: InboundCall) -> asyncio.Task[str]:
-        """Start the call's session; the SIP server counts the call against max_calls until it is done."""
-        session = CallSession(call, self.resolve_prompt, self.engine, self.media)
+    def _on_invite(self, call: InboundCall) -> asyncio.Task[str] | None:
+        """Start the call's session (an MRCP session when the offer opens one); the SIP server counts the call
+        against max_calls until it is done."""
+        session: CallSession | MrcpSession
+        if is_mrcp_offer(call.remote_sdp):
+            if self.mrcp is None:
+                metrics.calls_refused_total.labels(reason="mrcp_offer").inc()
+                call.reject(488, "Not Acceptable Here",
+                            {"Warning": '399 cosyvoice-gateway "MRCPv2 is not enabled here (mrcp.enabled)"'})
+                return None
+            session = MrcpSession(call, self.engine, self.media, self.mrcp, dict(self.mrcp.settings.voice_aliases))
+        else:
+            session = CallSession(call, self.resolve_prompt, self.engine, self.media)
         task = asyncio.get_running_loop().create_task(session.run(), name=f"call-{call.call_id}")
         self._sessions[task] = session
         task.add_done_callback(lambda done: self._sessions.pop(done, None))
@@ -123,6 +142,8 @@ class Gateway:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.sip.stop()
+        if self.mrcp is not None:
+            await self.mrcp.stop()
         await self.media.stop()
         await self.watchdog.stop()
         await self.engine.close()
@@ -213,6 +234,7 @@ async def run(config, load_again: Callable[[], GatewayConfig] | None = None) -> 
         sip_settings=config.sip_settings(budget),
         media_settings=config.media_settings(),
         resolve_prompt=config.prompt_resolver(engine.default_voice),
+        mrcp_settings=config.mrcp_settings(),
     )
     try:
         await gateway.start()

@@ -48,6 +48,12 @@ _REJECT_REASONS = {404: "Not Found", 410: "Gone", 480: "Temporarily Unavailable"
                    604: "Does Not Exist Anywhere"}
 
 
+def dialog_outcome(ended: Ended) -> str:
+    """The outcome (gateway_calls_total's label) of a call or MRCP session whose dialog ended this way."""
+    return {"remote_bye": "caller_hangup", "local_bye": "completed", "bye_timeout": "completed"}.get(
+        ended.reason, ended.reason)
+
+
 def _warning_text(detail: str) -> str:
     """A Warning header's quoted text (RFC 3261 §20.43): printable, no quotes, bounded."""
     return "".join(c if c.isprintable() and c not in '"\\' else "?" for c in detail[:200])
@@ -264,8 +270,7 @@ class CallSession:
         while True:
             event = await self.call.events.get()
             if isinstance(event, Ended):
-                return {"remote_bye": "caller_hangup", "local_bye": "completed",
-                        "bye_timeout": "completed"}.get(event.reason, event.reason)
+                return dialog_outcome(event)
 
     async def _watch_dtmf(self, media: CallMedia, prompt: Prompt, play: asyncio.Task) -> None:
         while True:

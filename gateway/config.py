@@ -1,7 +1,7 @@
 """The gateway's configuration: one YAML file validated at start into typed, frozen objects.
 
 Operators write keys named after what they think of (sip, trunks, media, engine, voices, prompts,
-routes, http, logging, shutdown); every section has defaults that work on loopback, and with no file
+routes, http, logging, shutdown, mrcp); every section has defaults that work on loopback, and with no file
 at all `EMBEDDED_DEFAULT` applies (SIP on 127.0.0.1:5060 UDP+TCP, HTTP on 127.0.0.1:8080, the espeak
 engine, two demo routes). A wrong key or value raises `ConfigError` whose message starts with the key
 path, e.g. `routes[2].voice: unknown field` or `sip.listen: expected HOST:PORT`.
@@ -281,6 +281,44 @@ class LoggingSection(Section):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
 
+class MrcpTlsSection(Section):
+    """TCP/TLS/MRCPv2 (RFC 6787 §4.2 requires servers to offer it): a second listener with this certificate."""
+
+    listen: ListenAddress = HostPort("127.0.0.1", 1545)
+    cert: str = Field(min_length=1)  # PEM certificate chain
+    key: str = Field(min_length=1)  # PEM private key
+
+    @model_validator(mode="after")
+    def _loadable(self) -> MrcpTlsSection:
+        import ssl
+
+        for field, path in (("cert", self.cert), ("key", self.key)):
+            if not Path(path).is_file():
+                raise FieldProblem(field, f"no such file: {path}")
+        try:
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(self.cert, self.key)
+        except (ssl.SSLError, OSError) as exc:
+            raise FieldProblem("cert", f"certificate {self.cert} and key {self.key} do not load together: "
+                                       f"{getattr(exc, 'reason', None) or exc}") from None
+        return self
+
+
+class MrcpSection(Section):
+    """The MRCPv2 synthesizer server (gateway/mrcp/): INVITEs offering TCP/MRCPv2 on the SIP port, their
+    control connections on `listen`. Off by default; with it off such an INVITE gets 488."""
+
+    enabled: bool = False
+    # Clients connect to the SDP's c= address (sip.advertised_host or sip.listen's host) at this port.
+    listen: ListenAddress = HostPort("127.0.0.1", 1544)
+    max_connections: int = Field(200, ge=1)
+    max_message_bytes: int = Field(65536, ge=1024, le=1048576)  # one MRCP message; more: 504 and closed
+    idle_timeout_s: float = Field(3600.0, gt=0)  # no byte on a control connection this long: closed
+    # A session with no control connection this long (never opened, or closed and not reopened) gets our BYE:
+    # a client gone without one must not hold its RTP ports and sip.max_calls place.
+    unattached_timeout_s: float = Field(30.0, gt=0)
+    tls: MrcpTlsSection | None = None
+
+
 class ShutdownSection(Section):
     drain_timeout_s: float = Field(30.0, ge=0)
 
@@ -297,6 +335,7 @@ class GatewayConfig(Section):
     http: HttpSection = HttpSection()
     logging: LoggingSection = LoggingSection()
     shutdown: ShutdownSection = ShutdownSection()
+    mrcp: MrcpSection = MrcpSection()
     # The speech API (HTTP, WebSocket, jambonz) the engine workers serve; its keys are checked by the
     # worker at start (engine_service/api/settings.py), a mistake there stops the start with exit 2.
     tts_api: dict[str, Any] | None = None
@@ -453,6 +492,20 @@ class GatewayConfig(Section):
                              max_playout_delay_ms=media.max_playout_delay_ms, rtcp_interval_s=media.rtcp_interval_s,
                              rtp_latching=media.rtp_latching, dtmf_max_per_second=media.dtmf_max_per_second,
                              inactivity_timeout_s=media.inactivity_timeout_s, hold_timeout_s=media.hold_timeout_s)
+
+    def mrcp_settings(self):
+        """The MRCP server's settings, or None when `mrcp.enabled` is false."""
+        if not self.mrcp.enabled:
+            return None
+        from gateway.mrcp.server import MrcpSettings
+
+        mrcp = self.mrcp
+        return MrcpSettings(listen_host=mrcp.listen.host, listen_port=mrcp.listen.port,
+                            max_connections=mrcp.max_connections, max_message_bytes=mrcp.max_message_bytes,
+                            idle_timeout_s=mrcp.idle_timeout_s, unattached_timeout_s=mrcp.unattached_timeout_s,
+                            voice_aliases=tuple(self.voices.items()),
+                            tls_listen=(mrcp.tls.listen.host, mrcp.tls.listen.port) if mrcp.tls else None,
+                            tls_cert=mrcp.tls.cert if mrcp.tls else None, tls_key=mrcp.tls.key if mrcp.tls else None)
 
     def prompt_resolver(self, default_voice: str | None = None) -> PromptRouter:
         """INVITE -> Prompt over these routes and prompts (gateway/routing.py owns the lookup).

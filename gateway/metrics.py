@@ -14,8 +14,8 @@ registry = CollectorRegistry(auto_describe=True)
 calls_active = Gauge("gateway_calls_active", "Calls currently answered or ringing", registry=registry)
 calls_total = Counter(
     "gateway_calls_total",
-    "Calls that ended, by outcome (completed, caller_hangup, cancelled, rejected, failed, ack_timeout, "
-    "media_timeout, hold_timeout, announced_reject, prack_timeout, session_expired)",
+    "Calls and MRCP sessions that ended, by outcome (completed, caller_hangup, cancelled, rejected, failed, "
+    "ack_timeout, media_timeout, hold_timeout, announced_reject, prack_timeout, session_expired, client_lost)",
     ["outcome"],
     registry=registry,
 )
@@ -160,7 +160,7 @@ engine_restarts_total = Counter(
 calls_refused_total = Counter(
     "gateway_calls_refused_total",
     "INVITEs refused before answer, by reason (bad_text, bad_header, no_prompt, unknown_voice, no_capacity, "
-    "first_audio_bound, engine_unavailable, draining, max_calls, no_rtp_ports, no_codec, other)",
+    "first_audio_bound, engine_unavailable, draining, max_calls, no_rtp_ports, no_codec, mrcp_offer, other)",
     ["reason"],
     registry=registry,
 )
@@ -183,4 +183,35 @@ engine_worker_streams_lost_total = Counter(
     "gateway_engine_worker_streams_lost_total",
     "Streams ended because their engine worker died, went silent or its link broke (each call gets a BYE)",
     ["worker"], registry=registry,
+)
+
+# MRCPv2 synthesizer sessions (gateway/mrcp/)
+mrcp_sessions_active = Gauge("gateway_mrcp_sessions_active", "MRCPv2 synthesizer sessions answered and not ended",
+                             registry=registry)
+mrcp_requests_total = Counter(
+    "gateway_mrcp_requests_total",
+    "MRCPv2 requests taken for a channel, by method (unknown methods count as OTHER)",
+    ["method"],
+    registry=registry,
+)
+MRCP_METHOD_LABELS = frozenset({"SPEAK", "STOP", "PAUSE", "RESUME", "BARGE-IN-OCCURRED", "CONTROL", "SET-PARAMS",
+                                "GET-PARAMS", "DEFINE-LEXICON"})
+
+
+def mrcp_method_label(method: str) -> str:
+    return method if method in MRCP_METHOD_LABELS else "OTHER"
+
+
+mrcp_speaks_total = Counter(
+    "gateway_mrcp_speaks_total",
+    "MRCPv2 SPEAKs ended or refused, by Completion-Cause (normal, parse-failure, uri-failure, error, "
+    "language-unsupported); a SPEAK ended by STOP or barge-in counts as stopped",
+    ["cause"],
+    registry=registry,
+)
+mrcp_malformed_total = Counter(
+    "gateway_mrcp_malformed_total",
+    "MRCPv2 messages answered with a 4xx/5xx before reaching a channel (framing, start line, headers, unknown "
+    "channel)",
+    registry=registry,
 )

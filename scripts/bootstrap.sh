@@ -9,6 +9,7 @@ venv="${COSYVOICE_GATEWAY_VENV:-$root/.venv}"
 need_apt=()
 command -v sipp >/dev/null || need_apt+=(sip-tester)
 command -v espeak-ng >/dev/null || need_apt+=(espeak-ng)
+dpkg -s libsofia-sip-ua0 libapr1 libaprutil1 >/dev/null 2>&1 || need_apt+=(libapr1 libaprutil1 libsofia-sip-ua0)  # UniMRCP umc, the MRCP tests' client
 # the failover test runs Kamailio's dispatcher in front of several gateways (sip_config/kamailio/)
 command -v kamailio >/dev/null || [ -x /usr/sbin/kamailio ] || need_apt+=(kamailio)
 # the TTS API's try-a-voice page is tested in a real headless browser

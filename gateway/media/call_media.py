@@ -7,6 +7,9 @@ sends nothing, but its socket stays open to receive DTMF. A prompt's first packe
 call's next tick: it goes out as soon as its audio is buffered, as the packet of the tick just passed
 (`_start_talkspurt`).
 
+`pause()` takes a playing prompt off the clock and `resume()` puts it back, its buffered audio kept (MRCP
+PAUSE/RESUME, and STOP before its play task is cancelled).
+
 On hold (the peer's offer says we may not send), a playing prompt keeps running in time and its
 frames are dropped unsent: `play()` still ends when the prompt's last sample is due, and the engine
 stream never backs up behind a caller who pressed hold.
@@ -251,6 +254,16 @@ class CallMedia:
             self._done = None
             if not buffer.finished:
                 buffer.flush()
+
+    def pause(self) -> None:
+        """Send nothing from the next tick on, keeping the prompt's buffered audio (MRCP PAUSE, and STOP
+        before its task is cancelled, so no packet leaves after the response)."""
+        self._clock.unsubscribe(self._on_tick)
+
+    def resume(self) -> None:
+        """Carry on with the paused prompt from where it stopped (MRCP RESUME); nothing when none plays."""
+        if self._done is not None and not self._closed:
+            self._clock.subscribe(self._on_tick)
 
     def _start_talkspurt(self) -> None:
         """The prompt's first audio is buffered: send its first frame now, not at the call's next tick.

@@ -282,3 +282,24 @@ def test_a_typo_in_the_cosyvoice2_block_is_a_one_line_error_at_load():
 def test_rtp_binds_a_local_address_and_the_sdp_advertises_another(overrides, bind, advertised):
     media = load_config(None, overrides).media_settings()
     assert (media.bind_host, media.advertised_host) == (bind, advertised)
+
+
+@pytest.mark.parametrize(("overrides", "expected"), [
+    ({"mrcp.listen": "1544"}, "mrcp.listen: expected HOST:PORT"),
+    ({"mrcp.enabled": "sometimes"}, "mrcp.enabled: "),
+    ({"mrcp.max_message_bytes": 100}, "mrcp.max_message_bytes: "),
+    ({"mrcp.tls": {"cert": "/nonexistent/cert.pem", "key": "/nonexistent/key.pem"}},
+     "mrcp.tls.cert: no such file: /nonexistent/cert.pem"),
+    ({"mrcp.tls": {"cert": __file__, "key": __file__}}, "mrcp.tls.cert: certificate "),
+])
+def test_mrcp_mistakes_name_their_key(overrides, expected):
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, overrides)
+    assert caught.value.errors[0].startswith(expected), caught.value.errors
+
+
+def test_mrcp_is_off_unless_enabled_and_takes_the_voice_aliases():
+    assert load_config(None).mrcp_settings() is None
+    settings = load_config(None, {"mrcp.enabled": True, "mrcp.listen": "0.0.0.0:1544",
+                                  "voices": {"en-US": "en"}}).mrcp_settings()
+    assert (settings.listen_host, settings.listen_port, settings.voice_aliases) == ("0.0.0.0", 1544, (("en-US", "en"),))
