@@ -41,7 +41,7 @@ from gateway.mrcp.message import (
     MrcpRequest,
     MrcpResponse,
 )
-from gateway.mrcp.speech_text import SSML_TYPES, TEXT_TYPES, URI_LIST, SpeechTextError, media_type, speech_text
+from gateway.mrcp.speech_text import SSML_TYPES, TEXT_TYPES, URI_LIST, SpeechTextError, media_type, speak_request
 
 log = structlog.get_logger(__name__)
 
@@ -188,13 +188,12 @@ class Synthesizer:
         if kind not in TEXT_TYPES + SSML_TYPES:
             raise MessageError(UNSUPPORTED_HEADER_VALUE, f"Content-Type {kind[:40]!r}: expected one of "
                                                          f"{', '.join(TEXT_TYPES + SSML_TYPES)}", request.request_id, 0)
-        try:
-            text = speech_text(kind, request.body)
-        except SpeechTextError as exc:
-            raise SpeakRefused(PARSE_FAILURE, str(exc)) from None
         rate = params.rate_multiplier(values.get("Prosody-Rate", "default"))
         options = {"rate": rate} if rate != 1.0 and getattr(self._engine, "honours_rate", False) else {}
-        synthesis = SynthesisRequest(text=text, voice=self._voice(values), call_id=self._call_id, options=options)
+        try:
+            synthesis = speak_request(kind, request.body, self._voice(values), call_id=self._call_id, options=options)
+        except SpeechTextError as exc:
+            raise SpeakRefused(PARSE_FAILURE, str(exc)) from None
         try:
             self._engine.validate(synthesis)
         except (BadText, EmptyText) as exc:

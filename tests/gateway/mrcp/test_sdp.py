@@ -6,7 +6,8 @@ import pytest
 
 from gateway.media.sdp import SdpAnswerer
 from gateway.mrcp.sdp import MrcpOfferError, answer_with_control, is_mrcp_offer, synthesizer_offer
-from gateway.mrcp.speech_text import SpeechTextError, speech_text
+from engines.ssml import Pause
+from gateway.mrcp.speech_text import SpeechTextError, speak_request
 
 # What UniMRCP 1.8's client (umc, profile uni2) sends
 UNIMRCP_OFFER = ("v=0\r\no=UniMRCPClient 0 0 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\n"
@@ -51,19 +52,29 @@ def test_offers_we_cannot_serve_are_named(change, words):
         synthesizer_offer(UNIMRCP_OFFER.replace(*change), tls_available=False)
 
 
-def test_ssml_is_reduced_to_its_words():
+def test_ssml_goes_through_the_one_ssml_module_breaks_as_silence():
     document = (b'<?xml version="1.0"?><speak version="1.0" xml:lang="en-US" '
                 b'xmlns="http://www.w3.org/2001/10/synthesis"><p><s>Welcome to</s><s>Uni MRCP.</s></p>'
                 b'<break time="300ms"/>Call <sub alias="World Wide Web">WWW</sub> now</speak>')
-    assert speech_text("application/ssml+xml", document) == "Welcome to Uni MRCP. Call World Wide Web now"
+    request = speak_request("application/ssml+xml", document, "en")
+    words = " ".join(request.text.split())
+    assert "Welcome to" in words and "Uni MRCP." in words and "Call World Wide Web now" in words
+    assert "WWW" not in words
+    # the paragraph's pause and the 300 ms break are one silence before "Call ..." (joined by engines.ssml)
+    pauses = [segment.ms for segment in request.segments if isinstance(segment, Pause)]
+    assert max(pauses) >= 300 and request.segments[-1].text == "Call World Wide Web now"
+
+
+def test_plain_text_is_spoken_as_written_even_when_it_looks_like_markup():
+    request = speak_request("text/plain", "  <speak>not parsed</speak> ".encode(), "en")
+    assert (request.text, request.segments) == ("<speak>not parsed</speak>", ())
 
 
 @pytest.mark.parametrize("document", [
     b'<?xml version="1.0"?><!DOCTYPE speak [<!ENTITY a "aaaa">]><speak>&a;</speak>',  # entity expansion
     b"<speak>unclosed",
-    b"<html>not ssml</html>",
     b"\xff\xfe",
 ])
 def test_ssml_that_cannot_be_spoken(document):
     with pytest.raises(SpeechTextError):
-        speech_text("application/ssml+xml", document)
+        speak_request("application/ssml+xml", document, "en")
