@@ -364,7 +364,9 @@ async def test_an_rtcp_send_that_fails_is_counted_and_the_call_still_frees_its_s
     port = media.local_port
     await media.close()
     assert send_failures("rtcp") >= failures_before + 2  # the BYE at hang-up failed as well
-    assert len(os.listdir("/proc/self/fd")) == fds_before + 1  # the phone's socket is the only new one
+    # the phone's socket is the only new one (at most: descriptors of earlier tests may close meanwhile, and
+    # the ports bound again below prove the call's two sockets are gone)
+    assert len(os.listdir("/proc/self/fd")) <= fds_before + 1
     assert engine.port_pairs_free == free_before and engine.active_calls == 0
     for reuse in (port, port + 1):  # both ports can be bound again
         transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(
