@@ -12,14 +12,14 @@
 The family (2 or 3) is read from the directory, never configured: the yaml's file name and the
 classes it names for llm / flow / hift must agree (`tts_core/model_family.py`). Errors name the
 missing file or the disagreeing class in one line. Builders for the model parts live next to each part; this module
-only builds the speech LM, whose sizes all come from the directory itself.
+only builds the speech LMs (CosyVoice2's and CosyVoice3's), whose sizes all come from the directory itself.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -27,8 +27,12 @@ from tts_core.checkpoint import load_strict, read_state_dict
 from tts_core.llm.qwen2 import Qwen2Config
 from tts_core.llm.sampling import SamplingConfig
 from tts_core.llm.speech_lm import SpeechTokenLM
+from tts_core.llm.speech_lm3 import CosyVoice3LM
 from tts_core.model_config import load_model_yaml
 from tts_core.model_family import ModelFamily, detect_family
+from tts_core.text.cosyvoice3 import ENDOFPROMPT, cosyvoice3_tokenizer
+
+LM = TypeVar("LM", bound=SpeechTokenLM)
 
 QWEN_DIR_NAME = "CosyVoice-BlankEN"
 
@@ -105,17 +109,34 @@ def load_speech_lm(model_dir: ModelDir | str | Path, device: torch.device | str 
     """Build the CosyVoice2 speech LM from the directory's configs and load `llm.pt` strictly."""
     md = model_dir if isinstance(model_dir, ModelDir) else ModelDir.open(model_dir, family=2)
     md.family.require(2, md.root)
-    section = md.llm_section
+    lm = SpeechTokenLM(md.qwen_config, speech_token_size=_speech_token_size(md),
+                       llm_input_size=md.llm_section.get("llm_input_size"),
+                       llm_output_size=md.llm_section.get("llm_output_size"))
+    return _load_llm_weights(lm, md, device, dtype)
+
+
+def load_speech_lm3(model_dir: ModelDir | str | Path, device: torch.device | str = "cpu",
+                    dtype: torch.dtype = torch.float32) -> CosyVoice3LM:
+    """Build the CosyVoice3 speech LM; `<|endofprompt|>`'s id comes from the directory's tokenizer."""
+    md = model_dir if isinstance(model_dir, ModelDir) else ModelDir.open(model_dir, family=3)
+    md.family.require(3, md.root)
+    endofprompt = cosyvoice3_tokenizer(md.qwen_dir).token_id(ENDOFPROMPT)
+    if endofprompt is None:
+        raise ValueError(f"{md.qwen_dir}: the tokenizer has no {ENDOFPROMPT}")
+    lm = CosyVoice3LM(md.qwen_config, speech_token_size=_speech_token_size(md), endofprompt_id=endofprompt,
+                      llm_input_size=md.llm_section.get("llm_input_size"),
+                      llm_output_size=md.llm_section.get("llm_output_size"))
+    return _load_llm_weights(lm, md, device, dtype)
+
+
+def _speech_token_size(md: ModelDir) -> int:
     try:
-        speech_token_size = int(section["speech_token_size"])
+        return int(md.llm_section["speech_token_size"])
     except KeyError:
         raise ValueError(f"{md.yaml_path}: llm.speech_token_size is missing") from None
-    lm = SpeechTokenLM(
-        md.qwen_config,
-        speech_token_size=speech_token_size,
-        llm_input_size=section.get("llm_input_size"),
-        llm_output_size=section.get("llm_output_size"),
-    )
+
+
+def _load_llm_weights(lm: LM, md: ModelDir, device: torch.device | str, dtype: torch.dtype) -> LM:
     load_strict(lm, read_state_dict(md.llm_path), str(md.llm_path))
     return lm.to(device=device, dtype=dtype).eval()
 
