@@ -20,12 +20,11 @@ from typing import Any
 import structlog
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from tts_core.checkpoint import load_strict, read_state_dict
 from tts_core.flow.config import OFFICIAL_N_TIMESTEPS
 from tts_core.flow.dit import DiTConfig, DiTEstimator
-from tts_core.flow.model import FlowConditioning
+from tts_core.flow.model import FlowConditioning, check_official_call, speaker_condition
 from tts_core.flow.sampler import FlowSampler
 from tts_core.flow.token_encoder import PreLookahead
 from tts_core.model_family import detect_family
@@ -98,8 +97,7 @@ class DiTFlowModel(nn.Module):
                                    cfg.t_scheduler, cfg.inference_cfg_rate)
 
     def speaker(self, embedding: torch.Tensor) -> torch.Tensor:
-        """(1, 192) x-vector -> (1, 80) conditioning (L2-normalised first, as trained)."""
-        return self.spk_embed_affine_layer(F.normalize(embedding, dim=1))
+        return speaker_condition(self.spk_embed_affine_layer, embedding)
 
     def token_features(self, tokens: torch.Tensor, finalize: bool) -> torch.Tensor:
         """All tokens (prompt included) -> (1, rendered tokens, 80) before the x token_mel_ratio repeat."""
@@ -127,12 +125,8 @@ class DiTFlowModel(nn.Module):
                   embedding: torch.Tensor, streaming: bool, finalize: bool) -> tuple[torch.Tensor, None]:
         """Official signature. Returns (mel (1, 80, new frames) float32, None); batch 1, the lengths
         must equal the tensors' sizes."""
-        for name, tensor, length in (("token", token, token_len), ("prompt_token", prompt_token, prompt_token_len),
-                                     ("prompt_feat", prompt_feat, prompt_feat_len)):
-            if int(length.reshape(-1)[0]) != tensor.size(1):
-                raise ValueError(f"flow: {name}_len={int(length.reshape(-1)[0])} but {name} has {tensor.size(1)}")
-        if not finalize and token.size(1) + prompt_token.size(1) <= self.cfg.pre_lookahead_len:
-            raise ValueError("flow: a non-final call needs more tokens than the lookahead")
+        check_official_call(token, token_len, prompt_token, prompt_token_len, prompt_feat, prompt_feat_len, finalize,
+                            self.cfg.pre_lookahead_len)
         c = self.condition(token, prompt_token, prompt_feat, embedding, finalize)
         mel = self.decoder(c.mu, c.mask, c.spks, c.cond, streaming)
         return mel[:, :, c.prompt_frames:], None

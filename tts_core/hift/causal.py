@@ -30,12 +30,12 @@ from tts_core.hift.causal_layers import (
     CausalConv1d,
     CausalDownsampleConv,
     CausalF0Predictor,
-    CausalResBlock,
     CausalUpsampleConv,
+    causal_resblock,
 )
 from tts_core.hift.causal_source import CausalHarmonicSource
 from tts_core.hift.config import HiftConfig, hift_config_from
-from tts_core.hift.generator import _MAX_MAGNITUDE, Mix, mix_stage
+from tts_core.hift.generator import Mix, mix_stage, source_spectrum, spectrum_to_wave
 from tts_core.model_family import detect_family
 
 log = structlog.get_logger(__name__)
@@ -63,10 +63,10 @@ class CausalHiftGenerator(nn.Module):
             else CausalDownsampleConv(spectrum, ch // 2 ** (i + 1), s * 2, s)
             for i, s in enumerate(strides))
         self.source_resblocks = nn.ModuleList(
-            CausalResBlock(ch // 2 ** (i + 1), k, d)
+            causal_resblock(ch // 2 ** (i + 1), k, d)
             for i, (k, d) in enumerate(zip(cfg.source_resblock_kernel_sizes, cfg.source_resblock_dilation_sizes)))
         self.resblocks = nn.ModuleList(
-            CausalResBlock(ch // 2 ** (i + 1), k, d)
+            causal_resblock(ch // 2 ** (i + 1), k, d)
             for i in range(len(cfg.upsample_rates))
             for k, d in zip(cfg.resblock_kernel_sizes, cfg.resblock_dilation_sizes))
         self.conv_post = weight_norm(CausalConv1d(ch // 2 ** len(cfg.upsample_rates), spectrum, 7))
@@ -92,9 +92,7 @@ class CausalHiftGenerator(nn.Module):
         conv_pre_look_right frames are look-ahead and the last frame's samples are withheld."""
         cfg = self.cfg
         mix = mix or mix_stage
-        spec = torch.view_as_real(torch.stft(source.squeeze(1), cfg.n_fft, cfg.hop_len, cfg.n_fft,
-                                             window=self.stft_window, return_complex=True))
-        real, imag = spec[..., 0], spec[..., 1]
+        real, imag = source_spectrum(source, cfg, self.stft_window)
         if finalize:
             x = self.conv_pre(mel)
         else:
@@ -111,12 +109,7 @@ class CausalHiftGenerator(nn.Module):
                 x = F.pad(x, (1, 0), mode="reflect")
             x = mix(tuple(self.resblocks[i * n_kernels:(i + 1) * n_kernels]), self.source_resblocks[i],
                     x, self.source_downs[i](source_spec))
-        x = self.conv_post(F.leaky_relu(x))
-        bins = cfg.n_fft // 2 + 1
-        magnitude = torch.clamp(torch.exp(x[:, :bins]), max=_MAX_MAGNITUDE)
-        phase = torch.sin(x[:, bins:])
-        wav = torch.istft(torch.complex(magnitude * torch.cos(phase), magnitude * torch.sin(phase)),
-                          cfg.n_fft, cfg.hop_len, cfg.n_fft, window=self.stft_window)
+        wav = spectrum_to_wave(self.conv_post(F.leaky_relu(x)), cfg, self.stft_window)
         if not finalize:
             wav = wav[:, :-cfg.samples_per_frame]
         return torch.clamp(wav, -cfg.audio_limit, cfg.audio_limit)

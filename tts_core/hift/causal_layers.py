@@ -13,7 +13,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.nn.utils.parametrizations import weight_norm
 
-from tts_core.hift.layers import Snake
+from tts_core.hift.layers import ResBlock
 
 
 class CausalConv1d(nn.Conv1d):
@@ -57,20 +57,10 @@ class CausalDownsampleConv(nn.Conv1d):
         return super().forward(F.pad(x, (self.stride[0] - 1, 0)))
 
 
-class CausalResBlock(nn.Module):
+def causal_resblock(channels: int, kernel: int, dilations: tuple[int, ...]) -> ResBlock:
     """HiFT's dilated residual block with left-causal convolutions (official names convs1/convs2/...)."""
-
-    def __init__(self, channels: int, kernel: int, dilations: tuple[int, ...]) -> None:
-        super().__init__()
-        self.convs1 = nn.ModuleList(weight_norm(CausalConv1d(channels, channels, kernel, d)) for d in dilations)
-        self.convs2 = nn.ModuleList(weight_norm(CausalConv1d(channels, channels, kernel)) for _ in dilations)
-        self.activations1 = nn.ModuleList(Snake(channels) for _ in dilations)
-        self.activations2 = nn.ModuleList(Snake(channels) for _ in dilations)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for act1, conv1, act2, conv2 in zip(self.activations1, self.convs1, self.activations2, self.convs2):
-            x = x + conv2(act2(conv1(act1(x))))
-        return x
+    return ResBlock(channels, kernel, dilations,
+                    conv=lambda ch, k, d: weight_norm(CausalConv1d(ch, ch, k, dilation=d)))
 
 
 class CausalF0Predictor(nn.Module):

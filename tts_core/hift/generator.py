@@ -52,6 +52,22 @@ def mix_stage(blocks: tuple[nn.Module, ...], source_block: nn.Module, x: torch.T
     return acc / len(blocks)
 
 
+def source_spectrum(source: torch.Tensor, cfg: HiftConfig, window: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(real, imag) STFT of the excitation (B, 1, L), each (B, n_fft/2 + 1, frames)."""
+    spec = torch.view_as_real(torch.stft(source.squeeze(1), cfg.n_fft, cfg.hop_len, cfg.n_fft, window=window,
+                                         return_complex=True))
+    return spec[..., 0], spec[..., 1]
+
+
+def spectrum_to_wave(x: torch.Tensor, cfg: HiftConfig, window: torch.Tensor) -> torch.Tensor:
+    """conv_post output (B, n_fft + 2, frames) -> waveform (B, L) by the inverse STFT (not yet clamped)."""
+    bins = cfg.n_fft // 2 + 1
+    magnitude = torch.clamp(torch.exp(x[:, :bins]), max=_MAX_MAGNITUDE)
+    phase = torch.sin(x[:, bins:])  # upstream's (redundant) sin is part of the trained function
+    spectrum = torch.complex(magnitude * torch.cos(phase), magnitude * torch.sin(phase))
+    return torch.istft(spectrum, cfg.n_fft, cfg.hop_len, cfg.n_fft, window=window)
+
+
 class HiftGenerator(nn.Module):
     def __init__(self, cfg: HiftConfig) -> None:
         super().__init__()
@@ -101,10 +117,7 @@ class HiftGenerator(nn.Module):
         `mix` runs each stage's residual blocks (`mix_stage` unless given: accel compiles it)."""
         cfg = self.cfg
         mix = mix or mix_stage
-        spec = torch.stft(source.squeeze(1), cfg.n_fft, cfg.hop_len, cfg.n_fft, window=self.stft_window,
-                          return_complex=True)
-        spec = torch.view_as_real(spec)
-        source_spec = torch.cat([spec[..., 0], spec[..., 1]], dim=1)
+        source_spec = torch.cat(source_spectrum(source, cfg, self.stft_window), dim=1)
 
         x = self.conv_pre(mel)
         n_kernels = len(cfg.resblock_kernel_sizes)
@@ -119,11 +132,7 @@ class HiftGenerator(nn.Module):
 
         # Upstream uses leaky_relu's default slope (0.01) here, not lrelu_slope.
         x = self.conv_post(F.leaky_relu(x))
-        bins = cfg.n_fft // 2 + 1
-        magnitude = torch.clamp(torch.exp(x[:, :bins]), max=_MAX_MAGNITUDE)
-        phase = torch.sin(x[:, bins:])  # upstream's (redundant) sin is part of the trained function
-        spectrum = torch.complex(magnitude * torch.cos(phase), magnitude * torch.sin(phase))
-        wav = torch.istft(spectrum, cfg.n_fft, cfg.hop_len, cfg.n_fft, window=self.stft_window)
+        wav = spectrum_to_wave(x, cfg, self.stft_window)
         return torch.clamp(wav, -cfg.audio_limit, cfg.audio_limit)
 
     @torch.inference_mode()

@@ -164,8 +164,10 @@ class SpeechTokenLM(nn.Module):
     def generate(self, text_tokens: TokenIds, sampler: RasSampler, generator: torch.Generator,
                  prompt_text_tokens: TokenIds = (), prompt_speech_tokens: TokenIds = (),
                  slot: int = 0) -> Iterator[int]:
-        """Stream speech tokens for one request in cache row `slot`, with the official stop rules:
-        stop tokens rejected before min_len, stop on any id >= speech_token_size, at most max_len."""
+        """Stream speech tokens for one request in cache row `slot`, with the official rules
+        (`check_request`, `next_token`, `is_stop`; CosyVoice2: stop tokens rejected before min_len,
+        stop on any id >= speech_token_size), at most max_len."""
+        self.check_request(text_tokens, prompt_text_tokens)
         cache = self._cache()
         min_len, max_len = self.length_bounds(_ids(text_tokens, cache.lengths.device).numel())
         lm_input = self.build_prefill_input(text_tokens, prompt_text_tokens, prompt_speech_tokens)
@@ -177,11 +179,23 @@ class SpeechTokenLM(nn.Module):
         for step in range(max_len):
             if step > 0:
                 logp = self.decode_step([slot], [history[-1]])[0]
-            token = sampler.sample(logp, history, generator, allow_stop=step >= min_len)
-            if token >= self.speech_token_size:
+            token = self.next_token(sampler, logp, history, generator, before_min_len=step < min_len)
+            if self.is_stop(token):
                 return
             history.append(token)
             yield token
+
+    # ---- the official rules, per model generation ----------------------------------------------
+    def check_request(self, text_tokens: TokenIds, prompt_text_tokens: TokenIds) -> None:
+        """Refuse a request the official model refuses (CosyVoice2: none)."""
+
+    def next_token(self, sampler: RasSampler, logp: torch.Tensor, history: list[int], generator: torch.Generator,
+                   before_min_len: bool) -> int:
+        """CosyVoice2: stop ids are redrawn before min_len (the official `sampling_ids`)."""
+        return sampler.sample(logp, history, generator, allow_stop=not before_min_len)
+
+    def is_stop(self, token: int) -> bool:
+        return token >= self.speech_token_size
 
 
 def _ids(tokens: TokenIds, device: torch.device) -> torch.Tensor:

@@ -15,7 +15,6 @@ text), task_id, speech_embedding(prompt_speech)); what differs:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Protocol
 
 import torch
@@ -61,10 +60,7 @@ class CosyVoice3LM(SpeechTokenLM):
         weight = self.speech_embedding.weight
         return weight[sos:sos + 1], weight[task:task + 1]
 
-    def is_stop(self, token: int) -> bool:
-        return token >= self.speech_token_size
-
-    def check_endofprompt(self, text_tokens: TokenIds, prompt_text_tokens: TokenIds) -> None:
+    def check_request(self, text_tokens: TokenIds, prompt_text_tokens: TokenIds) -> None:
         device = self.speech_embedding.weight.device
         ids = torch.cat([_ids(prompt_text_tokens, device), _ids(text_tokens, device)])
         if not bool((ids == self.endofprompt_id).any()):
@@ -77,26 +73,7 @@ class CosyVoice3LM(SpeechTokenLM):
         masked[..., self.speech_token_size] = float("-inf")
         return masked
 
-    def generate(self, text_tokens: TokenIds, sampler: TokenDraw, generator: torch.Generator,
-                 prompt_text_tokens: TokenIds = (), prompt_speech_tokens: TokenIds = (),
-                 slot: int = 0) -> Iterator[int]:
-        """Stream speech tokens for one request in cache row `slot` with the official CosyVoice3 rules."""
-        self.check_endofprompt(text_tokens, prompt_text_tokens)
-        cache = self._cache()
-        min_len, max_len = self.length_bounds(_ids(text_tokens, cache.lengths.device).numel())
-        lm_input = self.build_prefill_input(text_tokens, prompt_text_tokens, prompt_speech_tokens)
-        needed = lm_input.shape[0] + max_len - 1
-        if needed > cache.max_len:
-            raise ValueError(f"request needs {needed} cache positions; the cache holds {cache.max_len}")
-        logp = self.prefill([slot], [lm_input])[0]
-        history: list[int] = []
-        for step in range(max_len):
-            if step > 0:
-                logp = self.decode_step([slot], [history[-1]])[0]
-            if step < min_len:
-                logp = self.mask_before_min_len(logp)
-            token = sampler.ras(logp, history, generator)
-            if self.is_stop(token):
-                return
-            history.append(token)
-            yield token
+    def next_token(self, sampler: TokenDraw, logp: torch.Tensor, history: list[int],  # type: ignore[override]
+                   generator: torch.Generator, before_min_len: bool) -> int:
+        """One draw; before min_len from the sos-masked scores, so other stop ids may still end early."""
+        return sampler.ras(self.mask_before_min_len(logp) if before_min_len else logp, history, generator)
