@@ -22,7 +22,6 @@ import structlog
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.utils import parametrize
 from torch.nn.utils.parametrizations import weight_norm
 
 from tts_core.checkpoint import load_strict, normalize_hift_keys, read_state_dict
@@ -35,7 +34,7 @@ from tts_core.hift.causal_layers import (
 )
 from tts_core.hift.causal_source import CausalHarmonicSource
 from tts_core.hift.config import HiftConfig, hift_config_from
-from tts_core.hift.generator import Mix, mix_stage, source_spectrum, spectrum_to_wave
+from tts_core.hift.generator import Mix, fold_weight_norm, mix_stage, residual_blocks, source_spectrum, spectrum_to_wave
 from tts_core.model_family import detect_family
 
 log = structlog.get_logger(__name__)
@@ -62,13 +61,7 @@ class CausalHiftGenerator(nn.Module):
             CausalConv1d(spectrum, ch // 2 ** (i + 1), 1) if s == 1
             else CausalDownsampleConv(spectrum, ch // 2 ** (i + 1), s * 2, s)
             for i, s in enumerate(strides))
-        self.source_resblocks = nn.ModuleList(
-            causal_resblock(ch // 2 ** (i + 1), k, d)
-            for i, (k, d) in enumerate(zip(cfg.source_resblock_kernel_sizes, cfg.source_resblock_dilation_sizes)))
-        self.resblocks = nn.ModuleList(
-            causal_resblock(ch // 2 ** (i + 1), k, d)
-            for i in range(len(cfg.upsample_rates))
-            for k, d in zip(cfg.resblock_kernel_sizes, cfg.resblock_dilation_sizes))
+        self.source_resblocks, self.resblocks = residual_blocks(cfg, causal_resblock)
         self.conv_post = weight_norm(CausalConv1d(ch // 2 ** len(cfg.upsample_rates), spectrum, 7))
         self.f0_predictor = CausalF0Predictor(cfg.f0_in_channels, cfg.f0_cond_channels, F0_LOOK_AHEAD)
         self.register_buffer("stft_window", torch.hann_window(cfg.n_fft, periodic=True), persistent=False)
@@ -124,9 +117,7 @@ class CausalHiftGenerator(nn.Module):
 
     def fold_weight_norm(self) -> CausalHiftGenerator:
         """Replace weight-norm parametrizations by plain weights (see HiftGenerator.fold_weight_norm)."""
-        for module in self.modules():
-            if parametrize.is_parametrized(module, "weight"):
-                parametrize.remove_parametrizations(module, "weight", leave_parametrized=True)
+        fold_weight_norm(self)
         return self
 
 

@@ -52,6 +52,28 @@ def mix_stage(blocks: tuple[nn.Module, ...], source_block: nn.Module, x: torch.T
     return acc / len(blocks)
 
 
+def residual_blocks(cfg: HiftConfig, make: Callable[[int, int, tuple[int, ...]], nn.Module]
+                    ) -> tuple[nn.ModuleList, nn.ModuleList]:
+    """(source_resblocks, resblocks): one source block per stage, then one block per stage and kernel
+    size, each `make(channels, kernel, dilations)` at that stage's width."""
+    ch = cfg.base_channels
+    source = nn.ModuleList(
+        make(ch // 2 ** (i + 1), k, d)
+        for i, (k, d) in enumerate(zip(cfg.source_resblock_kernel_sizes, cfg.source_resblock_dilation_sizes)))
+    stages = nn.ModuleList(
+        make(ch // 2 ** (i + 1), k, d)
+        for i in range(len(cfg.upsample_rates))
+        for k, d in zip(cfg.resblock_kernel_sizes, cfg.resblock_dilation_sizes))
+    return source, stages
+
+
+def fold_weight_norm(model: nn.Module) -> None:
+    """Replace every weight-norm parametrization by its plain weight (same function, fewer ops)."""
+    for module in model.modules():
+        if parametrize.is_parametrized(module, "weight"):
+            parametrize.remove_parametrizations(module, "weight", leave_parametrized=True)
+
+
 def source_spectrum(source: torch.Tensor, cfg: HiftConfig, window: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(real, imag) STFT of the excitation (B, 1, L), each (B, n_fft/2 + 1, frames)."""
     spec = torch.view_as_real(torch.stft(source.squeeze(1), cfg.n_fft, cfg.hop_len, cfg.n_fft, window=window,
@@ -89,13 +111,7 @@ class HiftGenerator(nn.Module):
             nn.Conv1d(spectrum, ch // 2 ** (i + 1), 1) if s == 1
             else nn.Conv1d(spectrum, ch // 2 ** (i + 1), s * 2, s, padding=s // 2)
             for i, s in enumerate(strides))
-        self.source_resblocks = nn.ModuleList(
-            ResBlock(ch // 2 ** (i + 1), k, d)
-            for i, (k, d) in enumerate(zip(cfg.source_resblock_kernel_sizes, cfg.source_resblock_dilation_sizes)))
-        self.resblocks = nn.ModuleList(
-            ResBlock(ch // 2 ** (i + 1), k, d)
-            for i in range(len(cfg.upsample_rates))
-            for k, d in zip(cfg.resblock_kernel_sizes, cfg.resblock_dilation_sizes))
+        self.source_resblocks, self.resblocks = residual_blocks(cfg, ResBlock)
         self.conv_post = wn_conv1d(ch // 2 ** len(cfg.upsample_rates), spectrum, 7, padding=3)
         self.f0_predictor = F0Predictor(cfg.f0_in_channels, cfg.f0_cond_channels)
         # Periodic Hann, as scipy's get_window("hann", n, fftbins=True) upstream.
@@ -152,9 +168,7 @@ class HiftGenerator(nn.Module):
         Call after loading: the folded module no longer accepts checkpoint keys. Fold a freshly
         loaded module, not a deepcopy of one: PyTorch shares the parametrized class between copies,
         so removing it from one copy breaks the other."""
-        for module in self.modules():
-            if parametrize.is_parametrized(module, "weight"):
-                parametrize.remove_parametrizations(module, "weight", leave_parametrized=True)
+        fold_weight_norm(self)
         return self
 
 
