@@ -118,3 +118,16 @@ def test_other_checkpoint_key_layouts(tiny3_model_dir: Path, tmp_path: Path, cas
 def test_wrong_family_refused(tiny_model_dir: Path) -> None:
     with pytest.raises(ValueError, match="needs CosyVoice3"):
         load_causal_hift(tiny_model_dir)
+
+
+def test_fixed_noise_of_the_full_size_model(golden3_dir: Path) -> None:
+    """The recipe at the real sizes (the check file names its F0 cond_channels) reproduces the
+    official check values: the noise depends on every size built before it."""
+    from tts_core.hift.causal_source import NoiseRecipe, official_source_noise
+
+    check = torch.load(golden3_dir / "full" / "hift_noise_full.pt", weights_only=False)
+    rand_ini, noise = official_source_noise(NoiseRecipe(check["f0_cond_channels"]))
+    assert torch.equal(rand_ini, check["rand_ini"])
+    assert list(noise.shape) == check["sine_waves_shape"]
+    assert torch.equal(noise[:, :check["sine_waves_head"].size(1)], check["sine_waves_head"])
+    assert noise.double().sum().item() == pytest.approx(check["sine_waves_sum"], rel=1e-12)

@@ -32,7 +32,7 @@ from tts_core.hift.causal_layers import (
     CausalUpsampleConv,
     causal_resblock,
 )
-from tts_core.hift.causal_source import CausalHarmonicSource
+from tts_core.hift.causal_source import CausalHarmonicSource, NoiseRecipe
 from tts_core.hift.config import HiftConfig, hift_config_from
 from tts_core.hift.generator import Mix, fold_weight_norm, mix_stage, residual_blocks, source_spectrum, spectrum_to_wave
 from tts_core.model_family import detect_family
@@ -40,18 +40,20 @@ from tts_core.model_family import detect_family
 log = structlog.get_logger(__name__)
 
 F0_LOOK_AHEAD = 3  # the official F0 predictor's first kernel is 4 (the frame and 3 after it)
+F0_FIRST_KERNEL_KEY = "f0_predictor.condnet.0.parametrizations.weight.original1"
 
 
 class CausalHiftGenerator(nn.Module):
-    def __init__(self, cfg: HiftConfig, conv_pre_look_right: int) -> None:
+    def __init__(self, cfg: HiftConfig, conv_pre_look_right: int, noise: NoiseRecipe | None = None,
+                 f0_look_ahead: int = F0_LOOK_AHEAD) -> None:
         super().__init__()
         self.cfg = cfg
         self.conv_pre_look_right = conv_pre_look_right
         ch = cfg.base_channels
         spectrum = cfg.n_fft + 2
+        noise = noise or NoiseRecipe(cfg.f0_cond_channels, cfg.f0_in_channels, cfg.nb_harmonics + 1)
         self.m_source = CausalHarmonicSource(cfg.sampling_rate, cfg.samples_per_frame, cfg.nb_harmonics,
-                                             cfg.nsf_alpha, cfg.nsf_sigma, cfg.nsf_voiced_threshold,
-                                             cfg.f0_cond_channels)
+                                             cfg.nsf_alpha, cfg.nsf_sigma, cfg.nsf_voiced_threshold, noise)
         self.conv_pre = weight_norm(CausalConv1d(cfg.in_channels, ch, conv_pre_look_right + 1, look_ahead=True))
         self.ups = nn.ModuleList(
             weight_norm(CausalUpsampleConv(ch // 2**i, ch // 2 ** (i + 1), k, u))
@@ -63,13 +65,13 @@ class CausalHiftGenerator(nn.Module):
             for i, s in enumerate(strides))
         self.source_resblocks, self.resblocks = residual_blocks(cfg, causal_resblock)
         self.conv_post = weight_norm(CausalConv1d(ch // 2 ** len(cfg.upsample_rates), spectrum, 7))
-        self.f0_predictor = CausalF0Predictor(cfg.f0_in_channels, cfg.f0_cond_channels, F0_LOOK_AHEAD)
+        self.f0_predictor = CausalF0Predictor(cfg.f0_in_channels, cfg.f0_cond_channels, f0_look_ahead)
         self.register_buffer("stft_window", torch.hann_window(cfg.n_fft, periodic=True), persistent=False)
 
     @property
     def look_ahead_frames(self) -> int:
         """Mel frames a non-final call needs beyond those it renders (plus one withheld frame)."""
-        return F0_LOOK_AHEAD + self.conv_pre_look_right
+        return self.f0_predictor.look_ahead + self.conv_pre_look_right
 
     def predict_f0(self, mel: torch.Tensor, finalize: bool = True) -> torch.Tensor:
         """mel (B, 80, T) -> f0 (B, T) or (B, T - 3) when not final; computed in the predictor's dtype."""
@@ -112,7 +114,7 @@ class CausalHiftGenerator(nn.Module):
         """mel (B, 80, T) -> (waveform (B, samples), source (B, 1, samples of the F0 frames))."""
         f0 = self.predict_f0(mel, finalize)
         source = self.source(f0)
-        rendered = mel if finalize else mel[:, :, :-F0_LOOK_AHEAD]
+        rendered = mel if finalize else mel[:, :, :-self.f0_predictor.look_ahead]
         return self.decode(rendered, source, finalize), source
 
     def fold_weight_norm(self) -> CausalHiftGenerator:
@@ -128,6 +130,18 @@ def _conv_pre_look_right(config: Mapping[str, Any]) -> int:
     return int(section["conv_pre_look_right"])
 
 
+def _noise_recipe(config: Mapping[str, Any], cfg: HiftConfig) -> NoiseRecipe:
+    """The fixed noise depends on the flow's sizes too (the official model builds the flow first)."""
+    flow = config.get("flow") if isinstance(config.get("flow"), Mapping) else {}
+    default = NoiseRecipe(cfg.f0_cond_channels)
+    return NoiseRecipe(
+        f0_cond_channels=cfg.f0_cond_channels, f0_in_channels=cfg.f0_in_channels, harmonics=cfg.nb_harmonics + 1,
+        mel_bins=int(flow.get("output_size", default.mel_bins)),
+        flow_vocab_size=int(flow.get("vocab_size", default.flow_vocab_size)),
+        flow_input_size=int(flow.get("input_size", default.flow_input_size)),
+        spk_embed_dim=int(flow.get("spk_embed_dim", default.spk_embed_dim)))
+
+
 def load_causal_hift(model_dir: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
                      fold: bool = False) -> CausalHiftGenerator:
     """Build from `<model_dir>/cosyvoice3.yaml` and load `<model_dir>/hift.pt` strictly (parametrization,
@@ -136,7 +150,11 @@ def load_causal_hift(model_dir: str | Path, device: torch.device | str = "cpu", 
     found = detect_family(model_dir, expected=3)
     path = model_dir / "hift.pt"
     state = normalize_hift_keys(read_state_dict(path))
-    model = CausalHiftGenerator(hift_config_from(found.raw_config, state), _conv_pre_look_right(found.raw_config))
+    cfg = hift_config_from(found.raw_config, state)
+    first = state.get(F0_FIRST_KERNEL_KEY)
+    f0_look_ahead = int(first.shape[2]) - 1 if first is not None else F0_LOOK_AHEAD
+    model = CausalHiftGenerator(cfg, _conv_pre_look_right(found.raw_config), _noise_recipe(found.raw_config, cfg),
+                                f0_look_ahead)
     load_strict(model, state, str(path))
     if fold:
         model.fold_weight_norm()

@@ -13,6 +13,7 @@ and repeated back to the sample rate ("nearest"; CosyVoice2's SineGen2 interpola
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -22,22 +23,37 @@ NOISE_SECONDS = 300
 NOISE_RATE = 24000
 
 
-def official_source_noise(f0_cond_channels: int, harmonics: int = 9) -> tuple[torch.Tensor, torch.Tensor]:
+@dataclass(frozen=True)
+class NoiseRecipe:
+    """The sizes of what the official model builds between seeding and drawing the source noise; each
+    construction consumes its default initialisation's draws, so every size moves the noise."""
+
+    f0_cond_channels: int
+    f0_in_channels: int = 80
+    harmonics: int = 9
+    mel_bins: int = 80  # the flow's noise buffer (mel_bins, 50 x 300 frames)
+    flow_vocab_size: int = 6561
+    flow_input_size: int = 80
+    spk_embed_dim: int = 192
+
+
+def official_source_noise(recipe: NoiseRecipe) -> tuple[torch.Tensor, torch.Tensor]:
     """(rand_ini (1, harmonics), sine_noise (1, 300 s x 24 kHz, harmonics)) as the official model draws
     them from the global generator seeded with 0 in CausalConditionalCFM.__init__, after the draws of
-    the modules built in between (their default initialisations). The caller's RNG state is kept."""
+    the modules built in between. The caller's RNG state is kept."""
+    r = recipe
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        torch.randn(1, 80, 50 * NOISE_SECONDS)  # the flow's noise buffer
-        nn.Embedding(6561, 80)  # flow.input_embedding
-        nn.Linear(192, 80)  # flow.spk_embed_affine_layer
-        nn.Conv1d(80, f0_cond_channels, 4)  # the F0 predictor's layers
+        torch.randn(1, r.mel_bins, 50 * NOISE_SECONDS)  # the flow's noise buffer
+        nn.Embedding(r.flow_vocab_size, r.flow_input_size)  # flow.input_embedding
+        nn.Linear(r.spk_embed_dim, r.mel_bins)  # flow.spk_embed_affine_layer
+        nn.Conv1d(r.f0_in_channels, r.f0_cond_channels, 4)  # the F0 predictor's layers
         for _ in range(4):
-            nn.Conv1d(f0_cond_channels, f0_cond_channels, 3)
-        nn.Linear(f0_cond_channels, 1)
-        rand_ini = torch.rand(1, harmonics)
+            nn.Conv1d(r.f0_cond_channels, r.f0_cond_channels, 3)
+        nn.Linear(r.f0_cond_channels, 1)
+        rand_ini = torch.rand(1, r.harmonics)
         rand_ini[:, 0] = 0
-        sine_noise = torch.rand(1, NOISE_SECONDS * NOISE_RATE, harmonics)
+        sine_noise = torch.rand(1, NOISE_SECONDS * NOISE_RATE, r.harmonics)
     return rand_ini, sine_noise
 
 
@@ -45,7 +61,7 @@ class CausalHarmonicSource(nn.Module):
     """Keys as the official `m_source`: only `l_linear` carries weights."""
 
     def __init__(self, sampling_rate: int, samples_per_frame: int, nb_harmonics: int, sine_amp: float,
-                 noise_std: float, voiced_threshold: float, f0_cond_channels: int) -> None:
+                 noise_std: float, voiced_threshold: float, recipe: NoiseRecipe) -> None:
         super().__init__()
         self.sampling_rate = sampling_rate
         self.samples_per_frame = samples_per_frame
@@ -53,7 +69,9 @@ class CausalHarmonicSource(nn.Module):
         self.noise_std = noise_std
         self.voiced_threshold = voiced_threshold
         self.l_linear = nn.Linear(nb_harmonics + 1, 1)
-        rand_ini, sine_noise = official_source_noise(f0_cond_channels, nb_harmonics + 1)
+        if recipe.harmonics != nb_harmonics + 1:
+            raise ValueError(f"hift: noise recipe for {recipe.harmonics} harmonics, model has {nb_harmonics + 1}")
+        rand_ini, sine_noise = official_source_noise(recipe)
         self.register_buffer("rand_ini", rand_ini, persistent=False)
         self.register_buffer("sine_noise", sine_noise, persistent=False)
 
