@@ -59,3 +59,18 @@ def test_missing_file_named(tiny3_model_dir: Path, tmp_path: Path, missing: str)
     assert "\n" not in message
     assert missing.split("/")[-1] in message
     assert isinstance(err.value, (ModelDirError, ModelFamilyError))
+
+
+def test_each_generation_loader_refuses_the_other(tiny3_model_dir: Path, tiny_model_dir: Path) -> None:
+    from tts_core.flow import load_flow
+    from tts_core.flow.dit_flow import load_dit_flow
+    from tts_core.hift import load_hift
+    from tts_core.hift.causal import load_causal_hift
+    from tts_core.model_dir import load_speech_lm3
+
+    for load in (load_flow, load_hift):
+        with pytest.raises(ModelFamilyError, match="CosyVoice3 model directory .*needs CosyVoice2"):
+            load(tiny3_model_dir)
+    for load in (load_dit_flow, load_causal_hift, load_speech_lm3):
+        with pytest.raises(ModelFamilyError, match="CosyVoice2 model directory .*needs CosyVoice3"):
+            load(tiny_model_dir)

@@ -27,7 +27,7 @@ from tts_core.flow.estimator import FlowEstimator
 from tts_core.flow.residual_scale import residual_scale_for, scale_residual_stream
 from tts_core.flow.sampler import FlowSampler
 from tts_core.flow.token_encoder import TokenEncoder
-from tts_core.model_config import load_model_yaml
+from tts_core.model_family import detect_family
 
 log = structlog.get_logger(__name__)
 
@@ -117,11 +117,9 @@ def load_flow(model_dir: str | Path, device: torch.device | str = "cpu",
               dtype: torch.dtype = torch.float32) -> FlowModel:
     """Build from `<model_dir>/cosyvoice2.yaml` and load `<model_dir>/flow.pt` strictly."""
     model_dir = Path(model_dir)
-    yaml_path = model_dir / "cosyvoice2.yaml"
-    if not yaml_path.is_file():
-        raise FileNotFoundError(f"flow: no cosyvoice2.yaml in {model_dir}")
+    found = detect_family(model_dir, expected=2)
     state = read_state_dict(model_dir / "flow.pt")
-    cfg = flow_config_from(load_model_yaml(yaml_path), state)
+    cfg = flow_config_from(found.raw_config, state)
     model = FlowModel(cfg)
     load_strict(model, state, str(model_dir / "flow.pt"))
     # float16: the estimator's residual stream is carried scaled down (folded here, in float32).

@@ -29,7 +29,7 @@ from tts_core.hift.config import HiftConfig, hift_config_from
 from tts_core.hift.f0_predictor import F0Predictor
 from tts_core.hift.layers import ResBlock, wn_conv1d
 from tts_core.hift.source import HarmonicSource
-from tts_core.model_config import load_model_yaml
+from tts_core.model_family import detect_family
 
 log = structlog.get_logger(__name__)
 
@@ -177,10 +177,8 @@ def load_hift(model_dir: str | Path, device: torch.device | str = "cpu", dtype: 
     """Build from `<model_dir>/cosyvoice2.yaml` and load `<model_dir>/hift.pt` strictly (any of the
     three key layouts); `fold=True` folds weight norm for inference."""
     model_dir = Path(model_dir)
-    yaml_path = model_dir / "cosyvoice2.yaml"
-    if not yaml_path.is_file():
-        raise FileNotFoundError(f"hift: no cosyvoice2.yaml in {model_dir}")
-    return load_hift_checkpoint(load_model_yaml(yaml_path), model_dir / "hift.pt", device, dtype, fold)
+    found = detect_family(model_dir, expected=2)
+    return load_hift_checkpoint(found.raw_config, model_dir / "hift.pt", device, dtype, fold)
 
 
 def load_hift_checkpoint(config: dict, path: str | Path, device: torch.device | str = "cpu",
