@@ -59,3 +59,14 @@ def test_instruct_texts_and_prefix(tok: TextTokenizer, case: dict) -> None:
 def test_zero_shot_prompt_text_carries_the_prefix_once() -> None:
     assert zero_shot_prompt_text("您好") == SYSTEM_PREFIX + "您好"
     assert zero_shot_prompt_text(SYSTEM_PREFIX + "您好") == SYSTEM_PREFIX + "您好"
+
+
+def test_the_golden_speaker_prompt_text_is_the_prefixed_transcript(tok: TextTokenizer, tiny3_model_dir: Path) -> None:
+    """spk2info's prompt_text: the system prefix then the transcript, encoded by this tokenizer."""
+    import torch
+
+    speaker = next(iter(torch.load(tiny3_model_dir / "spk2info.pt", weights_only=False).values()))
+    ids = speaker["prompt_text"][0].tolist()
+    text = tok.decode(ids, skip_special_tokens=False)
+    assert text.startswith(SYSTEM_PREFIX)
+    assert tok.encode(zero_shot_prompt_text(text[len(SYSTEM_PREFIX):])) == ids
