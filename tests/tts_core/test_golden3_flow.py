@@ -54,7 +54,8 @@ def test_settings_from_the_directory(flow3: DiTFlowModel, case: dict, speaker3: 
         case["token_mel_ratio"], case["pre_lookahead_len"], case["static_chunk_size"], case["n_timesteps"])
     assert cfg.inference_cfg_rate == pytest.approx(case["inference_cfg_rate"])
     assert speaker3["flow_prompt_speech_token"].size(1) == case["n_prompt_tokens"]
-    assert _diff(time_span(cfg.n_timesteps, cfg.t_scheduler, torch.device("cpu"), torch.float32), case["t_span"]) <= 1e-7
+    span = time_span(cfg.n_timesteps, cfg.t_scheduler, torch.device("cpu"), torch.float32)
+    assert _diff(span, case["t_span"]) <= 1e-7
     head = case["rand_noise_head"]
     assert torch.equal(flow3.decoder.noise(head.size(2), torch.float32), head)
 
