@@ -4,6 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bootstrap.sh test
 export COSYVOICE_GOLDEN_DIR="${COSYVOICE_GOLDEN_DIR:-$(pwd)/../shared/golden}"
+export COSYVOICE3_GOLDEN_DIR="${COSYVOICE3_GOLDEN_DIR:-$(pwd)/../shared/golden_cv3}"
 set +e
 python -m pytest -ra "$@"
 rc=$?

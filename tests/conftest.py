@@ -21,3 +21,17 @@ def golden_dir() -> Path:
 @pytest.fixture(scope="session")
 def tiny_model_dir(golden_dir: Path) -> Path:
     return golden_dir / "cosyvoice2_tiny"
+
+
+@pytest.fixture(scope="session")
+def golden3_dir() -> Path:
+    """The CosyVoice3 golden set (../shared/golden_cv3/README.md)."""
+    path = Path(os.environ.get("COSYVOICE3_GOLDEN_DIR", REPO_ROOT.parent / "shared" / "golden_cv3"))
+    if not (path / "cases").is_dir():
+        pytest.fail(f"CosyVoice3 golden vectors not found at {path} (set COSYVOICE3_GOLDEN_DIR)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny3_model_dir(golden3_dir: Path) -> Path:
+    return golden3_dir / "cosyvoice3_tiny"

@@ -1,22 +1,25 @@
-"""Locate and validate a CosyVoice2 model directory in the official layout.
+"""Locate and validate a CosyVoice2 or CosyVoice3 model directory in the official layout.
 
-    <dir>/cosyvoice2.yaml           hyper-parameters (read as data, never executed)
+    <dir>/cosyvoice2.yaml           hyper-parameters (read as data, never executed); CosyVoice3
+      or cosyvoice3.yaml            directories carry cosyvoice3.yaml instead
     <dir>/CosyVoice-BlankEN/        Qwen2 config.json + tokenizer files (the yaml's qwen_pretrain_path;
                                     empty there means this folder, as the official loader does)
     <dir>/llm.pt, flow.pt, hift.pt  state dicts
     <dir>/spk2info.pt               optional: saved speakers
-    <dir>/campplus.onnx, speech_tokenizer_v2.onnx
+    <dir>/campplus.onnx, speech_tokenizer_v2.onnx (v3 for CosyVoice3)
                                     optional here: only needed to enrol a new prompt voice
 
-Errors name the missing file. Builders for the model parts live next to each part; this module
-only builds the speech LM, whose sizes all come from the directory itself.
+The family (2 or 3) is read from the directory, never configured: the yaml's file name and the
+classes it names for llm / flow / hift must agree (`tts_core/model_family.py`). Errors name the
+missing file or the disagreeing class in one line. Builders for the model parts live next to each part; this module
+only builds the speech LMs (CosyVoice2's and CosyVoice3's), whose sizes all come from the directory itself.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -24,19 +27,24 @@ from tts_core.checkpoint import load_strict, read_state_dict
 from tts_core.llm.qwen2 import Qwen2Config
 from tts_core.llm.sampling import SamplingConfig
 from tts_core.llm.speech_lm import SpeechTokenLM
+from tts_core.llm.speech_lm3 import CosyVoice3LM
 from tts_core.model_config import load_model_yaml
+from tts_core.model_family import ModelFamily, detect_family
+from tts_core.text.cosyvoice3 import ENDOFPROMPT, cosyvoice3_tokenizer
 
-YAML_NAME = "cosyvoice2.yaml"
+LM = TypeVar("LM", bound=SpeechTokenLM)
+
 QWEN_DIR_NAME = "CosyVoice-BlankEN"
 
 
-class ModelDirError(FileNotFoundError):
-    pass
+class ModelDirError(FileNotFoundError, ValueError):
+    """A required file or folder is missing (a ValueError too: the directory is unusable as given)."""
 
 
 @dataclass(frozen=True)
 class ModelDir:
     root: Path
+    family: ModelFamily
     yaml_path: Path
     qwen_dir: Path
     llm_path: Path
@@ -48,12 +56,14 @@ class ModelDir:
     config: dict[str, Any]
 
     @classmethod
-    def open(cls, root: str | Path) -> ModelDir:
+    def open(cls, root: str | Path, family: int | None = None) -> ModelDir:
+        """Open and check `root`; `family` (2 or 3), when given, refuses a directory of the other one."""
         root = Path(root)
         if not root.is_dir():
             raise ModelDirError(f"model directory not found: {root}")
-        yaml_path = _required(root / YAML_NAME)
-        raw = load_model_yaml(yaml_path)
+        found = detect_family(root, expected=family)
+        yaml_path = found.yaml_path
+        raw = found.raw_config
         qwen_value = raw.get("qwen_pretrain_path") or ""
         qwen_dir = Path(qwen_value) if qwen_value else root / QWEN_DIR_NAME
         if not qwen_dir.is_absolute() and qwen_value:
@@ -66,6 +76,7 @@ class ModelDir:
         config = load_model_yaml(yaml_path, overrides={"qwen_pretrain_path": str(qwen_dir)})
         return cls(
             root=root,
+            family=found.family,
             yaml_path=yaml_path,
             qwen_dir=qwen_dir,
             llm_path=_required(root / "llm.pt"),
@@ -73,7 +84,7 @@ class ModelDir:
             hift_path=_required(root / "hift.pt"),
             spk2info_path=_optional(root / "spk2info.pt"),
             campplus_path=_optional(root / "campplus.onnx"),
-            speech_tokenizer_path=_optional(root / "speech_tokenizer_v2.onnx"),
+            speech_tokenizer_path=_optional(root / found.family.speech_tokenizer_name),
             config=config,
         )
 
@@ -95,19 +106,37 @@ class ModelDir:
 
 def load_speech_lm(model_dir: ModelDir | str | Path, device: torch.device | str = "cpu",
                    dtype: torch.dtype = torch.float32) -> SpeechTokenLM:
-    """Build the speech LM from the directory's configs and load `llm.pt` strictly."""
-    md = model_dir if isinstance(model_dir, ModelDir) else ModelDir.open(model_dir)
-    section = md.llm_section
+    """Build the CosyVoice2 speech LM from the directory's configs and load `llm.pt` strictly."""
+    md = model_dir if isinstance(model_dir, ModelDir) else ModelDir.open(model_dir, family=2)
+    md.family.require(2, md.root)
+    lm = SpeechTokenLM(md.qwen_config, speech_token_size=_speech_token_size(md),
+                       llm_input_size=md.llm_section.get("llm_input_size"),
+                       llm_output_size=md.llm_section.get("llm_output_size"))
+    return _load_llm_weights(lm, md, device, dtype)
+
+
+def load_speech_lm3(model_dir: ModelDir | str | Path, device: torch.device | str = "cpu",
+                    dtype: torch.dtype = torch.float32) -> CosyVoice3LM:
+    """Build the CosyVoice3 speech LM; `<|endofprompt|>`'s id comes from the directory's tokenizer."""
+    md = model_dir if isinstance(model_dir, ModelDir) else ModelDir.open(model_dir, family=3)
+    md.family.require(3, md.root)
+    endofprompt = cosyvoice3_tokenizer(md.qwen_dir).token_id(ENDOFPROMPT)
+    if endofprompt is None:
+        raise ValueError(f"{md.qwen_dir}: the tokenizer has no {ENDOFPROMPT}")
+    lm = CosyVoice3LM(md.qwen_config, speech_token_size=_speech_token_size(md), endofprompt_id=endofprompt,
+                      llm_input_size=md.llm_section.get("llm_input_size"),
+                      llm_output_size=md.llm_section.get("llm_output_size"))
+    return _load_llm_weights(lm, md, device, dtype)
+
+
+def _speech_token_size(md: ModelDir) -> int:
     try:
-        speech_token_size = int(section["speech_token_size"])
+        return int(md.llm_section["speech_token_size"])
     except KeyError:
         raise ValueError(f"{md.yaml_path}: llm.speech_token_size is missing") from None
-    lm = SpeechTokenLM(
-        md.qwen_config,
-        speech_token_size=speech_token_size,
-        llm_input_size=section.get("llm_input_size"),
-        llm_output_size=section.get("llm_output_size"),
-    )
+
+
+def _load_llm_weights(lm: LM, md: ModelDir, device: torch.device | str, dtype: torch.dtype) -> LM:
     load_strict(lm, read_state_dict(md.llm_path), str(md.llm_path))
     return lm.to(device=device, dtype=dtype).eval()
 

@@ -45,3 +45,13 @@ def test_only_the_most_recent_texts_are_remembered(tokenizer: TextTokenizer) -> 
     frontend("one")  # used again: now the most recent
     frontend("three")  # evicts "two", the least recently used
     assert [frontend.knows(t) for t in ("one", "two", "three")] == [True, False, True]
+
+
+def test_a_text_with_a_special_marker_is_spoken_as_written(tiny3_model_dir: Path) -> None:
+    """The official frontend skips normalisation and splitting for any text holding `<|...|>`."""
+    from tts_core.text.cosyvoice3 import SYSTEM_PREFIX, cosyvoice3_tokenizer
+
+    tok = cosyvoice3_tokenizer(tiny3_model_dir / "CosyVoice-BlankEN")
+    text = SYSTEM_PREFIX + "Your balance is 42 dollars. " * 12
+    assert len(TextFrontend(tok, TextNormalizer(tok))(text.replace(SYSTEM_PREFIX, ""))) > 1
+    assert TextFrontend(tok, TextNormalizer(tok))(text) == [tok.encode(text)]

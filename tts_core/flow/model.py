@@ -27,7 +27,7 @@ from tts_core.flow.estimator import FlowEstimator
 from tts_core.flow.residual_scale import residual_scale_for, scale_residual_stream
 from tts_core.flow.sampler import FlowSampler
 from tts_core.flow.token_encoder import TokenEncoder
-from tts_core.model_config import load_model_yaml
+from tts_core.model_family import detect_family
 
 log = structlog.get_logger(__name__)
 
@@ -43,6 +43,24 @@ class FlowConditioning:
     prompt_frames: int
 
 
+def check_official_call(token: torch.Tensor, token_len: torch.Tensor, prompt_token: torch.Tensor,
+                        prompt_token_len: torch.Tensor, prompt_feat: torch.Tensor, prompt_feat_len: torch.Tensor,
+                        finalize: bool, pre_lookahead_len: int) -> None:
+    """The official flow signature at batch 1: each length must equal its tensor's size, and a
+    non-final call must have tokens beyond its lookahead."""
+    for name, tensor, length in (("token", token, token_len), ("prompt_token", prompt_token, prompt_token_len),
+                                 ("prompt_feat", prompt_feat, prompt_feat_len)):
+        if int(length.reshape(-1)[0]) != tensor.size(1):
+            raise ValueError(f"flow: {name}_len={int(length.reshape(-1)[0])} but {name} has {tensor.size(1)}")
+    if not finalize and token.size(1) + prompt_token.size(1) <= pre_lookahead_len:
+        raise ValueError("flow: a non-final call needs more tokens than the lookahead")
+
+
+def speaker_condition(affine: nn.Linear, embedding: torch.Tensor) -> torch.Tensor:
+    """(1, 192) x-vector -> (1, 80) conditioning (L2-normalised first, as trained)."""
+    return affine(F.normalize(embedding, dim=1))
+
+
 class FlowModel(nn.Module):
     def __init__(self, cfg: FlowConfig) -> None:
         super().__init__()
@@ -55,8 +73,7 @@ class FlowModel(nn.Module):
                                    cfg.t_scheduler, cfg.inference_cfg_rate)
 
     def speaker(self, embedding: torch.Tensor) -> torch.Tensor:
-        """(1, 192) x-vector -> (1, 80) conditioning (L2-normalised first, as trained)."""
-        return self.spk_embed_affine_layer(F.normalize(embedding, dim=1))
+        return speaker_condition(self.spk_embed_affine_layer, embedding)
 
     def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         # Batch 1 has no padding, so the official padding mask is all ones and is not applied.
@@ -89,12 +106,8 @@ class FlowModel(nn.Module):
                   embedding: torch.Tensor, streaming: bool, finalize: bool) -> tuple[torch.Tensor, None]:
         """Official signature. Returns (mel (1, 80, new_frames) float32, None). Batch 1: the lengths
         must equal the tensors' sizes (they are checked, not used for padding)."""
-        for name, tensor, length in (("token", token, token_len), ("prompt_token", prompt_token, prompt_token_len),
-                                     ("prompt_feat", prompt_feat, prompt_feat_len)):
-            if int(length.reshape(-1)[0]) != tensor.size(1):
-                raise ValueError(f"flow: {name}_len={int(length.reshape(-1)[0])} but {name} has {tensor.size(1)}")
-        if not finalize and token.size(1) + prompt_token.size(1) <= self.cfg.pre_lookahead_len:
-            raise ValueError("flow: a non-final call needs more tokens than the lookahead")
+        check_official_call(token, token_len, prompt_token, prompt_token_len, prompt_feat, prompt_feat_len, finalize,
+                            self.cfg.pre_lookahead_len)
         c = self.condition(token, prompt_token, prompt_feat, embedding, streaming, finalize)
         mel = self.decoder(c.mu, c.mask, c.spks, c.cond, streaming)
         return mel[:, :, c.prompt_frames:], None
@@ -104,11 +117,9 @@ def load_flow(model_dir: str | Path, device: torch.device | str = "cpu",
               dtype: torch.dtype = torch.float32) -> FlowModel:
     """Build from `<model_dir>/cosyvoice2.yaml` and load `<model_dir>/flow.pt` strictly."""
     model_dir = Path(model_dir)
-    yaml_path = model_dir / "cosyvoice2.yaml"
-    if not yaml_path.is_file():
-        raise FileNotFoundError(f"flow: no cosyvoice2.yaml in {model_dir}")
+    found = detect_family(model_dir, expected=2)
     state = read_state_dict(model_dir / "flow.pt")
-    cfg = flow_config_from(load_model_yaml(yaml_path), state)
+    cfg = flow_config_from(found.raw_config, state)
     model = FlowModel(cfg)
     load_strict(model, state, str(model_dir / "flow.pt"))
     # float16: the estimator's residual stream is carried scaled down (folded here, in float32).

@@ -29,7 +29,7 @@ from tts_core.hift.config import HiftConfig, hift_config_from
 from tts_core.hift.f0_predictor import F0Predictor
 from tts_core.hift.layers import ResBlock, wn_conv1d
 from tts_core.hift.source import HarmonicSource
-from tts_core.model_config import load_model_yaml
+from tts_core.model_family import detect_family
 
 log = structlog.get_logger(__name__)
 
@@ -50,6 +50,44 @@ def mix_stage(blocks: tuple[nn.Module, ...], source_block: nn.Module, x: torch.T
     for block in blocks[1:]:
         acc = acc + block(x)
     return acc / len(blocks)
+
+
+def residual_blocks(cfg: HiftConfig, make: Callable[[int, int, tuple[int, ...]], nn.Module]
+                    ) -> tuple[nn.ModuleList, nn.ModuleList]:
+    """(source_resblocks, resblocks): one source block per stage, then one block per stage and kernel
+    size, each `make(channels, kernel, dilations)` at that stage's width."""
+    ch = cfg.base_channels
+    source = nn.ModuleList(
+        make(ch // 2 ** (i + 1), k, d)
+        for i, (k, d) in enumerate(zip(cfg.source_resblock_kernel_sizes, cfg.source_resblock_dilation_sizes)))
+    stages = nn.ModuleList(
+        make(ch // 2 ** (i + 1), k, d)
+        for i in range(len(cfg.upsample_rates))
+        for k, d in zip(cfg.resblock_kernel_sizes, cfg.resblock_dilation_sizes))
+    return source, stages
+
+
+def fold_weight_norm(model: nn.Module) -> None:
+    """Replace every weight-norm parametrization by its plain weight (same function, fewer ops)."""
+    for module in model.modules():
+        if parametrize.is_parametrized(module, "weight"):
+            parametrize.remove_parametrizations(module, "weight", leave_parametrized=True)
+
+
+def source_spectrum(source: torch.Tensor, cfg: HiftConfig, window: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(real, imag) STFT of the excitation (B, 1, L), each (B, n_fft/2 + 1, frames)."""
+    spec = torch.view_as_real(torch.stft(source.squeeze(1), cfg.n_fft, cfg.hop_len, cfg.n_fft, window=window,
+                                         return_complex=True))
+    return spec[..., 0], spec[..., 1]
+
+
+def spectrum_to_wave(x: torch.Tensor, cfg: HiftConfig, window: torch.Tensor) -> torch.Tensor:
+    """conv_post output (B, n_fft + 2, frames) -> waveform (B, L) by the inverse STFT (not yet clamped)."""
+    bins = cfg.n_fft // 2 + 1
+    magnitude = torch.clamp(torch.exp(x[:, :bins]), max=_MAX_MAGNITUDE)
+    phase = torch.sin(x[:, bins:])  # upstream's (redundant) sin is part of the trained function
+    spectrum = torch.complex(magnitude * torch.cos(phase), magnitude * torch.sin(phase))
+    return torch.istft(spectrum, cfg.n_fft, cfg.hop_len, cfg.n_fft, window=window)
 
 
 class HiftGenerator(nn.Module):
@@ -73,13 +111,7 @@ class HiftGenerator(nn.Module):
             nn.Conv1d(spectrum, ch // 2 ** (i + 1), 1) if s == 1
             else nn.Conv1d(spectrum, ch // 2 ** (i + 1), s * 2, s, padding=s // 2)
             for i, s in enumerate(strides))
-        self.source_resblocks = nn.ModuleList(
-            ResBlock(ch // 2 ** (i + 1), k, d)
-            for i, (k, d) in enumerate(zip(cfg.source_resblock_kernel_sizes, cfg.source_resblock_dilation_sizes)))
-        self.resblocks = nn.ModuleList(
-            ResBlock(ch // 2 ** (i + 1), k, d)
-            for i in range(len(cfg.upsample_rates))
-            for k, d in zip(cfg.resblock_kernel_sizes, cfg.resblock_dilation_sizes))
+        self.source_resblocks, self.resblocks = residual_blocks(cfg, ResBlock)
         self.conv_post = wn_conv1d(ch // 2 ** len(cfg.upsample_rates), spectrum, 7, padding=3)
         self.f0_predictor = F0Predictor(cfg.f0_in_channels, cfg.f0_cond_channels)
         # Periodic Hann, as scipy's get_window("hann", n, fftbins=True) upstream.
@@ -101,10 +133,7 @@ class HiftGenerator(nn.Module):
         `mix` runs each stage's residual blocks (`mix_stage` unless given: accel compiles it)."""
         cfg = self.cfg
         mix = mix or mix_stage
-        spec = torch.stft(source.squeeze(1), cfg.n_fft, cfg.hop_len, cfg.n_fft, window=self.stft_window,
-                          return_complex=True)
-        spec = torch.view_as_real(spec)
-        source_spec = torch.cat([spec[..., 0], spec[..., 1]], dim=1)
+        source_spec = torch.cat(source_spectrum(source, cfg, self.stft_window), dim=1)
 
         x = self.conv_pre(mel)
         n_kernels = len(cfg.resblock_kernel_sizes)
@@ -119,11 +148,7 @@ class HiftGenerator(nn.Module):
 
         # Upstream uses leaky_relu's default slope (0.01) here, not lrelu_slope.
         x = self.conv_post(F.leaky_relu(x))
-        bins = cfg.n_fft // 2 + 1
-        magnitude = torch.clamp(torch.exp(x[:, :bins]), max=_MAX_MAGNITUDE)
-        phase = torch.sin(x[:, bins:])  # upstream's (redundant) sin is part of the trained function
-        spectrum = torch.complex(magnitude * torch.cos(phase), magnitude * torch.sin(phase))
-        wav = torch.istft(spectrum, cfg.n_fft, cfg.hop_len, cfg.n_fft, window=self.stft_window)
+        wav = spectrum_to_wave(x, cfg, self.stft_window)
         return torch.clamp(wav, -cfg.audio_limit, cfg.audio_limit)
 
     @torch.inference_mode()
@@ -143,9 +168,7 @@ class HiftGenerator(nn.Module):
         Call after loading: the folded module no longer accepts checkpoint keys. Fold a freshly
         loaded module, not a deepcopy of one: PyTorch shares the parametrized class between copies,
         so removing it from one copy breaks the other."""
-        for module in self.modules():
-            if parametrize.is_parametrized(module, "weight"):
-                parametrize.remove_parametrizations(module, "weight", leave_parametrized=True)
+        fold_weight_norm(self)
         return self
 
 
@@ -154,10 +177,8 @@ def load_hift(model_dir: str | Path, device: torch.device | str = "cpu", dtype: 
     """Build from `<model_dir>/cosyvoice2.yaml` and load `<model_dir>/hift.pt` strictly (any of the
     three key layouts); `fold=True` folds weight norm for inference."""
     model_dir = Path(model_dir)
-    yaml_path = model_dir / "cosyvoice2.yaml"
-    if not yaml_path.is_file():
-        raise FileNotFoundError(f"hift: no cosyvoice2.yaml in {model_dir}")
-    return load_hift_checkpoint(load_model_yaml(yaml_path), model_dir / "hift.pt", device, dtype, fold)
+    found = detect_family(model_dir, expected=2)
+    return load_hift_checkpoint(found.raw_config, model_dir / "hift.pt", device, dtype, fold)
 
 
 def load_hift_checkpoint(config: dict, path: str | Path, device: torch.device | str = "cpu",

@@ -8,6 +8,8 @@ the parametrizations after loading.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 from torch.nn.utils.parametrizations import weight_norm
@@ -41,15 +43,22 @@ def same_padding(kernel: int, dilation: int) -> int:
     return (kernel * dilation - dilation) // 2
 
 
-class ResBlock(nn.Module):
-    """Three (Snake, dilated conv, Snake, conv) branches applied as successive residuals."""
+def same_padded_conv(channels: int, kernel: int, dilation: int) -> nn.Module:
+    return wn_conv1d(channels, channels, kernel, dilation=dilation, padding=same_padding(kernel, dilation))
 
-    def __init__(self, channels: int, kernel: int, dilations: tuple[int, ...]) -> None:
+
+ConvFactory = Callable[[int, int, int], nn.Module]  # (channels, kernel, dilation) -> weight-normed conv
+
+
+class ResBlock(nn.Module):
+    """Three (Snake, dilated conv, Snake, conv) branches applied as successive residuals. `conv` builds
+    each convolution: centred ("same") padding for CosyVoice2, left-causal for CosyVoice3."""
+
+    def __init__(self, channels: int, kernel: int, dilations: tuple[int, ...],
+                 conv: ConvFactory = same_padded_conv) -> None:
         super().__init__()
-        self.convs1 = nn.ModuleList(
-            wn_conv1d(channels, channels, kernel, dilation=d, padding=same_padding(kernel, d)) for d in dilations)
-        self.convs2 = nn.ModuleList(
-            wn_conv1d(channels, channels, kernel, padding=same_padding(kernel, 1)) for _ in dilations)
+        self.convs1 = nn.ModuleList(conv(channels, kernel, d) for d in dilations)
+        self.convs2 = nn.ModuleList(conv(channels, kernel, 1) for _ in dilations)
         self.activations1 = nn.ModuleList(Snake(channels) for _ in dilations)
         self.activations2 = nn.ModuleList(Snake(channels) for _ in dilations)
 

@@ -44,11 +44,20 @@ class SpeechTokenLM(nn.Module):
         self.eos_token = speech_token_size
         self.min_token_text_ratio = min_token_text_ratio
         self.max_token_text_ratio = max_token_text_ratio
-        self.llm_embedding = nn.Embedding(2, input_size)
         self.llm = Qwen2Encoder(qwen)
-        self.llm_decoder = nn.Linear(output_size, speech_token_size + 3)
-        self.speech_embedding = nn.Embedding(speech_token_size + 3, input_size)
+        self._make_speech_layers(input_size, output_size)
         self.kv_cache: StaticKVCache | None = None
+
+    def _make_speech_layers(self, input_size: int, output_size: int) -> None:
+        """The layers around Qwen2, named as in the official checkpoint (CosyVoice3 overrides this)."""
+        self.llm_embedding = nn.Embedding(2, input_size)
+        self.llm_decoder = nn.Linear(output_size, self.speech_token_size + 3)
+        self.speech_embedding = nn.Embedding(self.speech_token_size + 3, input_size)
+
+    def _sos_and_task_id(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (1, D) embeddings that open the input and separate text from speech."""
+        return (self.llm_embedding.weight[SOS_ROW:SOS_ROW + 1],
+                self.llm_embedding.weight[TASK_ID_ROW:TASK_ID_ROW + 1])
 
     # ---- cache -------------------------------------------------------------------------------
     def setup_cache(self, max_batch: int, max_len: int, dtype: torch.dtype | None = None) -> StaticKVCache:
@@ -79,12 +88,13 @@ class SpeechTokenLM(nn.Module):
     def build_prefill_input(self, text_tokens: TokenIds, prompt_text_tokens: TokenIds = (),
                             prompt_speech_tokens: TokenIds = ()) -> torch.Tensor:
         """The official lm_input for one request, (T, D): sos, text embeddings, task_id, prompt speech."""
-        device = self.llm_embedding.weight.device
+        device = self.speech_embedding.weight.device
         text = torch.cat([_ids(prompt_text_tokens, device), _ids(text_tokens, device)])
+        sos, task_id = self._sos_and_task_id()
         parts = [
-            self.llm_embedding.weight[SOS_ROW:SOS_ROW + 1],
+            sos,
             self.llm.model.model.embed_tokens(text),
-            self.llm_embedding.weight[TASK_ID_ROW:TASK_ID_ROW + 1],
+            task_id,
             self.speech_embedding(_ids(prompt_speech_tokens, device)),
         ]
         return torch.cat(parts, dim=0)
@@ -135,22 +145,29 @@ class SpeechTokenLM(nn.Module):
 
     @torch.inference_mode()
     def teacher_forced_logp(self, lm_input: torch.Tensor) -> torch.Tensor:
-        """logp (T, V) at every position of one causal forward over `lm_input` (T, D); uses a private
-        one-slot cache so the decoding cache is untouched."""
+        """logp (T, V) at every position of one causal forward over `lm_input` (T, D)."""
+        return self._logp(self.teacher_forced_hidden(lm_input))
+
+    @torch.inference_mode()
+    def teacher_forced_hidden(self, lm_input: torch.Tensor) -> torch.Tensor:
+        """Qwen2's last hidden state (T, D) over `lm_input` (T, D), after the final norm; uses a
+        private one-slot cache so the decoding cache is untouched."""
         cfg = self.llm.config
         length = lm_input.shape[0]
         cache = StaticKVCache(cfg.num_hidden_layers, 1, cfg.num_key_value_heads, length, cfg.head_dim,
                               device=lm_input.device, dtype=self.llm_decoder.weight.dtype)
         slots = torch.zeros(1, dtype=torch.long, device=lm_input.device)
         positions = torch.arange(length, device=lm_input.device)[None]
-        return self._logp(self.llm(lm_input[None], cache, slots, positions, length)[0])
+        return self.llm(lm_input[None], cache, slots, positions, length)[0]
 
     # ---- one request -------------------------------------------------------------------------
     def generate(self, text_tokens: TokenIds, sampler: RasSampler, generator: torch.Generator,
                  prompt_text_tokens: TokenIds = (), prompt_speech_tokens: TokenIds = (),
                  slot: int = 0) -> Iterator[int]:
-        """Stream speech tokens for one request in cache row `slot`, with the official stop rules:
-        stop tokens rejected before min_len, stop on any id >= speech_token_size, at most max_len."""
+        """Stream speech tokens for one request in cache row `slot`, with the official rules
+        (`check_request`, `next_token`, `is_stop`; CosyVoice2: stop tokens rejected before min_len,
+        stop on any id >= speech_token_size), at most max_len."""
+        self.check_request(text_tokens, prompt_text_tokens)
         cache = self._cache()
         min_len, max_len = self.length_bounds(_ids(text_tokens, cache.lengths.device).numel())
         lm_input = self.build_prefill_input(text_tokens, prompt_text_tokens, prompt_speech_tokens)
@@ -162,11 +179,23 @@ class SpeechTokenLM(nn.Module):
         for step in range(max_len):
             if step > 0:
                 logp = self.decode_step([slot], [history[-1]])[0]
-            token = sampler.sample(logp, history, generator, allow_stop=step >= min_len)
-            if token >= self.speech_token_size:
+            token = self.next_token(sampler, logp, history, generator, before_min_len=step < min_len)
+            if self.is_stop(token):
                 return
             history.append(token)
             yield token
+
+    # ---- the official rules, per model generation ----------------------------------------------
+    def check_request(self, text_tokens: TokenIds, prompt_text_tokens: TokenIds) -> None:
+        """Refuse a request the official model refuses (CosyVoice2: none)."""
+
+    def next_token(self, sampler: RasSampler, logp: torch.Tensor, history: list[int], generator: torch.Generator,
+                   before_min_len: bool) -> int:
+        """CosyVoice2: stop ids are redrawn before min_len (the official `sampling_ids`)."""
+        return sampler.sample(logp, history, generator, allow_stop=not before_min_len)
+
+    def is_stop(self, token: int) -> bool:
+        return token >= self.speech_token_size
 
 
 def _ids(tokens: TokenIds, device: torch.device) -> torch.Tensor:

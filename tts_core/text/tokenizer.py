@@ -1,4 +1,4 @@
-"""The CosyVoice2 text tokenizer: Qwen2's byte-level BPE plus CosyVoice's extra special tokens.
+"""The CosyVoice text tokenizer: Qwen2's byte-level BPE plus CosyVoice's extra special tokens.
 
 Built from the model's `CosyVoice-BlankEN/` files (`vocab.json`, `merges.txt`,
 `tokenizer_config.json`) with the `tokenizers` package, so transformers is not needed. It mirrors
@@ -10,7 +10,8 @@ files) followed by `add_special_tokens`:
 - Special tokens are matched verbatim in the input before any of that (the official frontend encodes
   with `allowed_special='all'`), so `[breath]` or `<strong>` in a text are single ids.
 - Ids of the extra special tokens depend on their order: a token already known keeps its id, a new
-  one takes the next free id. `EXTRA_SPECIAL_TOKENS` therefore keeps the official order.
+  one takes the next free id. `EXTRA_SPECIAL_TOKENS` therefore keeps the official order (CosyVoice2's
+  list; CosyVoice3 appends to it, see `tts_core/text/cosyvoice3.py`).
 
 Must never change the order or spelling of the special tokens: the LLM's text embedding rows are
 indexed by these ids.
@@ -47,7 +48,8 @@ EXTRA_SPECIAL_TOKENS: tuple[str, ...] = (
 class TextTokenizer:
     """Encode text to the ids the speech LM was trained on, and decode them back."""
 
-    def __init__(self, tokenizer_dir: str | Path) -> None:
+    def __init__(self, tokenizer_dir: str | Path,
+                 extra_special_tokens: tuple[str, ...] = EXTRA_SPECIAL_TOKENS) -> None:
         tokenizer_dir = Path(tokenizer_dir)
         for name in ("vocab.json", "merges.txt"):
             if not (tokenizer_dir / name).is_file():
@@ -74,9 +76,9 @@ class TextTokenizer:
                     f"{tokenizer_dir / 'tokenizer_config.json'}: added token {content!r} declared at id "
                     f"{token_id} but the vocabulary places it at {tok.token_to_id(content)}"
                 )
-        tok.add_special_tokens([_special(t) for t in (EOS_TOKEN, *EXTRA_SPECIAL_TOKENS)])
+        tok.add_special_tokens([_special(t) for t in (EOS_TOKEN, *extra_special_tokens)])
         self._tok = tok
-        self.special_tokens: tuple[str, ...] = (EOS_TOKEN, *EXTRA_SPECIAL_TOKENS)
+        self.special_tokens: tuple[str, ...] = (EOS_TOKEN, *extra_special_tokens)
         self.eos_id: int = tok.token_to_id(EOS_TOKEN)
 
     @property
