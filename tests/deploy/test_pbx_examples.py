@@ -133,7 +133,8 @@ def test_every_example_file_says_where_it_goes(path):
 
 def test_the_readme_quotes_the_files_as_they_are():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("### From Asterisk, FreeSWITCH"):readme.index("## Configuration")]
+    start = readme.index("### From Asterisk, FreeSWITCH")
+    section = readme[start:readme.index("\n#", start + 1)]  # up to the next heading
     quoted = [line.strip() for line in section.splitlines() if line.startswith("    ") and line.strip()]
     files = {line.strip() for path in [*ASTERISK.glob("*.conf"), *FREESWITCH.glob("*.xml")]
              for line in path.read_text(encoding="utf-8").splitlines()}
