@@ -214,14 +214,18 @@ def _stdin_line() -> str:
 
 
 async def _serve(args: argparse.Namespace, name: str, settings: dict[str, Any], slots: int) -> int:
-    import structlog
-    from aiohttp import web
+    try:
+        import structlog
+        from aiohttp import web
 
-    from engine_service.protocol import STREAM_PATH
-    from connection_caps.listener import runner_options
-    from engine_service.server import WorkerSettings, make_app, start_listener
-    from engines.base import EngineSettingsError
-    from engines.registry import create_engine
+        from connection_caps.listener import runner_options
+        from engine_service.protocol import STREAM_PATH
+        from engine_service.server import WorkerSettings, make_app, start_listener
+        from engines.base import EngineSettingsError
+        from engines.registry import create_engine
+    except ImportError as exc:  # a broken install: restarting cannot fix it, so refused (exit 2), in one line
+        return _refused(f"this installation lacks what the worker needs ({exc}); install the project with its "
+                        "dependencies: pip install -c requirements.lock '.[tts]'")
 
     log = structlog.get_logger("engine_service")
     try:

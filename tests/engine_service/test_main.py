@@ -95,3 +95,15 @@ def test_a_loopback_worker_without_a_token_starts_and_warns_and_one_with_a_token
     assert len(warned) == 1 and warned[0]["level"] == "warning" and warned[0]["url"] == listening["url"]
     _, events = _started("--listen", "0.0.0.0:0", "--token-file", "-", stdin="a-long-random-secret\n")
     assert [e["event"] for e in events if e["level"] == "warning"] == []
+
+
+def test_a_dependency_missing_from_the_installation_is_one_refusal_line_not_a_traceback(tmp_path):
+    """A GPU host once lacked lameenc (a dependency the speech API gained): every worker died at import with a
+    traceback and exit 1, retried for good. A broken install is refused like bad settings: one line, exit 2."""
+    (tmp_path / "lameenc.py").write_text("raise ImportError('No module named lameenc (removed for this test)')\n")
+    done = subprocess.run([sys.executable, "-m", "engine_service", "--engine", "instant"], cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": f"{tmp_path}:{REPO}"}, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "lacks what the worker needs" in done.stderr and "lameenc" in done.stderr
+    assert json.loads(done.stdout.splitlines()[-1])["event"] == "engine_worker_refused"
