@@ -75,7 +75,10 @@ def serve_config(args, sip_port: int, http_port: int, api_port: int, key: str) -
     config.setdefault("sip", {}).setdefault("max_calls", args.max_calls)
     config["sip"]["flood"] = {"max_requests_per_s_per_source": 100000, "max_requests_per_s": 100000}
     if worker_names(config):
-        config["engine"].setdefault("worker", {})["port"] = api_port
+        # Every request comes from this one address: the worker port's per-source cap (64) would refuse the load
+        # generator, not measure the server (as bench_calls lifts sip.flood for SIPp).
+        config["engine"].setdefault("worker", {}).update(port=api_port, max_connections=100000,
+                                                         max_connections_per_source=100000)
         config["tts_api"] = {**config.get("tts_api", {}), "api_keys": [
             {"name": "openloop", "key": key, "max_streams": 100000}]}
     config["logging"] = {"level": "info"}
@@ -140,8 +143,9 @@ def api_outcome(result: ApiResult) -> Outcome:
                    x_real_time=audio_s / (last_at - result.sent_s), underruns=underruns)
 
 
-async def run_sip(args, arrivals: list[Arrival], end_s: float, sip: tuple[str, int], http_port: int,
-                  log_path: Path) -> dict:
+async def run_sip(args, arrivals: list[Arrival], phases: tuple[float, float], sip: tuple[str, int],
+                  http_port: int, log_path: Path) -> dict:
+    warmup, end_s = phases
     schedule = [PlannedCall(a.index, a.at_s, route_user(a.prompt_s), end_s - a.at_s if a.phase == TAIL else None)
                 for a in arrivals]
     concurrent = len(arrivals) / end_s * max(args.prompt_seconds)
@@ -155,7 +159,7 @@ async def run_sip(args, arrivals: list[Arrival], end_s: float, sip: tuple[str, i
     await sampling
     closed = {e.get("call_id"): e.get("underruns") for e in serve_events(log_path, ("media_closed",), offset)}
     measured = [r for r, a in zip(results, arrivals, strict=True) if a.phase == WINDOW]
-    window = sampler.delta(started + args.warmup, started + args.warmup + args.window)
+    window = sampler.delta(started + warmup, started + warmup + args.window)
     figures = run_figures([sip_outcome(c, closed.get(c.call_id)) for c in measured], window,
                           args.max_first_audio_p95_ms)
     return {**figures, "caller_processes": processes,
@@ -167,7 +171,7 @@ async def run_api(args, arrivals: list[Arrival], end_s: float, urls: list[str], 
                 for a in arrivals]
     start_at = time.time() + 0.2
     shares = [stream_requests(url, key, schedule[i::len(urls)], start_at, args.api_sample_rate,
-                              max(args.prompt_seconds) * 2 + 30) for i, url in enumerate(urls)]
+                              max(args.api_prompt_seconds) * 2 + 30) for i, url in enumerate(urls)]
     results = sorted((r for share in await asyncio.gather(*shares) for r in share), key=lambda r: r.index)
     measured = [r for r, a in zip(results, arrivals, strict=True) if a.phase == WINDOW]
     return run_figures([api_outcome(r) for r in measured], None, args.max_first_audio_p95_ms)
@@ -176,9 +180,10 @@ async def run_api(args, arrivals: list[Arrival], end_s: float, urls: list[str], 
 async def main_async(args) -> dict:
     report: dict = {"command": shlex.join([Path(sys.executable).name, *sys.argv]), "date": time.strftime("%Y-%m-%d %H:%M"),
                     "machine": f"{os.cpu_count()} cores", "method": {
-                        "arrivals": "Poisson", "warmup_s": args.warmup, "window_s": args.window,
-                        "tail_s": max(args.prompt_seconds) + TAIL_SLACK_S, "seeds": args.seeds,
-                        "prompt_seconds": args.prompt_seconds, "audible": "20 ms frame RMS >= -40 dBFS",
+                        "arrivals": "Poisson", "warmup_s": args.warmup or "the longest prompt", "window_s": args.window,
+                        "tail_s": f"the longest prompt + {TAIL_SLACK_S:g}", "seeds": args.seeds,
+                        "sip_prompt_seconds": args.prompt_seconds, "api_prompt_seconds": args.api_prompt_seconds,
+                        "api_sample_rate": args.api_sample_rate, "audible": "20 ms frame RMS >= -40 dBFS",
                         "gate": f"no refusal or unfinished request, zero underruns, zero RTP gaps > {GAP_MS:g} ms, "
                                 f"first audible p95 <= {args.max_first_audio_p95_ms:g} ms; a rate passes when all "
                                 "its seeds do"}}
@@ -200,18 +205,22 @@ async def main_async(args) -> dict:
         try:
             await asyncio.to_thread(wait_serving, serve, http_port, args.start_timeout, log_path)
             for mode in args.modes:
+                prompts = args.prompt_seconds if mode == "sip" else args.api_prompt_seconds
+                warmup = max(prompts) if args.warmup is None else args.warmup
                 rows = []
                 for rate in args.rates:
                     for seed in args.seeds:
                         await wait_calls_idle(http_port, max(args.prompt_seconds) + 60)
-                        end_s = args.warmup + args.window + max(args.prompt_seconds) + TAIL_SLACK_S
-                        arrivals = plan_arrivals(rate, seed, args.warmup, args.window, end_s - args.warmup - args.window,
-                                                 args.prompt_seconds)
+                        tail_s = max(prompts) + TAIL_SLACK_S
+                        end_s = warmup + args.window + tail_s
+                        arrivals = plan_arrivals(rate, seed, warmup, args.window, tail_s, prompts)
                         if mode == "sip":
-                            figures = await run_sip(args, arrivals, end_s, ("127.0.0.1", sip_port), http_port, log_path)
+                            figures = await run_sip(args, arrivals, (warmup, end_s), ("127.0.0.1", sip_port),
+                                                    http_port, log_path)
                         else:
                             figures = await run_api(args, arrivals, end_s, urls, key)
-                        row = {"rate_per_s": rate, "seed": seed, "arrivals": len(arrivals), **figures}
+                        row = {"rate_per_s": rate, "seed": seed, "warmup_s": warmup, "arrivals": len(arrivals),
+                               **figures}
                         print(json.dumps({"mode": mode, **row}), flush=True)
                         rows.append(row)
                 report[mode] = {"highest_passing_rate_per_s": highest_passing_rate(rows), "runs": rows}
@@ -225,10 +234,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", nargs="+", choices=["sip", "api"], default=["sip", "api"])
     parser.add_argument("--rates", type=float, nargs="+", default=[2.0, 5.0, 10.0], help="new requests per second")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    parser.add_argument("--warmup", type=float, default=30.0, help="seconds of arrivals before the window")
+    parser.add_argument("--warmup", type=float, default=None,
+                        help="seconds of arrivals before the window (default: the longest prompt, so the window "
+                             "starts at the steady state's concurrency, rate x prompt length)")
     parser.add_argument("--window", type=float, default=300.0, help="seconds whose arrivals are measured")
     parser.add_argument("--prompt-seconds", type=float, nargs="+", default=[30.0],
-                        help="prompt lengths to draw from (seconds of audio at 60 ms a character)")
+                        help="SIP: prompt lengths to draw from (seconds of audio at 60 ms a character)")
+    parser.add_argument("--api-prompt-seconds", type=float, nargs="+", default=[3.0, 10.0, 30.0],
+                        help="speech API: text lengths to draw from (a mix: replies and announcements)")
     parser.add_argument("--max-first-audio-p95-ms", type=float, default=300.0)
     parser.add_argument("--api-sample-rate", type=int, default=24000, choices=[8000, 16000, 24000])
     parser.add_argument("--engine", default="instant", help="without --config: instant, espeak or cosyvoice2")
