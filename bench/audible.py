@@ -1,5 +1,5 @@
-"""When audio becomes audible: the first 20 ms frame whose RMS is at or over a level (dBFS, full scale = a
-16-bit sine's peak... here plainly 32768), for RTP G.711 payloads and for 16-bit PCM streams alike.
+"""When audio becomes audible: the first 20 ms frame whose RMS is at or over a level in dBFS (0 dBFS: an RMS
+of 32768), for RTP G.711 payloads and 16-bit PCM streams alike.
 
 First *audible* audio, not first packet or first byte: a server that sends silence (or near-silence) early
 would otherwise look fast to a listener who hears nothing. -40 dBFS is about 20 dB under conversational
