@@ -1,11 +1,12 @@
 """Open-loop load, gated on zero underruns: the highest arrival rate a server sustains for real-time listeners.
 
 Requests arrive as a Poisson process at each rate of `--rates` (new requests/s), one run per (rate, seed):
-`--warmup` seconds of arrivals that are not measured, then a `--window` whose every arrival is measured to its
-end, then a tail of the same load until the window's requests are done (tail requests hang up at its end).
-Arrivals never wait for answers (arrivals.py), so a server that falls behind faces a growing queue instead of a
-politely slowing client, as it would in service. Each request's text is drawn (seeded) from `--prompt-seconds`
-(texts of that length at the instant engine's 60 ms a character). One `serve` (bench_e2e_calls' config helpers:
+`--warmup` seconds of arrivals that are not measured (default: the longest prompt, so concurrency has reached
+rate x prompt length), then a `--window` whose every arrival is measured to its end, then a tail of the same
+load until the window's requests are done (tail requests hang up at its end). Arrivals never wait for answers
+(arrivals.py), so a server that falls behind faces a growing queue instead of a politely slowing client, as it
+would in service. Each request's text is drawn (seeded) from `--prompt-seconds` (SIP) or `--api-prompt-seconds`
+(texts that long at the instant engine's 60 ms a character). One `serve` (bench_e2e_calls' config helpers:
 `--config`, or the loopback config with `--engine`/`--workers`) serves the whole sweep, two ways in:
 
   sip  raw-SIP calls from spawned callers (e2e_caller.py, RTP timed by the kernel): first audible audio (INVITE
@@ -14,15 +15,16 @@ politely slowing client, as it would in service. Each request's text is drawn (s
        (gateway_playout_underruns_total, sampled every 0.5 s), refusals (503 and any other non-200).
   api  POST /v1/tts on the supervised workers' speech API (pcm_s16le; api_stream.py): first audible audio,
        received audio x real time, and underruns of a client playback buffer that starts at the first audible
-       audio (open_loop_gate.py), refusals.
+       audio (open_loop_gate.py), refusals. The client is this one process (times from its loop, not the
+       kernel's): on a small shared box a late client reads as a late server, so compare where it is idle.
 
 The gate (open_loop_gate.py), per run: nothing refused or unfinished, zero underruns, zero gaps over 60 ms,
 first audible audio p95 <= `--max-first-audio-p95-ms` (300). A rate passes when all its seeds do; the highest
 passing rate (every rate below it passing too) is the result.
 
-    python bench/bench_open_loop.py --engine instant --workers 1 --first-chunk-delay-ms 70 \\
-        --modes sip api --rates 2 5 10 --seeds 1 2 --warmup 5 --window 20 --prompt-seconds 5 10
-    python bench/bench_open_loop.py --config gpu.yaml --rates 5 10 15 20 --seeds 1 2 3 --window 300  # a GPU host
+    python bench/bench_open_loop.py --engine instant --workers 1 --first-chunk-delay-ms 70 --rates 1 3 10 \\
+        --seeds 1 2 --window 20 --api-sample-rate 8000      # the 2-core box (open_loop_instant.json)
+    python bench/bench_open_loop.py --config gpu.yaml --rates 5 10 15 20   # a GPU host: 3 seeds, 300-s windows
 
 Results: bench/results/open_loop_<engine>.json (every run's figures, the highest passing rate, the command).
 """
@@ -178,7 +180,7 @@ async def run_api(args, arrivals: list[Arrival], end_s: float, urls: list[str], 
 
 
 async def main_async(args) -> dict:
-    report: dict = {"command": shlex.join([Path(sys.executable).name, *sys.argv]), "date": time.strftime("%Y-%m-%d %H:%M"),
+    report: dict = {"command": shlex.join(["python", *sys.argv]), "date": time.strftime("%Y-%m-%d %H:%M"),
                     "machine": f"{os.cpu_count()} cores", "method": {
                         "arrivals": "Poisson", "warmup_s": args.warmup or "the longest prompt", "window_s": args.window,
                         "tail_s": f"the longest prompt + {TAIL_SLACK_S:g}", "seeds": args.seeds,
