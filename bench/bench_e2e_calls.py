@@ -241,7 +241,22 @@ async def run_step(calls: int, processes: int, rate: float, sip: tuple[str, int]
             "caller_processes": processes, "clock": "kernel SO_TIMESTAMPNS", **workers_row}
 
 
-def _wait_serving(serve: subprocess.Popen, http_port: int, timeout_s: float, log_path: Path) -> None:
+def start_serve(config: Path, log_path: Path) -> subprocess.Popen:
+    """`cosyvoice-gateway serve --config` of this tree (PYTHONPATH first), its stderr log to `log_path`."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    return subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--config", str(config)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=open(log_path, "w"), env=env)
+
+
+def stop_serve(serve: subprocess.Popen) -> None:
+    serve.send_signal(signal.SIGTERM)
+    try:
+        serve.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        serve.kill()
+
+
+def wait_serving(serve: subprocess.Popen, http_port: int, timeout_s: float, log_path: Path) -> None:
     """Until /healthz says 200; a serve that exits, or never gets there, fails with its log's tail."""
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
@@ -256,7 +271,7 @@ def _wait_serving(serve: subprocess.Popen, http_port: int, timeout_s: float, log
     raise RuntimeError(f"serve not serving (exit code {serve.poll()}); its log ends:\n{tail}")
 
 
-def _config_text(args, sip_port: int, http_port: int, prompt_chars: int, max_calls: int) -> str:
+def config_text(args, sip_port: int, http_port: int, prompt_chars: int, max_calls: int) -> str:
     if args.config:
         config = yaml.safe_load(Path(args.config).read_text())
         config.setdefault("sip", {})["listen"] = f"127.0.0.1:{sip_port}"
@@ -291,15 +306,12 @@ async def main_async(args) -> dict:
         sip_port, http_port = free_port(), free_port(socket.SOCK_STREAM)
         cfg = Path(tmp) / "gateway.yaml"
         max_calls = max(args.calls) + 50
-        cfg.write_text(_config_text(args, sip_port, http_port, int(args.prompt_seconds / 0.06), max_calls))
+        cfg.write_text(config_text(args, sip_port, http_port, int(args.prompt_seconds / 0.06), max_calls))
         log_path = args.serve_log or Path(tmp) / "serve.log"
-        log = open(log_path, "w")
-        serve = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg)], cwd=ROOT,
-                                 stdout=subprocess.DEVNULL, stderr=log, env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                                     p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)})
+        serve = start_serve(cfg, log_path)
         try:
             started = time.monotonic()
-            await asyncio.to_thread(_wait_serving, serve, http_port, args.start_timeout, log_path)
+            await asyncio.to_thread(wait_serving, serve, http_port, args.start_timeout, log_path)
             print(json.dumps({"serving_after_s": round(time.monotonic() - started, 1)}), flush=True)
             kill = None
             if args.kill_worker_at is not None:
@@ -317,11 +329,7 @@ async def main_async(args) -> dict:
                 then = await asyncio.to_thread(subprocess.run, args.then, shell=True, cwd=ROOT)
                 print(json.dumps({"then": args.then, "exit_code": then.returncode}), flush=True)
         finally:
-            serve.send_signal(signal.SIGTERM)
-            try:
-                serve.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                serve.kill()
+            stop_serve(serve)
     delay = f", first chunk delay {args.first_chunk_delay_ms:g} ms" if args.engine == "instant" and not args.config else ""
     return {"config": args.config or f"bench_calls loopback config, engine {args.engine}, workers {args.workers}{delay}",
             "prompt_seconds": args.prompt_seconds, "machine": f"{os.cpu_count()} cores", "steps": rows}

@@ -6,8 +6,9 @@ arrival time is when the kernel queued the datagram, not when this process's eve
 The socket's receive buffer is large enough that a late reader loses nothing; a packet lost all the same shows
 as an RTP sequence gap. Those timestamps are CLOCK_REALTIME, so the INVITE's send time is time.time_ns() too.
 
-`place_calls` spreads one step's calls over spawned caller processes (call i at start + i/rate, the processes
-interleaved) and returns every call's `CallResult`; this module never starts or reads the gateway.
+`place_schedule` spreads planned calls (when, whom, hang up when) over spawned caller processes and returns
+every call's `CallResult`; `place_calls` is its constant rate (call i at start + i/rate). This module never
+starts or reads the gateway.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import time
 from array import array
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
+
+from audible import g711_audible
 
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux; SCM_TIMESTAMPNS has the same value
 RTP_RCVBUF_BYTES = 1 << 20  # ~1,000 queued packets of one call (20 s of audio): a late reader loses nothing
@@ -36,7 +39,8 @@ class CallResult:
     status: int = 0
     reason: str = ""
     invite_ns: int = 0
-    first_speech_ns: int | None = None
+    first_speech_ns: int | None = None  # first payload that is not all G.711 zero codes
+    first_audible_ns: int | None = None  # first payload at or over audible.AUDIBLE_DBFS
     arrivals_ns: array = field(default_factory=lambda: array("q"))
     lost: int = 0  # packets missing from the RTP sequence numbers
     call_id: str = ""  # the SIP Call-ID (the engine's job logs carry it as call_id)
@@ -82,6 +86,9 @@ class RtpReceiver:
             # strip() leaves nothing only when every byte is a silence code: C speed, however long the payload
             if result.first_speech_ns is None and data[12:].strip(_SILENCE.get(data[1] & 0x7F, _SILENCE[0])):
                 result.first_speech_ns = at
+            if result.first_speech_ns is not None and result.first_audible_ns is None \
+                    and g711_audible(data[12:], data[1] & 0x7F):
+                result.first_audible_ns = at
 
     def close(self) -> None:
         self._loop.remove_reader(self.sock.fileno())
@@ -169,31 +176,42 @@ async def place_call(index: int, sip: tuple[str, int], user: str, timeout_s: flo
         rtp.close()
 
 
-async def _place_share(sip: tuple[str, int], indices: list[int], start_at: float, rate: float,
+@dataclass(frozen=True)
+class PlannedCall:
+    """One call of a schedule: placed `at_s` after the start, to `user`; `hang_up_after_s` as place_call's."""
+
+    index: int
+    at_s: float
+    user: str = "bench"
+    hang_up_after_s: float | None = None
+
+
+async def _place_share(sip: tuple[str, int], share: list[PlannedCall], start_at: float,
                        timeout_s: float) -> list[CallResult]:
     tasks = []
-    for index in indices:  # call i at start + i/rate (a schedule for the caller, not media pacing)
-        await asyncio.sleep(max(0.0, start_at + index / rate - time.time()))
-        tasks.append(asyncio.create_task(place_call(index, sip, "bench", timeout_s)))
+    for planned in share:  # a schedule for the caller, not media pacing
+        await asyncio.sleep(max(0.0, start_at + planned.at_s - time.time()))
+        tasks.append(asyncio.create_task(place_call(planned.index, sip, planned.user, timeout_s,
+                                                    planned.hang_up_after_s)))
     return list(await asyncio.gather(*tasks))
 
 
-def _caller_process(pipe: Connection, sip: tuple[str, int], indices: list[int], rate: float, timeout_s: float) -> None:
+def _caller_process(pipe: Connection, sip: tuple[str, int], share: list[PlannedCall], timeout_s: float) -> None:
     pipe.send("ready")  # imported: the start time the parent sends next no longer pays for process start-up
     start_at = pipe.recv()
-    pipe.send(asyncio.run(_place_share(sip, indices, start_at, rate, timeout_s)))
+    pipe.send(asyncio.run(_place_share(sip, share, start_at, timeout_s)))
 
 
-def place_calls(calls: int, processes: int, rate: float, sip: tuple[str, int],
-                timeout_s: float) -> tuple[float, list[CallResult]]:
-    """One step's calls from `processes` spawned callers (blocking); returns the start time (time.time())
-    and the results in call order."""
+def place_schedule(schedule: list[PlannedCall], processes: int, sip: tuple[str, int],
+                   timeout_s: float) -> tuple[float, list[CallResult]]:
+    """The planned calls (in time order) from `processes` spawned callers, interleaved (blocking); returns the
+    start time (time.time()) and the results in index order."""
     context = multiprocessing.get_context("spawn")  # never fork a process that may hold a running loop
     pipes, children = [], []
     for share in range(processes):
         here, there = context.Pipe()
         child = context.Process(target=_caller_process, daemon=True,
-                                args=(there, sip, list(range(share, calls, processes)), rate, timeout_s))
+                                args=(there, sip, schedule[share::processes], timeout_s))
         child.start()
         pipes.append(here)
         children.append(child)
@@ -206,3 +224,9 @@ def place_calls(calls: int, processes: int, rate: float, sip: tuple[str, int],
     for child in children:
         child.join()
     return start_at, sorted(results, key=lambda r: r.index)
+
+
+def place_calls(calls: int, processes: int, rate: float, sip: tuple[str, int],
+                timeout_s: float) -> tuple[float, list[CallResult]]:
+    """One step's calls at a constant `rate` (call i at start + i/rate), as `place_schedule`."""
+    return place_schedule([PlannedCall(i, i / rate) for i in range(calls)], processes, sip, timeout_s)

@@ -8,6 +8,7 @@
 #   bash scripts/gpu_bench.sh bash scripts/gpu_e2e.sh instant "$OUT" 100 200 500
 #   bash scripts/gpu_bench.sh bash scripts/gpu_e2e.sh workers2 "$OUT" 1 200 400
 #   KILL_WORKER_AT=10 bash scripts/gpu_bench.sh bash scripts/gpu_e2e.sh workers2 "$OUT" 200
+#   WINDOW=60 SEEDS="1 2" MODES=sip bash scripts/gpu_bench.sh bash scripts/gpu_e2e.sh openloop "$OUT" 10 20
 #
 # workers: the engine in a worker process the gateway supervises (the product's shape); its worker also
 # serves the speech API, which bench/bench_tts_api.py measures after the calls (1, 10 and 50 clients, jambonz
@@ -16,7 +17,12 @@
 # split); instant: no GPU work at all, the media path alone; workers2: a 2-GPU host, the same steps first on
 # one GPU (engine.cosyvoice2.devices [0], e2e_gpu1.json) then one worker per GPU (devices [0, 1],
 # e2e_gpu2.json), at RATE new calls/s (default 10); with KILL_WORKER_AT=SECONDS the two-GPU run kill -9s the
-# worker on GPU 1 that long into every step and reports the killed worker's calls apart from GPU 0's. The engine settings match bench_load's, so the
+# worker on GPU 1 that long into every step and reports the killed worker's calls apart from GPU 0's.
+# openloop: the workers arrangement under bench/bench_open_loop.py at the rates given (new requests/s, Poisson):
+# SIP calls with the issue's 30-s prompts, then the worker's speech API with a 3/10/30-s mix, each run a 30-s
+# warm-up, a WINDOW-second window (default 300, as tts-bench) and a 35-s tail, for each of SEEDS (default
+# "1 2 3"), MODES "sip api" by default ($OUT/open_loop_cosyvoice2.json). One run lasts WINDOW + 65 s: split
+# rates, seeds or modes over calls to fit a command's time limit. The engine settings match bench_load's, so the
 # carried compiler cache serves both.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,11 +42,11 @@ case "$arrangement" in
         then=(--then "python3 bench/bench_tts_api.py --url http://127.0.0.1:8090 --key $key --clients 1 10 50 \
 --jambonz-clients 10 --samples 20 --engine-log $out/serve_workers.log --out $out/tts_api.json") ;;
     in_process) workers_line="  workers: 0" ;;
-    workers2) workers_line="  worker: {port: 8090}" ;;
+    workers2|openloop) workers_line="  worker: {port: 8090}" ;;
     instant)
         exec python3 bench/bench_e2e_calls.py --engine instant --calls "$@" --prompt-seconds 20 \
             --out "$out/e2e_instant.json" ;;
-    *) echo "unknown arrangement $arrangement (workers, in_process, instant, workers2)" >&2; exit 2 ;;
+    *) echo "unknown arrangement $arrangement (workers, in_process, instant, workers2, openloop)" >&2; exit 2 ;;
 esac
 cat > "$config" <<YAML
 engine:
@@ -58,6 +64,12 @@ sip:
   max_calls: 1000
 $api_lines
 YAML
+if [ "$arrangement" = openloop ]; then
+    # shellcheck disable=SC2086  # SEEDS and MODES are word lists
+    exec python3 bench/bench_open_loop.py --config "$config" --rates "$@" --seeds ${SEEDS:-1 2 3} \
+        --modes ${MODES:-sip api} --window "${WINDOW:-300}" --prompt-seconds 30 --api-prompt-seconds 3 10 30 \
+        --out "$out/open_loop_cosyvoice2.json" --serve-log "$out/serve_openloop.log"
+fi
 if [ "$arrangement" = workers2 ]; then
     rate="${RATE:-10}"
     python3 bench/bench_e2e_calls.py --config "$config" --devices 0 --calls "$@" --prompt-seconds 20 --rate "$rate" \
