@@ -34,7 +34,15 @@ from tts_core.hift.causal_layers import (
 )
 from tts_core.hift.causal_source import CausalHarmonicSource, NoiseRecipe
 from tts_core.hift.config import HiftConfig, hift_config_from
-from tts_core.hift.generator import Mix, fold_weight_norm, mix_stage, residual_blocks, source_spectrum, spectrum_to_wave
+from tts_core.hift.generator import (
+    Mix,
+    fold_weight_norm,
+    mix_stage,
+    residual_blocks,
+    source_spectrum,
+    spectrum_to_wave,
+    upsample_stages,
+)
 from tts_core.model_family import detect_family
 
 log = structlog.get_logger(__name__)
@@ -96,14 +104,7 @@ class CausalHiftGenerator(nn.Module):
             drop = prod(cfg.upsample_rates) * k  # STFT frames of the look-ahead mel frames
             real, imag = real[:, :, :-drop], imag[:, :, :-drop]
         source_spec = torch.cat([real, imag], dim=1)
-        n_kernels = len(cfg.resblock_kernel_sizes)
-        last = len(self.ups) - 1
-        for i, up in enumerate(self.ups):
-            x = up(F.leaky_relu(x, cfg.lrelu_slope))
-            if i == last:
-                x = F.pad(x, (1, 0), mode="reflect")
-            x = mix(tuple(self.resblocks[i * n_kernels:(i + 1) * n_kernels]), self.source_resblocks[i],
-                    x, self.source_downs[i](source_spec))
+        x = upsample_stages(self, x, source_spec, cfg, mix)
         wav = spectrum_to_wave(self.conv_post(F.leaky_relu(x)), cfg, self.stft_window)
         if not finalize:
             wav = wav[:, :-cfg.samples_per_frame]

@@ -81,6 +81,23 @@ def source_spectrum(source: torch.Tensor, cfg: HiftConfig, window: torch.Tensor)
     return spec[..., 0], spec[..., 1]
 
 
+def upsample_stages(model: nn.Module, x: torch.Tensor, source_spec: torch.Tensor, cfg: HiftConfig, mix: Mix
+                    ) -> torch.Tensor:
+    """The upsampling stages both HiFT generators run (CosyVoice2's and CosyVoice3's causal one: `model` has
+    `ups`, `resblocks`, `source_resblocks`, `source_downs`): each stage upsamples, then mixes the residual
+    blocks with the source's spectrum at that rate."""
+    n_kernels = len(cfg.resblock_kernel_sizes)
+    last = len(model.ups) - 1
+    for i, up in enumerate(model.ups):
+        x = up(F.leaky_relu(x, cfg.lrelu_slope))
+        if i == last:
+            # One sample of left reflection makes the frame count equal the STFT's (centred) count.
+            x = F.pad(x, (1, 0), mode="reflect")
+        x = mix(tuple(model.resblocks[i * n_kernels:(i + 1) * n_kernels]), model.source_resblocks[i],
+                x, model.source_downs[i](source_spec))
+    return x
+
+
 def spectrum_to_wave(x: torch.Tensor, cfg: HiftConfig, window: torch.Tensor) -> torch.Tensor:
     """conv_post output (B, n_fft + 2, frames) -> waveform (B, L) by the inverse STFT (not yet clamped)."""
     bins = cfg.n_fft // 2 + 1
@@ -136,15 +153,7 @@ class HiftGenerator(nn.Module):
         source_spec = torch.cat(source_spectrum(source, cfg, self.stft_window), dim=1)
 
         x = self.conv_pre(mel)
-        n_kernels = len(cfg.resblock_kernel_sizes)
-        last = len(self.ups) - 1
-        for i, up in enumerate(self.ups):
-            x = up(F.leaky_relu(x, cfg.lrelu_slope))
-            if i == last:
-                # One sample of left reflection makes the frame count equal the STFT's (centred) count.
-                x = F.pad(x, (1, 0), mode="reflect")
-            x = mix(tuple(self.resblocks[i * n_kernels:(i + 1) * n_kernels]), self.source_resblocks[i],
-                    x, self.source_downs[i](source_spec))
+        x = upsample_stages(self, x, source_spec, cfg, mix)
 
         # Upstream uses leaky_relu's default slope (0.01) here, not lrelu_slope.
         x = self.conv_post(F.leaky_relu(x))
