@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gateway.media import g711
+from speech_audio import g711
 from gateway.media.call_media import MediaEngine, MediaSettings
 from gateway.media.playout import PlayoutBuffer
 from gateway.media.rtp import pack_header

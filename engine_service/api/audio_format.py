@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import soxr
 
-from engine_service.api.g711 import encode_g711
+from speech_audio import g711
 
 FORMATS = ("wav", "pcm_s16le", "pcmu", "pcma")
 SAMPLE_RATES = (8000, 16000, 24000)
@@ -107,5 +107,5 @@ class AudioEncoder:
             header, self._header_due = wav_header(self.format.sample_rate), False
         linear = pcm16(samples)
         if self.format.name in _G711:
-            return header + encode_g711(linear, self.format.name)
+            return header + g711.encode(linear, self.format.name.upper())
         return header + linear.astype("<i2").tobytes()

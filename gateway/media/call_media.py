@@ -29,7 +29,7 @@ from gateway import metrics
 from gateway.media.packet_clock import PacketClock
 from gateway.media.playout import PlayoutBuffer, PlayoutSettings
 from gateway.media.port_pool import PortsExhausted, RtpPortPool
-from gateway.media.resample import Resampler24kTo8k
+from speech_audio.resample import Resampler
 from gateway.media.rtp_peer import Latching, RtpPeer
 from gateway.media.rtp_session import RtpSession
 from gateway.media.sdp import MediaPlan, NoCommonCodec, SdpAnswerer
@@ -213,7 +213,7 @@ class CallMedia:
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
         self._done = done
-        resampler = Resampler24kTo8k(source_rate)
+        resampler = Resampler(source_rate)
         buffer = self._buffer
         buffer.begin_prompt()
         self._clock.subscribe(self._on_tick)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gateway import metrics
-from gateway.media.g711 import float_to_pcm16
+from speech_audio.g711 import float_to_pcm16
 
 FRAME_SAMPLES = 160  # 20 ms at 8 kHz (RFC 3551 §4.5: G.711 default packetisation)
 SAMPLE_RATE = 8000

@@ -40,7 +40,8 @@ import numpy as np
 import structlog
 
 from gateway import metrics
-from gateway.media import g711, rtcp
+from gateway.media import rtcp
+from speech_audio import g711
 from gateway.media.dtmf import DtmfDetector, DtmfParseError
 from gateway.media.packet_clock import PacketClock
 from gateway.media.port_pool import PortsExhausted, RtpPortPool

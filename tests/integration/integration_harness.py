@@ -16,7 +16,7 @@ from engines.registry import create_engine
 from gateway.app import Gateway
 from gateway.config import load_config
 from gateway.engine_watchdog import WatchdogSettings
-from gateway.media import g711
+from speech_audio import g711
 from tests.gateway.sip.peers import free_media_port
 
 SCENARIOS = Path(__file__).parent / "sipp"

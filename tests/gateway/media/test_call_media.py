@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 
 from gateway import metrics
-from gateway.media import g711, rtcp
+from gateway.media import rtcp
+from speech_audio import g711
 from gateway.media.call_media import CallMedia, MediaEngine, MediaSettings
 from gateway.media.dtmf import TelephoneEvent
-from gateway.media.resample import Resampler24kTo8k
+from speech_audio.resample import Resampler
 from gateway.media.rtp import RtpPacket
 from gateway.media.sdp import NoCommonCodec, parse_sdp
 
@@ -336,7 +337,7 @@ async def test_the_first_packet_goes_out_with_the_first_chunk_not_at_the_next_ti
     assert all((b.sequence_number - a.sequence_number) % 65536 == 1 for a, b in zip(packets, packets[1:]))
     assert all((b.timestamp - a.timestamp) % 2**32 == 160 for a, b in zip(packets, packets[1:]))
     first_chunk = await anext(tone(0.4))
-    expected = g711.encode(g711.float_to_pcm16(Resampler24kTo8k().push(first_chunk)[:160]), "PCMU")
+    expected = g711.encode(g711.float_to_pcm16(Resampler().push(first_chunk)[:160]), "PCMU")
     assert packets[0].payload == bytes(expected)  # the first chunk's first 20 ms: no leading silence
     await media.close()
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from gateway.media.resample import Resampler24kTo8k
+from speech_audio.resample import Resampler
 
 
 def test_1khz_tone_keeps_length_energy_and_frequency() -> None:
     t = np.arange(24000) / 24000
     tone = (0.5 * np.sin(2 * np.pi * 1000 * t)).astype(np.float32)
-    resampler = Resampler24kTo8k()
+    resampler = Resampler()
     rng = np.random.default_rng(0)
     cuts = np.sort(rng.choice(np.arange(1, 24000), size=30, replace=False))
     out = np.concatenate([resampler.push(c) for c in np.split(tone, cuts)] + [resampler.flush()])
@@ -23,5 +23,5 @@ def test_1khz_tone_keeps_length_energy_and_frequency() -> None:
 
 def test_8khz_input_passes_through() -> None:
     audio = np.arange(100, dtype=np.float32)
-    resampler = Resampler24kTo8k(source_rate=8000)
+    resampler = Resampler(source_rate=8000)
     assert np.array_equal(resampler.push(audio), audio) and resampler.flush().size == 0
