@@ -43,7 +43,7 @@ def _offer(port: int) -> str:
 
 
 async def _prompt(seconds: float):
-    yield (0.3 * np.sin(2 * np.pi * 440 * np.arange(int(seconds * 8000)) / 8000)).astype(np.float32)
+    yield g711.float_to_pcm16(0.3 * np.sin(2 * np.pi * 440 * np.arange(int(seconds * 8000)) / 8000))
 
 
 async def measure(calls: int, ticks: int) -> dict:
@@ -68,7 +68,7 @@ async def measure(calls: int, ticks: int) -> dict:
 
     engine.clock.subscribe(tick_start)
     media = [await engine.open_call(f"bench-{i}", _offer(sink.getsockname()[1])) for i in range(calls)]
-    plays = [asyncio.create_task(m.play(_prompt(ticks * 0.02 + 2.0), source_rate=8000)) for m in media]
+    plays = [asyncio.create_task(m.play(_prompt(ticks * 0.02 + 2.0))) for m in media]
     await asyncio.sleep(0.1)  # every call has its prompt buffered and is subscribed
     engine.clock.subscribe(tick_end)
     skipped_before = engine.clock.skipped_ticks

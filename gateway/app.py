@@ -22,14 +22,15 @@ from collections.abc import Callable
 import structlog
 
 from connection_caps.budget import DescriptorBudget
-from engines.base import SpeechEngine
+from engines.base import SpeechEngine, SynthesisRequest
 from gateway import metrics
 from gateway.call import CallSession
 from gateway.config import ConfigError, GatewayConfig
 from gateway.engine_watchdog import EngineWatchdog, WatchdogSettings
 from gateway.media.call_media import MediaEngine, MediaSettings
-from gateway.routing import PromptResolver
+from gateway.routing import Prompt, PromptResolver
 from gateway.sip.uas import InboundCall, SipServer, SipSettings
+from gateway.speech import SpeechSettings
 
 log = structlog.get_logger(__name__)
 
@@ -38,12 +39,19 @@ PACKET_CLOCK_SWITCH_INTERVAL_S = 0.001
 
 class Gateway:
     def __init__(self, engine: SpeechEngine, sip_settings: SipSettings, media_settings: MediaSettings,
-                 resolve_prompt: PromptResolver, watchdog_settings: WatchdogSettings | None = None) -> None:
+                 resolve_prompt: PromptResolver, watchdog_settings: WatchdogSettings | None = None,
+                 speech_settings: SpeechSettings | None = None) -> None:
         self.engine = engine
         self.watchdog = EngineWatchdog(engine, watchdog_settings or WatchdogSettings())
         self.media = MediaEngine(media_settings)
+        self.speech = (speech_settings or SpeechSettings()).call_speech(engine)
+        metrics.watch_prompt_cache(self.speech.cache)
+        # With the prompt cache an INVITE is not refused at the edge for a full engine: a hit needs no engine
+        # slot, and a miss is refused 503 by its call session (OPTIONS and /healthz still say full).
+        cache_on = self.speech.cache_enabled
         self.sip = SipServer(sip_settings, on_invite=self._on_invite,
-                             refusal=lambda: self.watchdog.refusal() or self.media.refusal())
+                             refusal=lambda: self.watchdog.refusal() or self.media.refusal(),
+                             invite_refusal=lambda: self.watchdog.refusal(capacity=not cache_on) or self.media.refusal())
         self.resolve_prompt = resolve_prompt  # replaced once workers say which voice is their default
         self._sessions: dict[asyncio.Task[str], CallSession] = {}
         self.started_at: float | None = None
@@ -60,11 +68,29 @@ class Gateway:
 
     def _on_invite(self, call: InboundCall) -> asyncio.Task[str]:
         """Start the call's session; the SIP server counts the call against max_calls until it is done."""
-        session = CallSession(call, self.resolve_prompt, self.engine, self.media)
+        session = CallSession(call, self.resolve_prompt, self.speech, self.media)
         task = asyncio.get_running_loop().create_task(session.run(), name=f"call-{call.call_id}")
         self._sessions[task] = session
         task.add_done_callback(lambda done: self._sessions.pop(done, None))
         return task
+
+    async def prerender(self, prompts: list[Prompt]) -> None:
+        """Measure the voices' levels and render `prompts` (those marked prerender) into the cache, one at a time
+        (at start and after a reload: a background task that never holds more than one engine slot)."""
+        for voice in dict.fromkeys([prompt.voice for prompt in prompts] + [self.engine.default_voice]):
+            try:
+                await self.speech.gain_db(voice)
+            except Exception as exc:  # the next call of that voice measures it again
+                log.warning("voice_level_not_measured", voice=voice, error=repr(exc))
+        for prompt in prompts:
+            request = SynthesisRequest(text=prompt.text, voice=prompt.voice, call_id="prerender")
+            try:
+                self.engine.validate(request)
+                hit = await self.speech.prerender(request)
+            except Exception as exc:
+                log.warning("prerender_failed", voice=prompt.voice, chars=len(prompt.text), error=repr(exc))
+            else:
+                log.info("prerendered", voice=prompt.voice, chars=len(prompt.text), already_cached=hit)
 
     async def calls_ended(self, timeout_s: float) -> bool:
         """Wait until every call session now running has finished and counted its outcome (True), or timeout."""
@@ -124,6 +150,7 @@ class Gateway:
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.sip.stop()
         await self.media.stop()
+        await self.speech.cache.close()
         await self.watchdog.stop()
         await self.engine.close()
         log.info("gateway_stopped")
@@ -148,6 +175,7 @@ def _engine_for(config):
 
     engine = RemoteEngine(urls=engine_config.remote.urls, token=engine_config.remote.token,
                           engine_name=engine_config.name, default_voice=engine_config.default_voice,
+                          identity=_workers_identity(config),
                           max_first_audio_ms=engine_config.admission.max_first_audio_ms,
                           dead_after_s=engine_config.worker.dead_after_ms / 1000,
                           on_streams_lost=lambda worker, count:
@@ -163,6 +191,22 @@ def _engine_for(config):
     except WorkerFailed as exc:
         raise ConfigError([str(exc)]) from None
     return engine, supervisor
+
+
+def _workers_identity(config) -> str:
+    """The workers' model identity for the prompt cache: their engine settings and the files of their model and
+    voices directories (speech_audio/model_identity.py); workers on another host whose paths are not here count
+    by their settings only."""
+    import hashlib
+    import json
+    from pathlib import Path
+
+    from speech_audio.model_identity import files_identity
+
+    settings = config.engine_settings()
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    directories = [Path(str(settings[key])) for key in ("model_dir", "voices_dir") if settings.get(key)]
+    return files_identity(f"{config.engine.name}:{digest}", *directories)
 
 
 async def _engine_ready(engine, supervisor, config, stop: asyncio.Event) -> bool:
@@ -213,12 +257,14 @@ async def run(config, load_again: Callable[[], GatewayConfig] | None = None) -> 
         sip_settings=config.sip_settings(budget),
         media_settings=config.media_settings(),
         resolve_prompt=config.prompt_resolver(engine.default_voice),
+        speech_settings=config.speech_settings(),
     )
     await gateway.start()
     # /healthz with workers: how many serve, and why each other one does not (gateway/worker_report.py)
     status = with_workers(gateway.status, engine.links, supervisor) if config.engine.uses_workers else gateway.status
     http = None
     reloader: asyncio.Task[None] | None = None
+    prerender: asyncio.Task[None] | None = None
     try:
         if supervisor is not None:
             await supervisor.start()
@@ -238,13 +284,17 @@ async def run(config, load_again: Callable[[], GatewayConfig] | None = None) -> 
                 await engine.prepare(config.prompt_texts())
         if http is None:
             http = await start_http(status, config.http_host, config.http_port, http_limits, budget)
+        if not stop.is_set():
+            prerender = loop.create_task(gateway.prerender(config.prompt_resolver(engine.default_voice).prerendered()),
+                                         name="prerender")
         reloader = loop.create_task(_reload_on_hangup(hangups, gateway, config, load_again), name="sighup")
         await stop.wait()
         await gateway.drain(config.shutdown.drain_timeout_s)
     finally:
-        if reloader is not None:
-            reloader.cancel()
-            await asyncio.gather(reloader, return_exceptions=True)
+        for task in (reloader, prerender):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         if http is not None:
             await stop_http(http)
         await gateway.stop()

@@ -29,6 +29,7 @@ class Prompt:
     voice: str
     hangup_after: bool = True
     barge_in: bool = False
+    cache: bool = False  # the prompt cache may keep (and play) this text's audio
 
 
 class NoPrompt(Exception):
@@ -46,8 +47,9 @@ def prompt_from_headers(call: InboundCall, default_voice: str) -> Prompt | None:
         return None
     voice = call.invite.header("X-TTS-Voice")
     hangup = (call.invite.header("X-TTS-After") or "hangup").strip().lower() != "stay"
+    cache = (call.invite.header("X-TTS-Cache") or "no").strip().lower() in ("yes", "true", "1")
     return Prompt(text=unquote(text, encoding="utf-8", errors="strict").strip(),
-                  voice=unquote(voice).strip() if voice else default_voice, hangup_after=hangup)
+                  voice=unquote(voice).strip() if voice else default_voice, hangup_after=hangup, cache=cache)
 
 
 class PromptRouter:
@@ -83,9 +85,18 @@ class PromptRouter:
         if route.prompt is not None:
             named = self._prompts[route.prompt]
             text, voice, barge_in = named.text, named.voice, named.barge_in or route.barge_in
+            cache = named.cache and route.cache
         else:
             assert route.text is not None  # config validation: a route has a prompt or a text
-            text, voice, barge_in = route.text, route.voice, route.barge_in
+            text, voice, barge_in, cache = route.text, route.voice, route.barge_in, route.cache
         voice = voice or self._default_voice
         return Prompt(text=text, voice=self._aliases.get(voice, voice), hangup_after=route.after == "hangup",
-                      barge_in=barge_in)
+                      barge_in=barge_in, cache=cache)
+
+    def prerendered(self) -> list[Prompt]:
+        """The prompts and route texts marked `prerender: true`, once each: rendered into the cache at start."""
+        prompts = [self.prompt_for_route(route) for route in self._routes
+                   if route.prerender or (route.prompt is not None and self._prompts[route.prompt].prerender)]
+        prompts += [Prompt(text=p.text, voice=self._aliases.get(v := p.voice or self._default_voice, v), cache=True)
+                    for p in self._prompts.values() if p.prerender]
+        return list({(p.text, p.voice): p for p in prompts if p.cache}.values())

@@ -40,7 +40,8 @@ async def start_gateway(engine: str = "espeak", t1_ms: int = 50, engine_settings
     config = load_config(None, overrides)
     engine_obj = engine_obj or create_engine(config.engine.name, config.engine_settings())
     gateway = Gateway(engine_obj, config.sip_settings(), config.media_settings(),
-                      config.prompt_resolver(engine_obj.default_voice), watchdog or WatchdogSettings())
+                      config.prompt_resolver(engine_obj.default_voice), watchdog or WatchdogSettings(),
+                      config.speech_settings())
     await gateway.start()
     return gateway
 

@@ -1,0 +1,52 @@
+"""Each voice's gain to the configured line level, measured once per (voice, model identity).
+
+The measurement speaks `CALIBRATION_TEXT` in the voice at the engine's own level, through the prompt cache (so a
+restart with the cache directory costs nothing, and callers arriving together share one rendering), and takes its
+active speech level (speech_audio/level.py). Every stream of that voice then gets the same fixed gain: the level a
+caller hears does not depend on the text, and does not pump within a stream the way a per-chunk gain would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import numpy as np
+import structlog
+
+from speech_audio.level import active_speech_dbm0, gain_db_for
+from speech_audio.prompt_cache import PromptCache
+from speech_audio.prompt_store import PromptKey
+
+log = structlog.get_logger(__name__)
+
+# Long enough for a stable active level (a few seconds of speech with its pauses), short enough to render fast.
+CALIBRATION_TEXT = "Thank you for calling. Your call is important to us. One, two, three, four, five, six."
+ENGINE_LEVEL = "engine"  # the PromptKey level of audio as the engine made it
+
+RenderRaw = Callable[[], Awaitable[AsyncIterator[np.ndarray]]]
+
+
+class VoiceGains:
+    """`gain_db(voice, model, render)`: the voice's fixed gain in dB (None: the line keeps the engine's level)."""
+
+    def __init__(self, cache: PromptCache, target_dbm0: float | None, rate: int) -> None:
+        self.cache = cache
+        self.target_dbm0 = target_dbm0
+        self.rate = rate
+        self.measured: dict[tuple[str, str], float | None] = {}  # (voice, model) -> active level, dBm0
+
+    async def gain_db(self, voice: str, model: str, render_raw: RenderRaw) -> float | None:
+        """`render_raw` speaks CALIBRATION_TEXT in `voice` at the engine's level (int16 at `rate`); it is only
+        called when the voice was never measured for this model; its refusal propagates."""
+        if self.target_dbm0 is None:
+            return None
+        if (voice, model) not in self.measured:
+            key = PromptKey(CALIBRATION_TEXT, voice, model, self.rate, ENGINE_LEVEL)
+            audio = await self.cache.open(key, render_raw)
+            samples = audio.samples if audio.hit else np.concatenate([c async for c in audio.chunks] or [np.zeros(0, np.int16)])
+            level = active_speech_dbm0(samples, self.rate)
+            if (voice, model) not in self.measured:
+                self.measured[(voice, model)] = level
+                log.info("voice_level_measured", voice=voice, active_dbm0=None if level is None else round(level, 2),
+                         gain_db=round(gain_db_for(level, self.target_dbm0), 2))
+        return gain_db_for(self.measured[(voice, model)], self.target_dbm0)
