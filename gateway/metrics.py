@@ -7,10 +7,9 @@ the HTTP API serves; tests may read values through `registry.get_sample_value`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from speech_audio.cache_metrics import PromptCacheCollector
 
 registry = CollectorRegistry(auto_describe=True)
 
@@ -179,49 +178,9 @@ engine_worker_streams_lost_total = Counter(
 )
 
 
-class _PromptCacheCollector:
-    """The prompt cache's counts (speech_audio/prompt_cache.py and prompt_store.py), read at each scrape from the
-    running gateway's cache."""
-
-    def __init__(self) -> None:
-        self.cache = None
-
-    def describe(self) -> list:
-        return []
-
-    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
-        cache = self.cache
-        if cache is None:
-            return
-        stats = cache.store.stats()
-        hits = CounterMetricFamily("gateway_prompt_cache_hits", "Prompts played without rendering, by where the "
-                                   "audio was (memory, disk, in_flight: joined a render another call started)",
-                                   labels=["where"])
-        for where, count in cache.hits.items():
-            hits.add_metric([where], count)
-        yield hits
-        yield CounterMetricFamily("gateway_prompt_cache_misses", "Prompts rendered by the engine into the cache",
-                                  value=cache.misses)
-        yield CounterMetricFamily("gateway_prompt_cache_fill_failures", "Renders into the cache that failed midway",
-                                  value=cache.fill_failures)
-        yield CounterMetricFamily("gateway_prompt_cache_corrupt_files", "Cache files found damaged (checksum, "
-                                  "length, header), deleted and rendered again", value=stats.corrupt)
-        evictions = CounterMetricFamily("gateway_prompt_cache_evictions", "Entries dropped for room, by tier",
-                                        labels=["tier"])
-        evictions.add_metric(["memory"], stats.memory_evictions)
-        evictions.add_metric(["disk"], stats.disk_evictions)
-        yield evictions
-        size = GaugeMetricFamily("gateway_prompt_cache_bytes", "Bytes of audio kept, by tier", labels=["tier"])
-        size.add_metric(["memory"], stats.memory_bytes)
-        size.add_metric(["disk"], stats.disk_bytes)
-        yield size
-        entries = GaugeMetricFamily("gateway_prompt_cache_entries", "Prompts kept, by tier", labels=["tier"])
-        entries.add_metric(["memory"], stats.memory_entries)
-        entries.add_metric(["disk"], stats.disk_entries)
-        yield entries
-
-
-_prompt_cache = _PromptCacheCollector()
+# The prompt cache's families (speech_audio/cache_metrics.py): gateway_prompt_cache_hits_total{where},
+# _misses_total, _fill_failures_total, _corrupt_files_total, _evictions_total{tier}, _bytes{tier}, _entries{tier}.
+_prompt_cache = PromptCacheCollector("gateway_prompt_cache")
 registry.register(_prompt_cache)
 
 

@@ -97,3 +97,24 @@ async def test_a_render_failing_midway_fails_its_listeners_and_keeps_nothing(tmp
         await _all(audio.chunks)
     assert cache.fill_failures == 1
     assert await cache.lookup(KEY) is None
+
+
+async def test_the_counts_are_served_as_prometheus_families_under_the_process_prefix(tmp_path):
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from speech_audio.cache_metrics import PromptCacheCollector
+
+    cache = PromptCache(PromptStore(tmp_path, 1 << 20))
+    render = CountingRender()
+    render.release.set()
+    await _all((await cache.open(KEY, render)).chunks)
+    await cache.open(KEY, render)
+    registry = CollectorRegistry()
+    collector = PromptCacheCollector("tts_api_prompt_cache")
+    collector.cache = cache
+    registry.register(collector)
+    text = generate_latest(registry).decode()
+    assert 'tts_api_prompt_cache_hits_total{where="memory"} 1.0' in text
+    assert "tts_api_prompt_cache_misses_total 1.0" in text
+    assert 'tts_api_prompt_cache_bytes{tier="memory"} 960.0' in text
+    await cache.close()
