@@ -15,6 +15,8 @@ are done here, once per prompt); the workers' speech API fills its own store fro
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+import errno
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +24,7 @@ import numpy as np
 
 from engines.base import SpeechEngine, SynthesisRequest
 from engines.channel import ChunkChannel
+from gateway.config_errors import ConfigError
 from speech_audio.line_audio import LineAudio, line_chunks
 from speech_audio.prompt_cache import PromptCache
 from speech_audio.level import DEFAULT_SPEECH_LEVEL_DBM0
@@ -43,7 +46,14 @@ class SpeechSettings:
     level_dbm0: float | None = DEFAULT_SPEECH_LEVEL_DBM0
 
     def call_speech(self, engine: SpeechEngine) -> CallSpeech:
-        store = PromptStore(self.cache_directory, self.max_memory_bytes, self.max_disk_bytes)
+        """Raises ConfigError naming prompt_cache.directory when it cannot be created or written."""
+        try:
+            store = PromptStore(self.cache_directory, self.max_memory_bytes, self.max_disk_bytes)
+            if self.cache_directory is not None and not os.access(self.cache_directory, os.W_OK | os.X_OK):
+                raise PermissionError(errno.EACCES, "not writable")
+        except OSError as exc:
+            raise ConfigError([f"prompt_cache.directory: cannot use {self.cache_directory} "
+                               f"({exc.strerror or exc})"]) from None
         cache = PromptCache(store)
         return CallSpeech(engine, cache, VoiceGains(cache, self.level_dbm0, LINE_RATE), self.cache_enabled)
 
