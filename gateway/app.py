@@ -22,7 +22,7 @@ from collections.abc import Callable
 import structlog
 
 from connection_caps.budget import DescriptorBudget
-from engines.base import SpeechEngine, SynthesisRequest
+from engines.base import EngineUnavailable, NoCapacity, SpeechEngine, SynthesisRequest
 from gateway import metrics
 from gateway.call import CallSession
 from gateway.config import ConfigError, GatewayConfig
@@ -76,17 +76,18 @@ class Gateway:
 
     async def prerender(self, prompts: list[Prompt]) -> None:
         """Measure the voices' levels and render `prompts` (those marked prerender) into the cache, one at a time
-        (at start and after a reload: a background task that never holds more than one engine slot)."""
+        (a background task at start that never holds more than one engine slot). An engine that is full or not
+        ready (a worker's status frame still counting the slot just freed) is asked again, for up to a minute."""
         for voice in dict.fromkeys([prompt.voice for prompt in prompts] + [self.engine.default_voice]):
             try:
-                await self.speech.gain_db(voice)
+                await _when_admitted(lambda voice=voice: self.speech.gain_db(voice))
             except Exception as exc:  # the next call of that voice measures it again
                 log.warning("voice_level_not_measured", voice=voice, error=repr(exc))
         for prompt in prompts:
             request = SynthesisRequest(text=prompt.text, voice=prompt.voice, call_id="prerender")
             try:
                 self.engine.validate(request)
-                hit = await self.speech.prerender(request)
+                hit = await _when_admitted(lambda request=request: self.speech.prerender(request))
             except Exception as exc:
                 log.warning("prerender_failed", voice=prompt.voice, chars=len(prompt.text), error=repr(exc))
             else:
@@ -154,6 +155,20 @@ class Gateway:
         await self.watchdog.stop()
         await self.engine.close()
         log.info("gateway_stopped")
+
+
+async def _when_admitted(attempt, give_up_after_s: float = 60.0):
+    """`await attempt()`, again after a pause while the engine refuses for room or readiness (503 kinds)."""
+    deadline = time.monotonic() + give_up_after_s
+    pause = 0.2
+    while True:
+        try:
+            return await attempt()
+        except (NoCapacity, EngineUnavailable):
+            if time.monotonic() + pause > deadline:
+                raise
+            await asyncio.sleep(pause)  # a retry schedule for background work, not media pacing
+            pause = min(pause * 2, 5.0)
 
 
 def _fmt(address: tuple[str, int] | None) -> str | None:

@@ -14,7 +14,7 @@ worker). It answers, in this order:
    listener hangs up (the work is the cache's, the next caller plays it), then the entry is kept in memory and
    written to disk. A render that fails mid-way fails its listeners and stores nothing.
 
-Counts: `hits` by where (memory, disk, in_flight), `misses` (renders started), `fill_failures`; the store counts
+Counts: `hits` by where (memory, disk, in_flight), `misses` (renders admitted), `fill_failures`; the store counts
 bytes, evictions and corrupt files. Runs on one event loop; the store's disk work goes to threads.
 """
 
@@ -120,7 +120,6 @@ class PromptCache:
             self.hits["in_flight"] += 1
             return PromptAudio(False, fill.read())
         fill = self._fills[key.digest] = _Fill()
-        self.misses += 1
         try:
             source = await render()
         except BaseException as exc:
@@ -128,6 +127,7 @@ class PromptCache:
             fill.opened.set_exception(exc)
             fill.opened.exception()  # retrieved: a refusal nobody else waited for is not an error to log
             raise
+        self.misses += 1  # a render that runs (a refused one synthesised nothing)
         fill.opened.set_result(None)
         task = asyncio.get_running_loop().create_task(self._fill(key, fill, source), name=f"prompt-fill-{key.digest[:8]}")
         self._tasks.add(task)
