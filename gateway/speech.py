@@ -86,8 +86,8 @@ class CallSpeech:
         target = self.gains.target_dbm0
         return ENGINE_LEVEL if target is None else f"{target:.1f}"
 
-    def key(self, request: SynthesisRequest) -> PromptKey:
-        return PromptKey(request.text, request.voice, self.engine.model_identity(request.voice), LINE_RATE,
+    def key(self, request: SynthesisRequest, rate: int = LINE_RATE) -> PromptKey:
+        return PromptKey(request.text, request.voice, self.engine.model_identity(request.voice), rate,
                          self.level_label)
 
     async def gain_db(self, voice: str) -> float | None:
@@ -95,15 +95,16 @@ class CallSpeech:
         return await self.gains.gain_db(voice, self.engine.model_identity(voice),
                                         lambda: self._render(calibration, None, None))
 
-    async def open(self, request: SynthesisRequest, cacheable: bool) -> Speech:
-        """Raises the engine's SynthesisRefused (the call is rejected with its SIP code) before any audio."""
+    async def open(self, request: SynthesisRequest, cacheable: bool, rate: int = LINE_RATE) -> Speech:
+        """Line audio at `rate` (the codec's clock rate); raises the engine's SynthesisRefused (the call is
+        rejected with its SIP code) before any audio."""
         gain = await self.gain_db(request.voice)
         if cacheable and self.cache_enabled:
             opened: list[ChunkChannel] = []
-            audio = await self.cache.open(self.key(request), lambda: self._render(request, gain, opened))
+            audio = await self.cache.open(self.key(request, rate), lambda: self._render(request, gain, opened, rate))
             return Speech(audio.chunks, hit=audio.hit, stream=opened[0] if opened else None)
         channel = await self._admitted(request)
-        return Speech(line_chunks(channel, LineAudio(self.engine.sample_rate, LINE_RATE, gain)), stream=channel,
+        return Speech(line_chunks(channel, LineAudio(self.engine.sample_rate, rate, gain)), stream=channel,
                       owned=True)
 
     async def prerender(self, request: SynthesisRequest) -> bool:
@@ -123,12 +124,12 @@ class CallSpeech:
             raise
         return channel
 
-    async def _render(self, request: SynthesisRequest, gain: float | None,
-                      opened: list[ChunkChannel] | None) -> AsyncIterator[np.ndarray]:
+    async def _render(self, request: SynthesisRequest, gain: float | None, opened: list[ChunkChannel] | None,
+                      rate: int = LINE_RATE) -> AsyncIterator[np.ndarray]:
         channel = await self._admitted(request)
         if opened is not None:
             opened.append(channel)
-        return _owned(channel, LineAudio(self.engine.sample_rate, LINE_RATE, gain))
+        return _owned(channel, LineAudio(self.engine.sample_rate, rate, gain))
 
 
 async def _owned(channel: ChunkChannel, line: LineAudio) -> AsyncIterator[np.ndarray]:

@@ -14,6 +14,15 @@ worker). It answers, in this order:
    listener hangs up (the work is the cache's, the next caller plays it), then the entry is kept in memory and
    written to disk. A render that fails mid-way fails its listeners and stores nothing.
 
+A speech adapter (the gateway's `gateway/speech.py`; the speech API in a worker) uses it like this, for any rate:
+
+    key = PromptKey(text, voice, engine.model_identity(voice), rate, level_label)   # level_label: "-19.0"/"engine"
+    async def render():                       # only on a miss; raise the engine's refusal here
+        channel = engine.open_stream(request); await channel.admitted()
+        return line_chunks(channel, LineAudio(engine.sample_rate, rate, gain_db))   # int16 at `rate`
+    audio = await cache.open(key, render)     # audio.hit, audio.samples (hit), audio.chunks (always)
+    async for pcm in audio.chunks: ...        # encode pcm to the client's format
+
 Counts: `hits` by where (memory, disk, in_flight), `misses` (renders admitted), `fill_failures`; the store counts
 bytes, evictions and corrupt files. Runs on one event loop; the store's disk work goes to threads.
 """
