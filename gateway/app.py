@@ -78,7 +78,7 @@ class Gateway:
         """Measure the voices' levels and render `prompts` (those marked prerender) into the cache, one at a time
         (a background task at start that never holds more than one engine slot). An engine that is full or not
         ready (a worker's status frame still counting the slot just freed) is asked again, for up to a minute."""
-        for voice in dict.fromkeys([prompt.voice for prompt in prompts] + [self.engine.default_voice]):
+        for voice in dict.fromkeys(prompt.voice for prompt in prompts):
             try:
                 await _when_admitted(lambda voice=voice: self.speech.gain_db(voice))
             except Exception as exc:  # the next call of that voice measures it again
@@ -151,7 +151,7 @@ class Gateway:
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.sip.stop()
         await self.media.stop()
-        await self.speech.cache.close()
+        await self.speech.close()
         await self.watchdog.stop()
         await self.engine.close()
         log.info("gateway_stopped")
@@ -299,9 +299,9 @@ async def run(config, load_again: Callable[[], GatewayConfig] | None = None) -> 
                 await engine.prepare(config.prompt_texts())
         if http is None:
             http = await start_http(status, config.http_host, config.http_port, http_limits, budget)
-        if not stop.is_set():
-            prerender = loop.create_task(gateway.prerender(config.prompt_resolver(engine.default_voice).prerendered()),
-                                         name="prerender")
+        prerendered = config.prompt_resolver(engine.default_voice).prerendered()
+        if prerendered and not stop.is_set():  # other voices are measured on their first call, in the background
+            prerender = loop.create_task(gateway.prerender(prerendered), name="prerender")
         reloader = loop.create_task(_reload_on_hangup(hangups, gateway, config, load_again), name="sighup")
         await stop.wait()
         await gateway.drain(config.shutdown.drain_timeout_s)

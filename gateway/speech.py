@@ -1,12 +1,15 @@
 """What a call plays: line audio (8 kHz int16 at the configured level) from the prompt cache, or from the engine.
 
 `CallSpeech.open` is the call layer's one way to speech. It settles every refusal before the call is answered:
-the voice's gain (measured once, speech_audio/voice_gain.py), then
+the voice's fixed gain (measured once, speech_audio/voice_gain.py), then
 
 - a cacheable prompt (`Prompt.cache` and `prompt_cache.enabled`): `PromptCache.open` -- a hit is the whole prompt
   at once (no engine stream, no slot); a miss opens the engine stream, waits for its admission (a refusal is the
   call's 503/4xx), and the fill streams to this call and to any call that asks for the same prompt meanwhile;
 - otherwise: the engine stream of this call alone, converted as it arrives, cancelled when the call ends.
+
+A voice's gain is measured at start for the prerendered prompts' voices, else in the background on its first
+call (`open` never waits for it).
 
 The gateway fills the cache for SIP calls because it is the process that makes line audio (resampling and level
 are done here, once per prompt); the workers' speech API fills its own store from its own streams.
@@ -14,23 +17,27 @@ are done here, once per prompt); the workers' speech API fills its own store fro
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
 import errno
 import os
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import structlog
 
 from engines.base import SpeechEngine, SynthesisRequest
 from engines.channel import ChunkChannel
 from gateway.config_errors import ConfigError
 from speech_audio.line_audio import LineAudio, line_chunks
-from speech_audio.prompt_cache import PromptCache
 from speech_audio.level import DEFAULT_SPEECH_LEVEL_DBM0
+from speech_audio.prompt_cache import PromptCache
 from speech_audio.prompt_store import PromptKey, PromptStore
 from speech_audio.resample import TARGET_RATE
 from speech_audio.voice_gain import CALIBRATION_TEXT, ENGINE_LEVEL, VoiceGains
+
+log = structlog.get_logger(__name__)
 
 LINE_RATE = TARGET_RATE
 
@@ -80,6 +87,7 @@ class CallSpeech:
         self.cache = cache
         self.gains = gains
         self.cache_enabled = cache_enabled
+        self._measuring: dict[str, asyncio.Task[None]] = {}
 
     @property
     def level_label(self) -> str:
@@ -97,8 +105,15 @@ class CallSpeech:
 
     async def open(self, request: SynthesisRequest, cacheable: bool, rate: int = LINE_RATE) -> Speech:
         """Line audio at `rate` (the codec's clock rate); raises the engine's SynthesisRefused (the call is
-        rejected with its SIP code) before any audio."""
-        gain = await self.gain_db(request.voice)
+        rejected with its SIP code) before any audio.
+
+        A voice whose level was never measured (not prerendered, first call since start) is measured in the
+        background; meanwhile its calls play at the engine's level under the limiter and are not cached (the
+        cache never keeps audio under a level it was not made at). A call never waits for a measurement."""
+        measured, gain = self.gains.known(request.voice, self.engine.model_identity(request.voice))
+        if not measured:
+            self._measure_later(request.voice)
+            cacheable, gain = False, 0.0
         if cacheable and self.cache_enabled:
             opened: list[ChunkChannel] = []
             audio = await self.cache.open(self.key(request, rate), lambda: self._render(request, gain, opened, rate))
@@ -106,6 +121,27 @@ class CallSpeech:
         channel = await self._admitted(request)
         return Speech(line_chunks(channel, LineAudio(self.engine.sample_rate, rate, gain)), stream=channel,
                       owned=True)
+
+    def _measure_later(self, voice: str) -> None:
+        if voice in self._measuring:
+            return
+        task = asyncio.get_running_loop().create_task(self._measure(voice), name=f"voice-level-{voice}")
+        self._measuring[voice] = task
+
+    async def _measure(self, voice: str) -> None:
+        try:
+            await self.gain_db(voice)
+        except Exception as exc:  # no slot now, engine down...: the voice's next call tries again
+            log.warning("voice_level_not_measured", voice=voice, error=repr(exc))
+        finally:
+            self._measuring.pop(voice, None)
+
+    async def close(self) -> None:
+        """Stop measurements and cache fills still running."""
+        for task in list(self._measuring.values()):
+            task.cancel()
+        await asyncio.gather(*self._measuring.values(), return_exceptions=True)
+        await self.cache.close()
 
     async def prerender(self, request: SynthesisRequest) -> bool:
         """Render a prompt into the cache now (at start); True if it was already there."""

@@ -31,13 +31,22 @@ RenderRaw = Callable[[], Awaitable[AsyncIterator[np.ndarray]]]
 
 
 class VoiceGains:
-    """`gain_db(voice, model, render)`: the voice's fixed gain in dB (None: the line keeps the engine's level)."""
+    """`gain_db(voice, model, render)`: the voice's fixed gain in dB (None: the line keeps the engine's level),
+    measured now if it never was; `known(voice, model)`: the gain if measured, without waiting."""
 
     def __init__(self, cache: PromptCache, target_dbm0: float | None, rate: int) -> None:
         self.cache = cache
         self.target_dbm0 = target_dbm0
         self.rate = rate
         self.measured: dict[tuple[str, str], float | None] = {}  # (voice, model) -> active level, dBm0
+
+    def known(self, voice: str, model: str) -> tuple[bool, float | None]:
+        """(measured, gain in dB): a line kept at the engine's level counts as measured, with no gain."""
+        if self.target_dbm0 is None:
+            return True, None
+        if (voice, model) not in self.measured:
+            return False, None
+        return True, gain_db_for(self.measured[(voice, model)], self.target_dbm0)
 
     async def gain_db(self, voice: str, model: str, render_raw: RenderRaw) -> float | None:
         """`render_raw` speaks CALIBRATION_TEXT in `voice` at the engine's level (int16 at `rate`); it is only

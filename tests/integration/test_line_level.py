@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 
 import numpy as np
@@ -30,6 +31,7 @@ async def _heard(gateway, workdir, text: str, codec: str = "PCMU") -> np.ndarray
 async def test_a_heard_call_is_at_the_configured_active_speech_level(tmp_path, target, codec):
     gateway = await start_gateway("espeak", extra={"media.speech_level_dbm0": target})
     try:
+        await gateway.speech.gain_db("en")  # as at start for a prerendered prompt's voice
         # not the text the level was measured on (speech_audio/voice_gain.py): the voice's one gain holds for what
         # it says, to within the engine's own spread between texts
         for text in ("Your balance is one hundred and twenty three dollars and forty cents.",
@@ -37,6 +39,7 @@ async def test_a_heard_call_is_at_the_configured_active_speech_level(tmp_path, t
             heard = await _heard(gateway, tmp_path, text, codec)
             assert abs(active_speech_dbm0(heard, 8000) - target) < 1.0
         assert gateway.engine.streams_opened == 3  # the voice's level was measured once, then the two prompts
+        assert gateway.speech.gains.measured.keys() == {("en", gateway.engine.model_identity("en"))}
     finally:
         await gateway.stop()
 
@@ -57,11 +60,28 @@ async def test_a_loud_engine_turned_up_never_passes_the_limiter_ceiling(tmp_path
     would reach about +1 dBm0; the caller hears none above the ceiling (the 0 dBm0 sine's peak, as G.711 codes it)."""
     gateway = await start_gateway("instant", extra={"media.speech_level_dbm0": -6.0})
     try:
+        await gateway.speech.gain_db("en")
         heard = await _heard(gateway, tmp_path, "A loud prompt that would clip without the limiter on the line.")
         ceiling = int(peak_of_dbm0(0.0) * 32768)
         coded_ceiling = int(g711.decode(g711.encode(np.array([ceiling], np.int16), "PCMU"), "PCMU")[0])
         assert np.max(np.abs(heard.astype(np.int32))) <= coded_ceiling
         assert np.max(np.abs(heard.astype(np.int32))) >= 0.9 * ceiling  # the limiter held the peaks, not a gain drop
         assert abs(active_speech_dbm0(heard, 8000) - (-6.0)) < 1.0
+    finally:
+        await gateway.stop()
+
+
+async def test_a_voice_never_measured_is_measured_on_its_first_call_which_plays_at_the_engine_level(tmp_path):
+    gateway = await start_gateway("espeak", extra={"media.speech_level_dbm0": -19.0})
+    try:
+        text = "Your balance is one hundred and twenty three dollars and forty cents."
+        first = await _heard(gateway, tmp_path, text)  # answered at once, at espeak's own level (about -13)
+        assert active_speech_dbm0(first, 8000) > -16.0
+        for _ in range(100):
+            if gateway.speech.gains.known("en", gateway.engine.model_identity("en"))[0]:
+                break
+            await asyncio.sleep(0.05)  # waiting for the background measurement, not pacing media
+        second = await _heard(gateway, tmp_path, text)
+        assert abs(active_speech_dbm0(second, 8000) - (-19.0)) < 1.0
     finally:
         await gateway.stop()
