@@ -110,7 +110,10 @@ class CallSpeech:
         A voice whose level was never measured (not prerendered, first call since start) is measured in the
         background; meanwhile its calls play at the engine's level under the limiter and are not cached (the
         cache never keeps audio under a level it was not made at). A call never waits for a measurement."""
-        measured, gain = self.gains.known(request.voice, self.engine.model_identity(request.voice))
+        model = self.engine.model_identity(request.voice)
+        measured, gain = self.gains.known(request.voice, model)
+        if not measured and await self.gains.from_cache(request.voice, model):  # after a restart: from disk
+            measured, gain = self.gains.known(request.voice, model)
         if not measured:
             self._measure_later(request.voice)
             cacheable, gain = False, 0.0

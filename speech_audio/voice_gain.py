@@ -54,12 +54,28 @@ class VoiceGains:
         if self.target_dbm0 is None:
             return None
         if (voice, model) not in self.measured:
-            key = PromptKey(CALIBRATION_TEXT, voice, model, self.rate, ENGINE_LEVEL)
-            audio = await self.cache.open(key, render_raw)
+            audio = await self.cache.open(self._key(voice, model), render_raw)
             samples = audio.samples if audio.hit else np.concatenate([c async for c in audio.chunks] or [np.zeros(0, np.int16)])
-            level = active_speech_dbm0(samples, self.rate)
-            if (voice, model) not in self.measured:
-                self.measured[(voice, model)] = level
-                log.info("voice_level_measured", voice=voice, active_dbm0=None if level is None else round(level, 2),
-                         gain_db=round(gain_db_for(level, self.target_dbm0), 2))
+            self._learn(voice, model, samples)
         return gain_db_for(self.measured[(voice, model)], self.target_dbm0)
+
+    async def from_cache(self, voice: str, model: str) -> bool:
+        """Measure the voice from its calibration audio if the cache keeps it (a restart with the cache directory),
+        without the engine; True when the voice is measured now."""
+        if self.known(voice, model)[0]:
+            return True
+        samples = await self.cache.lookup(self._key(voice, model))
+        if samples is not None:
+            self._learn(voice, model, samples)
+        return samples is not None
+
+    def _key(self, voice: str, model: str) -> PromptKey:
+        return PromptKey(CALIBRATION_TEXT, voice, model, self.rate, ENGINE_LEVEL)
+
+    def _learn(self, voice: str, model: str, samples: np.ndarray) -> None:
+        if (voice, model) in self.measured:
+            return
+        level = active_speech_dbm0(samples, self.rate)
+        self.measured[(voice, model)] = level
+        log.info("voice_level_measured", voice=voice, active_dbm0=None if level is None else round(level, 2),
+                 gain_db=round(gain_db_for(level, self.target_dbm0), 2))
