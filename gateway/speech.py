@@ -8,8 +8,8 @@ the voice's fixed gain (measured once, speech_audio/voice_gain.py), then
   call's 503/4xx), and the fill streams to this call and to any call that asks for the same prompt meanwhile;
 - otherwise: the engine stream of this call alone, converted as it arrives, cancelled when the call ends.
 
-A voice's gain is measured at start for the prerendered prompts' voices, else in the background on its first
-call (`open` never waits for it).
+A voice's gain is measured at start for the prerendered prompts' voices (or read from its calibration audio in
+the cache directory), else on its first call's own stream (`open` never waits for it).
 
 The gateway fills the cache for SIP calls because it is the process that makes line audio (resampling and level
 are done here, once per prompt); the workers' speech API fills its own store from its own streams.
@@ -17,7 +17,6 @@ are done here, once per prompt); the workers' speech API fills its own store fro
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import os
 from collections.abc import AsyncIterator
@@ -87,7 +86,6 @@ class CallSpeech:
         self.cache = cache
         self.gains = gains
         self.cache_enabled = cache_enabled
-        self._measuring: dict[str, asyncio.Task[None]] = {}
 
     @property
     def level_label(self) -> str:
@@ -107,16 +105,18 @@ class CallSpeech:
         """Line audio at `rate` (the codec's clock rate); raises the engine's SynthesisRefused (the call is
         rejected with its SIP code) before any audio.
 
-        A voice whose level was never measured (not prerendered, first call since start) is measured in the
-        background; meanwhile its calls play at the engine's level under the limiter and are not cached (the
-        cache never keeps audio under a level it was not made at). A call never waits for a measurement."""
+        A voice whose level was never measured (not prerendered, nor its calibration on disk) is measured on its
+        first stream: that call plays at the engine's level under the limiter and is not cached (the cache never
+        keeps audio under a level it was not made at); no call waits for a measurement or takes a second slot."""
         model = self.engine.model_identity(request.voice)
         measured, gain = self.gains.known(request.voice, model)
         if not measured and await self.gains.from_cache(request.voice, model):  # after a restart: from disk
             measured, gain = self.gains.known(request.voice, model)
-        if not measured:
-            self._measure_later(request.voice)
-            cacheable, gain = False, 0.0
+        if not measured:  # this call plays at the engine's level, uncached; its audio measures the voice
+            channel = await self._admitted(request)
+            chunks = self.gains.measuring(request.voice, model, line_chunks(
+                channel, LineAudio(self.engine.sample_rate, rate, 0.0)), rate)
+            return Speech(chunks, stream=channel, owned=True)
         if cacheable and self.cache_enabled:
             opened: list[ChunkChannel] = []
             audio = await self.cache.open(self.key(request, rate), lambda: self._render(request, gain, opened, rate))
@@ -125,25 +125,8 @@ class CallSpeech:
         return Speech(line_chunks(channel, LineAudio(self.engine.sample_rate, rate, gain)), stream=channel,
                       owned=True)
 
-    def _measure_later(self, voice: str) -> None:
-        if voice in self._measuring:
-            return
-        task = asyncio.get_running_loop().create_task(self._measure(voice), name=f"voice-level-{voice}")
-        self._measuring[voice] = task
-
-    async def _measure(self, voice: str) -> None:
-        try:
-            await self.gain_db(voice)
-        except Exception as exc:  # no slot now, engine down...: the voice's next call tries again
-            log.warning("voice_level_not_measured", voice=voice, error=repr(exc))
-        finally:
-            self._measuring.pop(voice, None)
-
     async def close(self) -> None:
-        """Stop measurements and cache fills still running."""
-        for task in list(self._measuring.values()):
-            task.cancel()
-        await asyncio.gather(*self._measuring.values(), return_exceptions=True)
+        """Stop the cache fills still running."""
         await self.cache.close()
 
     async def prerender(self, request: SynthesisRequest) -> bool:

@@ -2,7 +2,8 @@
 
 The measurement speaks `CALIBRATION_TEXT` in the voice at the engine's own level, through the prompt cache (so a
 restart with the cache directory costs nothing, and callers arriving together share one rendering), and takes its
-active speech level (speech_audio/level.py). Every stream of that voice then gets the same fixed gain: the level a
+active speech level (speech_audio/level.py); where no calibration ran (`measuring`), the voice's first stream of
+`MIN_STREAM_S` or more, heard at the engine's level, is measured instead. Every stream of that voice then gets the same fixed gain: the level a
 caller hears does not depend on the text, and does not pump within a stream the way a per-chunk gain would.
 """
 
@@ -25,7 +26,8 @@ log = structlog.get_logger(__name__)
 CALIBRATION_TEXT = ("The birch canoe slid on the smooth planks. Glue the sheet to the dark blue background. "
                     "It is easy to tell the depth of a well. These days a chicken leg is a rare dish. "
                     "Rice is often served in round bowls.")
-ENGINE_LEVEL = "engine"  # the PromptKey level of audio as the engine made it
+ENGINE_LEVEL = "engine"
+MIN_STREAM_S = 2.0  # a voice's first stream measures it only if it is at least this long (a stable level)  # the PromptKey level of audio as the engine made it
 
 RenderRaw = Callable[[], Awaitable[AsyncIterator[np.ndarray]]]
 
@@ -69,13 +71,25 @@ class VoiceGains:
             self._learn(voice, model, samples)
         return samples is not None
 
+    async def measuring(self, voice: str, model: str, chunks: AsyncIterator[np.ndarray],
+                        rate: int) -> AsyncIterator[np.ndarray]:
+        """`chunks` (a voice's first stream, at the engine's level) passed on as they come; once the stream has
+        ended, with at least `MIN_STREAM_S` of audio, its active level becomes the voice's measurement."""
+        heard: list[np.ndarray] = []
+        async for pcm in chunks:
+            heard.append(pcm)
+            yield pcm
+        samples = np.concatenate(heard) if heard else np.zeros(0, np.int16)
+        if samples.size >= MIN_STREAM_S * rate and active_speech_dbm0(samples, rate) is not None:
+            self._learn(voice, model, samples, rate)
+
     def _key(self, voice: str, model: str) -> PromptKey:
         return PromptKey(CALIBRATION_TEXT, voice, model, self.rate, ENGINE_LEVEL)
 
-    def _learn(self, voice: str, model: str, samples: np.ndarray) -> None:
+    def _learn(self, voice: str, model: str, samples: np.ndarray, rate: int | None = None) -> None:
         if (voice, model) in self.measured:
             return
-        level = active_speech_dbm0(samples, self.rate)
+        level = active_speech_dbm0(samples, rate or self.rate)
         self.measured[(voice, model)] = level
         log.info("voice_level_measured", voice=voice, active_dbm0=None if level is None else round(level, 2),
                  gain_db=round(gain_db_for(level, self.target_dbm0), 2))
