@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gateway.media.g711 import decode
+from speech_audio.g711 import decode
 
 AUDIBLE_DBFS = -40.0
 FRAME_MS = 20

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gateway.media import g711
+from speech_audio import g711
 from gateway.media.call_media import MediaEngine, MediaSettings
 from gateway.media.codecs import CODECS, Codec, frame_encoder
 from gateway.media.playout import PlayoutBuffer
@@ -45,7 +45,8 @@ def _offer(port: int, codec: Codec) -> str:
 
 
 async def _prompt(seconds: float, rate: int):
-    yield (0.3 * np.sin(2 * np.pi * 440 * np.arange(int(seconds * rate)) / rate)).astype(np.float32)
+    """Line audio (int16) at the codec's rate, whole, as a cache hit hands it to play()."""
+    yield g711.float_to_pcm16(0.3 * np.sin(2 * np.pi * 440 * np.arange(int(seconds * rate)) / rate))
 
 
 async def measure(calls: int, ticks: int, codec: Codec) -> dict:
@@ -71,8 +72,7 @@ async def measure(calls: int, ticks: int, codec: Codec) -> dict:
     engine.clock.subscribe(tick_start)
     media = [await engine.open_call(f"bench-{i}", _offer(sink.getsockname()[1], codec)) for i in range(calls)]
     assert {m.plan.codec for m in media} == {codec.name}
-    plays = [asyncio.create_task(m.play(_prompt(ticks * 0.02 + 2.0, codec.audio_rate), source_rate=codec.audio_rate))
-             for m in media]
+    plays = [asyncio.create_task(m.play(_prompt(ticks * 0.02 + 2.0, codec.audio_rate))) for m in media]
     await asyncio.sleep(0.1)  # every call has its prompt buffered and is subscribed
     engine.clock.subscribe(tick_end)
     skipped_before = engine.clock.skipped_ticks

@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 
 from engine_service import protocol
 from engine_service.api.streaming_response import FIRST_BYTE_AT
+from speech_audio.cache_metrics import PromptCacheCollector
 
 # The gateway's tts_first_chunk_latency_seconds buckets, so a worker's figure and the gateway's compare bucket by
 # bucket (the gateway's adds the link's hop).
@@ -93,6 +94,14 @@ class WorkerMetrics:
         """The speech API's own counts (wrong keys, slow clients, audio waiting for them), read at scrape time."""
         self.registry.register(_ApiCollector(api))
         api.stream_events = _RouteStreams(self.streams_opened, self.streams_ended)
+
+    def watch_prompt_cache(self, cache) -> None:
+        """The speech API's prompt cache (speech_audio/prompt_cache.py), as tts_api_prompt_cache_hits_total{where},
+        _misses_total, _fill_failures_total, _corrupt_files_total, _evictions_total{tier}, _bytes{tier},
+        _entries{tier}; read at scrape time."""
+        collector = PromptCacheCollector("tts_api_prompt_cache")
+        collector.cache = cache
+        self.registry.register(collector)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

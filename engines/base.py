@@ -122,6 +122,7 @@ class SpeechEngine(ABC):
     """One backend. Implementations are thread-safe for `open_stream` from the event loop."""
 
     name: str = "abstract"
+    streams_opened: int = 0  # engine streams opened since start: what the prompt cache saves shows here
     sample_rate: int = SAMPLE_RATE
     max_text_chars: int = 2000
     honours_rate: bool = False  # takes the request option `rate` (SSML prosody rate, 1.0 the voice's pace)
@@ -144,6 +145,12 @@ class SpeechEngine(ABC):
     def health(self) -> EngineHealth:
         """Cheap, from the event loop: ready/warming/down and free slots. Down triggers the watchdog."""
         return EngineHealth("ready")
+
+    def model_identity(self, voice: str) -> str:
+        """What a cached prompt of `voice` depends on besides its text (speech_audio/prompt_store.py `PromptKey`):
+        a new model, voice data or text frontend must give a new identity, so old audio is never played for it.
+        Cheap: called for every call that may use the prompt cache."""
+        return f"{self.name}:{voice}"
 
     @abstractmethod
     def voices(self) -> Sequence[str]:

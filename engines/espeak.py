@@ -102,6 +102,15 @@ class _Job:
             self.pieces.extend(speaking_pieces(self.text))
 
 
+def _loader_version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("espeakng-loader")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
 class _Library:
     """The process-wide libespeak-ng: loaded and initialised once, used under `lock` only."""
 
@@ -208,6 +217,10 @@ class EspeakEngine(SpeechEngine):
     def voices(self) -> Sequence[str]:
         return tuple(self._voices)
 
+    def model_identity(self, voice: str) -> str:
+        # the bundled library and data come with the wheel: its version names them
+        return f"espeak:{_loader_version()}:{self._voices.get(voice, voice)}:{self._rate_wpm}wpm"
+
     @property
     def default_voice(self) -> str:
         return self._default_voice
@@ -270,6 +283,7 @@ class EspeakEngine(SpeechEngine):
         if request.segments:
             return speak_segments(self, request)
         channel = ChunkChannel()
+        self.streams_opened += 1
         rate_wpm = round(self._rate_wpm * float(request.options.get("rate", 1.0)))
         self._jobs.put(_Job(request.text, self._voices[request.voice], channel, request.call_id, rate_wpm))
         return channel

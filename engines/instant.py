@@ -95,6 +95,10 @@ class InstantEngine(SpeechEngine):
     def voices(self) -> Sequence[str]:
         return self._voices
 
+    def model_identity(self, voice: str) -> str:
+        # the signal depends on the text and these lengths only; "1" is render_test_signal's version
+        return f"instant:1:{self._ms_per_char}:{self._min_s}:{self._max_s}"
+
     @property
     def default_voice(self) -> str:
         return self._default_voice
@@ -130,6 +134,7 @@ class InstantEngine(SpeechEngine):
         if request.segments:
             return speak_segments(self, request)
         channel = ChunkChannel()
+        self.streams_opened += 1
         seconds = signal_seconds(request.text, self._ms_per_char, self._min_s, self._max_s)
 
         def submit() -> None:

@@ -304,8 +304,9 @@ class RemoteEngine(SpeechEngine):
     def __init__(self, urls: Sequence[str] = (), token: str = "", engine_name: str = "remote",
                  default_voice: str = "", max_first_audio_ms: float | None = None, dead_after_s: float = 1.0,
                  sample_format: protocol.Format = "f32le",
-                 on_streams_lost: Callable[[str, int], None] | None = None) -> None:
+                 on_streams_lost: Callable[[str, int], None] | None = None, identity: str | None = None) -> None:
         self.name = engine_name
+        self._identity = identity or engine_name  # the workers' model identity (gateway/app.py derives it)
         self._fallback_voice = default_voice
         self._token = token
         self._bound_ms = max_first_audio_ms
@@ -318,6 +319,9 @@ class RemoteEngine(SpeechEngine):
         self._closed = False
         for index, url in enumerate(urls):
             self.add_worker(f"remote-{index}", url)
+
+    def model_identity(self, voice: str) -> str:
+        return f"{self._identity}:{voice}"
 
     def add_worker(self, name: str, url: str | None = None, token: str | None = None) -> WorkerLink:
         """A worker to use; `url` None: not listening yet (a supervised worker starting), see `worker_at`."""

@@ -23,7 +23,7 @@ from collections.abc import Callable
 import structlog
 
 from connection_caps.budget import DescriptorBudget
-from engines.base import EngineSettingsError, SpeechEngine
+from engines.base import EngineSettingsError, EngineUnavailable, NoCapacity, SpeechEngine, SynthesisRequest
 from gateway import metrics
 from gateway.call import CallSession
 from gateway.config import ConfigError, GatewayConfig
@@ -32,8 +32,9 @@ from gateway.media.call_media import MediaEngine, MediaSettings
 from gateway.mrcp.sdp import is_mrcp_offer
 from gateway.mrcp.server import MrcpServer, MrcpSettings
 from gateway.mrcp.session import MrcpSession
-from gateway.routing import PromptResolver
+from gateway.routing import Prompt, PromptResolver
 from gateway.sip.uas import InboundCall, SipServer, SipSettings
+from gateway.speech import SpeechSettings
 
 log = structlog.get_logger(__name__)
 
@@ -43,12 +44,19 @@ PACKET_CLOCK_SWITCH_INTERVAL_S = 0.001
 class Gateway:
     def __init__(self, engine: SpeechEngine, sip_settings: SipSettings, media_settings: MediaSettings,
                  resolve_prompt: PromptResolver, watchdog_settings: WatchdogSettings | None = None,
-                 mrcp_settings: MrcpSettings | None = None) -> None:
+                 mrcp_settings: MrcpSettings | None = None,
+                 speech_settings: SpeechSettings | None = None) -> None:
         self.engine = engine
         self.watchdog = EngineWatchdog(engine, watchdog_settings or WatchdogSettings())
         self.media = MediaEngine(media_settings)
+        self.speech = (speech_settings or SpeechSettings()).call_speech(engine)
+        metrics.watch_prompt_cache(self.speech.cache)
+        # With the prompt cache an INVITE is not refused at the edge for a full engine: a hit needs no engine
+        # slot, and a miss is refused 503 by its call session (OPTIONS and /healthz still say full).
+        cache_on = self.speech.cache_enabled
         self.sip = SipServer(sip_settings, on_invite=self._on_invite,
-                             refusal=lambda: self.watchdog.refusal() or self.media.refusal())
+                             refusal=lambda: self.watchdog.refusal() or self.media.refusal(),
+                             invite_refusal=lambda: self.watchdog.refusal(capacity=not cache_on) or self.media.refusal())
         self.resolve_prompt = resolve_prompt  # replaced once workers say which voice is their default
         # MRCPv2 (gateway/mrcp/): same SIP port, same admission; the control connections on their own listener
         self.mrcp = MrcpServer(mrcp_settings, lambda: self.sip.settings.allowed_sources) if mrcp_settings else None
@@ -77,13 +85,38 @@ class Gateway:
                 call.reject(488, "Not Acceptable Here",
                             {"Warning": '399 cosyvoice-gateway "MRCPv2 is not enabled here (mrcp.enabled)"'})
                 return None
+            refusal = self.watchdog.refusal() if self.speech.cache_enabled else None
+            if refusal is not None:  # the cache lets call INVITEs past a full engine; an MRCP session has no hits
+                metrics.calls_refused_total.labels(reason=refusal.partition(":")[0]).inc()
+                call.reject(503, "Service Unavailable", {"Retry-After": str(call.retry_after_s)})
+                log.info("mrcp_session_refused", call_id=call.call_id, refusal=refusal)
+                return None
             session = MrcpSession(call, self.engine, self.media, self.mrcp, dict(self.mrcp.settings.voice_aliases))
         else:
-            session = CallSession(call, self.resolve_prompt, self.engine, self.media)
+            session = CallSession(call, self.resolve_prompt, self.speech, self.media)
         task = asyncio.get_running_loop().create_task(session.run(), name=f"call-{call.call_id}")
         self._sessions[task] = session
         task.add_done_callback(lambda done: self._sessions.pop(done, None))
         return task
+
+    async def prerender(self, prompts: list[Prompt]) -> None:
+        """Measure the voices' levels and render `prompts` (those marked prerender) into the cache, one at a time
+        (a background task at start that never holds more than one engine slot). An engine that is full or not
+        ready (a worker's status frame still counting the slot just freed) is asked again, for up to a minute."""
+        for voice in dict.fromkeys(prompt.voice for prompt in prompts):
+            try:
+                await _when_admitted(lambda voice=voice: self.speech.gain_db(voice))
+            except Exception as exc:  # the next call of that voice measures it again
+                log.warning("voice_level_not_measured", voice=voice, error=repr(exc))
+        for prompt in prompts:
+            request = SynthesisRequest(text=prompt.text, voice=prompt.voice, call_id="prerender")
+            try:
+                self.engine.validate(request)
+                hit = await _when_admitted(lambda request=request: self.speech.prerender(request))
+            except Exception as exc:
+                log.warning("prerender_failed", voice=prompt.voice, chars=len(prompt.text), error=repr(exc))
+            else:
+                log.info("prerendered", voice=prompt.voice, chars=len(prompt.text), already_cached=hit)
 
     async def calls_ended(self, timeout_s: float) -> bool:
         """Wait until every call session now running has finished and counted its outcome (True), or timeout."""
@@ -145,9 +178,24 @@ class Gateway:
         if self.mrcp is not None:
             await self.mrcp.stop()
         await self.media.stop()
+        await self.speech.close()
         await self.watchdog.stop()
         await self.engine.close()
         log.info("gateway_stopped")
+
+
+async def _when_admitted(attempt, give_up_after_s: float = 60.0):
+    """`await attempt()`, again after a pause while the engine refuses for room or readiness (503 kinds)."""
+    deadline = time.monotonic() + give_up_after_s
+    pause = 0.2
+    while True:
+        try:
+            return await attempt()
+        except (NoCapacity, EngineUnavailable):
+            if time.monotonic() + pause > deadline:
+                raise
+            await asyncio.sleep(pause)  # a retry schedule for background work, not media pacing
+            pause = min(pause * 2, 5.0)
 
 
 def _fmt(address: tuple[str, int] | None) -> str | None:
@@ -169,6 +217,7 @@ def _engine_for(config):
 
     engine = RemoteEngine(urls=engine_config.remote.urls, token=engine_config.remote.token,
                           engine_name=engine_config.name, default_voice=engine_config.default_voice,
+                          identity=_workers_identity(config),
                           max_first_audio_ms=engine_config.admission.max_first_audio_ms,
                           dead_after_s=engine_config.worker.dead_after_ms / 1000,
                           on_streams_lost=lambda worker, count:
@@ -184,6 +233,22 @@ def _engine_for(config):
     except WorkerFailed as exc:
         raise ConfigError([str(exc)]) from None
     return engine, supervisor
+
+
+def _workers_identity(config) -> str:
+    """The workers' model identity for the prompt cache: their engine settings and the files of their model and
+    voices directories (speech_audio/model_identity.py); workers on another host whose paths are not here count
+    by their settings only."""
+    import hashlib
+    import json
+    from pathlib import Path
+
+    from speech_audio.model_identity import files_identity
+
+    settings = config.engine_settings()
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    directories = [Path(str(settings[key])) for key in ("model_dir", "voices_dir") if settings.get(key)]
+    return files_identity(f"{config.engine.name}:{digest}", *directories)
 
 
 async def _engine_ready(engine, supervisor, config, stop: asyncio.Event) -> bool:
@@ -235,6 +300,7 @@ async def run(config, load_again: Callable[[], GatewayConfig] | None = None) -> 
         media_settings=config.media_settings(),
         resolve_prompt=config.prompt_resolver(engine.default_voice),
         mrcp_settings=config.mrcp_settings(),
+        speech_settings=config.speech_settings(),
     )
     try:
         await gateway.start()
@@ -244,6 +310,7 @@ async def run(config, load_again: Callable[[], GatewayConfig] | None = None) -> 
     status = with_workers(gateway.status, engine.links, supervisor) if config.engine.uses_workers else gateway.status
     http = None
     reloader: asyncio.Task[None] | None = None
+    prerender: asyncio.Task[None] | None = None
     try:
         if supervisor is not None:
             await supervisor.start()
@@ -263,13 +330,17 @@ async def run(config, load_again: Callable[[], GatewayConfig] | None = None) -> 
                 await engine.prepare(config.prompt_texts())
         if http is None:
             http = await start_http(status, config.http_host, config.http_port, http_limits, budget)
+        prerendered = config.prompt_resolver(engine.default_voice).prerendered()
+        if prerendered and not stop.is_set():  # other voices are measured on their first call, in the background
+            prerender = loop.create_task(gateway.prerender(prerendered), name="prerender")
         reloader = loop.create_task(_reload_on_hangup(hangups, gateway, config, load_again), name="sighup")
         await stop.wait()
         await gateway.drain(config.shutdown.drain_timeout_s)
     finally:
-        if reloader is not None:
-            reloader.cancel()
-            await asyncio.gather(reloader, return_exceptions=True)
+        for task in (reloader, prerender):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         if http is not None:
             await stop_http(http)
         await gateway.stop()

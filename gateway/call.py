@@ -9,8 +9,10 @@ text that is not UTF-8, holds control characters or nothing speakable -> 400, un
 -> the engine's refusal code, no free engine slot or engine down -> 503, no common codec -> 488, no free
 RTP port pair -> 503 (each 503 with Retry-After). All of them come before any 183: a route with
 `early_media` is admitted like any other, then speaks in 183 Session Progress (`_speak_early`). The
-engine stream is opened and admitted (its slot taken) before the 200 OK, so an answered call always has
-synthesis running behind it; the first packet of speech is limited by the engine, not by signalling.
+speech is settled before the 200 OK (gateway/speech.py): a prompt cache hit has all its audio, and its first
+packet leaves with the 200 (or the 183); otherwise the engine stream is opened and admitted (its slot taken)
+first, so an answered call always has synthesis running behind it. The line audio is made at the codec's
+rate (8 kHz G.711, 16 kHz G.722: `media.plan.audio_rate`), and an SSML prompt (segments) is never cached.
 A caller that sends no RTP/RTCP for `media.inactivity_timeout_s` (off hold) is taken for gone: the call
 ends with our BYE and the outcome `media_timeout`; on hold the bound is `media.hold_timeout_s` and the
 outcome `hold_timeout` (gateway/media/inactivity.py).
@@ -31,6 +33,7 @@ from gateway.media.inactivity import peer_silent_for
 from gateway.media.sdp import NoCommonCodec, SdpError
 from gateway.routing import BadHeader, NoPrompt, Prompt, PromptResolver
 from gateway.sip.uas import Ended, InboundCall
+from gateway.speech import CallSpeech, Speech
 
 log = structlog.get_logger(__name__)
 
@@ -60,11 +63,12 @@ def _warning_text(detail: str) -> str:
 
 
 class CallSession:
-    def __init__(self, call: InboundCall, resolve_prompt: PromptResolver, engine: SpeechEngine,
+    def __init__(self, call: InboundCall, resolve_prompt: PromptResolver, speech: CallSpeech,
                  media_engine: MediaEngine) -> None:
         self.call = call
         self._resolve_prompt = resolve_prompt
-        self._engine = engine
+        self._speech = speech
+        self._engine: SpeechEngine = speech.engine
         self._media_engine = media_engine
         self._log = log.bind(call_id=call.call_id)
         self.outcome: str | None = None
@@ -114,8 +118,8 @@ class CallSession:
             return self._reject(503, "Service Unavailable", str(exc), "no_rtp_ports")
 
         try:
-            stream = self._engine.open_stream(request)
-            await stream.admitted()
+            # SSML is not cached: its key would have to hold the segments (breaks, prosody, <audio>), not the words
+            speech = await self._speech.open(request, prompt.cache and not prompt.segments, media.plan.audio_rate)
         except SynthesisRefused as exc:
             await media.close()
             return self._refuse(exc)
@@ -123,18 +127,19 @@ class CallSession:
             await media.close()
             raise
         if call.ended:  # the caller cancelled while the engine admitted the stream
-            stream.cancel()
+            speech.close()
             await media.close()
             return "cancelled"
         call.offer_handler = self._offer_handler(media)
         try:
             if prompt.early_media is not None:
-                return await self._speak_early(prompt, stream, media)
+                return await self._speak_early(prompt, speech, media)
             call.accept(media.answer_sdp)
-            self._log.info("answered", codec=media.plan.codec, voice=prompt.voice, chars=len(prompt.text))
-            return await self._speak_until_end(prompt, stream, media)
+            self._log.info("answered", codec=media.plan.codec, voice=prompt.voice, chars=len(prompt.text),
+                           cached=speech.hit)
+            return await self._speak_until_end(prompt, speech, media)
         finally:
-            stream.cancel()
+            speech.close()
             await media.close()
 
     def _refuse(self, refusal: SynthesisRefused) -> str:
@@ -162,8 +167,9 @@ class CallSession:
 
         return answer
 
-    async def _speak_until_end(self, prompt: Prompt, stream, media: CallMedia) -> str:
-        play = asyncio.create_task(media.play(stream), name=f"play-{self.call.call_id}")
+    async def _speak_until_end(self, prompt: Prompt, speech: Speech, media: CallMedia) -> str:
+        stream = speech.stream
+        play = asyncio.create_task(media.play(speech.chunks), name=f"play-{self.call.call_id}")
         ended = asyncio.create_task(self._next_end(), name=f"dialog-{self.call.call_id}")
         dtmf = asyncio.create_task(self._watch_dtmf(media, prompt, play), name=f"dtmf-{self.call.call_id}")
         silent = asyncio.create_task(self._caller_gone(media), name=f"inactivity-{self.call.call_id}")
@@ -194,15 +200,16 @@ class CallSession:
                 task.cancel()
             await asyncio.gather(play, ended, dtmf, silent, return_exceptions=True)
 
-    async def _speak_early(self, prompt: Prompt, stream, media: CallMedia) -> str:
+    async def _speak_early(self, prompt: Prompt, speech: Speech, media: CallMedia) -> str:
         """The prompt as early media: 183 with our SDP answer, RTP before any 200, then what the prompt says:
         answer (the 200 carries the same SDP and the same RTP session goes on, so sequence numbers and
         timestamps continue), reject with `reject_code`, or ring on in 183 until the caller cancels."""
         call = self.call
         call.progress(media.answer_sdp)
         self._log.info("early_media", then=prompt.early_media, codec=media.plan.codec, voice=prompt.voice,
-                       chars=len(prompt.text), reliable=call.reliable_provisionals)
-        play = asyncio.create_task(media.play(stream), name=f"play-{call.call_id}")
+                       chars=len(prompt.text), reliable=call.reliable_provisionals, cached=speech.hit)
+        stream = speech.stream
+        play = asyncio.create_task(media.play(speech.chunks), name=f"play-{call.call_id}")
         ended = asyncio.create_task(self._next_end(), name=f"dialog-{call.call_id}")
         dtmf = asyncio.create_task(self._watch_dtmf(media, prompt, play), name=f"dtmf-{call.call_id}")
         try:
@@ -281,7 +288,7 @@ class CallSession:
                 play.cancel()  # barge-in: the caller pressed a key, stop speaking
 
     def _observe_first_packet(self, media: CallMedia, stream) -> None:
-        if stream.first_chunk_at is not None:
+        if stream is not None and stream.first_chunk_at is not None:
             metrics.engine_first_chunk_seconds.labels(engine=self._engine.name).observe(
                 stream.first_chunk_at - stream.opened_at)
         if media.first_speech_sent_at is not None:

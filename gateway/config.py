@@ -202,6 +202,10 @@ class MediaSection(Section):
     inactivity_timeout_s: float = Field(60.0, ge=0)
     # The same while the call is on hold (many phones send nothing then); 0 turns it off.
     hold_timeout_s: float = Field(300.0, ge=0)
+    # Active speech level of what leaves (ITU-T P.56-style, measured once per voice), in dBm0; -19 is the
+    # telephony target (RFC 7874 §4, ITU-T G.169). null: as the engine makes it. A peak limiter keeps every
+    # sample at or below a 0 dBm0 sine's peak (speech_audio/level.py).
+    speech_level_dbm0: float | None = Field(-19.0, ge=-40.0, le=-6.0)
 
     @field_validator("codecs", mode="before")
     @classmethod
@@ -230,6 +234,20 @@ class PromptSection(Section):
     text: str = Field(min_length=1)
     voice: str | None = None  # a voice or alias; the engine's default when absent
     barge_in: bool = False  # a key press (DTMF) stops the prompt
+    cache: bool = True  # the prompt cache keeps its audio (prompt_cache)
+    prerender: bool = False  # render it into the cache at start, so even the first caller hears a hit
+
+
+class PromptCacheSection(Section):
+    """Rendered prompts kept for the next caller (speech_audio/prompt_cache.py): in memory, and in `directory`
+    (if set) across restarts. The systemd unit's cache directory is /var/cache/cosyvoice-gateway; the shipped
+    configs use its `prompts` folder. Without a directory (the default for a plain run, which should not write
+    outside its working files unasked) entries live in memory only."""
+
+    enabled: bool = True  # false: every call synthesises (voice level measurements are still kept)
+    directory: str | None = Field(None, min_length=1)
+    max_memory_mb: float = Field(64.0, gt=0)
+    max_disk_mb: float | None = Field(1024.0, gt=0)  # null: no bound
 
 
 class Route(Section):
@@ -246,6 +264,8 @@ class Route(Section):
     # ring (stay in 183 until the caller cancels). Absent: answer first, as usual.
     early_media: Literal["answer", "reject", "ring"] | None = None
     reject_code: int | None = Field(None, ge=400, le=699)  # with early_media: reject; default 480
+    cache: bool = True  # with a named prompt, both must allow it
+    prerender: bool = False
 
     @field_validator("match")
     @classmethod
@@ -332,6 +352,7 @@ class GatewayConfig(Section):
     voices: dict[str, str] = Field(default_factory=dict)  # alias -> engine voice
     prompts: dict[str, PromptSection] = Field(default_factory=dict)
     routes: tuple[Route, ...] = ()
+    prompt_cache: PromptCacheSection = PromptCacheSection()
     http: HttpSection = HttpSection()
     logging: LoggingSection = LoggingSection()
     shutdown: ShutdownSection = ShutdownSection()
@@ -506,6 +527,15 @@ class GatewayConfig(Section):
                             voice_aliases=tuple(self.voices.items()),
                             tls_listen=(mrcp.tls.listen.host, mrcp.tls.listen.port) if mrcp.tls else None,
                             tls_cert=mrcp.tls.cert if mrcp.tls else None, tls_key=mrcp.tls.key if mrcp.tls else None)
+    def speech_settings(self):
+        from gateway.speech import SpeechSettings
+
+        cache = self.prompt_cache
+        return SpeechSettings(cache_enabled=cache.enabled,
+                              cache_directory=Path(cache.directory) if cache.directory else None,
+                              max_memory_bytes=int(cache.max_memory_mb * (1 << 20)),
+                              max_disk_bytes=None if cache.max_disk_mb is None else int(cache.max_disk_mb * (1 << 20)),
+                              level_dbm0=self.media.speech_level_dbm0)
 
     def prompt_resolver(self, default_voice: str | None = None) -> PromptRouter:
         """INVITE -> Prompt over these routes and prompts (gateway/routing.py owns the lookup).

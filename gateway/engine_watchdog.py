@@ -52,14 +52,14 @@ class EngineWatchdog:
         """Fresh health at admission time, so a call never waits up to one interval to learn of a death."""
         return self._observe()
 
-    def refusal(self) -> str | None:
+    def refusal(self, capacity: bool = True) -> str | None:
         """The engine's part of why a new call (or a qualify ping, or /healthz) is turned away now, or None:
         asked before an INVITE is parsed further, so a dead or full engine costs the PBX one 503, never an
         answered silent call. "kind: detail"; the kind is the bounded reason label of gateway_calls_refused_total."""
         health = self.check_now()
         if health.state != "ready":
             return f"engine_unavailable: engine {health.state} {health.reason}".rstrip()
-        if not health.accepting:
+        if capacity and not health.accepting:  # capacity=False: only down/warming refuses
             kind = "first_audio_bound" if health.reason.startswith(FIRST_AUDIO_REASON) else "no_capacity"
             return f"{kind}: {health.reason or 'engine at capacity'}"
         return None

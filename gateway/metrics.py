@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from speech_audio.cache_metrics import PromptCacheCollector
+
 registry = CollectorRegistry(auto_describe=True)
 
 calls_active = Gauge("gateway_calls_active", "Calls currently answered or ringing", registry=registry)
@@ -215,3 +217,13 @@ mrcp_malformed_total = Counter(
     "channel)",
     registry=registry,
 )
+
+# The prompt cache's families (speech_audio/cache_metrics.py): gateway_prompt_cache_hits_total{where},
+# _misses_total, _fill_failures_total, _corrupt_files_total, _evictions_total{tier}, _bytes{tier}, _entries{tier}.
+_prompt_cache = PromptCacheCollector("gateway_prompt_cache")
+registry.register(_prompt_cache)
+
+
+def watch_prompt_cache(cache) -> None:
+    """Report this cache (the newest gateway's) at /metrics."""
+    _prompt_cache.cache = cache

@@ -4,8 +4,8 @@ Reloaded without dropping a call: `trunks` (the INVITE allow-list), `voices`, `p
 (what the next call says), and `logging` (level, and the log file reopened: logrotate's postrotate).
 Calls in progress keep the prompt they were answered with.
 
-Not reloaded: `sip`, `media`, `engine`, `http`, `shutdown` and `mrcp` hold sockets, port ranges and a loaded
-model; a change there is logged as needing a restart and the running values stay.
+Not reloaded: `sip`, `media`, `engine`, `prompt_cache`, `http`, `shutdown` and `mrcp` hold sockets, port ranges,
+a cache and a loaded model; a change there is logged as needing a restart and the running values stay.
 
 A new file that does not validate, or whose prompts name a voice the running engine lacks, is refused
 as a whole with one logged error naming the keys; the running config stays. This module decides; the
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from gateway.config import ConfigError, GatewayConfig
 
 RELOADED = ("trunks", "voices", "prompts", "routes", "logging")
-RESTART_ONLY = ("sip", "media", "engine", "http", "shutdown", "mrcp")
+RESTART_ONLY = ("sip", "media", "engine", "prompt_cache", "http", "shutdown", "mrcp")
 
 
 @dataclass(frozen=True)

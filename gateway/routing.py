@@ -46,6 +46,7 @@ class Prompt:
     reject_code: int = DEFAULT_REJECT_CODE
     ssml: bool | None = None  # X-TTS-Type; None: SSML when the text starts with <speak
     segments: tuple[Segment, ...] = ()  # parsed SSML (and then `text` is its words)
+    cache: bool = False  # the prompt cache may keep (and play) this text's audio
 
 
 class BadHeader(ValueError):
@@ -71,9 +72,11 @@ def prompt_from_headers(call: InboundCall, default_voice: str) -> Prompt | None:
     kind = (call.invite.header("X-TTS-Type") or "").strip().lower()
     if kind not in ("", "text", "ssml"):
         raise SsmlError(f"X-TTS-Type {kind[:20]!r}: expected text or ssml")
+    cache = (call.invite.header("X-TTS-Cache") or "no").strip().lower() in ("yes", "true", "1")
     return Prompt(text=unquote(text, encoding="utf-8", errors="strict").strip(),
                   voice=unquote(voice).strip() if voice else default_voice, hangup_after=hangup,
-                  early_media=early, reject_code=code, ssml={"": None, "text": False, "ssml": True}[kind])
+                  early_media=early, reject_code=code, ssml={"": None, "text": False, "ssml": True}[kind],
+                  cache=cache)
 
 
 def _early_media_headers(call: InboundCall) -> tuple[str | None, int]:
@@ -140,10 +143,27 @@ class PromptRouter:
         if route.prompt is not None:
             named = self._prompts[route.prompt]
             text, voice, barge_in = named.text, named.voice, named.barge_in or route.barge_in
+            cache = named.cache and route.cache
         else:
             assert route.text is not None  # config validation: a route has a prompt or a text
-            text, voice, barge_in = route.text, route.voice, route.barge_in
+            text, voice, barge_in, cache = route.text, route.voice, route.barge_in, route.cache
         voice = voice or self._default_voice
         return Prompt(text=text, voice=self._aliases.get(voice, voice), hangup_after=route.after == "hangup",
                       barge_in=barge_in, early_media=route.early_media,
-                      reject_code=route.reject_code or DEFAULT_REJECT_CODE)
+                      reject_code=route.reject_code or DEFAULT_REJECT_CODE, cache=cache)
+
+    def prerendered(self) -> list[Prompt]:
+        """The prompts and route texts marked `prerender: true`, once each, SSML left out: rendered into the cache
+        at start, at the G.711 rate (8 kHz; a G.722 call fills the 16 kHz entry on its first call)."""
+        prompts = [self.prompt_for_route(route) for route in self._routes
+                   if route.prerender or (route.prompt is not None and self._prompts[route.prompt].prerender)]
+        prompts += [Prompt(text=p.text, voice=self._aliases.get(v := p.voice or self._default_voice, v), cache=True)
+                    for p in self._prompts.values() if p.prerender]
+        return list({(p.text, p.voice): p for p in prompts if p.cache and not self._is_ssml(p)}.values())
+
+    def _is_ssml(self, prompt: Prompt) -> bool:
+        """SSML prompts are not cached (gateway/call.py), so they are not prerendered either."""
+        try:
+            return bool(self._parsed(prompt).segments)
+        except SsmlError:
+            return True

@@ -3,7 +3,8 @@
 - gateway/ never imports tts_core, and of engine_service only the wire protocol (engine_service.protocol);
 - engines/ reaches tts_core only from engines/cosyvoice2;
 - tts_core knows nothing of the gateway, the engines, the engine service or asyncio (thread-safe API only);
-- connection_caps (listener caps both processes use) imports none of them.
+- connection_caps (listener caps both processes use) and speech_audio (codecs, resampling, level, the prompt
+  cache) import none of them.
 
 Imports are read with `ast`, so a boundary crossed inside a function (an import kept lazy for start-up
 time) is caught as well as one at the top of a module.
@@ -36,6 +37,7 @@ RULES = (
     Rule("engines", forbidden=("tts_core",), exempt=("engines.cosyvoice2",)),
     Rule("tts_core", forbidden=("gateway", "engines", "engine_service", "asyncio")),
     Rule("connection_caps", forbidden=("gateway", "engines", "engine_service", "tts_core")),
+    Rule("speech_audio", forbidden=("gateway", "engines", "engine_service", "tts_core")),
 )
 
 
@@ -89,7 +91,7 @@ def test_the_check_sees_lazy_relative_and_from_imports() -> None:
     names = {name for _, name in imported_modules(source, "tts_core.flow.decoder", is_package=False)}
     assert {"asyncio", "tts_core.runtime.Pipeline", "engine_service.protocol", "engine_service.server",
             "tts_core.gateway.app"} <= names
-    gateway, _, tts_core, _ = RULES
+    gateway, _, tts_core, *_ = RULES
     assert gateway.breaks("tts_core.runtime") and gateway.breaks("engine_service.server")
     assert not gateway.breaks("engine_service.protocol") and not gateway.breaks("engines.base")
     assert tts_core.breaks("asyncio") and not tts_core.breaks("asyncio_helpers")

@@ -2,10 +2,10 @@
 
 An engine hands out float32 mono chunks at its own rate (24 kHz); a response wants wav, raw 16-bit PCM, or
 G.711 at 8, 16 or 24 kHz. `AudioEncoder` turns chunks into bytes as they arrive: it resamples with
-python-soxr's streaming resampler (filter state carried across chunks, so no clicks at the seams; quality HQ
-delays the audio ~17 ms, against ~60 ms for VHQ, and first audio is what a caller waits for), converts to
-int16 and, for G.711, companders. A wav stream starts with a header whose sizes say "unknown length"
-(0xFFFFFFFF), what ffmpeg writes to a pipe: ffmpeg, sox and Python's wave read to the end of the stream
+speech_audio/resample.py, the gateway's streaming python-soxr resampler (filter state carried across chunks, so
+no clicks at the seams; quality HQ delays the audio ~17 ms, against ~60 ms for VHQ, and first audio is what a
+caller waits for), converts to int16 and, for G.711, companders. A wav stream starts with a header whose sizes say
+"unknown length" (0xFFFFFFFF), what ffmpeg writes to a pipe: ffmpeg, sox and Python's wave read to the end of the stream
 (tested), though a tool that prints the header's size (soxi) reports 37 hours at 16 kHz. A size of 0, the other
 convention, makes sox read nothing and Python's wave refuse the file.
 
@@ -19,9 +19,9 @@ import struct
 from dataclasses import dataclass
 
 import numpy as np
-import soxr
 
-from engine_service.api.g711 import encode_g711
+from speech_audio import g711
+from speech_audio.resample import Resampler
 
 FORMATS = ("wav", "pcm_s16le", "pcmu", "pcma")
 SAMPLE_RATES = (8000, 16000, 24000)
@@ -102,20 +102,15 @@ class AudioEncoder:
 
     def __init__(self, audio_format: AudioFormat, source_rate: int) -> None:
         self.format = audio_format
-        self._resampler = (soxr.ResampleStream(source_rate, audio_format.sample_rate, 1, dtype="float32",
-                                               quality="HQ")
-                           if source_rate != audio_format.sample_rate else None)
+        self._resampler = Resampler(source_rate, audio_format.sample_rate)  # HQ, as the gateway's line audio
         self._header_due = audio_format.name == "wav"
 
     def encode(self, chunk: np.ndarray) -> bytes:
-        samples = chunk if self._resampler is None else self._resampler.resample_chunk(chunk)
-        return self._bytes(samples)
+        return self._bytes(self._resampler.push(chunk))
 
     def finish(self) -> bytes:
         """The resampler's tail (and the wav header, if no chunk came at all)."""
-        if self._resampler is None:
-            return self._bytes(np.zeros(0, dtype=np.float32))
-        return self._bytes(self._resampler.resample_chunk(np.zeros(0, dtype=np.float32), last=True))
+        return self._bytes(self._resampler.flush())
 
     def _bytes(self, samples: np.ndarray) -> bytes:
         header = b""
@@ -123,5 +118,5 @@ class AudioEncoder:
             header, self._header_due = wav_header(self.format.sample_rate), False
         linear = pcm16(samples)
         if self.format.name in _G711:
-            return header + encode_g711(linear, self.format.name)
+            return header + g711.encode(linear, self.format.name.upper())
         return header + linear.astype("<i2").tobytes()

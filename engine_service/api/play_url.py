@@ -38,7 +38,6 @@ from engine_service.api.access import authenticate
 from engine_service.api.audio_format import AudioEncoder, AudioFormat, FormatProblem, wav_header
 from engine_service.api.context import TTS_API, TtsApi
 from engine_service.api.errors import ApiError, answers_errors
-from engine_service.api.g711 import encode_g711
 from engine_service.api.play_cache import PromptKey
 from engine_service.api.settings import ApiKey
 from engine_service.api.signed_url import SIGNATURE_PARAMS, signature_problem
@@ -46,6 +45,7 @@ from engine_service.api.speech import encoded_audio, resolve_voice, speech_strea
 from engine_service.api.streaming_response import FIRST_BYTE_AT
 from engines.base import SynthesisFailed
 from engines.channel import ChunkChannel
+from speech_audio import g711
 
 FILE_TYPES = ("wav", "ulaw", "alaw", "sln")
 ROUTE = "/v1/play.{file_type:" + "|".join(FILE_TYPES) + "}"
@@ -74,7 +74,7 @@ class PlayFile:
         return _CONTENT_TYPES.get(self.file_type, f"audio/l16;rate={self.prompt.rate}")
 
     def body(self, samples: np.ndarray) -> bytes:
-        data = samples.astype("<i2").tobytes() if self.codec == "pcm16" else encode_g711(samples, self.codec)
+        data = samples.astype("<i2").tobytes() if self.codec == "pcm16" else g711.encode(samples, self.codec.upper())
         if self.file_type == "wav":
             return wav_header(self.prompt.rate, self.codec, len(data)) + data
         return data

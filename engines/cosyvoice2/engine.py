@@ -26,6 +26,7 @@ from engines.base import (EmptyText, EngineSettingsError, EngineUnavailable, Spe
 from engines.channel import ChunkChannel
 from engines.cosyvoice2.settings import CosyVoice2Settings
 from engines.segmented import speak_segments
+from speech_audio.model_identity import files_identity
 
 log = structlog.get_logger(__name__)
 
@@ -61,6 +62,13 @@ class CosyVoice2Engine(SpeechEngine):
         self.pipeline = None  # tts_core.runtime.CosyVoice2Pipeline once started
         self.warmup_s: float | None = None
         self._frontend_thread: ThreadPoolExecutor | None = None
+        self._identity: str | None = None
+
+    def model_identity(self, voice: str) -> str:
+        # checkpoints and every voice's prompt data, by name, size and mtime (speech_audio/model_identity.py)
+        if self._identity is None:
+            self._identity = files_identity("cosyvoice2", self.settings.model_dir, self.settings.voices_dir)
+        return self._identity
 
     async def start(self) -> None:
         if self.pipeline is None:

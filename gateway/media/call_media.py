@@ -1,7 +1,9 @@
 """The media facade the call layer uses: `MediaEngine` (one per process) and `CallMedia` (one per call).
 
 `MediaEngine` owns the shared `PacketClock` and the RTP port pool. `CallMedia` joins one call's pieces:
-the SDP answerer, the RTP session, the playout buffer and the resampler of the prompt being played.
+the SDP answerer, the RTP session and the playout buffer. It plays line audio (16-bit PCM at the codec's rate,
+`plan.audio_rate`: 8 kHz for G.711, 16 kHz for G.722; already at the line's level: gateway/speech.py and
+speech_audio/line_audio.py make it), so a cached prompt and a streamed one take the same path.
 While a prompt plays, the call is subscribed to the clock and each tick sends one packet; otherwise it
 sends nothing, but its socket stays open to receive DTMF. A prompt's first packet does not wait for the
 call's next tick: it goes out as soon as its audio is buffered, as the packet of the tick just passed
@@ -33,7 +35,6 @@ from gateway.config_errors import ConfigError
 from gateway.media.packet_clock import PacketClock
 from gateway.media.playout import PlayoutBuffer, PlayoutSettings
 from gateway.media.port_pool import PortsExhausted, RtpPortPool
-from gateway.media.resample import Resampler
 from gateway.media.rtp_peer import Latching, RtpPeer
 from gateway.media.rtp_session import RtpSession
 from gateway.media.sdp import CodecOrder, MediaPlan, NoCommonCodec, SdpAnswerer
@@ -218,8 +219,10 @@ class CallMedia:
             self._listening_since = time.monotonic()
         return answer_sdp
 
-    async def play(self, chunks: AsyncIterator[np.ndarray], source_rate: int = 24000) -> None:
-        """Speak a stream of engine chunks; returns once the last sample has been sent.
+    async def play(self, chunks: AsyncIterator[np.ndarray]) -> None:
+        """Speak a stream of line audio chunks (int16 at `plan.audio_rate`); returns once the last sample has
+        been sent. A prompt that arrives whole (a cache hit) starts at once: a stream that has ended needs no
+        pre-roll.
 
         If the iterator raises, buffered audio is discarded and the error propagates; cancelling the task
         does the same. Returns early, without error, if `close()` is called meanwhile.
@@ -231,7 +234,6 @@ class CallMedia:
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
         self._done = done
-        resampler = Resampler(source_rate, self.plan.audio_rate)
         buffer = self._buffer
         buffer.begin_prompt()
         self._clock.subscribe(self._on_tick)
@@ -239,12 +241,11 @@ class CallMedia:
             async for chunk in chunks:
                 if self._closed:
                     return
-                buffer.push(resampler.push(chunk), loop.time())
+                buffer.push(chunk, loop.time())
                 self._start_talkspurt()
                 self._clock.run_if_due()  # many calls taking in chunks at once must not hold a tick back
             if self._closed:
                 return
-            buffer.push(resampler.flush(), loop.time())
             buffer.end_of_stream()
             self._start_talkspurt()
             if not buffer.finished:

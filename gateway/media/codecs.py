@@ -16,7 +16,7 @@ from functools import partial
 
 import numpy as np
 
-from gateway.media import g711
+from speech_audio import g711
 from gateway.media.g722 import G722Encoder
 
 PACKET_MS = 20

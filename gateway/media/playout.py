@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gateway import metrics
-from gateway.media.g711 import float_to_pcm16
+from speech_audio.g711 import float_to_pcm16
 
 FRAME_MS = 20  # RFC 3551 §4.5: the default packetisation of G.711 and G.722
 
@@ -90,7 +90,7 @@ class PlayoutBuffer:
         self.state = PlayoutState.BUFFERING
 
     def push(self, samples: np.ndarray, now: float) -> None:
-        """Append 8 kHz audio (float32 in [-1, 1) or int16) that arrived at `now` (seconds, monotonic)."""
+        """Append audio at `sample_rate` (float32 in [-1, 1) or int16) that arrived at `now` (seconds, monotonic)."""
         if self.state is PlayoutState.IDLE:
             self.begin_prompt()
         self._learn_jitter(now)

@@ -42,6 +42,7 @@ from gateway.mrcp.message import (
     MrcpResponse,
 )
 from gateway.mrcp.speech_text import SSML_TYPES, TEXT_TYPES, URI_LIST, SpeechTextError, media_type, speak_request
+from speech_audio.line_audio import LineAudio, line_chunks
 
 log = structlog.get_logger(__name__)
 
@@ -252,7 +253,10 @@ class Synthesizer:
                            chars=len(speak.synthesis.text))
             speak.playing = True
             try:
-                await self._media.play(stream)
+                # line audio at the codec's rate, at the engine's level (no voice gain: the options a SPEAK
+                # may carry, such as prosody rate, are not what the voice's level was measured at)
+                line = LineAudio(self._engine.sample_rate, self._media.plan.audio_rate, None)
+                await self._media.play(line_chunks(stream, line))
             except SynthesisFailed as exc:
                 cause, reason = ERROR, str(exc)
             except Exception as exc:  # a bug while playing ends this SPEAK, never the channel

@@ -109,10 +109,14 @@ class SipServer:
     closing its media after the BYE is not replaced by a 51st call."""
 
     def __init__(self, settings: SipSettings, on_invite: Callable[[InboundCall], object],
-                 refusal: Callable[[], str | None] = lambda: None) -> None:
+                 refusal: Callable[[], str | None] = lambda: None,
+                 invite_refusal: Callable[[], str | None] | None = None) -> None:
         self.settings = settings
         self.draining = False
         self._refusal = refusal  # why new calls are turned away now (engine down or full), or None
+        # An INVITE's own check, where it differs: with the prompt cache a full engine is no reason to refuse
+        # at the edge (a hit takes no engine slot; a miss is refused 503 by the call session).
+        self._invite_refusal = invite_refusal or refusal
         self.udp_address: tuple[str, int] | None = None
         self.tcp_address: tuple[str, int] | None = None
         self._on_invite = on_invite
@@ -297,7 +301,7 @@ class SipServer:
 
     def _on_new_invite(self, invite: SipRequest, transaction: InviteServerTransaction, peer: Peer) -> None:
         received_at = time.monotonic()
-        refusal = self.why_refused()
+        refusal = self.why_refused(invite=True)
         if refusal is not None:
             retry = (("Retry-After", str(self.settings.retry_after_s)),)
             transaction.respond(self._simple(invite, 503, "Service Unavailable", retry))
@@ -322,7 +326,7 @@ class SipServer:
             self._owners[call] = owner
             owner.add_done_callback(lambda _: self._owned_call_done(call))
 
-    def why_refused(self) -> str | None:
+    def why_refused(self, invite: bool = False) -> str | None:
         """Why a new INVITE gets 503 now (draining, max_calls, engine down or full), or None; an
         out-of-dialog OPTIONS gets the same 503, so a proxy stops sending what we would refuse, and the
         gateway's /healthz asks the same question (gateway.app.Gateway.status), so the two never disagree."""
@@ -330,7 +334,7 @@ class SipServer:
             return "draining"
         if len(self._admitted) >= self.settings.max_calls:
             return "max_calls"
-        return self._refusal()
+        return self._invite_refusal() if invite else self._refusal()
 
     def _on_cancel(self, cancel: SipRequest, transaction: ServerTransaction) -> None:
         """§9.2: CANCEL matches the INVITE's transaction; 200 to the CANCEL, 487 to the INVITE."""

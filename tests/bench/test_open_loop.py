@@ -23,7 +23,7 @@ from audible import AUDIBLE_DBFS, first_audible_sample, frame_dbfs, g711_audible
 from e2e_caller import CallResult, RtpReceiver  # noqa: E402
 from open_loop_gate import Outcome, highest_passing_rate, playback_underruns, run_figures  # noqa: E402
 
-from gateway.media.g711 import encode  # noqa: E402
+from speech_audio.g711 import encode  # noqa: E402
 
 
 # -- arrivals -------------------------------------------------------------------------------------------------

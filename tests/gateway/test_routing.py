@@ -33,8 +33,22 @@ def test_route_prompts_resolve_voice_aliases_and_after():
         "routes": [{"match": "1", "prompt": "hello_zh", "after": "stay"}, {"match": "2", "text": "hi"}],
     })
     router = config.prompt_resolver("en")
-    assert router.prompt_for_route(router.route_for("1")) == Prompt("您好", "zh", hangup_after=False, barge_in=True)
-    assert router.prompt_for_route(router.route_for("2")) == Prompt("hi", "en")
+    assert router.prompt_for_route(router.route_for("1")) == Prompt("您好", "zh", hangup_after=False, barge_in=True,
+                                                                    cache=True)
+    assert router.prompt_for_route(router.route_for("2")) == Prompt("hi", "en", cache=True)
+
+
+def test_configured_texts_are_cached_unless_a_prompt_or_route_says_no_and_prerender_lists_each_once():
+    config = load_config(None, {
+        "prompts": {"menu": {"text": "Press one.", "prerender": True}, "live": {"text": "Now", "cache": False}},
+        "routes": [{"match": "1", "prompt": "menu"}, {"match": "2", "prompt": "live"},
+                   {"match": "3", "prompt": "menu", "cache": False}, {"match": "4", "text": "Hold.", "prerender": True},
+                   {"match": "5", "text": "<speak>Wait.<break time='1s'/></speak>", "prerender": True}],
+    })
+    router = config.prompt_resolver("en")
+    assert [router.prompt_for_route(router.route_for(n)).cache for n in "1234"] == [True, False, False, True]
+    # SSML is neither cached by a call nor prerendered (gateway/call.py)
+    assert sorted((p.text, p.voice) for p in router.prerendered()) == [("Hold.", "en"), ("Press one.", "en")]
 
 
 class _Offered:
@@ -57,6 +71,13 @@ def test_x_tts_headers_win_over_the_route_and_resolve_voice_aliases():
     assert router(_Offered("1000")).text.startswith("Hello! This is the CosyVoice gateway")
 
 
+def test_a_header_text_is_cached_only_when_x_tts_cache_says_yes():
+    router = load_config(None).prompt_resolver("en")
+    assert not router(_Offered("1000", "X-TTS-Text: hi\r\n")).cache
+    assert router(_Offered("1000", "X-TTS-Text: hi\r\nX-TTS-Cache: yes\r\n")).cache
+    assert not router(_Offered("1000", "X-TTS-Text: hi\r\nX-TTS-Cache: no\r\n")).cache
+
+
 def test_no_header_and_no_route_is_no_prompt():
     router = load_config(None, {"routes": [{"match": "1000", "text": "x"}]}).prompt_resolver("en")
     with pytest.raises(NoPrompt, match="'2000'"):
@@ -69,13 +90,13 @@ def test_early_media_from_the_route_or_the_header():
         {"match": "2", "text": "hold on", "early_media": "ring"},
         {"match": "3", "text": "hi"},
     ]}).prompt_resolver("en")
-    assert router(_Offered("1")) == Prompt("closed", "en", early_media="reject", reject_code=486)
+    assert router(_Offered("1")) == Prompt("closed", "en", early_media="reject", reject_code=486, cache=True)
     assert router(_Offered("2")).early_media == "ring"
     assert router(_Offered("3")).early_media is None
     # The header chooses for a header prompt, and over the route's choice on a routed call.
     assert router(_Offered("3", "X-TTS-Early-Media: Answer\r\n")).early_media == "answer"
     assert router(_Offered("2", "X-TTS-Early-Media: reject\r\nX-TTS-Reject-Code: 603\r\n")) == Prompt(
-        "hold on", "en", early_media="reject", reject_code=603)
+        "hold on", "en", early_media="reject", reject_code=603, cache=True)
     header = router(_Offered("9", "X-TTS-Text: hi\r\nX-TTS-Early-Media: reject\r\n"))
     assert (header.early_media, header.reject_code) == ("reject", 480)
 

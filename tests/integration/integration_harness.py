@@ -16,8 +16,8 @@ from engines.registry import create_engine
 from gateway.app import Gateway
 from gateway.config import load_config
 from gateway.engine_watchdog import WatchdogSettings
-from gateway.media import g711
 from gateway.media.g722 import G722Decoder
+from speech_audio import g711
 from tests.gateway.sip.peers import free_media_port
 
 SCENARIOS = Path(__file__).parent / "sipp"
@@ -41,7 +41,8 @@ async def start_gateway(engine: str = "espeak", t1_ms: int = 50, engine_settings
     config = load_config(None, overrides)
     engine_obj = engine_obj or create_engine(config.engine.name, config.engine_settings())
     gateway = Gateway(engine_obj, config.sip_settings(), config.media_settings(),
-                      config.prompt_resolver(engine_obj.default_voice), watchdog or WatchdogSettings())
+                      config.prompt_resolver(engine_obj.default_voice), watchdog or WatchdogSettings(),
+                      mrcp_settings=config.mrcp_settings(), speech_settings=config.speech_settings())
     await gateway.start()
     return gateway
 

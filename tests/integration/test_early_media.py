@@ -52,7 +52,7 @@ def _logged_at(event: dict) -> float:
 
 
 def _rms(recorder, packets) -> float:
-    from gateway.media import g711
+    from speech_audio import g711
 
     audio = g711.decode(b"".join(p.payload for p in packets), "PCMU").astype(np.float64)
     return float(np.sqrt(np.mean(audio ** 2))) if len(audio) else 0.0

@@ -47,6 +47,33 @@ async def test_g722_offer_is_answered_with_g722_and_heard_wideband(tmp_path):
     assert band_share(audio, 16000, 4000, 7500) > 0.005  # the fricatives' band: absent from 8 kHz audio
 
 
+async def test_a_cached_prompt_is_kept_per_line_rate_and_a_g722_hit_is_still_wideband(tmp_path):
+    """The prompt cache's key holds the line rate: a G.722 call's 16 kHz entry is a hit for the next G.722 call
+    (no engine stream, still wideband), and a G.711 call of the same text is a miss (an 8 kHz entry of its own)."""
+    text = "Thank you for calling. Six sixty six, sister Susan sells sea shells."
+    gateway = await start_gateway("espeak")
+    try:
+        opened, heard = [], []
+        pcmu = {"codec_pt": "0", "codec_name": "PCMU"}
+        for scenario, keys in [("gw_listen_g722_cached.xml", {})] * 3 + [("gw_listen_cached.xml", pcmu)]:
+            recorder = await rtp_recorder()
+            rc, errors = await run_sipp(SCENARIOS / scenario, gateway.sip.udp_address, tmp_path,
+                                        keys={"text": text, "rtp_rx": str(recorder.port), **keys})
+            recorder.transport.close()
+            assert rc == 0, errors
+            assert await gateway.calls_ended(5)
+            opened.append(gateway.engine.streams_opened)
+            heard.append(recorder)
+    finally:
+        await gateway.stop()
+    # call 1 measures the voice's level (uncached), call 2 fills the 16 kHz entry, call 3 hits, the PCMU call misses
+    assert opened[2] == opened[1] and opened[3] == opened[2] + 1
+    assert {p.payload_type for p in heard[2].packets} == {9} and {p.payload_type for p in heard[3].packets} == {0}
+    audio = heard[2].audio("G722")
+    assert np.sqrt(np.mean(audio.astype(np.float64) ** 2)) > 500
+    assert band_share(audio, 16000, 4000, 7500) > 0.005
+
+
 def wav_samples(path) -> tuple[int, np.ndarray]:
     import wave
 

@@ -3,7 +3,8 @@ spin), answers a call, keeps that call going through SIGHUP, and exits 0 on SIGT
 
 The examples are written for a server: they listen on 0.0.0.0:5060, admit only their example trunks
 (192.0.2.x) and, for cosyvoice2, load a real model on a GPU. The test overrides only what a loopback run
-needs, with the same `--set` an operator has: the listen ports, advertised_host, a loopback trunk, and for
+needs, with the same `--set` an operator has: the listen ports, advertised_host, a loopback trunk, a prompt cache
+directory the test may write (the examples name the systemd unit's /var/cache/cosyvoice-gateway), and for
 cosyvoice2 the tiny golden model on CPU (its one voice standing in for the example's voice aliases).
 Everything else (routes, prompts, voices, engine voice table, timers) is the shipped file's.
 """
@@ -52,7 +53,8 @@ async def test_shipped_config_serves_a_call_through_sighup_and_stops_cleanly(con
     # scenario's 30 s wait for BYE
     text = "Hello from the neural engine." if engine_settings else \
         "This call keeps talking while the gateway reloads its configuration."
-    gateway = await start_serve(tmp_path, config, *LOOPBACK, *engine_settings)
+    gateway = await start_serve(tmp_path, config, *LOOPBACK, f"prompt_cache.directory={tmp_path / 'prompts'}",
+                                *engine_settings)
     try:
         health = await gateway.wait_healthy(timeout_s=180, status="ok")  # every worker ready, not "degraded"
         assert health["workers_ready"] == health["workers_total"] >= 1

@@ -45,3 +45,12 @@ async def test_an_empty_config_file_is_refused_at_start(tmp_path):
     assert _not_json(gateway.tail()) == [f"cosyvoice-gateway: config error: {config}: the file is empty; expected "
                                          "sections such as sip, trunks, routes (start without --config for the "
                                          "built-in loopback config)"]
+
+
+async def test_a_prompt_cache_directory_that_cannot_be_made_is_one_line_and_exit_2(tmp_path):
+    blocker = tmp_path / "cache"
+    blocker.write_text("a file where the directory should be\n")  # root ignores permissions; this it cannot
+    gateway = await start_serve(tmp_path, None, f"prompt_cache.directory={blocker / 'prompts'}", engine="instant")
+    assert await gateway.process.wait() == 2
+    assert _not_json(gateway.tail()) == [f"cosyvoice-gateway: config error: prompt_cache.directory: cannot use "
+                                         f"{blocker / 'prompts'} (Not a directory)"]

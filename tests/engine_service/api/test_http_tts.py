@@ -12,7 +12,7 @@ from aiohttp import web
 
 from engine_service.api import add_tts_routes
 from engine_service.api.context import TTS_API
-from engine_service.api.g711 import encode_g711
+from speech_audio import g711
 from engines.base import SynthesisRequest
 from tests.engine_service.api.api_server import AUTH, OTHER_KEY, GatedEngine, serve, serve_app, settings, until
 
@@ -64,7 +64,7 @@ async def test_g711_body_is_the_companded_pcm_of_the_same_request():
                                                             "sample_rate": 8000}) as response:
             pcm = np.frombuffer(await response.read(), dtype="<i2")
         async with client.post(f"{server.url}/v1/tts", json={"text": TEXT, "format": "pcmu"}) as response:
-            assert await response.read() == encode_g711(pcm, "pcmu")
+            assert await response.read() == g711.encode(pcm, "PCMU")
 
 
 async def test_ssml_is_spoken_segment_by_segment_and_malformed_ssml_is_400_bad_ssml():

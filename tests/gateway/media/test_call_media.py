@@ -15,10 +15,11 @@ import pytest
 from structlog.testing import capture_logs
 
 from gateway import metrics
-from gateway.media import g711, rtcp
+from gateway.media import rtcp
+from speech_audio import g711
 from gateway.media.call_media import CallMedia, MediaEngine, MediaSettings
 from gateway.media.dtmf import TelephoneEvent
-from gateway.media.resample import Resampler
+from speech_audio.line_audio import LineAudio
 from gateway.media.rtp import RtpPacket
 from gateway.media.sdp import NoCommonCodec, parse_sdp
 
@@ -86,12 +87,15 @@ def offer(port: int, *lines: str, formats: str = "0 8 101") -> str:
 
 
 async def tone(seconds: float, hz: float = 440.0, rate: int = 24000, chunk_s: float = 0.2) -> AsyncIterator[np.ndarray]:
+    """Line audio (int16, 8 kHz) of a tone made at the engine's rate, in chunks as an engine would send them."""
     t = np.arange(int(seconds * rate)) / rate
     audio = (0.4 * np.sin(2 * np.pi * hz * t)).astype(np.float32)
     step = int(chunk_s * rate)
+    line = LineAudio(rate, 8000, None)
     for start in range(0, audio.size, step):
-        yield audio[start : start + step]
+        yield line.push(audio[start : start + step])
         await asyncio.sleep(0)
+    yield line.flush()
 
 
 @pytest.fixture
@@ -280,7 +284,7 @@ async def test_engine_failure_propagates_after_flushing(engine: MediaEngine) -> 
     media = await engine.open_call("c7", offer(phone.port))
 
     async def failing() -> AsyncIterator[np.ndarray]:
-        yield np.zeros(2400, np.float32)
+        yield np.zeros(800, np.int16)
         raise RuntimeError("engine died")
 
     with pytest.raises(RuntimeError, match="engine died"):
@@ -337,7 +341,7 @@ async def test_the_first_packet_goes_out_with_the_first_chunk_not_at_the_next_ti
     assert all((b.sequence_number - a.sequence_number) % 65536 == 1 for a, b in zip(packets, packets[1:]))
     assert all((b.timestamp - a.timestamp) % 2**32 == 160 for a, b in zip(packets, packets[1:]))
     first_chunk = await anext(tone(0.4))
-    expected = g711.encode(g711.float_to_pcm16(Resampler().push(first_chunk)[:160]), "PCMU")
+    expected = g711.encode(first_chunk[:160], "PCMU")
     assert packets[0].payload == bytes(expected)  # the first chunk's first 20 ms: no leading silence
     await media.close()
 

@@ -7,7 +7,7 @@ import warnings
 import numpy as np
 import pytest
 
-from gateway.media import g711
+from speech_audio import g711
 
 # The reference is never skipped: the stdlib's audioop up to Python 3.12, the `audioop-lts` backport (same C
 # code, installed by the test extra) from 3.13 on, where the stdlib module is gone.

@@ -3,7 +3,7 @@
 Both laws are defined on 16-bit linear PCM; encoding is one 65536-entry lookup indexed by the sample's
 bit pattern, decoding one 256-entry lookup. The tables are computed once at import from the segment
 rules of G.711 (the same rules as the classic Sun reference code that `audioop` used), so the output
-is byte-identical to `audioop.lin2ulaw` / `lin2alaw`. This module is on the per-packet hot path: keep
+is byte-identical to `audioop.lin2ulaw` / `lin2alaw`. This module is on the gateway's per-packet hot path: keep
 it to a handful of vector operations per 160-sample frame.
 """
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gateway.media.resample import Resampler
+from speech_audio.resample import Resampler
 
 
 def test_1khz_tone_keeps_length_energy_and_frequency() -> None:
