@@ -50,7 +50,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_calls import cpu_seconds, free_port, gateway_config, metric, wait_http  # noqa: E402
 from e2e_caller import place_calls  # noqa: E402
-from engine_log import job_events  # noqa: E402
+from engine_log import job_events, serve_events  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -81,23 +81,6 @@ def worker_names(config: dict) -> list[str]:
     if count is None:
         count = 1 if name == "cosyvoice2" else 0
     return [f"{name}-{index}" for index in range(count)]
-
-
-def serve_events(log_path: Path, names: tuple[str, ...], offset: int = 0) -> list[dict]:
-    """Serve's JSON log events named `names` past `offset` (lines that are not JSON skipped)."""
-    out = []
-    with open(log_path, "rb") as log:
-        log.seek(offset)
-        for line in log.read().splitlines():
-            if not line.startswith(b"{") or not any(n.encode() in line for n in names):
-                continue
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            if event.get("event") in names:
-                out.append(event)
-    return out
 
 
 def _event_time(event: dict) -> float:

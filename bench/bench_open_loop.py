@@ -51,7 +51,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from api_stream import ApiResult, PlannedRequest, stream_requests  # noqa: E402
 from arrivals import TAIL, WINDOW, Arrival, plan_arrivals  # noqa: E402
 from bench_calls import free_port, metric  # noqa: E402
-from bench_e2e_calls import config_text, serve_events, start_serve, stop_serve, wait_serving, worker_names  # noqa: E402
+from bench_e2e_calls import config_text, start_serve, stop_serve, wait_serving, worker_names  # noqa: E402
+from engine_log import serve_events  # noqa: E402
 from e2e_caller import CallResult, PlannedCall, place_schedule  # noqa: E402
 from open_loop_gate import GAP_MS, Outcome, highest_passing_rate, playback_underruns, run_figures  # noqa: E402
 

@@ -35,7 +35,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_calls import free_port, gateway_config  # noqa: E402
 from e2e_caller import place_call  # noqa: E402
-from engine_log import job_events  # noqa: E402
+from engine_log import job_events, serve_events  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -60,23 +60,6 @@ def wait_ready(url: str, serve: subprocess.Popen, limit_s: float) -> float | Non
             return None
         time.sleep(0.1)
     return None
-
-
-def log_events(path: Path, offset: int = 0) -> list[dict]:
-    """The JSON log events past `offset` of serve's log whose event is one of STAGE_EVENTS."""
-    out = []
-    with open(path, "rb") as f:
-        f.seek(offset)
-        for line in f.read().decode(errors="replace").splitlines():
-            if not line.startswith("{"):
-                continue
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            if event.get("event") in STAGE_EVENTS:
-                out.append(event)
-    return out
 
 
 def worker_pids(events: list[dict]) -> list[int]:
@@ -140,7 +123,7 @@ def run(config_path: Path, http_url: str, restarts: int, limit_s: float, log_pat
         ready = wait_ready(health, serve, limit_s)
         # The stage events are logged just before ready; background graphs may follow.
         time.sleep(settle_s)
-        events = log_events(log_path)
+        events = serve_events(log_path, STAGE_EVENTS)
         starts.append({"kind": "first", **start_record(events, ready)})
         if ready is None:
             return {"starts": starts, "error": "not ready"}
@@ -158,16 +141,16 @@ def run(config_path: Path, http_url: str, restarts: int, limit_s: float, log_pat
             ready = wait_ready(health, serve, limit_s)
             ready = None if ready is None else round(time.monotonic() - killed, 2)
             time.sleep(settle_s)
-            events = log_events(log_path, offset)
+            events = serve_events(log_path, STAGE_EVENTS, offset)
             starts.append({"kind": f"restart {round_ + 1} after kill -9", **start_record(events, ready)})
             if ready is None:
                 return {"starts": starts, "error": "not ready after a restart"}
             starts[-1]["calls_after_ready"] = calls_after_ready(calls, sip, log_path, 60)
             time.sleep(settle_s)
-            starts[-1].update({k: v for k, v in start_record(log_events(log_path, offset), ready).items()
+            starts[-1].update({k: v for k, v in start_record(serve_events(log_path, STAGE_EVENTS, offset), ready).items()
                                if k == "all_graphs_in_s"})
             save({"starts": starts})
-            events = log_events(log_path)
+            events = serve_events(log_path, STAGE_EVENTS)
         return {"starts": starts}
     finally:
         serve.send_signal(signal.SIGTERM)
