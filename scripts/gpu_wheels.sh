@@ -18,7 +18,7 @@ fetch() { python3 -m pip download -q --no-deps --only-binary=:all: --python-vers
     "${platforms[@]}" -d .whl "$@"; }
 fetch structlog soxr kaldi-native-fbank espeakng-loader pydantic annotated-types typing-inspection typing-extensions \
     wetext kaldifst contractions textsearch anyascii pyahocorasick inflect more-itertools typeguard jaraco.functools \
-    pytest-asyncio lameenc
+    pytest-asyncio lameenc defusedxml G722==1.2.8
 # pydantic pins its core exactly: fetch the version the fetched pydantic names
 fetch "$(unzip -p .whl/pydantic-2*.whl '*/METADATA' | sed -n 's/^Requires-Dist: pydantic-core *\(==[^ ;]*\).*/pydantic-core\1/p')"
 du -sh .whl
