@@ -175,7 +175,7 @@ async def run_step(calls: int, processes: int, rate: float, sip: tuple[str, int]
     killed with SIGKILL meanwhile and the row says how its calls and the others' fared (`by_worker`)."""
     workers = _children(gateway_pid)
     underruns0 = await asyncio.to_thread(metric, http_port, "gateway_playout_underruns_total")
-    cpu0, wcpu0 = cpu_seconds(gateway_pid), sum(cpu_seconds(p) for p in workers)
+    cpu0, wcpu0 = cpu_seconds(gateway_pid), {p: cpu_seconds(p) for p in workers}
     log_offset = log_path.stat().st_size
     killer = None
     if kill is not None:
@@ -184,7 +184,8 @@ async def run_step(calls: int, processes: int, rate: float, sip: tuple[str, int]
     started, results = await asyncio.to_thread(place_calls, calls, processes, rate, sip, timeout_s)
     wall = time.time() - started
     cpu = cpu_seconds(gateway_pid) - cpu0
-    worker_cpu = sum(cpu_seconds(p) for p in workers if Path(f"/proc/{p}").exists()) - wcpu0
+    # The workers alive at the step's start that still are (a killed worker's CPU time leaves with it).
+    worker_cpu = sum(cpu_seconds(p) - wcpu0[p] for p in workers if Path(f"/proc/{p}").exists())
     underruns = await asyncio.to_thread(metric, http_port, "gateway_playout_underruns_total") - underruns0
     jobs = engine_jobs(log_path, log_offset)
     engine_first = [1000 * job["first_chunk_s"] for job in jobs]
@@ -302,10 +303,12 @@ async def main_async(args) -> dict:
                 if not names:
                     raise SystemExit("--kill-worker-at needs supervised engine workers")
                 kill = (args.kill_worker_at, names[min(args.kill_worker, len(names) - 1)])
-            for calls in args.calls:
+            rates = args.rates or [args.rate] * len(args.calls)
+            for step, (calls, rate) in enumerate(zip(args.calls, rates), start=1):
                 processes = args.caller_processes or max(1, math.ceil(calls / CALLS_PER_CALLER))
-                row = await run_step(calls, processes, args.rate, ("127.0.0.1", sip_port), serve.pid,
-                                     args.prompt_seconds * 3 + 30, http_port, log_path, kill)
+                step_kill = kill if args.kill_steps is None or step in args.kill_steps else None
+                row = await run_step(calls, processes, rate, ("127.0.0.1", sip_port), serve.pid,
+                                     args.prompt_seconds * 3 + 30, http_port, log_path, step_kill)
                 print(json.dumps(row), flush=True)
                 rows.append(row)
             if args.then:  # another benchmark against the same warm serve (a GPU start-up costs minutes)
@@ -322,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="end-to-end concurrent calls, measured at the caller")
     parser.add_argument("--calls", type=int, nargs="+", default=[1, 50, 100])
     parser.add_argument("--rate", type=float, default=10.0, help="new calls per second")
+    parser.add_argument("--rates", type=float, nargs="+", default=None,
+                        help="new calls per second for each step of --calls (instead of one --rate for all)")
     parser.add_argument("--prompt-seconds", type=float, default=6.0)
     parser.add_argument("--engine", default="instant", help="without --config: instant, espeak or cosyvoice2")
     parser.add_argument("--workers", type=int, default=None, help="without --config: engine.workers")
@@ -340,9 +345,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kill-worker-at", type=float, default=None, metavar="SECONDS",
                         help="in every step, kill -9 one engine worker this long after the step began, and report "
                              "per call which worker served it and the killed worker's calls apart from the others'")
+    parser.add_argument("--kill-steps", type=int, nargs="+", default=None, metavar="STEP",
+                        help="with --kill-worker-at: kill only in these steps (1 = the first of --calls), not every one")
     parser.add_argument("--kill-worker", type=int, default=1, metavar="INDEX",
                         help="the worker --kill-worker-at kills (index in config order; default 1, the second GPU)")
     args = parser.parse_args(argv)
+    if args.rates is not None and len(args.rates) != len(args.calls):
+        parser.error(f"--rates gives {len(args.rates)} rates for {len(args.calls)} steps of --calls")
     result = asyncio.run(main_async(args))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

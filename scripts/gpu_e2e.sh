@@ -6,8 +6,8 @@
 #   bash scripts/gpu_bench.sh bash scripts/gpu_e2e.sh workers "$OUT" 1 50 100 150 200
 #   bash scripts/gpu_bench.sh bash scripts/gpu_e2e.sh in_process "$OUT" 1 50 100
 #   bash scripts/gpu_bench.sh bash scripts/gpu_e2e.sh instant "$OUT" 100 200 500
-#   bash scripts/gpu_bench.sh bash scripts/gpu_e2e.sh workers2 "$OUT" 1 200 400
-#   KILL_WORKER_AT=10 bash scripts/gpu_bench.sh bash scripts/gpu_e2e.sh workers2 "$OUT" 200
+#   RATES="10 10 20 10" GPU1_STEPS=3 KILL_WORKER_AT=15 KILL_STEPS=4 \
+#       bash scripts/gpu_bench.sh bash scripts/gpu_e2e.sh workers2 "$OUT" 1 200 400 200
 #   WINDOW=60 SEEDS="1 2" MODES=sip bash scripts/gpu_bench.sh bash scripts/gpu_e2e.sh openloop "$OUT" 10 20
 #
 # workers: the engine in a worker process the gateway supervises (the product's shape); its worker also
@@ -15,9 +15,10 @@
 # at 10) beside the engine's own first chunk of the same requests, from the serve log ($OUT/tts_api.json);
 # in_process: the same engine inside the gateway's process (engine.workers: 0, the arrangement before the
 # split); instant: no GPU work at all, the media path alone; workers2: a 2-GPU host, the same steps first on
-# one GPU (engine.cosyvoice2.devices [0], e2e_gpu1.json) then one worker per GPU (devices [0, 1],
-# e2e_gpu2.json), at RATE new calls/s (default 10); with KILL_WORKER_AT=SECONDS the two-GPU run kill -9s the
-# worker on GPU 1 that long into every step and reports the killed worker's calls apart from GPU 0's.
+# one GPU (engine.cosyvoice2.devices [0], e2e_gpu1.json; its first GPU1_STEPS steps) then one worker per GPU
+# (devices [0, 1], e2e_gpu2.json), 30-s prompts at RATES new calls/s per step (default RATE, 10, for every
+# step); with KILL_WORKER_AT=SECONDS the two-GPU run kill -9s the worker on GPU 1 that long into each of
+# KILL_STEPS (default every step) and reports the killed worker's calls apart from GPU 0's.
 # openloop: the workers arrangement under bench/bench_open_loop.py at the rates given (new requests/s, Poisson):
 # SIP calls with the issue's 30-s prompts, then the worker's speech API with a 3/10/30-s mix, each run a 30-s
 # warm-up, a WINDOW-second window (default 300, as tts-bench) and a 35-s tail, for each of SEEDS (default
@@ -71,13 +72,19 @@ if [ "$arrangement" = openloop ]; then
         --out "$out/open_loop_cosyvoice2.json" --serve-log "$out/serve_openloop.log"
 fi
 if [ "$arrangement" = workers2 ]; then
-    rate="${RATE:-10}"
-    python3 bench/bench_e2e_calls.py --config "$config" --devices 0 --calls "$@" --prompt-seconds 20 --rate "$rate" \
-        --out "$out/e2e_gpu1.json" --serve-log "$out/serve_gpu1.log"
+    # RATES: new calls/s for each step (default RATE, 10, for all); GPU1_STEPS: how many of the steps the one-GPU
+    # run takes first (default all); KILL_STEPS: the two-GPU run's steps with the kill (default every one).
+    read -r -a rates <<< "${RATES:-}"
+    [ ${#rates[@]} -eq 0 ] && for _ in "$@"; do rates+=("${RATE:-10}"); done
+    n1="${GPU1_STEPS:-$#}"
+    python3 bench/bench_e2e_calls.py --config "$config" --devices 0 --calls "${@:1:$n1}" --rates "${rates[@]:0:$n1}" \
+        --prompt-seconds 30 --out "$out/e2e_gpu1.json" --serve-log "$out/serve_gpu1.log"
     kill=()
     [ -n "${KILL_WORKER_AT:-}" ] && kill=(--kill-worker-at "$KILL_WORKER_AT" --kill-worker 1)
-    exec python3 bench/bench_e2e_calls.py --config "$config" --devices 0 1 --calls "$@" --prompt-seconds 20 \
-        --rate "$rate" --out "$out/e2e_gpu2.json" --serve-log "$out/serve_gpu2.log" "${kill[@]}"
+    # shellcheck disable=SC2206  # KILL_STEPS is a word list
+    [ -n "${KILL_WORKER_AT:-}" ] && [ -n "${KILL_STEPS:-}" ] && kill+=(--kill-steps $KILL_STEPS)
+    exec python3 bench/bench_e2e_calls.py --config "$config" --devices 0 1 --calls "$@" --rates "${rates[@]}" \
+        --prompt-seconds 30 --out "$out/e2e_gpu2.json" --serve-log "$out/serve_gpu2.log" "${kill[@]}"
 fi
 exec python3 bench/bench_e2e_calls.py --config "$config" --calls "$@" --prompt-seconds 20 --rate 10 \
     --out "$out/e2e_$arrangement.json" --serve-log "$out/serve_$arrangement.log" "${then[@]}"
