@@ -32,14 +32,12 @@ from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.full_model import GOLDEN, full_flow_on_meta  # noqa: E402
 from tts_core.flow import FlowModel, load_flow  # noqa: E402
-from tts_core.flow.config import flow_config_from  # noqa: E402
 from tts_core.flow.incremental import IncrementalFlow  # noqa: E402
 from tts_core.hift import HiftStream, load_hift  # noqa: E402
-from tts_core.model_config import load_model_yaml  # noqa: E402
 from tts_core.streaming.chunk_schedule import ChunkPlanner, ChunkSchedule  # noqa: E402
 
-GOLDEN = Path(__file__).resolve().parents[2] / "shared" / "golden"
 TINY_LENGTHS = (90, 250, 500)  # speech tokens of an utterance (25 per second)
 FULL_LENGTHS = (100, 250, 500, 1000)
 FULL_PROMPT = 150  # tokens of the full-size bench voice's prompt (bench/full_model.py: 6 s)
@@ -140,18 +138,8 @@ def random_case(flow: FlowModel, hift, prompt: tuple, length: int, schedule: Chu
                       "official_final": round(full_flops / 1e9, 3)}}
 
 
-def full_size_flow(golden: Path) -> FlowModel:
-    full = golden / "full"
-    official = json.loads((full / "full_keys.json").read_text())["flow"]
-    shapes = {k: tuple(s) for k, s in (official.items() if isinstance(official, dict) else official)}
-    state = {k: torch.empty(s, device="meta") for k, s in shapes.items()}
-    cfg = flow_config_from(load_model_yaml(full / "cosyvoice2_full.yaml"), state)
-    with torch.device("meta"):
-        return FlowModel(cfg).eval()
-
-
 def full_size_flops(golden: Path, schedule: ChunkSchedule) -> list[dict]:
-    flow = full_size_flow(golden)
+    flow = full_flow_on_meta(golden)
     meta = dict(device="meta")
     prompt = (torch.zeros(1, FULL_PROMPT, dtype=torch.long, **meta),
               torch.zeros(1, FULL_PROMPT * flow.cfg.token_mel_ratio, 80, **meta), torch.zeros(1, 192, **meta))
