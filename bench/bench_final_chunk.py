@@ -13,7 +13,9 @@ the last chunk (its frames equal `mel_nonstream`'s tail; ../shared/golden/README
   cost: FLOPs (torch.utils.flop_counter) of our final call, of our whole stream (every chunk), and
       of the official final call, by utterance length: the tiny model on CPU (with wall times,
       one thread) and the full-size flow (shapes from ../shared/golden/full, counted on the meta
-      device, nothing allocated).
+      device, nothing allocated), there also on the GPU runtime's pooled path ("pooled_*": the
+      context re-projected every call, the voice prompt's shared frames not counted, the
+      defaults' 14 s of own frames and 50-token encoder window).
 
     python bench/bench_final_chunk.py --golden ../shared/golden --out bench/results/final_chunk.json
 """
@@ -34,13 +36,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.full_model import GOLDEN, full_flow_on_meta  # noqa: E402
 from tts_core.flow import FlowModel, load_flow  # noqa: E402
+from tts_core.flow.context_pool import PoolShape  # noqa: E402
 from tts_core.flow.incremental import IncrementalFlow  # noqa: E402
+from tts_core.flow.pooled import PooledFlow  # noqa: E402
 from tts_core.hift import HiftStream, load_hift  # noqa: E402
 from tts_core.streaming.chunk_schedule import ChunkPlanner, ChunkSchedule  # noqa: E402
 
 TINY_LENGTHS = (90, 250, 500)  # speech tokens of an utterance (25 per second)
 FULL_LENGTHS = (100, 250, 500, 1000)
 FULL_PROMPT = 150  # tokens of the full-size bench voice's prompt (bench/full_model.py: 6 s)
+POOL_FRAMES, ENCODER_TOKENS = 700, 50  # the GPU runtime's defaults (flow_context_s 14, flow_encoder_tokens)
 
 
 def official_final(flow: FlowModel, prompt: tuple, tokens: torch.Tensor) -> torch.Tensor:
@@ -138,21 +143,43 @@ def random_case(flow: FlowModel, hift, prompt: tuple, length: int, schedule: Chu
                       "official_final": round(full_flops / 1e9, 3)}}
 
 
+def pooled_call_flops(pooled: PooledFlow, voice, tokens: torch.Tensor, schedule: ChunkSchedule) -> list[float]:
+    """FLOPs of each chunk call of one stream on the GPU runtime's path (`PooledFlow`: the voice's
+    shared prompt frames computed at registration, not here; the context re-projected every call)."""
+    stream = pooled.open_stream(voice)
+    planner = ChunkPlanner(schedule, voice.prompt_token.size(1))
+    flops = []
+    while (task := planner.next_chunk(tokens.size(1), lm_finished=True)) is not None:
+        with FlopCounterMode(display=False) as counter:
+            pooled.render([stream], [tokens[:, :task.token_end]], [task.finalize])
+        flops.append(counter.get_total_flops())
+    pooled.close_stream(stream)
+    return flops
+
+
 def full_size_flops(golden: Path, schedule: ChunkSchedule) -> list[dict]:
     flow = full_flow_on_meta(golden)
     meta = dict(device="meta")
     prompt = (torch.zeros(1, FULL_PROMPT, dtype=torch.long, **meta),
               torch.zeros(1, FULL_PROMPT * flow.cfg.token_mel_ratio, 80, **meta), torch.zeros(1, 192, **meta))
+    # The runtime's defaults on CUDA: 700 own frames (flow_context_s 14), a 50-token encoder window.
+    chunk = flow.cfg.estimator.static_chunk_size
+    voice_frames = -(-prompt[1].size(1) // chunk) * chunk
+    pooled = PooledFlow(flow, PoolShape(1, POOL_FRAMES, 1, voice_frames, voice_frames + 2 * chunk), ENCODER_TOKENS)
     rows = []
-    for length in FULL_LENGTHS:
-        tokens = torch.zeros(1, length, dtype=torch.long, **meta)
-        with torch.inference_mode():
+    with torch.inference_mode():
+        voice = pooled.register_voice(*prompt)
+        for length in FULL_LENGTHS:
+            tokens = torch.zeros(1, length, dtype=torch.long, **meta)
             calls = stream_calls(flow, prompt, tokens, schedule)
+            in_pool = pooled_call_flops(pooled, voice, tokens, schedule)
             _, _, full = timed_flops(lambda: official_final(flow, prompt, tokens))
-        rows.append({"tokens": length, "seconds_of_speech": length / 25, "calls": len(calls),
-                     "tflop": {"ours_final": round(calls[-1][4] / 1e12, 3),
-                               "ours_stream": round(sum(c[4] for c in calls) / 1e12, 3),
-                               "official_final": round(full / 1e12, 3)}})
+            rows.append({"tokens": length, "seconds_of_speech": length / 25, "calls": len(calls),
+                         "tflop": {"ours_final": round(calls[-1][4] / 1e12, 3),
+                                   "ours_stream": round(sum(c[4] for c in calls) / 1e12, 3),
+                                   "pooled_final": round(in_pool[-1] / 1e12, 3),
+                                   "pooled_stream": round(sum(in_pool) / 1e12, 3),
+                                   "official_final": round(full / 1e12, 3)}})
     return rows
 
 
