@@ -55,6 +55,19 @@ def full_part_state(part: str, golden: Path = GOLDEN, seed: int = 2026) -> dict[
     return {k: _random_tensor(k, shape, gen) for k, shape in _full_keys(golden)[part].items()}
 
 
+def full_flow_on_meta(golden: Path = GOLDEN):
+    """The full-size FlowModel built on the meta device from the official keys' shapes: nothing
+    allocated, so its layout can be checked and its FLOPs counted on any machine."""
+    from tts_core.flow import FlowModel
+    from tts_core.flow.config import flow_config_from
+    from tts_core.model_config import load_model_yaml
+
+    state = {k: torch.empty(shape, device="meta") for k, shape in _full_keys(golden)["flow"].items()}
+    cfg = flow_config_from(load_model_yaml(golden / "full" / "cosyvoice2_full.yaml"), state)
+    with torch.device("meta"):
+        return FlowModel(cfg).eval()
+
+
 def full_speech_lm(golden: Path = GOLDEN, seed: int = 2026):
     """The full-size SpeechTokenLM (float32, CPU) with the very weights `build_full_model_dir` writes to
     llm.pt for the same seed (llm.pt is drawn first), built in memory: no 2.3 GB directory needed."""

@@ -10,6 +10,7 @@ estimator calls). A real mistake (a wrong mask, shift, scale or schedule) moves 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,8 +19,6 @@ import torch.nn.functional as F
 
 from tts_core.checkpoint import CheckpointMismatch, read_state_dict
 from tts_core.flow import FlowModel, load_flow
-from tts_core.flow.config import flow_config_from
-from tts_core.model_config import load_model_yaml
 
 TOL = 1e-4
 
@@ -105,6 +104,59 @@ def test_golden_mel_stream(flow: FlowModel, flow_case: dict, speaker: dict, inde
     assert _max_abs(mel, flow_case[key]) <= TOL
 
 
+# The official streaming loop (`CosyVoice2Model.tts`, stream=True) makes its LAST call without
+# `stream`: the flow re-renders prompt + every token with full attention and plays the frames after
+# the last chunk, i.e. mel_nonstream's tail (golden README, correction of 2026-11-26). Ours renders the
+# final chunk chunk-masked, like every chunk before it: it equals the official streaming flow call
+# (mel_stream_final, above) and stays this close to the official final chunk. Measured on the shared
+# set: mean |diff| 0.8 % and max 8.5 % of the official's mean |mel| (the deviation the README states;
+# why not the full re-render: docs/PERF_NOTES.md, "The final chunk").
+FINAL_MEAN_REL = 0.02
+FINAL_MAX_REL = 0.2
+
+
+def _final_chunk(flow: FlowModel, flow_case: dict, speaker: dict, renderer: str) -> torch.Tensor:
+    """The stream's final-chunk frames from one of our chunk renderers, on the official schedule."""
+    from tts_core.flow.context_pool import PoolShape
+    from tts_core.flow.incremental import IncrementalFlow
+    from tts_core.flow.pooled import PooledFlow
+
+    prompt = (speaker["flow_prompt_speech_token"], speaker["prompt_speech_feat"], speaker["flow_embedding"])
+    if renderer == "incremental":
+        render = IncrementalFlow(flow, *prompt).render
+    else:
+        chunk = flow.cfg.estimator.static_chunk_size
+        frames = -(-flow_case["mel_nonstream"].size(2) // chunk) * chunk
+        voice_frames = -(-prompt[1].size(1) // chunk) * chunk
+        pooled = PooledFlow(flow, PoolShape(1, frames, 1, voice_frames, voice_frames + 2 * chunk))
+        stream = pooled.open_stream(pooled.register_voice(*prompt))
+
+        def render(tokens: torch.Tensor, finalize: bool) -> torch.Tensor:
+            return pooled.render([stream], [tokens], [finalize])[0]
+
+    mel = None
+    with torch.inference_mode():
+        for _, n_tokens, finalize in _stream_calls(flow_case):
+            mel = render(flow_case["tokens"][:, :n_tokens], finalize)
+    return mel
+
+
+@pytest.mark.parametrize("renderer", ["incremental", "pooled"])
+def test_golden_final_chunk_stays_within_the_stated_deviation_from_the_official_final_call(
+        flow: FlowModel, flow_case: dict, speaker: dict, renderer: str) -> None:
+    played = flow_case["first_hop"] + flow_case["hop"]  # tokens played before the final call
+    official = flow_case["mel_nonstream"][:, :, flow_case["token_mel_ratio"] * played:]
+    ours = _final_chunk(flow, flow_case, speaker, renderer)
+    assert ours.shape == official.shape
+    diff = (ours - official).abs()
+    scale = official.abs().mean().item()
+    assert diff.mean().item() <= FINAL_MEAN_REL * scale
+    assert diff.max().item() <= FINAL_MAX_REL * scale
+    # The deviation is real: a final chunk rendered as the official one is would fail here, and the
+    # README's parity line and this test would be out of date.
+    assert diff.max().item() > 100 * TOL
+
+
 def test_golden_streaming_lookahead_tokens_are_not_rendered(flow: FlowModel, flow_case: dict, speaker: dict) -> None:
     key, n_tokens, _ = _stream_calls(flow_case)[0]
     mel = _render(flow, speaker, flow_case["tokens"][:, :n_tokens], streaming=True, finalize=False)
@@ -123,12 +175,11 @@ def test_golden_strict_loading_names_missing_key(tiny_model_dir: Path, tmp_path:
 
 
 def test_golden_full_size_model_has_the_official_keys_and_shapes(golden_dir: Path) -> None:
-    # Built on the meta device: checks the real CosyVoice2 layout (1121 keys) without allocating it.
-    full = golden_dir / "full"
-    official = json.loads((full / "full_keys.json").read_text())["flow"]
-    shapes = {key: tuple(shape) for key, shape in (official.items() if isinstance(official, dict) else official)}
-    state = {key: torch.empty(shape, device="meta") for key, shape in shapes.items()}
-    cfg = flow_config_from(load_model_yaml(full / "cosyvoice2_full.yaml"), state)
-    with torch.device("meta"):
-        model = FlowModel(cfg)
-    assert {key: tuple(t.shape) for key, t in model.state_dict().items()} == shapes
+    # The full-size flow the benchmarks count on (bench/full_model.py), built on the meta device:
+    # the real CosyVoice2 layout (1121 keys) without allocating it.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from full_model import full_flow_on_meta
+
+    official = json.loads((golden_dir / "full" / "full_keys.json").read_text())["flow"]
+    model = full_flow_on_meta(golden_dir)
+    assert {key: tuple(t.shape) for key, t in model.state_dict().items()} == {k: tuple(v) for k, v in official.items()}

@@ -1,10 +1,12 @@
 """One request's token -> waveform streaming state: the flow renders new mel frames, HiFT voices them.
 
 The official CosyVoice2 `token2wav` re-runs the flow over the prompt and all tokens so far with
-streaming (chunk-causal) masks on every chunk and keeps the frames from `token_offset * 2` on; it
-then vocodes them with an 8-frame mel cache, a 3840-sample source cache and a Hamming cross-fade.
-Here `IncrementalFlow` computes the same frames without the re-run (each frame once; see
-tts_core.flow.incremental) and `HiftStream` holds the vocoder caches. Both are per request, so
+streaming (chunk-causal) masks and keeps the frames from `token_offset * 2` on; it then vocodes them
+with an 8-frame mel cache, a 3840-sample source cache and a Hamming cross-fade. Here `IncrementalFlow`
+computes the same frames without the re-run (each frame once; see tts_core.flow.incremental) and
+`HiftStream` holds the vocoder caches. The official loop makes its last call without `stream` (a
+full-attention re-render of everything); ours renders the final chunk chunk-masked like the others,
+a stated deviation (README; figures in docs/PERF_NOTES.md, "The final chunk"). Both are per request, so
 nothing request-specific lives on the shared models.
 
 Not thread-safe: one instance per request segment, driven by the scheduler's thread. The caller
