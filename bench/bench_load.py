@@ -219,6 +219,9 @@ def run_rate(pipeline, voice: str, rate: float, duration: float, rng: random.Ran
                    "first_chunk_ms": latency_ms(steady_first),
                    "underruns": steady_late, "playing_mean": steady_playing[0], "playing_peak": steady_playing[1]},
         "decode_batch_max": max((s.batch for s in steps), default=0),
+        # Rows per launched step and rows stepped in all (streams far ahead sit steps out: yield_lead_s).
+        "decode_batch_mean": float(np.mean([s.batch for s in steps if s.batch])) if any(s.batch for s in steps) else 0.0,
+        "decode_rows": sum(s.batch for s in steps),
         "steps": len(steps), "step_ms_mean": 1e3 * wall / max(1, len(steps)),
         "decode_ms_mean": 1e3 * float(np.mean([s.decode_s for s in steps])) if steps else None,
         "decode_thread": decode_thread_split(steps),

@@ -446,3 +446,34 @@ def test_streams_far_ahead_yield_decode_steps_to_a_first_chunk(pipeline: CosyVoi
                if pressing and id(far) in leads and id(far) not in jobs]
     assert min(skipped) > yield_lead_s - 0.1
     assert _played_in_time(far) and _played_in_time(new)
+
+
+def test_a_first_chunk_renders_with_no_step_beside_it_while_the_others_are_far_ahead(
+        pipeline: CosyVoice2Pipeline, monkeypatch) -> None:
+    """The first-chunk hold counts only the jobs left to step: while a new call's first chunk renders
+    and the only other stream is far ahead of its listener, no decode step runs beside that render;
+    both still speak all their tokens."""
+    monkeypatch.setattr(pipeline.scheduler, "settings", dataclasses.replace(
+        pipeline.scheduler.settings, yield_lead_s=3.0, first_chunk_hold_s=60.0))
+    armed = threading.Event()
+    renders = _HeldRenders(pipeline, monkeypatch, lambda lane: lane.startswith("first-") and armed.is_set())
+    voice = pipeline.voices.get(VOICE)
+    far_sink, new_sink = CollectingSink(), CollectingSink()
+    far = pipeline.make_job("A long request.", voice, far_sink, _forced(300))
+    ahead = _wait_for(far, lambda j: j.timings.first_chunk is not None and len(j.tokens) - j.tokens_rendered > 150)
+    pipeline.scheduler.submit(far)
+    try:
+        assert ahead.wait(60)
+        armed.set()
+        new = pipeline.make_job("A short one.", voice, new_sink, _forced(60))
+        pipeline.scheduler.submit(new)
+        assert renders.held.wait(60)  # the new call's first chunk is rendering (held), its tokens drawn
+        time.sleep(0.1)  # the decoder runs one step ahead: let the step already in flight land
+        counts = len(far.tokens), len(new.tokens)
+        assert not far.lm_finished and counts[1] < 60
+        time.sleep(0.3)
+        assert (len(far.tokens), len(new.tokens)) == counts  # no step beside the first chunk's render
+    finally:
+        renders.release.set()
+    assert sum(map(len, far_sink.wait(60))) == 300 * SAMPLES_PER_TOKEN
+    assert sum(map(len, new_sink.wait(60))) == 60 * SAMPLES_PER_TOKEN
