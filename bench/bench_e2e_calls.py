@@ -276,6 +276,10 @@ def config_text(args, sip_port: int, http_port: int, prompt_chars: int, max_call
     if args.max_first_audio_ms:
         config["engine"].setdefault("admission", {})["max_first_audio_ms"] = args.max_first_audio_ms
     config.setdefault("routes", []).insert(0, {"match": "bench", "text": ("bench prompt " * 200)[:prompt_chars]})
+    # Every call of a route says the same text: with the prompt cache on, all but the first would be played from
+    # it and the engine would not run (an H100 open-loop run measured 3 ms first audio, GPU idle). These benches
+    # measure synthesis.
+    config["prompt_cache"] = {"enabled": False}
     # A supervised engine worker logs at info whatever this says (the supervisor passes no --log-level), but an
     # in-process cosyvoice2 (workers: 0) follows it, and its tts_job_done lines are info.
     # --kill-worker-at reads the supervisor's engine_worker_* lines (info) too.

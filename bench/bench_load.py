@@ -219,6 +219,9 @@ def run_rate(pipeline, voice: str, rate: float, duration: float, rng: random.Ran
                    "first_chunk_ms": latency_ms(steady_first),
                    "underruns": steady_late, "playing_mean": steady_playing[0], "playing_peak": steady_playing[1]},
         "decode_batch_max": max((s.batch for s in steps), default=0),
+        # Rows per launched step and rows stepped in all (streams far ahead sit steps out: yield_lead_s).
+        "decode_batch_mean": float(np.mean([s.batch for s in steps if s.batch])) if any(s.batch for s in steps) else 0.0,
+        "decode_rows": sum(s.batch for s in steps),
         "steps": len(steps), "step_ms_mean": 1e3 * wall / max(1, len(steps)),
         "decode_ms_mean": 1e3 * float(np.mean([s.decode_s for s in steps])) if steps else None,
         "decode_thread": decode_thread_split(steps),
@@ -391,6 +394,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="GIL switch intervals to run every rate at (default: the scheduler's 1 ms)")
     p.add_argument("--first-chunk-hold-ms", type=float, nargs="+", default=None,
                    help="first_chunk_hold_s values (ms) to run everything at (default: the scheduler's)")
+    p.add_argument("--yield-lead-s", type=float, nargs="+", default=None,
+                   help="yield_lead_s values to run everything at (0: streams far ahead never yield; default: the "
+                        "scheduler's)")
     p.add_argument("--steps-ahead", type=int, nargs="+", default=None,
                    help="carried decoder: decode steps launched and not yet read when an iteration ends "
                         "(decode_steps_ahead: 0 reads each at once); several: everything runs at each "
@@ -490,9 +496,11 @@ def main(argv: list[str] | None = None) -> int:
             p.error("--parts-ahead: at least 1 (the part being launched)")
         flow_graphs = [lane.graphs for lane in pipeline.scheduler.renderer.lanes.values() if lane.graphs is not None]
         parts_ahead = args.parts_ahead or sorted({g.parts_ahead for g in flow_graphs}) or [0]
-        variants = [(d, h, i, a, n, pl, pa) for d in args.defer_slack_s for h in holds for i in intervals
-                    for a in aheads for n in args.threads for pl in args.paced_later for pa in parts_ahead]
-        for (slack, hold, interval, ahead, threads, paced, part_ahead), rate in \
+        leads = args.yield_lead_s or [pipeline.scheduler.settings.yield_lead_s]
+        variants = [(d, h, i, a, n, pl, pa, y) for y in leads for d in args.defer_slack_s for h in holds
+                    for i in intervals for a in aheads for n in args.threads for pl in args.paced_later
+                    for pa in parts_ahead]
+        for (slack, hold, interval, ahead, threads, paced, part_ahead, lead), rate in \
                 [(v, r) for v in variants for r in [None, *args.rates]]:
             torch.set_num_threads(threads or default_threads)
             for g in flow_graphs:
@@ -501,7 +509,8 @@ def main(argv: list[str] | None = None) -> int:
                 waits.paced_threads = frozenset({"tts-render-later"} if paced else ())
             # The scheduler and its render lanes read these each round: variants share one start-up.
             pipeline.scheduler.settings = dataclasses.replace(pipeline.scheduler.settings, decode_steps_ahead=ahead,
-                                                              first_chunk_hold_s=hold / 1e3, defer_slack_s=slack)
+                                                              first_chunk_hold_s=hold / 1e3, defer_slack_s=slack,
+                                                              yield_lead_s=lead)
             for lane in pipeline.scheduler.render_lanes:
                 lane.defer_slack_s = slack
             sys.setswitchinterval(interval / 1e3)
@@ -510,7 +519,7 @@ def main(argv: list[str] | None = None) -> int:
                     one = one_stream(pipeline, voice, args.one_stream_requests, random.Random(args.seed),
                                      args.min_tokens, args.max_tokens)
                     one.update(first_chunk_hold_ms=hold, switch_interval_ms=interval, defer_slack_s=slack,
-                               decode_steps_ahead=ahead,
+                               decode_steps_ahead=ahead, yield_lead_s=lead,
                                torch_threads=torch.get_num_threads(), parts_ahead=part_ahead)
                     report["one_stream"].append(one)
                     print("1 stream, one request at a time:", json.dumps(one), flush=True)
@@ -536,6 +545,7 @@ def main(argv: list[str] | None = None) -> int:
             r["passes"] = r["failed"] == 0 and r["underruns"] == 0 and judged["first_chunk_ms"][95] <= 300.0
             r["switch_interval_ms"], r["first_chunk_hold_ms"], r["defer_slack_s"] = interval, hold, slack
             r["decode_steps_ahead"] = ahead
+            r["yield_lead_s"] = lead
             r["torch_threads"] = torch.get_num_threads()
             r["paced_later"] = bool(paced)
             r["parts_ahead"] = part_ahead
@@ -561,7 +571,8 @@ def main(argv: list[str] | None = None) -> int:
         {"rate_per_s": best["rate_per_s"], "mean": best["concurrency_mean"], "peak": best["concurrency_peak"],
          "playing_mean": best["playing_mean"], "playing_peak": best["playing_peak"],
          "steady_playing_mean": best["steady"]["playing_mean"], "steady_playing_peak": best["steady"]["playing_peak"],
-         **{k: best[k] for k in ("defer_slack_s", "first_chunk_hold_ms", "switch_interval_ms", "decode_steps_ahead")}}
+         **{k: best[k] for k in ("defer_slack_s", "first_chunk_hold_ms", "switch_interval_ms", "decode_steps_ahead",
+                                   "yield_lead_s")}}
         if best else None)
     _print(report)
     write_partial(out, report)

@@ -51,8 +51,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from api_stream import ApiResult, PlannedRequest, stream_requests  # noqa: E402
 from arrivals import TAIL, WINDOW, Arrival, plan_arrivals  # noqa: E402
 from bench_calls import free_port, metric  # noqa: E402
-from bench_e2e_calls import config_text, start_serve, stop_serve, wait_serving, worker_names  # noqa: E402
-from engine_log import serve_events  # noqa: E402
+from bench_e2e_calls import (config_text, first_chunk_stages, start_serve, stop_serve, wait_serving,  # noqa: E402
+                             worker_names)
+from engine_log import job_events, serve_events  # noqa: E402
 from e2e_caller import CallResult, PlannedCall, place_schedule  # noqa: E402
 from open_loop_gate import GAP_MS, Outcome, highest_passing_rate, playback_underruns, run_figures  # noqa: E402
 
@@ -165,7 +166,16 @@ async def run_sip(args, arrivals: list[Arrival], phases: tuple[float, float], si
     window = sampler.delta(started + warmup, started + warmup + args.window)
     figures = run_figures([sip_outcome(c, closed.get(c.call_id)) for c in measured], window,
                           args.max_first_audio_p95_ms)
-    return {**figures, "caller_processes": processes,
+    # Where the measured calls' first chunks went, from the engine's own job lines (cosyvoice2 workers).
+    ids = {c.call_id for c in measured}
+    jobs = [e for e in job_events(log_path, offset)[0] if e["event"] == "tts_job_done" and e.get("call_id") in ids]
+    engine = {}
+    if jobs:
+        first = [e["first_chunk_s"] * 1e3 for e in jobs]
+        engine = {"engine_first_chunk_ms": {"p50": round(float(np.percentile(first, 50)), 1),
+                                            "p95": round(float(np.percentile(first, 95)), 1), "jobs": len(jobs)},
+                  "engine_first_chunk_stages_ms": first_chunk_stages(jobs)}
+    return {**figures, "caller_processes": processes, **engine,
             "calls_without_media_closed_line": sum(1 for c in measured if c.status == 200 and c.call_id not in closed)}
 
 

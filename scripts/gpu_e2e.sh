@@ -24,7 +24,9 @@
 # warm-up, a WINDOW-second window (default 300, as tts-bench) and a 35-s tail, for each of SEEDS (default
 # "1 2 3"), MODES "sip api" by default ($OUT/open_loop_cosyvoice2.json). One run lasts WINDOW + 65 s: split
 # rates, seeds or modes over calls to fit a command's time limit. The engine settings match bench_load's, so the
-# carried compiler cache serves both.
+# carried compiler cache serves both; MAX_BATCH (slots, default 128) and FLOW_CONTEXT_S (default 13) change them
+# for every arrangement (300 calls of 30 s need ~300 slots: docs/PERF_NOTES.md "What a slot costs"; another
+# context length compiles other flow graphs, so the carried cache misses).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 arrangement="$1"; out="$2"; shift 2
@@ -58,9 +60,9 @@ $workers_line
     device: cuda
     dtype: bf16
     default_voice: bench_voice
-    max_batch: 128
+    max_batch: ${MAX_BATCH:-128}
     max_len: 768
-    flow_context_s: 13.0
+    flow_context_s: ${FLOW_CONTEXT_S:-13.0}
 sip:
   max_calls: 1000
 $api_lines

@@ -381,3 +381,99 @@ def test_fast_path_renders_deferred_chunks_when_their_slack_runs_low(tiny_model_
             assert ahead <= fast.defer_slack_s + 0.05
     finally:
         pipeline.close()
+
+
+class _Launches:
+    """Records every decode step the runner launches: (its jobs, each job's lead then, whether a job
+    was waiting for its first chunk)."""
+
+    def __init__(self, pipeline: CosyVoice2Pipeline, monkeypatch) -> None:
+        self.steps: list[tuple[set[int], dict[int, float], bool]] = []
+        scheduler = pipeline.scheduler
+        runner, launch = scheduler.runner, scheduler.runner.launch
+        token_s = SAMPLES_PER_TOKEN / 24_000
+
+        def recording_launch(batch, allow_stop):
+            now = time.perf_counter()
+            with scheduler._cond:
+                active = list(scheduler._active)
+                pressing = any(j.timings.first_chunk is None for j in active)
+                leads = {id(j): j.lead_s(now, token_s) for j in active if j.generating}
+            self.steps.append(({id(job) for job, _ in batch}, leads, pressing))
+            launch(batch, allow_stop)
+
+        monkeypatch.setattr(runner, "launch", recording_launch)
+
+
+def _played_in_time(job: SynthesisJob) -> bool:
+    """Every chunk after the first was handed out before the audio before it had played."""
+    chunks = job.timings.chunks
+    return all(c.at_s <= chunks[0].at_s + sum(x.audio_s for x in chunks[:i]) for i, c in enumerate(chunks[1:], 1))
+
+
+def test_streams_far_ahead_yield_decode_steps_to_a_first_chunk(pipeline: CosyVoice2Pipeline, monkeypatch) -> None:
+    """Deadline-aware decoding (yield_lead_s): while a new call waits for its first chunk, a stream
+    whose speech runs more than yield_lead_s ahead of its listener is left out of the decode steps,
+    and only then; it is never starved: every chunk of both reaches its sink before the audio before
+    it has played out."""
+    yield_lead_s = 3.0
+    monkeypatch.setattr(pipeline.scheduler, "settings",
+                        dataclasses.replace(pipeline.scheduler.settings, yield_lead_s=yield_lead_s))
+    launches = _Launches(pipeline, monkeypatch)
+    voice = pipeline.voices.get(VOICE)
+    far_sink, new_sink = CollectingSink(), _FirstChunkSink()
+    far = pipeline.make_job("A long request.", voice, far_sink, _forced(300))
+    # Far ahead: its first chunk out (1 s of audio) and 6 s more of tokens drawn. (12 s in all: the
+    # tiny model's CPU flow re-reads every token, and a longer stream's later chunks take ~0.7 s,
+    # near the 0.8 s they are rendered ahead.)
+    ahead = _wait_for(far, lambda j: j.timings.first_chunk is not None and len(j.tokens) - j.tokens_rendered > 150)
+    pipeline.scheduler.submit(far)
+    assert ahead.wait(60)
+    assert not far.lm_finished  # still generating: it could step
+    new = pipeline.make_job("A short one.", voice, new_sink, _forced(60))
+    pipeline.scheduler.submit(new)
+    assert new_sink.first_chunk.wait(60)
+    assert sum(map(len, new_sink.wait(60))) == 60 * SAMPLES_PER_TOKEN
+    assert sum(map(len, far_sink.wait(60))) == 300 * SAMPLES_PER_TOKEN
+    new_first = [(jobs, leads) for jobs, leads, pressing in launches.steps if id(new) in jobs and pressing]
+    assert new_first, "the new call's first-chunk tokens were stepped"
+    yielded = [leads[id(far)] for jobs, leads in new_first if id(far) in leads and id(far) not in jobs]
+    assert yielded, "the far stream skipped the new call's first-chunk steps"
+    # It yielded only while far ahead (a step's worth of slack for the time between choosing the
+    # rows and launching them), and stepped beside the new call again once its lead ran low.
+    assert min(yielded) > yield_lead_s - 0.1
+    skipped = [leads[id(far)] for jobs, leads, pressing in launches.steps
+               if pressing and id(far) in leads and id(far) not in jobs]
+    assert min(skipped) > yield_lead_s - 0.1
+    assert _played_in_time(far) and _played_in_time(new)
+
+
+def test_a_first_chunk_renders_with_no_step_beside_it_while_the_others_are_far_ahead(
+        pipeline: CosyVoice2Pipeline, monkeypatch) -> None:
+    """The first-chunk hold counts only the jobs left to step: while a new call's first chunk renders
+    and the only other stream is far ahead of its listener, no decode step runs beside that render;
+    both still speak all their tokens."""
+    monkeypatch.setattr(pipeline.scheduler, "settings", dataclasses.replace(
+        pipeline.scheduler.settings, yield_lead_s=3.0, first_chunk_hold_s=60.0))
+    armed = threading.Event()
+    renders = _HeldRenders(pipeline, monkeypatch, lambda lane: lane.startswith("first-") and armed.is_set())
+    voice = pipeline.voices.get(VOICE)
+    far_sink, new_sink = CollectingSink(), CollectingSink()
+    far = pipeline.make_job("A long request.", voice, far_sink, _forced(300))
+    ahead = _wait_for(far, lambda j: j.timings.first_chunk is not None and len(j.tokens) - j.tokens_rendered > 150)
+    pipeline.scheduler.submit(far)
+    try:
+        assert ahead.wait(60)
+        armed.set()
+        new = pipeline.make_job("A short one.", voice, new_sink, _forced(60))
+        pipeline.scheduler.submit(new)
+        assert renders.held.wait(60)  # the new call's first chunk is rendering (held), its tokens drawn
+        time.sleep(0.1)  # the decoder runs one step ahead: let the step already in flight land
+        counts = len(far.tokens), len(new.tokens)
+        assert not far.lm_finished and counts[1] < 60
+        time.sleep(0.3)
+        assert (len(far.tokens), len(new.tokens)) == counts  # no step beside the first chunk's render
+    finally:
+        renders.release.set()
+    assert sum(map(len, far_sink.wait(60))) == 300 * SAMPLES_PER_TOKEN
+    assert sum(map(len, new_sink.wait(60))) == 60 * SAMPLES_PER_TOKEN

@@ -10,7 +10,7 @@ tts_core.runtime.scheduler):
 - the decode thread: `segment`, `slot`, `tokens`, `kv_len`, `lm_finished`, `lm_s`
   (it appends tokens and sets `lm_finished` under the scheduler's lock, so that the render thread
   reads both as one snapshot);
-- the render thread: `planner`, `pending_chunk`, `token2wav`, `audio_s`, chunk timings, and the
+- the render thread: `planner`, `pending_chunk`, `token2wav`, `audio_s`, `tokens_rendered`, chunk timings, and the
   hand-over flags `segment_rendered` and `wake_render_at` (set under the lock).
 A segment changes hands twice: `start_segment` (decode, under the lock) gives it to the render
 thread, which gives it back by setting `segment_rendered` once its last chunk went out; the decode
@@ -150,6 +150,7 @@ class SynthesisJob:
         self.segment_rendered = False  # the segment's last chunk went out: the decode thread may go on
         self.wake_render_at = 0  # token count at which the decode thread wakes the render thread
         self.lm_s_charged = 0.0  # the part of lm_s already attributed to chunks
+        self.tokens_rendered = 0  # of the current segment's tokens, those whose audio went out
         self.audio_s = 0.0
         self.done = False
 
@@ -196,6 +197,11 @@ class SynthesisJob:
             return 0.0
         return self.timings.first_chunk + self.audio_s - now
 
+    def lead_s(self, now: float, token_s: float) -> float:
+        """Seconds of speech ahead of the listener at `now`: audio handed out and not yet played
+        (`slack`), plus the current segment's decoded tokens not yet rendered (`token_s` each)."""
+        return self.slack(now) + (len(self.tokens) - self.tokens_rendered) * token_s
+
     def figures(self) -> dict:
         """What the job's last log line says: its audio, and where its first chunk's time went (ms per stage)."""
         t = self.timings
@@ -217,6 +223,7 @@ class SynthesisJob:
         self.token2wav = None
         self.segment_rendered = False
         self.wake_render_at = 0
+        self.tokens_rendered = 0
 
     def start_rendering(self, planner: ChunkPlanner, token2wav: PooledChunkStream) -> None:
         """Render thread: the current segment's chunk planner and token -> waveform stream."""
@@ -263,4 +270,5 @@ class SynthesisJob:
         if self.timings.first_chunk is None:
             self.timings.first_chunk = handed_at
         self.audio_s += timing.audio_s
+        self.tokens_rendered += timing.tokens
         self.timings.chunks.append(timing)

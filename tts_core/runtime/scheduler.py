@@ -13,10 +13,11 @@ One decode iteration:
 1. drop cancelled jobs (their KV slot is free at once); retire the jobs whose last chunk the render
    thread handed out; admit waiting jobs while slots are free; launch a prefill and first draw for
    every job that starts a segment (new jobs, and jobs whose previous segment is fully rendered);
-2. take the first tokens that reached the host; launch one batched decode step over all generating
-   jobs (continuous batching: each sits at its own position in its own cache row), then read the
-   oldest steps until `decode_steps_ahead` are unread, appending the tokens under the lock and
-   waking the render threads when a chunk may be due.
+2. take the first tokens that reached the host; launch one batched decode step over the generating
+   jobs that step now (continuous batching: each sits at its own position in its own cache row;
+   `step_rows`: while a call waits for its first chunk, streams far ahead of their listener yield
+   their rows to it), then read the oldest steps until `decode_steps_ahead` are unread, appending
+   the tokens under the lock and waking the render threads when a chunk may be due.
 
 All shared state (the job lists, slots, the hand-over flags of `request.SynthesisJob`) is guarded
 by one lock, under which both threads' conditions wait; neither thread polls, except an idle decode
@@ -43,9 +44,10 @@ from tts_core.llm.sampling import RasSampler
 from tts_core.llm.speech_lm import SpeechTokenLM
 from tts_core.runtime.chunk_render import ChunkRenderer, FlowPoolSettings
 from tts_core.runtime.lm_runner import LMRunner
-from tts_core.runtime.render_loop import RenderLoop, RenderTiming, device_stream
+from tts_core.runtime.render_loop import SAMPLE_RATE, RenderLoop, RenderTiming, device_stream
 from tts_core.runtime.request import SynthesisError, SynthesisJob
 from tts_core.runtime.settings import SchedulerSettings
+from tts_core.runtime.step_rows import step_rows
 from tts_core.voices import Voice
 
 log = structlog.get_logger(__name__)
@@ -88,6 +90,8 @@ class SynthesisScheduler:
         high = min(torch.cuda.Stream.priority_range()) if self.cache.device.type == "cuda" else 0
         self._decode_priority = high
         self.runner = LMRunner(lm, sampler.config, settings, priority=high)
+        # Seconds of speech per token (40 ms for CosyVoice2): how far a stream's decoded tokens reach.
+        self._token_s = flow.cfg.token_mel_ratio * hift.cfg.samples_per_frame / SAMPLE_RATE
         self.capture_report: dict = {}
         self._capture_thread: threading.Thread | None = None  # deferred flow graphs (`start`)
         # Re-entrant: a job failed by the render thread while it holds the lock releases under it too.
@@ -209,7 +213,7 @@ class SynthesisScheduler:
             while True:
                 with self._cond:
                     while not self._stopping and not self._has_work():
-                        self._cond.wait(self._hold_ends())
+                        self._cond.wait(self._rows()[1])
                     if self._stopping:
                         return
                 try:
@@ -221,7 +225,7 @@ class SynthesisScheduler:
 
     def _has_work(self) -> bool:
         """Under the lock. Jobs whose LM finished wait for the render thread, which wakes us; so do
-        jobs held for their first chunk (or the hold's end, `_hold_ends`)."""
+        jobs held for their first chunk or yielding to one (or their time to step, `_rows`)."""
         return self.runner.busy or self._has_new_work()  # or tokens on their way to read
 
     def _has_new_work(self) -> bool:
@@ -230,17 +234,14 @@ class SynthesisScheduler:
             return True
         if any(job.cancelled or job.segment_rendered for job in self._active):
             return True
-        return any(job.generating for job in self._active) and self._hold_ends() is None
+        return bool(self._rows()[0])
 
-    def _hold_ends(self) -> float | None:
-        """Under the lock: seconds until the decode hold ends (None: not held). Held while every
-        generating job is held for its first chunk; it ends when the first of their holds does."""
-        hold = self.settings.first_chunk_hold_s
-        if not hold:
-            return None
-        now = time.perf_counter()
-        left = [job.held_for_first_chunk(now, hold) for job in self._active if job.generating]
-        return min(left) if left and min(left) > 0 else None
+    def _rows(self) -> tuple[list[SynthesisJob], float | None]:
+        """Under the lock: the jobs that step now, and seconds until one will when none does
+        (`step_rows`: streams far ahead yield to first chunks; a lone first chunk's render is not
+        stepped beside)."""
+        s = self.settings
+        return step_rows(self._active, time.perf_counter(), s.first_chunk_hold_s, s.yield_lead_s, self._token_s)
 
     def _jobs(self) -> list[SynthesisJob]:
         """A snapshot of the active jobs: the render thread may release one while we iterate."""
@@ -319,8 +320,8 @@ class SynthesisScheduler:
 
     def _await_first_token(self) -> None:
         """Wait until a prefill's first token is on the host or there is other work (a new call to
-        admit, whose prefill should not queue behind the others'; a segment to retire; the decode
-        hold's end), then take what arrived. Polled: a CUDA event cannot be waited on together with
+        admit, whose prefill should not queue behind the others'; a segment to retire; a job's time
+        to step), then take what arrived. Polled: a CUDA event cannot be waited on together with
         the condition that `submit` and the render lanes notify."""
         with self._cond:
             while not self.runner.first_token_ready() and not self._has_new_work() and not self._stopping:
@@ -372,15 +373,13 @@ class SynthesisScheduler:
             self._wake_render()
 
     def _decode(self) -> int:
-        """Launch a step for every generating job (unless held), then read the oldest steps until
+        """Launch a step for the jobs that step now (`_rows`), then read the oldest steps until
         only `decode_steps_ahead` are unread (all of them when nothing was launched)."""
         in_flight = self.runner.rows_in_flight()
         with self._cond:  # slots read once, under the lock (see _start_segment)
-            held = self._hold_ends() is not None
             # A row whose steps in flight draw its last allowed token steps no further; a row whose
             # step in flight draws a stop token steps on until the host reads it (thrown away).
-            batch = [] if held else [(job, job.slot) for job in self._active if job.generating
-                                     and len(job.tokens) + in_flight[id(job)] < job.max_len]
+            batch = [(job, job.slot) for job in self._rows()[0] if len(job.tokens) + in_flight[id(job)] < job.max_len]
         started = time.perf_counter()
         if batch:
             self.runner.launch(batch, [len(job.tokens) + in_flight[id(job)] >= job.min_len for job, _ in batch])

@@ -55,6 +55,11 @@ class SchedulerSettings:
     # While every generating job waits for its first chunk, decoding pauses, at most this long per
     # job (0: never), so those renders have the GPU ("decoding paused for a lone first chunk").
     first_chunk_hold_s: float = 0.3
+    # While a call waits for its first chunk, a stream more than this many seconds of speech ahead of
+    # its listener skips decode steps (0: never), so that call's steps and render have the GPU
+    # (runtime/step_rows.py). It must exceed `defer_slack_s` + a hop + lookahead (2.9 s by default),
+    # or a stream's next chunk could find its tokens missing.
+    yield_lead_s: float = 4.0
     # Decode steps launched and not yet read when an iteration ends (0: each read at once); a row
     # steps up to this many times past its stop token (thrown away). 1 and 2 measured alike.
     decode_steps_ahead: int = 1
