@@ -16,7 +16,7 @@
 # in_process: the same engine inside the gateway's process (engine.workers: 0, the arrangement before the
 # split); instant: no GPU work at all, the media path alone; workers2: a 2-GPU host, the same steps first on
 # one GPU (engine.cosyvoice2.devices [0], e2e_gpu1.json) then one worker per GPU (devices [0, 1],
-# e2e_gpu2.json), at RATE new calls/s (default 10); with KILL_WORKER_AT=SECONDS the two-GPU run kill -9s the
+# e2e_gpu2.json), at RATE new calls/s (default 10), with the issue's 30-s prompts; with KILL_WORKER_AT=SECONDS the two-GPU run kill -9s the
 # worker on GPU 1 that long into every step and reports the killed worker's calls apart from GPU 0's.
 # openloop: the workers arrangement under bench/bench_open_loop.py at the rates given (new requests/s, Poisson):
 # SIP calls with the issue's 30-s prompts, then the worker's speech API with a 3/10/30-s mix, each run a 30-s
@@ -72,11 +72,11 @@ if [ "$arrangement" = openloop ]; then
 fi
 if [ "$arrangement" = workers2 ]; then
     rate="${RATE:-10}"
-    python3 bench/bench_e2e_calls.py --config "$config" --devices 0 --calls "$@" --prompt-seconds 20 --rate "$rate" \
+    python3 bench/bench_e2e_calls.py --config "$config" --devices 0 --calls "$@" --prompt-seconds 30 --rate "$rate" \
         --out "$out/e2e_gpu1.json" --serve-log "$out/serve_gpu1.log"
     kill=()
     [ -n "${KILL_WORKER_AT:-}" ] && kill=(--kill-worker-at "$KILL_WORKER_AT" --kill-worker 1)
-    exec python3 bench/bench_e2e_calls.py --config "$config" --devices 0 1 --calls "$@" --prompt-seconds 20 \
+    exec python3 bench/bench_e2e_calls.py --config "$config" --devices 0 1 --calls "$@" --prompt-seconds 30 \
         --rate "$rate" --out "$out/e2e_gpu2.json" --serve-log "$out/serve_gpu2.log" "${kill[@]}"
 fi
 exec python3 bench/bench_e2e_calls.py --config "$config" --calls "$@" --prompt-seconds 20 --rate 10 \
