@@ -26,6 +26,7 @@
 # carried compiler cache serves both.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/gpu_engine.sh
 arrangement="$1"; out="$2"; shift 2
 model=/tmp/cosyvoice2_full_bench
 if [ "$arrangement" != instant ] && [ ! -f "$model/llm.pt" ]; then
@@ -52,14 +53,7 @@ cat > "$config" <<YAML
 engine:
   name: cosyvoice2
 $workers_line
-  cosyvoice2:
-    model_dir: $model
-    device: cuda
-    dtype: bf16
-    default_voice: bench_voice
-    max_batch: 128
-    max_len: 768
-    flow_context_s: 13.0
+$(cosyvoice2_settings "$model")
 sip:
   max_calls: 1000
 $api_lines

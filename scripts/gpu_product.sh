@@ -29,7 +29,8 @@
 #   ENGINE=instant CACHED_STEPS=40 UNCACHED=10 RAMP_S=4 MRCP_ROUNDS=3 API_CLIENTS="1 5" API_SAMPLES=5 \
 #       bash scripts/gpu_product.sh /tmp/product_out install calls latency
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
+source scripts/gpu_engine.sh
 out="$1"; shift
 steps=("$@"); [ ${#steps[@]} -gt 0 ] || steps=(install calls latency)
 mkdir -p "$out"
@@ -60,14 +61,7 @@ rm -rf "$cache_dir"; mkdir -p "$cache_dir"
 if [ "$ENGINE" = cosyvoice2 ]; then
     engine_block="  name: cosyvoice2
   worker: {port: $worker_port}
-  cosyvoice2:
-    model_dir: $model
-    device: cuda
-    dtype: bf16
-    default_voice: bench_voice
-    max_batch: 128
-    max_len: 768
-    flow_context_s: 13.0"
+$(cosyvoice2_settings "$model")"
     voice=bench_voice
 else
     engine_block="  name: instant
@@ -129,8 +123,9 @@ doctor = runs[-1]["output"]
 report = {"what": "issue #37 on this host: the GPU install script as far as a host with no package index allows "
                   "(--print-index-url, --dry-run), and doctor on the product config before serve starts",
           "engine": engine, "date": time.strftime("%Y-%m-%d %H:%M"), "cpu_count": os.cpu_count(),
-          "doctor_checks": {"gpu": [line for line in doctor if line.split(":")[0].strip().lower().startswith(
-              ("gpu", "nvidia", "torch", "model", "voices"))]}, "runs": runs}
+          # doctor's GPU host checks (driver, torch's CUDA, GPU memory against max_batch, model dir, voices)
+          "doctor_gpu_checks": [line for line in doctor if line.split()[1:2] and line.split()[1].lower().startswith(
+              ("gpu", "nvidia", "torch", "model", "voices"))], "runs": runs}
 with open(out, "w") as f:
     json.dump(report, f, indent=1)
 for run in runs:
@@ -153,7 +148,7 @@ if has_step calls || has_step latency; then
     if ! $py - "$http_port" "$serve_pid" <<'PY'
 import os, sys, time, urllib.request
 port, pid = int(sys.argv[1]), int(sys.argv[2])
-end = time.monotonic() + 420
+end = time.monotonic() + 300
 while time.monotonic() < end and os.path.exists(f"/proc/{pid}"):
     try:
         urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2)
@@ -224,4 +219,4 @@ for clients, row in ((load("product_api.json") or {}).get("scenarios") or {}).it
                                                   for name, s in row.items() if isinstance(s, dict))
           + f", engine jobs of play hits {row.get('engine_jobs_of_play_hits')}")
 PY
-say "done; files: $(cd "$out" && ls | tr '\n' ' ')"
+say "done; files: $(find "$out" -maxdepth 1 -type f -printf '%f ')"
