@@ -197,12 +197,17 @@ def call_figures(results: list, jobs: list[dict]) -> dict:
             "lost_packets": sum(c.lost for c in answered)}
 
 
-def mixed_schedule(cached: int, uncached: int, ramp_s: float, cached_user: str, user: str) -> list[PlannedCall]:
+def mixed_schedule(cached: int, uncached: int, ramp_s: float, cached_user: str, user: str,
+                   also: list[tuple[str, int]] = ()) -> list[PlannedCall]:
     """`cached` calls to `cached_user` (a route whose prompt the cache holds) and `uncached` calls to `user`,
-    each kind spread evenly over `ramp_s` seconds and interleaved (issue #32: cached calls beside uncached ones)."""
-    planned = [(i * ramp_s / cached, cached_user) for i in range(cached)]
-    planned += [((j + 0.5) * ramp_s / uncached, user) for j in range(uncached)]
-    return [PlannedCall(index, at_s, who) for index, (at_s, who) in enumerate(sorted(planned))]
+    each kind spread evenly over `ramp_s` seconds and interleaved (issue #32: cached calls beside uncached ones).
+    With `also` (other gateway processes of the host), the cached calls go round-robin to the measured gateway
+    (None: the step's) and those; the uncached ones all to the measured gateway, which has the engine."""
+    targets = [None, *also]
+    planned = [(i * ramp_s / cached, cached_user, targets[i % len(targets)]) for i in range(cached)]
+    planned += [((j + 0.5) * ramp_s / uncached, user, None) for j in range(uncached)]
+    return [PlannedCall(index, at_s, who, sip=sip)
+            for index, (at_s, who, sip) in enumerate(sorted(planned, key=lambda p: p[0]))]
 
 
 CACHE_METRICS = ("gateway_prompt_cache_hits_total", "gateway_prompt_cache_misses_total")
@@ -231,7 +236,7 @@ async def run_step(schedule: list[PlannedCall], processes: int, rate: float, sip
     underruns = await asyncio.to_thread(metric, http_port, "gateway_playout_underruns_total") - underruns0
     jobs = engine_jobs(log_path, log_offset)
     answered = [c for c in results if c.status == 200]
-    workers_row = {}
+    workers_row: dict = {}
     users = {planned.index: planned.user for planned in schedule}
     if len(set(users.values())) > 1:
         workers_row["by_user"] = {}
@@ -243,6 +248,13 @@ async def run_step(schedule: list[PlannedCall], processes: int, rate: float, sip
                                             **call_figures(group, group_jobs)}
         workers_row["prompt_cache"] = {name.removeprefix("gateway_prompt_cache_"): int(
             await asyncio.to_thread(metric, http_port, name) - cache0[name]) for name in CACHE_METRICS}
+    targets = {planned.index: planned.sip for planned in schedule}
+    if len(set(targets.values())) > 1:  # several gateway processes: what each one's callers heard
+        workers_row["by_gateway"] = {
+            "measured" if target is None else f"{target[0]}:{target[1]}": {
+                "calls": sum(1 for t in targets.values() if t == target),
+                **call_figures([c for c in results if targets[c.index] == target], [])}
+            for target in dict.fromkeys(targets.values())}
     if kill is not None:
         assert killer is not None
         killed = await killer  # also waits for the worker to be back (for the next step)
@@ -251,7 +263,7 @@ async def run_step(schedule: list[PlannedCall], processes: int, rate: float, sip
         # in flight have only the first.
         job_lines = serve_events(log_path, ("tts_job_queued", "tts_job_done", "tts_job_cancelled"), log_offset)
         all_jobs = [e for e in job_lines if str(e.get("call_id", "")).startswith("e2e-")]
-        workers_row = {"kill": killed, **by_worker(answered, all_jobs, pids, kill[1])}
+        workers_row.update(kill=killed, **by_worker(answered, all_jobs, pids, kill[1]))
     return {"calls": calls, "rate_per_s": rate, "wall_s": round(wall, 2), **call_figures(results, jobs),
             "underruns": int(underruns),
             "gateway_cpu_s": round(cpu, 2), "gateway_cpu_ms_per_call": round(1000 * cpu / max(len(answered), 1), 1),
@@ -341,7 +353,8 @@ async def run_steps(args, sip: tuple[str, int], http_port: int, pid: int, log_pa
               flush=True)
     steps = [([PlannedCall(i, i / args.rate, args.user) for i in range(calls)], args.rate) for calls in args.calls]
     for cached in args.cached_calls:
-        schedule = mixed_schedule(cached, args.uncached_calls, args.ramp_s, args.cached_user, args.user)
+        also = [(host, int(port)) for host, port in (address.rsplit(":", 1) for address in args.also_sip)]
+        schedule = mixed_schedule(cached, args.uncached_calls, args.ramp_s, args.cached_user, args.user, also)
         steps.append((schedule, round(len(schedule) / args.ramp_s, 1)))
     for schedule, rate in steps:
         processes = args.caller_processes or max(1, math.ceil(len(schedule) / CALLS_PER_CALLER))
@@ -396,6 +409,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cached-user", default="cached", help="a route whose prompt the cache holds")
     parser.add_argument("--sip", help="HOST:PORT of a gateway already serving (with --http-port, --serve-pid, "
                                       "--serve-log): measure it instead of starting one")
+    parser.add_argument("--also-sip", nargs="*", default=[], metavar="HOST:PORT",
+                        help="other gateway processes of the host serving --cached-user's prompt too: a cached "
+                             "step's cached calls go round-robin to the measured gateway and these")
     parser.add_argument("--http-port", type=int, help="with --sip: its /metrics port")
     parser.add_argument("--serve-pid", type=int, help="with --sip: its pid (CPU time)")
     parser.add_argument("--rate", type=float, default=10.0, help="new calls per second")

@@ -26,6 +26,7 @@
 # carried compiler cache serves both.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck disable=SC1091  # scripts/gpu_engine.sh, from the repository root (the cd above)
 source scripts/gpu_engine.sh
 arrangement="$1"; out="$2"; shift 2
 model=/tmp/cosyvoice2_full_bench

@@ -12,27 +12,32 @@
 #            beside UNCACHED (100) calls of a 30-s text the engine renders (route cache: false), both spread
 #            over RAMP_S (15) seconds (bench_e2e_calls.py --cached-calls): per kind first speech, gaps, RTP
 #            p99, engine jobs of the cached calls (must be 0), prompt cache hits: $OUT/product_calls.json.
-#            One gateway process only: if its RTP p99 is over 22 ms at 1,100 calls, that is where it breaks;
-#            the several-process figure the issue then asks for is NOT measured here (a second gateway cannot
-#            share the supervised worker: its engine token is private to the serve that started it).
+#            One gateway process: if its RTP p99 is over 22 ms at 1,100 calls, that is where it breaks.
+#   calls_multi  the same calls over GATEWAYS (4) gateway processes of the host: the serve above takes every
+#            uncached call and its share of the cached ones; GATEWAYS-1 more `serve`s (instant engine, no GPU)
+#            take the rest of the cached calls, the caller spreading them round-robin (no Kamailio on the GPU
+#            host): $OUT/product_calls_multi.json, RTP figures per gateway (`by_gateway`). The extra gateways
+#            render the same prompt text with the instant engine: a hit costs a gateway the same whatever made
+#            its audio, and a second gateway cannot use the supervised worker (its engine token is private).
 #   latency  issue #34: MRCP SPEAK -> first RTP beside the engine's first chunk of the same SPEAKs
 #            (bench_mrcp.py --sip-port, MRCP_ROUNDS 10: $OUT/product_mrcp.json); then the worker's API at
 #            API_CLIENTS ("1 50") clients: OpenAI /v1/audio/speech first byte beside each request's engine first
 #            chunk, play URL miss and hit first byte (bench_tts_api.py --url, API_SAMPLES 10 per row:
 #            $OUT/product_api.json)
-# Also $OUT/product.yaml (the config), $OUT/serve.log.xz and $OUT/product_summary.txt (printed at the end).
+# Also $OUT/serve.log.xz and $OUT/product_summary.txt (printed at the end); the config is in product_install.json.
 #
 # On the GPU host (the lead; ~550 s: start-up ~120 s, calls ~70 s a step):
-#   bash scripts/gpu_bench.sh bash scripts/gpu_product.sh "$OUT" install calls latency
+#   bash scripts/gpu_bench.sh bash scripts/gpu_product.sh "$OUT" install calls calls_multi latency
 # Dry run here on CPU (instant engine in a supervised worker, first chunk 70 ms; no model build, the
 # install script told the CUDA version; figures are the CPU box's, not the product's):
 #   ENGINE=instant CACHED_STEPS=40 UNCACHED=10 RAMP_S=4 MRCP_ROUNDS=3 API_CLIENTS="1 5" API_SAMPLES=5 \
-#       bash scripts/gpu_product.sh /tmp/product_out install calls latency
+#       GATEWAYS=2 bash scripts/gpu_product.sh /tmp/product_out install calls calls_multi latency
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
+# shellcheck disable=SC1091  # scripts/gpu_engine.sh, from the repository root (the cd above)
 source scripts/gpu_engine.sh
 out="$1"; shift
-steps=("$@"); [ ${#steps[@]} -gt 0 ] || steps=(install calls latency)
+steps=("$@"); [ ${#steps[@]} -gt 0 ] || steps=(install calls calls_multi latency)
 mkdir -p "$out"
 ENGINE="${ENGINE:-cosyvoice2}"
 model=/tmp/cosyvoice2_full_bench
@@ -55,7 +60,7 @@ PY
 key=$($py -c 'import secrets; print(secrets.token_hex(16))')
 text30=$($py -c 'print(("Thank you for calling, every line is busy, please hold. " * 20)[:500])')  # 30 s at 60 ms a char (bench_e2e_calls)
 bench30=$($py -c 'print(("bench prompt " * 200)[:500])')
-config="$out/product.yaml"
+config=/tmp/product.yaml
 cache_dir=/tmp/product_cache
 rm -rf "$cache_dir"; mkdir -p "$cache_dir"
 if [ "$ENGINE" = cosyvoice2 ]; then
@@ -125,7 +130,8 @@ report = {"what": "issue #37 on this host: the GPU install script as far as a ho
           "engine": engine, "date": time.strftime("%Y-%m-%d %H:%M"), "cpu_count": os.cpu_count(),
           # doctor's GPU host checks (driver, torch's CUDA, GPU memory against max_batch, model dir, voices)
           "doctor_gpu_checks": [line for line in doctor if line.split()[1:2] and line.split()[1].lower().startswith(
-              ("gpu", "nvidia", "torch", "model", "voices"))], "runs": runs}
+              ("gpu", "nvidia", "torch", "model", "voices"))], "runs": runs,
+          "config": open(config).read().splitlines()}
 with open(out, "w") as f:
     json.dump(report, f, indent=1)
 for run in runs:
@@ -140,8 +146,8 @@ stop_serve() {
     kill -TERM "$serve_pid" 2>/dev/null && wait "$serve_pid" 2>/dev/null
     serve_pid=""
 }
-trap stop_serve EXIT
-if has_step calls || has_step latency; then
+trap 'stop_extras; stop_serve' EXIT
+if has_step calls || has_step calls_multi || has_step latency; then
     say "serve: starting ($ENGINE)"
     $py -m gateway.cli serve --config "$config" 2> "$out/serve.log" > /dev/null &
     serve_pid=$!
@@ -175,6 +181,59 @@ if has_step calls; then
     code=$?; say "calls: exit $code"; [ "$code" = 0 ] || tail -20 "$out/calls.stdout"; rm -f "$out/calls.stdout"
 fi
 
+extra_pids=()
+stop_extras() {
+    local pid
+    for pid in "${extra_pids[@]}"; do kill -TERM "$pid" 2>/dev/null; done
+    for pid in "${extra_pids[@]}"; do wait "$pid" 2>/dev/null; done
+    extra_pids=()
+}
+if has_step calls_multi; then
+    gateways="${GATEWAYS:-4}"
+    say "calls_multi: $gateways gateway processes (the serve + $((gateways - 1)) with the instant engine)"
+    also=(); extra_logs=()
+    for ((i = 1; i < gateways; i++)); do
+        read -r esip ehttp < <($py -c 'import socket
+a, b = socket.socket(socket.AF_INET, socket.SOCK_DGRAM), socket.socket()
+a.bind(("127.0.0.1", 0)); b.bind(("127.0.0.1", 0)); print(a.getsockname()[1], b.getsockname()[1])')
+        low=$((10000 + (i - 1) * 3000))  # below the serve's 20000-30000 and the callers' ephemeral ports
+        cat > "/tmp/product_extra_$i.yaml" <<YAML
+engine: {name: instant}
+sip:
+  listen: "127.0.0.1:$esip"
+  transports: [udp]
+  max_calls: 1400
+  flood: {max_requests_per_s_per_source: 100000, max_requests_per_s: 100000}
+trunks:
+  - {name: bench, allow: ["127.0.0.0/8"]}
+media: {rtp_port_range: "$low-$((low + 2999))"}
+http: {listen: "127.0.0.1:$ehttp"}
+routes:
+  - {match: cached, text: "$text30", prerender: true}
+logging: {level: info}
+YAML
+        $py -m gateway.cli serve --config "/tmp/product_extra_$i.yaml" 2> "/tmp/product_extra_$i.log" > /dev/null &
+        extra_pids+=($!)
+        extra_logs+=("/tmp/product_extra_$i.log")
+        also+=("127.0.0.1:$esip")
+    done
+    # each extra gateway up and its prompt rendered (instant: at once); $log expands in the inner bash
+    # shellcheck disable=SC2016
+    if timeout 60 bash -c 'for log in "$@"; do until grep -qs "\"prerendered\"" "$log"; do sleep 0.5; done; done' _ \
+            "${extra_logs[@]}"; then
+        timeout 330 $py bench/bench_e2e_calls.py --sip "127.0.0.1:$sip_port" --http-port "$http_port" \
+            --serve-pid "$serve_pid" --serve-log "$out/serve.log" --start-timeout 240 --calls \
+            --cached-calls "$(echo "${CACHED_STEPS:-1000}" | awk '{print $NF}')" --uncached-calls "${UNCACHED:-100}" \
+            --ramp-s "${RAMP_S:-15}" --user uncached --also-sip "${also[@]}" \
+            --prompt-seconds 30 --out "$out/product_calls_multi.json" > "$out/calls_multi.stdout" 2>&1
+        code=$?; say "calls_multi: exit $code"; [ "$code" = 0 ] || tail -20 "$out/calls_multi.stdout"
+        rm -f "$out/calls_multi.stdout"
+    else
+        say "calls_multi: the extra gateways did not come up"; tail -5 "${extra_logs[@]}"
+    fi
+    stop_extras
+fi
+
 if has_step latency; then
     say "latency: MRCP SPEAK -> first RTP"
     timeout 90 $py bench/bench_mrcp.py --sip-port "$sip_port" --engine-log "$out/serve.log" \
@@ -201,16 +260,21 @@ if (install := load("product_install.json")):
     for r in install["runs"]:
         print(f"install: exit {r['exit_code']}: {r['command'].replace(sys.executable, 'python3')}")
     print("  doctor:", *install["runs"][-1]["output"], sep="\n    ")
-for step in (load("product_calls.json") or {}).get("steps", []):
-    print(f"calls {step['calls']} at {step['rate_per_s']}/s: answered {step['answered']}, 503 {step['refused_503']}, "
-          f"RTP p99 {step['rtp_interval_p99_ms']} ms (max {step['rtp_interval_max_ms']}), gaps>60ms "
-          f"{step['calls_with_gap_over_60ms']}, lost {step['lost_packets']}, gateway CPU {step['gateway_cpu_s']} s, "
-          f"prompt cache {step.get('prompt_cache')}")
-    for user, row in step.get("by_user", {}).items():
-        print(f"  {user}: {row['answered']}/{row['calls']} answered, engine jobs {row['engine_jobs']}, first speech "
-              f"p50 {row['first_speech_p50_ms']} p95 {row['first_speech_p95_ms']} ms, engine first chunk p50 "
-              f"{row['engine_first_chunk_p50_ms']} ms, RTP p99 {row['rtp_interval_p99_ms']} ms, gaps "
-              f"{row['calls_with_gap_over_60ms']}, heard {row['heard_s_p50']} s")
+for name in ("product_calls.json", "product_calls_multi.json"):
+    for step in (load(name) or {}).get("steps", []):
+        print(f"{name.removeprefix('product_').removesuffix('.json')} {step['calls']} at {step['rate_per_s']}/s: "
+              f"answered {step['answered']}, 503 {step['refused_503']}, RTP p99 {step['rtp_interval_p99_ms']} ms "
+              f"(max {step['rtp_interval_max_ms']}), gaps>60ms {step['calls_with_gap_over_60ms']}, lost "
+              f"{step['lost_packets']}, serve CPU {step['gateway_cpu_s']} s, prompt cache {step.get('prompt_cache')}")
+        for user, row in step.get("by_user", {}).items():
+            print(f"  {user}: {row['answered']}/{row['calls']} answered, engine jobs {row['engine_jobs']}, first "
+                  f"speech p50 {row['first_speech_p50_ms']} p95 {row['first_speech_p95_ms']} ms, engine first chunk "
+                  f"p50 {row['engine_first_chunk_p50_ms']} ms, RTP p99 {row['rtp_interval_p99_ms']} ms, gaps "
+                  f"{row['calls_with_gap_over_60ms']}, heard {row['heard_s_p50']} s")
+        for gateway, row in step.get("by_gateway", {}).items():
+            print(f"  gateway {gateway}: {row['answered']}/{row['calls']} answered, RTP p99 "
+                  f"{row['rtp_interval_p99_ms']} ms (max {row['rtp_interval_max_ms']}), gaps "
+                  f"{row['calls_with_gap_over_60ms']}, lost {row['lost_packets']}")
 if (mrcp := load("product_mrcp.json")):
     print(f"mrcp: SPEAK -> first RTP {mrcp['speak_to_first_rtp_ms']}, engine first chunk "
           f"{mrcp.get('engine_first_chunk_ms')}, STOP -> last RTP {mrcp['stop_to_last_rtp_ms']}")
