@@ -26,7 +26,9 @@
 #            $OUT/product_api.json)
 # Also $OUT/serve.log.xz and $OUT/product_summary.txt (printed at the end); the config is in product_install.json.
 #
-# On the GPU host (the lead; ~550 s: start-up ~120 s, calls ~70 s a step):
+# On the GPU host (the lead), about 450 s all told, estimated from earlier leases: wheels and model ~35 s, install
+# and doctor ~30, serve start-up ~70-120 (warm compiler cache), calls ~100 (its prompt prerendered first, real time),
+# calls_multi ~60, MRCP ~15, API ~80 (a play-URL miss is a whole render); each step has its own timeout:
 #   bash scripts/gpu_bench.sh bash scripts/gpu_product.sh "$OUT" install calls calls_multi latency
 # Dry run here on CPU (instant engine in a supervised worker, first chunk 70 ms; no model build, the
 # install script told the CUDA version; figures are the CPU box's, not the product's):
@@ -49,14 +51,30 @@ has_step() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; do
 if [ "$ENGINE" = cosyvoice2 ] && [ ! -f "$model/llm.pt" ]; then
     $py bench/full_model.py --out "$model" --golden "${COSYVOICE_GOLDEN_DIR:-.golden}" || { say "model build failed"; exit 1; }
 fi
-read -r sip_port http_port worker_port mrcp_port < <($py - <<'PY'
-import socket
-socks = [socket.socket(socket.AF_INET, kind) for kind in (socket.SOCK_DGRAM, *[socket.SOCK_STREAM] * 3)]
+# Free loopback ports, one per argument (udp or tcp), printed on one line.
+free_ports() {
+    $py - "$@" <<'PY'
+import socket, sys
+socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM if kind == "udp" else socket.SOCK_STREAM)
+         for kind in sys.argv[1:]]
 for s in socks:
     s.bind(("127.0.0.1", 0))
 print(*[s.getsockname()[1] for s in socks])
 PY
-)
+}
+# A gateway config's sip and trunks sections: UDP on loopback port $1, room and flood budgets for the calls.
+sip_sections() {
+    cat <<YAML
+sip:
+  listen: "127.0.0.1:$1"
+  transports: [udp]
+  max_calls: 1400
+  flood: {max_requests_per_s_per_source: 100000, max_requests_per_s: 100000}
+trunks:
+  - {name: bench, allow: ["127.0.0.0/8"]}
+YAML
+}
+read -r sip_port http_port worker_port mrcp_port < <(free_ports udp tcp tcp tcp)
 key=$($py -c 'import secrets; print(secrets.token_hex(16))')
 text30=$($py -c 'print(("Thank you for calling, every line is busy, please hold. " * 20)[:500])')  # 30 s at 60 ms a char (bench_e2e_calls)
 bench30=$($py -c 'print(("bench prompt " * 200)[:500])')
@@ -78,13 +96,7 @@ fi
 cat > "$config" <<YAML
 engine:
 $engine_block
-sip:
-  listen: "127.0.0.1:$sip_port"
-  transports: [udp]
-  max_calls: 1400
-  flood: {max_requests_per_s_per_source: 100000, max_requests_per_s: 100000}
-trunks:
-  - {name: bench, allow: ["127.0.0.0/8"]}
+$(sip_sections "$sip_port")
 http:
   listen: "127.0.0.1:$http_port"
 mrcp:
@@ -193,19 +205,11 @@ if has_step calls_multi; then
     say "calls_multi: $gateways gateway processes (the serve + $((gateways - 1)) with the instant engine)"
     also=(); extra_logs=()
     for ((i = 1; i < gateways; i++)); do
-        read -r esip ehttp < <($py -c 'import socket
-a, b = socket.socket(socket.AF_INET, socket.SOCK_DGRAM), socket.socket()
-a.bind(("127.0.0.1", 0)); b.bind(("127.0.0.1", 0)); print(a.getsockname()[1], b.getsockname()[1])')
+        read -r esip ehttp < <(free_ports udp tcp)
         low=$((10000 + (i - 1) * 3000))  # below the serve's 20000-30000 and the callers' ephemeral ports
         cat > "/tmp/product_extra_$i.yaml" <<YAML
 engine: {name: instant}
-sip:
-  listen: "127.0.0.1:$esip"
-  transports: [udp]
-  max_calls: 1400
-  flood: {max_requests_per_s_per_source: 100000, max_requests_per_s: 100000}
-trunks:
-  - {name: bench, allow: ["127.0.0.0/8"]}
+$(sip_sections "$esip")
 media: {rtp_port_range: "$low-$((low + 2999))"}
 http: {listen: "127.0.0.1:$ehttp"}
 routes:
