@@ -49,7 +49,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_calls import cpu_seconds, free_port, gateway_config, metric, wait_http  # noqa: E402
-from e2e_caller import place_calls  # noqa: E402
+from e2e_caller import PlannedCall, place_schedule  # noqa: E402
 from engine_log import job_events, serve_events  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -169,28 +169,93 @@ def _pct(values, q):
     return round(float(np.percentile(values, q)), 1) if len(values) else None
 
 
-async def run_step(calls: int, processes: int, rate: float, sip: tuple[str, int], gateway_pid: int,
+def call_figures(results: list, jobs: list[dict]) -> dict:
+    """What the callers of `results` heard (answered, refused, first speech and packet, RTP intervals, gaps,
+    losses) beside the engine's first chunk of `jobs` (their tts_job_done lines)."""
+    engine_first = [1000 * job["first_chunk_s"] for job in jobs]
+    answered = [c for c in results if c.status == 200]
+    first = [(c.first_speech_ns - c.invite_ns) / 1e6 for c in answered if c.first_speech_ns is not None]
+    first_packet = [(c.arrivals_ns[0] - c.invite_ns) / 1e6 for c in answered if c.arrivals_ns]
+    gaps_ms = [np.diff(np.frombuffer(c.arrivals_ns, dtype=np.int64)) / 1e6 for c in answered if len(c.arrivals_ns) > 1]
+    intervals = np.concatenate(gaps_ms or [np.zeros(0)])
+    refusals: dict[str, int] = {}
+    for c in results:
+        if c.status != 200:
+            key = f"{c.status} {c.reason}"
+            refusals[key] = refusals.get(key, 0) + 1
+    return {"answered": len(answered), "refused_503": sum(1 for c in results if c.status == 503),
+            "other_outcomes": refusals,
+            "first_speech_p50_ms": _pct(first, 50), "first_speech_p95_ms": _pct(first, 95),
+            "first_speech_max_ms": _pct(first, 100),
+            "first_packet_p50_ms": _pct(first_packet, 50), "first_packet_p95_ms": _pct(first_packet, 95),
+            "engine_first_chunk_p50_ms": _pct(engine_first, 50), "engine_first_chunk_p95_ms": _pct(engine_first, 95),
+            "engine_first_chunk_stages_ms": first_chunk_stages(jobs),
+            "rtp_interval_p50_ms": _pct(intervals, 50), "rtp_interval_p99_ms": _pct(intervals, 99),
+            "rtp_interval_max_ms": _pct(intervals, 100),
+            "calls_with_gap_over_60ms": sum(1 for g in gaps_ms if g.max() > GAP_MS),
+            "heard_s_p50": _pct([len(c.arrivals_ns) * 0.02 for c in answered], 50),
+            "lost_packets": sum(c.lost for c in answered)}
+
+
+def mixed_schedule(cached: int, uncached: int, ramp_s: float, cached_user: str, user: str,
+                   also: list[tuple[str, int]] = ()) -> list[PlannedCall]:
+    """`cached` calls to `cached_user` (a route whose prompt the cache holds) and `uncached` calls to `user`,
+    each kind spread evenly over `ramp_s` seconds and interleaved (issue #32: cached calls beside uncached ones).
+    With `also` (other gateway processes of the host), the cached calls go round-robin to the measured gateway
+    (None: the step's) and those; the uncached ones all to the measured gateway, which has the engine."""
+    targets = [None, *also]
+    planned = [(i * ramp_s / cached, cached_user, targets[i % len(targets)]) for i in range(cached)]
+    planned += [((j + 0.5) * ramp_s / uncached, user, None) for j in range(uncached)]
+    return [PlannedCall(index, at_s, who, sip=sip)
+            for index, (at_s, who, sip) in enumerate(sorted(planned, key=lambda p: p[0]))]
+
+
+CACHE_METRICS = ("gateway_prompt_cache_hits_total", "gateway_prompt_cache_misses_total")
+
+
+async def run_step(schedule: list[PlannedCall], processes: int, rate: float, sip: tuple[str, int], gateway_pid: int,
                    timeout_s: float, http_port: int, log_path: Path, kill: tuple[float, str] | None = None) -> dict:
-    """One step of `calls`; with `kill` (seconds after the step began, worker name), that worker is
-    killed with SIGKILL meanwhile and the row says how its calls and the others' fared (`by_worker`)."""
+    """One step of the `schedule`d calls; with `kill` (seconds after the step began, worker name), that worker is
+    killed with SIGKILL meanwhile and the row says how its calls and the others' fared (`by_worker`). A schedule
+    calling several users has a row per user too (`by_user`), with the engine jobs of that user's calls (zero
+    for a cached prompt) and the prompt cache's hit and miss counts over the step."""
+    calls = len(schedule)
     workers = _children(gateway_pid)
     underruns0 = await asyncio.to_thread(metric, http_port, "gateway_playout_underruns_total")
+    cache0 = {name: await asyncio.to_thread(metric, http_port, name) for name in CACHE_METRICS}
     cpu0, wcpu0 = cpu_seconds(gateway_pid), {p: cpu_seconds(p) for p in workers}
     log_offset = log_path.stat().st_size
     killer = None
     if kill is not None:
         killer = asyncio.create_task(kill_worker(kill[0], time.time(), kill[1], log_path, http_port,
                                                  watch_s=timeout_s + 600))
-    started, results = await asyncio.to_thread(place_calls, calls, processes, rate, sip, timeout_s)
+    started, results = await asyncio.to_thread(place_schedule, schedule, processes, sip, timeout_s)
     wall = time.time() - started
     cpu = cpu_seconds(gateway_pid) - cpu0
     # The workers alive at the step's start that still are (a killed worker's CPU time leaves with it).
     worker_cpu = sum(cpu_seconds(p) - wcpu0[p] for p in workers if Path(f"/proc/{p}").exists())
     underruns = await asyncio.to_thread(metric, http_port, "gateway_playout_underruns_total") - underruns0
     jobs = engine_jobs(log_path, log_offset)
-    engine_first = [1000 * job["first_chunk_s"] for job in jobs]
     answered = [c for c in results if c.status == 200]
-    workers_row = {}
+    workers_row: dict = {}
+    users = {planned.index: planned.user for planned in schedule}
+    if len(set(users.values())) > 1:
+        workers_row["by_user"] = {}
+        for user in dict.fromkeys(users.values()):
+            group = [c for c in results if users[c.index] == user]
+            ids = {c.call_id for c in group}
+            group_jobs = [job for job in jobs if job["call_id"] in ids]
+            workers_row["by_user"][user] = {"calls": len(group), "engine_jobs": len(group_jobs),
+                                            **call_figures(group, group_jobs)}
+        workers_row["prompt_cache"] = {name.removeprefix("gateway_prompt_cache_"): int(
+            await asyncio.to_thread(metric, http_port, name) - cache0[name]) for name in CACHE_METRICS}
+    targets = {planned.index: planned.sip for planned in schedule}
+    if len(set(targets.values())) > 1:  # several gateway processes: what each one's callers heard
+        workers_row["by_gateway"] = {
+            "measured" if target is None else f"{target[0]}:{target[1]}": {
+                "calls": sum(1 for t in targets.values() if t == target),
+                **call_figures([c for c in results if targets[c.index] == target], [])}
+            for target in dict.fromkeys(targets.values())}
     if kill is not None:
         assert killer is not None
         killed = await killer  # also waits for the worker to be back (for the next step)
@@ -199,27 +264,9 @@ async def run_step(calls: int, processes: int, rate: float, sip: tuple[str, int]
         # in flight have only the first.
         job_lines = serve_events(log_path, ("tts_job_queued", "tts_job_done", "tts_job_cancelled"), log_offset)
         all_jobs = [e for e in job_lines if str(e.get("call_id", "")).startswith("e2e-")]
-        workers_row = {"kill": killed, **by_worker(answered, all_jobs, pids, kill[1])}
-    first = [(c.first_speech_ns - c.invite_ns) / 1e6 for c in answered if c.first_speech_ns is not None]
-    first_packet = [(c.arrivals_ns[0] - c.invite_ns) / 1e6 for c in answered if c.arrivals_ns]
-    gaps_ms = [np.diff(np.frombuffer(c.arrivals_ns, dtype=np.int64)) / 1e6 for c in answered if len(c.arrivals_ns) > 1]
-    intervals = np.concatenate(gaps_ms or [np.zeros(0)])
-    gappy = sum(1 for g in gaps_ms if g.max() > GAP_MS)
-    refusals: dict[str, int] = {}
-    for c in results:
-        if c.status != 200:
-            key = f"{c.status} {c.reason}"
-            refusals[key] = refusals.get(key, 0) + 1
-    return {"calls": calls, "rate_per_s": rate, "answered": len(answered), "refused_503": sum(
-        1 for c in results if c.status == 503), "other_outcomes": refusals, "wall_s": round(wall, 2),
-            "first_speech_p50_ms": _pct(first, 50), "first_speech_p95_ms": _pct(first, 95),
-            "first_speech_max_ms": _pct(first, 100),
-            "first_packet_p50_ms": _pct(first_packet, 50), "first_packet_p95_ms": _pct(first_packet, 95),
-            "engine_first_chunk_p50_ms": _pct(engine_first, 50), "engine_first_chunk_p95_ms": _pct(engine_first, 95),
-            "engine_first_chunk_stages_ms": first_chunk_stages(jobs),
-            "rtp_interval_p50_ms": _pct(intervals, 50), "rtp_interval_p99_ms": _pct(intervals, 99),
-            "rtp_interval_max_ms": _pct(intervals, 100), "calls_with_gap_over_60ms": gappy,
-            "lost_packets": sum(c.lost for c in answered), "underruns": int(underruns),
+        workers_row.update(kill=killed, **by_worker(answered, all_jobs, pids, kill[1]))
+    return {"calls": calls, "rate_per_s": rate, "wall_s": round(wall, 2), **call_figures(results, jobs),
+            "underruns": int(underruns),
             "gateway_cpu_s": round(cpu, 2), "gateway_cpu_ms_per_call": round(1000 * cpu / max(len(answered), 1), 1),
             "worker_cpu_s": round(worker_cpu, 2), "engine_workers": len(workers),
             "caller_processes": processes, "clock": "kernel SO_TIMESTAMPNS", **workers_row}
@@ -275,25 +322,62 @@ def config_text(args, sip_port: int, http_port: int, prompt_chars: int, max_call
         config["engine"].pop("workers", None)
     if args.max_first_audio_ms:
         config["engine"].setdefault("admission", {})["max_first_audio_ms"] = args.max_first_audio_ms
-    config.setdefault("routes", []).insert(0, {"match": "bench", "text": ("bench prompt " * 200)[:prompt_chars]})
-    # Every call of a route says the same text: with the prompt cache on, all but the first would be played from
-    # it and the engine would not run (an H100 open-loop run measured 3 ms first audio, GPU idle). These benches
-    # measure synthesis.
-    config["prompt_cache"] = {"enabled": False}
+    # Every call of the bench route asks the engine: route texts are cached unless they say not, and with the
+    # cache every call after the first would be a hit (an H100 open-loop run measured 3 ms first audio, GPU idle).
+    # A cached step's route is rendered into the prompt cache at start.
+    config.setdefault("routes", []).insert(0, {"match": args.user, "text": ("bench prompt " * 200)[:prompt_chars],
+                                               "cache": False})
+    if args.cached_calls:
+        config["routes"].insert(0, {"match": args.cached_user, "prerender": True,
+                                    "text": ("cached prompt " * 200)[:prompt_chars]})
+        config["sip"]["flood"] = {"max_requests_per_s_per_source": 100000, "max_requests_per_s": 100000}
     # A supervised engine worker logs at info whatever this says (the supervisor passes no --log-level), but an
     # in-process cosyvoice2 (workers: 0) follows it, and its tts_job_done lines are info.
     # --kill-worker-at reads the supervisor's engine_worker_* lines (info) too.
-    info = config["engine"].get("name") == "cosyvoice2" or args.kill_worker_at is not None
+    info = config["engine"].get("name") == "cosyvoice2" or args.kill_worker_at is not None or bool(args.cached_calls)
     config["logging"] = {"level": "info" if info else "warning"}
     return yaml.safe_dump(config, allow_unicode=True)
 
 
-async def main_async(args) -> dict:
+async def run_steps(args, sip: tuple[str, int], http_port: int, pid: int, log_path: Path,
+                    kill: tuple[float, str] | None) -> list[dict]:
+    """The steps the arguments ask for against a serving gateway: --calls (constant --rate), then
+    --cached-calls (each beside --uncached-calls, over --ramp-s)."""
     rows = []
+    timeout_s = args.prompt_seconds * 3 + 30
+    if args.cached_calls:  # the cached route is rendered in the background after start: wait for it
+        deadline = time.monotonic() + args.start_timeout
+        while not (done := serve_events(log_path, ("prerendered", "prerender_failed"))):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"no prerendered line in {log_path} (logging.level must be info)")
+            await asyncio.sleep(0.5)  # polling another process's log, not pacing media
+        print(json.dumps({"prerender": {k: done[0].get(k) for k in ("event", "chars", "already_cached", "error")}}),
+              flush=True)
+    rates = args.rates or [args.rate] * len(args.calls)
+    steps = [([PlannedCall(i, i / rate, args.user) for i in range(calls)], rate) for calls, rate in zip(args.calls, rates)]
+    for cached in args.cached_calls:
+        also = [(host, int(port)) for host, port in (address.rsplit(":", 1) for address in args.also_sip)]
+        schedule = mixed_schedule(cached, args.uncached_calls, args.ramp_s, args.cached_user, args.user, also)
+        steps.append((schedule, round(len(schedule) / args.ramp_s, 1)))
+    for step, (schedule, rate) in enumerate(steps, start=1):
+        processes = args.caller_processes or max(1, math.ceil(len(schedule) / CALLS_PER_CALLER))
+        step_kill = kill if args.kill_steps is None or step in args.kill_steps else None
+        row = await run_step(schedule, processes, rate, sip, pid, timeout_s, http_port, log_path, step_kill)
+        print(json.dumps({k: v for k, v in row.items() if k != "per_call"}), flush=True)
+        rows.append(row)
+    return rows
+
+
+async def main_async(args) -> dict:
+    if args.sip:  # a gateway already serving (scripts/gpu_product.sh starts one serve for several benchmarks)
+        host, port = args.sip.rsplit(":", 1)
+        rows = await run_steps(args, (host, int(port)), args.http_port, args.serve_pid, args.serve_log, None)
+        return {"config": f"a running serve (pid {args.serve_pid}, SIP {args.sip})", "prompt_seconds": args.prompt_seconds,
+                "machine": f"{os.cpu_count()} cores", "steps": rows}
     with tempfile.TemporaryDirectory() as tmp:
         sip_port, http_port = free_port(), free_port(socket.SOCK_STREAM)
         cfg = Path(tmp) / "gateway.yaml"
-        max_calls = max(args.calls) + 50
+        max_calls = max(args.calls + [c + args.uncached_calls for c in args.cached_calls]) + 50
         cfg.write_text(config_text(args, sip_port, http_port, int(args.prompt_seconds / 0.06), max_calls))
         log_path = args.serve_log or Path(tmp) / "serve.log"
         serve = start_serve(cfg, log_path)
@@ -307,14 +391,7 @@ async def main_async(args) -> dict:
                 if not names:
                     raise SystemExit("--kill-worker-at needs supervised engine workers")
                 kill = (args.kill_worker_at, names[min(args.kill_worker, len(names) - 1)])
-            rates = args.rates or [args.rate] * len(args.calls)
-            for step, (calls, rate) in enumerate(zip(args.calls, rates), start=1):
-                processes = args.caller_processes or max(1, math.ceil(calls / CALLS_PER_CALLER))
-                step_kill = kill if args.kill_steps is None or step in args.kill_steps else None
-                row = await run_step(calls, processes, rate, ("127.0.0.1", sip_port), serve.pid,
-                                     args.prompt_seconds * 3 + 30, http_port, log_path, step_kill)
-                print(json.dumps(row), flush=True)
-                rows.append(row)
+            rows = await run_steps(args, ("127.0.0.1", sip_port), http_port, serve.pid, log_path, kill)
             if args.then:  # another benchmark against the same warm serve (a GPU start-up costs minutes)
                 then = await asyncio.to_thread(subprocess.run, args.then, shell=True, cwd=ROOT)
                 print(json.dumps({"then": args.then, "exit_code": then.returncode}), flush=True)
@@ -327,7 +404,20 @@ async def main_async(args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="end-to-end concurrent calls, measured at the caller")
-    parser.add_argument("--calls", type=int, nargs="+", default=[1, 50, 100])
+    parser.add_argument("--calls", type=int, nargs="*", default=[1, 50, 100])
+    parser.add_argument("--cached-calls", type=int, nargs="*", default=[],
+                        help="steps of this many calls to --cached-user, each beside --uncached-calls to --user")
+    parser.add_argument("--uncached-calls", type=int, default=100)
+    parser.add_argument("--ramp-s", type=float, default=15.0, help="a cached step's calls arrive over this long")
+    parser.add_argument("--user", default="bench", help="the dialed user (the route) of --calls and uncached calls")
+    parser.add_argument("--cached-user", default="cached", help="a route whose prompt the cache holds")
+    parser.add_argument("--sip", help="HOST:PORT of a gateway already serving (with --http-port, --serve-pid, "
+                                      "--serve-log): measure it instead of starting one")
+    parser.add_argument("--also-sip", nargs="*", default=[], metavar="HOST:PORT",
+                        help="other gateway processes of the host serving --cached-user's prompt too: a cached "
+                             "step's cached calls go round-robin to the measured gateway and these")
+    parser.add_argument("--http-port", type=int, help="with --sip: its /metrics port")
+    parser.add_argument("--serve-pid", type=int, help="with --sip: its pid (CPU time)")
     parser.add_argument("--rate", type=float, default=10.0, help="new calls per second")
     parser.add_argument("--rates", type=float, nargs="+", default=None,
                         help="new calls per second for each step of --calls (instead of one --rate for all)")
@@ -356,6 +446,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.rates is not None and len(args.rates) != len(args.calls):
         parser.error(f"--rates gives {len(args.rates)} rates for {len(args.calls)} steps of --calls")
+    if args.sip and not (args.http_port and args.serve_pid and args.serve_log):
+        parser.error("--sip needs --http-port, --serve-pid and --serve-log")
     result = asyncio.run(main_async(args))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

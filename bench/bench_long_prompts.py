@@ -26,7 +26,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_calls import free_port, wait_http  # noqa: E402
-from bench_e2e_calls import place_call  # noqa: E402
+from e2e_caller import place_call  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 LONG = ("This is a long announcement that goes on and on about opening hours and options. " * 30)[:2000]
@@ -43,7 +43,8 @@ def _config(sip_port: int, http_port: int, workers: int, bound_ms: float) -> str
         "trunks": [{"name": "bench", "allow": ["127.0.0.0/8"]}],
         "media": {"rtp_port_range": "30000-40000"},
         "engine": engine,
-        "routes": [{"match": "long", "text": LONG}, {"match": "short", "text": SHORT}],
+        # cache: false: each call is engine work (route texts are kept by the prompt cache unless they say not)
+        "routes": [{"match": "long", "text": LONG, "cache": False}, {"match": "short", "text": SHORT, "cache": False}],
         "shutdown": {"drain_timeout_s": 1},  # the long calls are not waited for at the end
         "logging": {"level": "warning"}})
 

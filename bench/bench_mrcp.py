@@ -11,6 +11,10 @@ control connection over TCP, an RTP socket), and per round:
 
     python bench/bench_mrcp.py --rounds 20
     python bench/bench_mrcp.py --config sip_config/gateway-cosyvoice2.yaml --set mrcp.enabled=true --rounds 20
+    python bench/bench_mrcp.py --sip-port 5060 --engine-log serve.log --out mrcp.json   # a serve already running
+
+With --engine-log, the report has the engine's own first chunk of the same SPEAKs (its tts_job_done lines, by
+the session's Call-ID) and the SPEAK-to-first-RTP time less it.
 
 Writes bench/results/mrcp.json (one file: the current result, with the command and host load).
 """
@@ -29,6 +33,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from engine_log import job_events  # noqa: E402
+
 RESULTS = ROOT / "bench" / "results" / "mrcp.json"
 TEXT = ("This sentence is long on purpose, so that there is speech to stop half a second into it, "
         "and then some more of it that nobody hears.")
@@ -120,7 +127,7 @@ async def one_round(sip_port: int, index: int) -> dict:
     await asyncio.wait_for(loop.sock_recv(sip, 65535), 5)
     sip.close()
     transport.close()
-    return {"speak_to_first_rtp_ms": (first_rtp - speak_at) * 1000,
+    return {"call_id": f"bench-{port}-{index}", "speak_to_first_rtp_ms": (first_rtp - speak_at) * 1000,
             "stop_to_response_ms": (response_at - stop_at) * 1000,
             "stop_to_last_rtp_ms": max(0.0, last - stop_at) * 1000}
 
@@ -132,12 +139,8 @@ def summary(values: list[float]) -> dict:
             "max": round(ordered[-1], 1)}
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--config", help="a gateway config (default: the built-in one, espeak)")
-    parser.add_argument("--set", action="append", default=[], help="KEY=VALUE passed to serve")
-    args = parser.parse_args()
+async def rounds_on_own_serve(args) -> list[dict]:
+    """Start serve with MRCP on (the built-in config or --config), run the rounds, stop it."""
     sip_port, http_port, mrcp_port = free_port(), free_port(socket.SOCK_STREAM), free_port(socket.SOCK_STREAM)
     command = [sys.executable, "-m", "gateway.cli", "serve", "--sip-listen", f"127.0.0.1:{sip_port}",
                "--http-listen", f"127.0.0.1:{http_port}", "--set", "sip.transports=[udp]",
@@ -161,17 +164,45 @@ async def main() -> None:
                 writer.close()
             except OSError:
                 continue
-        rounds = [await one_round(sip_port, index) for index in range(args.rounds)]
+        return [await one_round(sip_port, index) for index in range(args.rounds)]
     finally:
         serve.terminate()
         await serve.wait()
         log.close()
         (ROOT / "bench" / "results" / "mrcp_serve.log").unlink(missing_ok=True)
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--config", help="a gateway config (default: the built-in one, espeak)")
+    parser.add_argument("--set", action="append", default=[], help="KEY=VALUE passed to serve")
+    parser.add_argument("--sip-port", type=int, help="a gateway already serving MRCP on loopback (its SIP port): "
+                                                      "measure it instead of starting one")
+    parser.add_argument("--engine-log", type=Path, help="that gateway's JSON log: each SPEAK's engine first chunk")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    if args.sip_port:
+        log_offset = args.engine_log.stat().st_size if args.engine_log else 0
+        rounds = [await one_round(args.sip_port, index) for index in range(args.rounds)]
+    else:
+        rounds = await rounds_on_own_serve(args)
+    ids = [r.pop("call_id") for r in rounds]
+    engine = {}
+    if args.sip_port and args.engine_log:
+        await asyncio.sleep(1.0)  # a stopped job logs at its decode loop's next turn
+        events, _ = job_events(args.engine_log, log_offset)
+        engine = {e["call_id"]: 1000 * e["first_chunk_s"] for e in events if e.get("call_id") in ids}
     report = {"command": " ".join(["python", "bench/bench_mrcp.py", *sys.argv[1:]]),
-              "engine": args.config or "espeak (built-in config)", "rounds": args.rounds,
+              "engine": args.config or ("a running serve" if args.sip_port else "espeak (built-in config)"), "rounds": args.rounds,
               "loadavg_1m": round(os.getloadavg()[0], 2),
               **{key: summary([r[key] for r in rounds]) for key in rounds[0]}}
-    RESULTS.write_text(json.dumps(report, indent=1) + "\n")
+    if engine:  # the engine's own first chunk of the same SPEAKs, and what the MRCP path adds to it
+        report["engine_first_chunk_ms"] = summary(list(engine.values()))
+        report["speak_to_first_rtp_less_engine_ms"] = summary(
+            [r["speak_to_first_rtp_ms"] - engine[i] for r, i in zip(rounds, ids) if i in engine])
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps(report, indent=1))
 
 

@@ -75,7 +75,8 @@ def serve_config(args, sip_port: int, http_port: int, api_port: int, key: str) -
     """bench_e2e_calls' config, plus a route per prompt length, the workers' speech API on `api_port` and
     logging at info (the gateway's media_closed lines carry each call's underruns)."""
     config = yaml.safe_load(config_text(args, sip_port, http_port, 1, args.max_calls))
-    config["routes"] = [{"match": route_user(s), "text": prompt_text(s)} for s in args.prompt_seconds]
+    # cache: false: every call asks the engine (route texts are kept by the prompt cache unless they say not)
+    config["routes"] = [{"match": route_user(s), "text": prompt_text(s), "cache": False} for s in args.prompt_seconds]
     config.setdefault("sip", {}).setdefault("max_calls", args.max_calls)
     config["sip"]["flood"] = {"max_requests_per_s_per_source": 100000, "max_requests_per_s": 100000}
     if worker_names(config):
@@ -271,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--start-timeout", type=float, default=900.0)
     parser.add_argument("--serve-log", type=Path, default=None, help="keep the gateway's log here")
     parser.add_argument("--out", type=Path, default=None, help="default bench/results/open_loop_<engine>.json")
-    parser.set_defaults(kill_worker_at=None)  # bench_e2e_calls.config_text reads it
+    parser.set_defaults(kill_worker_at=None, user="bench", cached_calls=[])  # bench_e2e_calls.config_text reads them
     args = parser.parse_args(argv)
     report = asyncio.run(main_async(args))
     out = args.out or RESULTS / f"open_loop_{report['engine']}.json"

@@ -44,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_log import job_events  # noqa: E402
 from report_file import RESULTS, write_report  # noqa: E402
 
+SCENARIOS = ("http", "openai", "play", "ws", "clear")
 TEXT = "Thank you for calling. Your appointment is confirmed for Tuesday at nine in the morning."
 TOKENS = ["Thank", " you", " for", " calling", ".", " Your", " appointment", " is", " confirmed", " for",
           " Tuesday", " at", " nine", " in", " the", " morning", "."]
@@ -154,15 +155,15 @@ async def http_first_byte(session: aiohttp.ClientSession, url: str) -> tuple[flo
     return first, r.headers.get("X-Request-Id", "")
 
 
-async def openai_first_byte(session: aiohttp.ClientSession, url: str) -> float:
+async def openai_first_byte(session: aiohttp.ClientSession, url: str, voice: str) -> tuple[float, str]:
     started = time.monotonic()
     async with session.post(f"{url}/v1/audio/speech",
-                            json={"model": "tts-1", "voice": "en", "input": TEXT, "response_format": "pcm"}) as r:
+                            json={"model": "tts-1", "voice": voice, "input": TEXT, "response_format": "pcm"}) as r:
         r.raise_for_status()
         await r.content.readany()
         first = time.monotonic() - started
         r.close()  # as http_first_byte: the first byte is the figure
-    return first
+    return first, r.headers.get("X-Request-Id", "")
 
 
 async def play_first_byte(session: aiohttp.ClientSession, url: str, text: str) -> float:
@@ -241,6 +242,20 @@ async def clear_scenario(url: str, key: str, rounds: int = 20) -> dict:
             "audio_bytes_between_clear_and_cleared_max": max(in_flight), "old_audio_bytes_after_cleared": old_after}
 
 
+async def beside_engine(row: dict, name: str, engine_log: EngineLog | None, samples: list[tuple[float, str]]) -> None:
+    """row[name]: the first bytes; with the server's log, `engine_in_server_<name>` (the engine's own first chunk
+    of the same requests, matched by X-Request-Id) and `<name>_added` (each request's first byte less its own)."""
+    row[name] = summary([first for first, _ in samples])
+    if engine_log is None:
+        return
+    engine = await engine_log.wait_for([request_id for _, request_id in samples])
+    matched = [(first, engine[i]) for first, i in samples if i in engine]
+    if matched:
+        row[f"engine_in_server_{name}"] = summary([e for _, e in matched])
+        row[f"{name}_added"] = summary([first - e for first, e in matched])
+    engine_log.take()
+
+
 async def run(args: argparse.Namespace) -> dict:
     engine_settings = json.loads(args.engine_settings)
     report: dict = {"engine": args.engine, "text_chars": len(TEXT), "host": platform.node(),
@@ -255,47 +270,49 @@ async def run(args: argparse.Namespace) -> dict:
         for clients in args.clients:
             rounds = max(1, args.samples // clients)  # enough rounds for ~`samples` samples per row
 
-            async def pooled(scenario) -> dict:
-                samples: list[float] = []
+            async def pooled_ids(scenario) -> list:
+                samples: list = []
                 for _ in range(rounds):
                     samples += await scenario()
-                return summary(samples)
+                return samples
+
+            async def pooled(scenario) -> dict:
+                return summary(await pooled_ids(scenario))
 
             row: dict = {"rounds": rounds}
             if args.url is None or args.engine_given:
                 row["engine"] = await pooled(lambda: engine_first_chunk(args.engine, engine_settings, clients))
-            http: list[tuple[float, str]] = []
-            for _ in range(rounds):
-                http += await http_scenario(url, key, clients)
-            row["http"] = summary([first for first, _ in http])
-            if engine_log is not None:
-                engine = await engine_log.wait_for([request_id for _, request_id in http])
-                matched = [(first, engine[i]) for first, i in http if i in engine]
-                if matched:
-                    row["engine_in_server_http"] = summary([e for _, e in matched])
-                    row["http_added"] = summary([first - e for first, e in matched])
-                engine_log.take()
-            row["openai"] = await pooled(lambda: first_byte_scenario(
-                url, key, clients, lambda session, base, n: openai_first_byte(session, base)))
-            row["play_miss"] = await pooled(lambda: first_byte_scenario(  # a new text per request: every one a miss
-                url, key, clients,
-                lambda session, base, n: play_first_byte(session, base, f"{TEXT} {secrets.token_hex(4)}")))
-            await first_byte_scenario(url, key, 1, lambda session, base, n: play_first_byte(session, base, TEXT))
-            row["play_hit"] = await pooled(lambda: first_byte_scenario(
-                url, key, clients, lambda session, base, n: play_first_byte(session, base, TEXT)))
-            row["bot_ws"] = await pooled(lambda: ws_scenario(url, key, clients, jambonz=False))
-            if clients == args.jambonz_clients:
-                row["jambonz_ws"] = await pooled(lambda: ws_scenario(url, key, clients, jambonz=True))
-            if engine_log is not None and (engine := engine_log.take()):
-                row["engine_in_server_ws"] = summary(list(engine.values()))
+            if "http" in args.scenarios:
+                await beside_engine(row, "http", engine_log, await pooled_ids(lambda: http_scenario(url, key, clients)))
+            if "openai" in args.scenarios:
+                await beside_engine(row, "openai", engine_log, await pooled_ids(lambda: first_byte_scenario(
+                    url, key, clients, lambda session, base, n: openai_first_byte(session, base, args.voice))))
+            if "play" in args.scenarios:
+                row["play_miss"] = await pooled(lambda: first_byte_scenario(  # a new text per request: every one a miss
+                    url, key, clients,
+                    lambda session, base, n: play_first_byte(session, base, f"{TEXT} {secrets.token_hex(4)}")))
+                if engine_log is not None and (engine := engine_log.take()):  # a miss's render: one engine job each
+                    row["engine_in_server_play_miss"] = summary(list(engine.values()))
+                await first_byte_scenario(url, key, 1, lambda session, base, n: play_first_byte(session, base, TEXT))
+                row["play_hit"] = await pooled(lambda: first_byte_scenario(
+                    url, key, clients, lambda session, base, n: play_first_byte(session, base, TEXT)))
+                if engine_log is not None:
+                    row["engine_jobs_of_play_hits"] = len(engine_log.take())  # the filling request's, no more
+            if "ws" in args.scenarios:
+                row["bot_ws"] = await pooled(lambda: ws_scenario(url, key, clients, jambonz=False))
+                if clients == args.jambonz_clients:
+                    row["jambonz_ws"] = await pooled(lambda: ws_scenario(url, key, clients, jambonz=True))
+                if engine_log is not None and (engine := engine_log.take()):
+                    row["engine_in_server_ws"] = summary(list(engine.values()))
             report["scenarios"][str(clients)] = row
             print(f"{clients:>3} clients: " + ", ".join(f"{name} p50 {s['p50_ms']} ms p95 {s['p95_ms']} ms"
-                                                      for name, s in row.items() if name != "rounds"), flush=True)
-        if args.jambonz_clients not in args.clients:
+                                                      for name, s in row.items() if isinstance(s, dict)), flush=True)
+        if "ws" in args.scenarios and args.jambonz_clients not in args.clients:
             report["scenarios"][f"{args.jambonz_clients}_jambonz"] = {
                 "jambonz_ws": summary(await ws_scenario(url, key, args.jambonz_clients, jambonz=True))}
-        report["bot_clear"] = await clear_scenario(url, key)
-        print(f"clear -> cleared: {report['bot_clear']['clear_to_cleared']}", flush=True)
+        if "clear" in args.scenarios:
+            report["bot_clear"] = await clear_scenario(url, key)
+            print(f"clear -> cleared: {report['bot_clear']['clear_to_cleared']}", flush=True)
     finally:
         if child is not None:
             child.terminate()
@@ -309,12 +326,15 @@ def main() -> None:
     parser.add_argument("--engine-settings", default="{}", help="the engine's settings as JSON")
     parser.add_argument("--url", help="an API server already running (then --key is required)")
     parser.add_argument("--key", help="its API key")
+    parser.add_argument("--voice", default="en", help="the OpenAI route's voice (one of the server's)")
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 10, 50])
     parser.add_argument("--jambonz-clients", type=int, default=10)
     parser.add_argument("--samples", type=int, default=50, help="first-audio samples per row (rounds of N clients)")
     parser.add_argument("--server-log", type=Path, help="where the local server's log goes (default: nowhere)")
     parser.add_argument("--engine-log", type=Path, help="with --url: the running server's JSON log, for the engine's "
                                                          "own first chunk of each request")
+    parser.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=SCENARIOS,
+                        help="which to run (default all): http openai play ws clear")
     parser.add_argument("--out", type=Path, default=RESULTS / "tts_api.json")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -178,12 +178,14 @@ async def place_call(index: int, sip: tuple[str, int], user: str, timeout_s: flo
 
 @dataclass(frozen=True)
 class PlannedCall:
-    """One call of a schedule: placed `at_s` after the start, to `user`; `hang_up_after_s` as place_call's."""
+    """One call of a schedule: placed `at_s` after the start, to `user`; `hang_up_after_s` as place_call's; `sip`: to
+    that gateway instead of the schedule's (several gateway processes on one host)."""
 
     index: int
     at_s: float
     user: str = "bench"
     hang_up_after_s: float | None = None
+    sip: tuple[str, int] | None = None
 
 
 async def _place_share(sip: tuple[str, int], share: list[PlannedCall], start_at: float,
@@ -191,7 +193,7 @@ async def _place_share(sip: tuple[str, int], share: list[PlannedCall], start_at:
     tasks = []
     for planned in share:  # a schedule for the caller, not media pacing
         await asyncio.sleep(max(0.0, start_at + planned.at_s - time.time()))
-        tasks.append(asyncio.create_task(place_call(planned.index, sip, planned.user, timeout_s,
+        tasks.append(asyncio.create_task(place_call(planned.index, planned.sip or sip, planned.user, timeout_s,
                                                     planned.hang_up_after_s)))
     return list(await asyncio.gather(*tasks))
 

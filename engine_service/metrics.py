@@ -160,7 +160,6 @@ class ApiView(Protocol):
     stream_events: Any  # WorkerMetrics.watch_api sets it
     key_failures: Any
     buffers: Any
-    play_cache: Any
 
 
 class _ApiCollector(Collector):
@@ -183,13 +182,6 @@ class _ApiCollector(Collector):
                                   "its audio within tts_api.slow_client_timeout_s", value=buffers.slow_clients)
         yield GaugeMetricFamily("tts_api_stream_buffered_bytes", "Speech API audio made and not yet taken by its "
                                 "clients, over all streams", value=buffers.buffered_bytes)
-        play = self._api.play_cache
-        yield CounterMetricFamily("tts_api_play_renders", "Play URL answers rendered by the engine (cache misses: "
-                                  "the engine asked once per key however many wait)", value=play.renders)
-        yield CounterMetricFamily("tts_api_play_cache_hits", "Play URL answers served from the worker's memory "
-                                  "or from a render already running", value=play.hits)
-        yield GaugeMetricFamily("tts_api_play_cache_bytes", "Rendered play URL answers held in memory (at most "
-                                "tts_api.play_url.cache_bytes)", value=play.size_bytes)
 
 
 class _StatusCollector(Collector):

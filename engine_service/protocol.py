@@ -38,6 +38,7 @@ import numpy as np
 
 from engines.base import (BadText, EmptyText, EngineUnavailable, NoCapacity, SynthesisRefused, TextTooLong,
                           UnknownVoice)
+from speech_audio.g711 import float_to_pcm16
 
 # 2: status gained opens_seen; 3: open gained segments (SSML). Unknown fields are errors here, so an older peer
 # could not read the newer frames: the version says so at connect (400 naming both) instead of frames breaking.
@@ -237,7 +238,7 @@ def encode_audio(stream: int, samples: np.ndarray, fmt: Format) -> bytes:
     if fmt == "f32le":
         pcm = np.asarray(samples, dtype="<f4").tobytes()
     else:
-        pcm = np.clip(np.round(np.asarray(samples, dtype=np.float32) * 32768.0), -32768, 32767).astype("<i2").tobytes()
+        pcm = float_to_pcm16(np.asarray(samples, dtype=np.float32)).astype("<i2").tobytes()
     return _AUDIO_HEADER.pack(stream) + pcm
 
 

@@ -112,6 +112,7 @@ def make_app(engine: SpeechEngine, settings: WorkerSettings, tts_api: TtsApiSett
                              f"none of this worker's {settings.slots} slots")
         add_tts_routes(app, engine, tts_api, shared_slots=worker)
         worker.metrics.watch_api(app[TTS_API])
+        worker.metrics.watch_prompt_cache(app[TTS_API].prompt_cache)
     app.router.add_get(protocol.STREAM_PATH, _stream_endpoint)
     app.router.add_get("/v1/status", _status_endpoint)
     app.router.add_get("/healthz", _healthz)

@@ -91,7 +91,7 @@ class Gateway:
                 call.reject(503, "Service Unavailable", {"Retry-After": str(call.retry_after_s)})
                 log.info("mrcp_session_refused", call_id=call.call_id, refusal=refusal)
                 return None
-            session = MrcpSession(call, self.engine, self.media, self.mrcp, dict(self.mrcp.settings.voice_aliases))
+            session = MrcpSession(call, self.speech, self.media, self.mrcp, dict(self.mrcp.settings.voice_aliases))
         else:
             session = CallSession(call, self.resolve_prompt, self.speech, self.media)
         task = asyncio.get_running_loop().create_task(session.run(), name=f"call-{call.call_id}")

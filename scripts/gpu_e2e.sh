@@ -29,6 +29,8 @@
 # context length compiles other flow graphs, so the carried cache misses).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck disable=SC1091  # scripts/gpu_engine.sh, from the repository root (the cd above)
+source scripts/gpu_engine.sh
 arrangement="$1"; out="$2"; shift 2
 model=/tmp/cosyvoice2_full_bench
 if [ "$arrangement" != instant ] && [ ! -f "$model/llm.pt" ]; then
@@ -55,14 +57,7 @@ cat > "$config" <<YAML
 engine:
   name: cosyvoice2
 $workers_line
-  cosyvoice2:
-    model_dir: $model
-    device: cuda
-    dtype: bf16
-    default_voice: bench_voice
-    max_batch: ${MAX_BATCH:-128}
-    max_len: 768
-    flow_context_s: ${FLOW_CONTEXT_S:-13.0}
+$(cosyvoice2_settings "$model")
 sip:
   max_calls: 1000
 $api_lines

@@ -92,11 +92,6 @@ def wav_header(sample_rate: int, codec: str = "pcm16", data_bytes: int | None = 
     return b"RIFF" + struct.pack("<I", riff_size) + b"WAVE" + chunks + b"data" + struct.pack("<I", data_size)
 
 
-def pcm16(samples: np.ndarray) -> np.ndarray:
-    """float32 in [-1, 1) -> int16, rounded; out-of-range audio saturates, never wraps."""
-    return np.clip(np.rint(samples * 32768.0), -32768, 32767).astype(np.int16)
-
-
 class AudioEncoder:
     """One response's engine chunks -> bytes of `audio_format`. Call `encode` per chunk, `finish` once."""
 
@@ -116,7 +111,7 @@ class AudioEncoder:
         header = b""
         if self._header_due:
             header, self._header_due = wav_header(self.format.sample_rate), False
-        linear = pcm16(samples)
+        linear = g711.float_to_pcm16(samples)
         if self.format.name in _G711:
             return header + g711.encode(linear, self.format.name.upper())
         return header + linear.astype("<i2").tobytes()

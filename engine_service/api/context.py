@@ -1,5 +1,5 @@
-"""TtsApi: what every endpoint of the API shares (the engine, the settings, the per-key stream slots, the play
-URL's cache).
+"""TtsApi: what every endpoint of the API shares (the engine, the settings, the per-key stream slots, the prompt
+cache the play URL serves from).
 
 One instance per aiohttp application, stored under `TTS_API`; handlers read it from `request.app`.
 """
@@ -13,9 +13,10 @@ from aiohttp import web
 
 from engine_service.api.access import KeyFailures, StreamSlots
 from engine_service.api.client_pace import StreamBuffers
-from engine_service.api.play_cache import PlayCache
 from engine_service.api.settings import TtsApiSettings
 from engines.base import SpeechEngine
+from speech_audio.prompt_cache import PromptCache
+from speech_audio.prompt_store import PromptStore
 
 
 class SharedSlots(Protocol):
@@ -48,11 +49,13 @@ class TtsApi:
     stream_events: StreamEvents | None = None  # set by the worker's metrics (WorkerMetrics.watch_api)
     key_failures: KeyFailures = field(init=False)  # wrong keys per source
     buffers: StreamBuffers = field(default_factory=StreamBuffers)  # audio waiting for slow clients
-    play_cache: PlayCache = field(init=False)  # rendered play-URL answers
+    # The one prompt cache (speech_audio.PromptCache, as the gateway's calls use), in this worker's memory up to
+    # tts_api.play_url.cache_bytes: rendered play-URL prompts, one render per key however many ask at once.
+    prompt_cache: PromptCache = field(init=False)
 
     def __post_init__(self) -> None:
         self.key_failures = KeyFailures(self.settings.max_key_failures, self.settings.key_failure_window_s)
-        self.play_cache = PlayCache(self.settings.play_url.cache_bytes)
+        self.prompt_cache = PromptCache(PromptStore(None, self.settings.play_url.cache_bytes))
 
 
 TTS_API = web.AppKey("tts_api", TtsApi)

@@ -10,10 +10,12 @@ Content-Type, else the URL's extension; FreeSWITCH's from the extension). Defaul
 codec pcm16, rate 8000. An unknown parameter is a 400 (a typo must not fall back to a default).
 
 Every answer carries a strong `ETag` (the hash of the prompt's key -- text, voice, the engine's model
-identity, rate: play_cache.PromptKey -- with the file type and codec) and `Cache-Control:
+identity, rate: speech_audio's PromptKey -- with the file type and codec) and `Cache-Control:
 max-age=<tts_api.play_url.max_age_s>`; a request whose `If-None-Match` names it gets 304 without the engine.
 
-The body is rendered whole before the answer starts, so it always has a `Content-Length` and a WAV header with
+Prompts come from the worker's prompt cache (speech_audio.PromptCache, the one the gateway's calls use: a miss is
+rendered once however many ask at once, counted as tts_api_prompt_cache_*). The body is rendered whole before the
+answer starts, so it always has a `Content-Length` and a WAV header with
 true sizes. The players this is for download a prompt to a file before they play it (res_http_media_cache
 curls to a file, then plays; mod_http_cache likewise), so streaming a miss would not start the audio sooner,
 while a WAV header that says "unknown length" is one not every reader takes. A miss's first byte is therefore
@@ -38,7 +40,6 @@ from engine_service.api.access import authenticate
 from engine_service.api.audio_format import AudioEncoder, AudioFormat, FormatProblem, wav_header
 from engine_service.api.context import TTS_API, TtsApi
 from engine_service.api.errors import ApiError, answers_errors
-from engine_service.api.play_cache import PromptKey
 from engine_service.api.settings import ApiKey
 from engine_service.api.signed_url import SIGNATURE_PARAMS, signature_problem
 from engine_service.api.speech import encoded_audio, resolve_voice, speech_stream
@@ -46,12 +47,14 @@ from engine_service.api.streaming_response import FIRST_BYTE_AT
 from engines.base import SynthesisFailed
 from engines.channel import ChunkChannel
 from speech_audio import g711
+from speech_audio.prompt_store import PromptKey
 
 FILE_TYPES = ("wav", "ulaw", "alaw", "sln")
 ROUTE = "/v1/play.{file_type:" + "|".join(FILE_TYPES) + "}"
 _PARAMS = ("text", "voice", "codec", "rate", *SIGNATURE_PARAMS)
 _RAW_CODEC = {"ulaw": "pcmu", "alaw": "pcma", "sln": "pcm16"}
 _API_FORMAT = {"pcm16": "pcm_s16le", "pcmu": "pcmu", "pcma": "pcma"}  # audio_format's names: its rate checks
+LEVEL = "engine"  # the engine's own level: a played file is the player's to level (PromptKey.level)
 _CONTENT_TYPES = {"wav": "audio/wav", "ulaw": "audio/basic", "alaw": "audio/x-alaw-basic"}
 
 
@@ -90,13 +93,16 @@ async def play(request: web.Request) -> web.StreamResponse:
     if _matches(request.headers.get("If-None-Match"), play_file.etag):
         return web.Response(status=304, headers=headers)
     prompt = play_file.prompt
-    samples = api.play_cache.lookup(prompt)
-    if samples is None:
-        samples = await api.play_cache.fill(prompt, lambda: _render(api, key, prompt))
+    audio = await api.prompt_cache.open(prompt, lambda: _render(api, key, prompt))
+    samples = audio.samples if audio.samples is not None else _joined([pcm async for pcm in audio.chunks])
     response = web.Response(body=play_file.body(samples), headers={**headers, "Content-Type": play_file.content_type})
     await response.prepare(request)
     request[FIRST_BYTE_AT] = time.monotonic()
     return response
+
+
+def _joined(chunks: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int16)
 
 
 def _single_values(request: web.Request) -> dict[str, str]:
@@ -146,14 +152,7 @@ def _play_file(api: TtsApi, file_type: str, query: dict[str, str]) -> PlayFile:
     except FormatProblem as problem:
         raise ApiError(400, "invalid_field", f"rate: {problem}") from None
     voice = resolve_voice(api.engine, api.settings, query.get("voice"))
-    return PlayFile(PromptKey(text, voice, _model_identity(api, voice), int(rate)), file_type, codec)
-
-
-def _model_identity(api: TtsApi, voice: str) -> str:
-    """The model identity keeps an ETag from outliving the model that made the audio. Engines report it as
-    `model_identity(voice)` (the prompt cache's branch adds it to engines.base); until then, the engine's name."""
-    identity = getattr(api.engine, "model_identity", None)
-    return identity(voice) if callable(identity) else f"{api.engine.name}:{voice}"
+    return PlayFile(PromptKey(text, voice, api.engine.model_identity(voice), int(rate), LEVEL), file_type, codec)
 
 
 def _cache_control(api: TtsApi, signed: bool) -> str:

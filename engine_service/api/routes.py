@@ -43,6 +43,7 @@ def add_tts_routes(app: web.Application, engine: SpeechEngine, settings: TtsApiS
                          f"{engine.name} engine ({', '.join(engine.voices())})")
     app.middlewares.append(json_route_errors)  # 404/405 as every other refusal: {"error", "message"}
     app[TTS_API] = TtsApi(engine, settings, shared_slots)
+    app.on_cleanup.append(_close_prompt_cache)
     app[_PAGE] = resources.files("engine_service.api").joinpath("try_voice.html").read_bytes()
     app.router.add_get("/", _try_voice_page)
     app.router.add_get("/v1/voices", get_voices)
@@ -53,6 +54,10 @@ def add_tts_routes(app: web.Application, engine: SpeechEngine, settings: TtsApiS
     app.router.add_get(PLAY_ROUTE, play)  # HEAD too (aiohttp's allow_head): same headers, no body
     app.router.add_post("/v1/audio/speech", openai_speech)
     app.router.add_get("/v1/audio/voices", openai_voices)
+
+
+async def _close_prompt_cache(app: web.Application) -> None:
+    await app[TTS_API].prompt_cache.close()  # a fill still rendering must not outlive the engine it reads
 
 
 async def _try_voice_page(request: web.Request) -> web.Response:

@@ -5,7 +5,7 @@ The SIP server has already admitted the INVITE by the same decision as a call (`
 draining, sip.max_calls, the engine down or without a free slot, no RTP port pair: 503 + Retry-After); a
 session counts against sip.max_calls like a call. Here the offer is refused before anything is answered:
 no speechsynth control stream, or a setup we cannot serve -> 488; no common codec -> 488; no RTP ports -> 503.
-Each SPEAK then opens its own engine stream (gateway/mrcp/synthesizer.py). The audio stream is the
+Each SPEAK then opens its own speech stream, at the line level a call gets (gateway/mrcp/synthesizer.py). The audio stream is the
 session's `CallMedia`, on the process's one packet clock, exactly as for a call.
 """
 
@@ -17,7 +17,6 @@ from collections.abc import Mapping
 
 import structlog
 
-from engines.base import SpeechEngine
 from gateway import metrics
 from gateway.call import dialog_outcome
 from gateway.media.call_media import MediaEngine, PortsExhausted
@@ -26,15 +25,16 @@ from gateway.mrcp.sdp import SYNTHESIZER, MrcpOfferError, answer_with_control, s
 from gateway.mrcp.server import MrcpServer
 from gateway.mrcp.synthesizer import Synthesizer
 from gateway.sip.uas import Ended, InboundCall
+from gateway.speech import CallSpeech
 
 log = structlog.get_logger(__name__)
 
 
 class MrcpSession:
-    def __init__(self, call: InboundCall, engine: SpeechEngine, media_engine: MediaEngine, server: MrcpServer,
+    def __init__(self, call: InboundCall, speech: CallSpeech, media_engine: MediaEngine, server: MrcpServer,
                  voice_aliases: Mapping[str, str]) -> None:
         self.call = call
-        self._engine = engine
+        self._speech = speech
         self._media_engine = media_engine
         self._server = server
         self._aliases = voice_aliases
@@ -67,7 +67,7 @@ class MrcpSession:
             return self._reject(503, "Service Unavailable", str(exc), "no_rtp_ports")
         session_id = secrets.token_hex(16)
         channel = f"{session_id}@{SYNTHESIZER}"  # the Channel-Identifier every request of the channel carries
-        synthesizer = Synthesizer(channel, call.call_id, self._engine, media, self._aliases)
+        synthesizer = Synthesizer(channel, call.call_id, self._speech, media, self._aliases)
         self._server.add_channel(synthesizer)
         metrics.mrcp_sessions_active.inc()
         try:

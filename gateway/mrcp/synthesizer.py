@@ -9,8 +9,10 @@ ends with SPEAK-COMPLETE (§8.4.3: 000 normal, 002 parse-failure, 004 error). ST
 end the speaking SPEAK and the queued ones with no SPEAK-COMPLETE, naming them in Active-Request-Id-List
 (§8.8, §8.11); PAUSE and RESUME hold and release the channel's packets (§8.9, §8.10).
 
-Audio goes through the session's `CallMedia` (the same playout buffer and packet clock as a SIP call);
-a STOP takes the channel off the clock before its response is written, so no packet follows it.
+Speech comes from the gateway's `CallSpeech` as a SIP call's does (the voice's fixed gain to the configured line
+level under the limiter, a voice never measured measured on its first stream), at the codec's rate, uncached (a
+SPEAK is one client's text); it goes through the session's `CallMedia` (the same playout buffer and packet clock
+as a SIP call). A STOP takes the channel off the clock before its response is written, so no packet follows it.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from engines.base import BadText, EmptyText, SpeechEngine, SynthesisFailed, SynthesisRefused, SynthesisRequest
+from engines.base import BadText, EmptyText, SynthesisFailed, SynthesisRefused, SynthesisRequest
 from gateway import metrics
 from gateway.media.call_media import CallMedia
 from gateway.mrcp import params
@@ -42,7 +44,7 @@ from gateway.mrcp.message import (
     MrcpResponse,
 )
 from gateway.mrcp.speech_text import SSML_TYPES, TEXT_TYPES, URI_LIST, SpeechTextError, media_type, speak_request
-from speech_audio.line_audio import LineAudio, line_chunks
+from gateway.speech import CallSpeech, Speech
 
 log = structlog.get_logger(__name__)
 
@@ -72,11 +74,12 @@ class _Speak:
 
 
 class Synthesizer:
-    def __init__(self, channel: str, call_id: str, engine: SpeechEngine, media: CallMedia,
+    def __init__(self, channel: str, call_id: str, speech: CallSpeech, media: CallMedia,
                  voice_aliases: Mapping[str, str]) -> None:
         self.channel = channel
         self._call_id = call_id
-        self._engine = engine
+        self._speech = speech
+        self._engine = speech.engine
         self._media = media
         self._aliases = voice_aliases
         self._params: dict[str, str] = {}
@@ -225,13 +228,9 @@ class Synthesizer:
 
     async def _run(self, speak: _Speak, pending: bool) -> None:
         cause, reason = NORMAL, None
+        speech: Speech | None = None
         try:
-            stream = self._engine.open_stream(speak.synthesis)
-            try:
-                await stream.admitted()
-            except BaseException:
-                stream.cancel()
-                raise
+            speech = await self._speech.open(speak.synthesis, cacheable=False, rate=self._media.plan.audio_rate)
         except SynthesisRefused as exc:  # no slot, engine down: this SPEAK fails, the session stays
             cause, reason = ERROR, str(exc)
             if not pending:
@@ -241,8 +240,7 @@ class Synthesizer:
                 self._send_response(speak.request_id, METHOD_FAILED, "COMPLETE", _completion(cause, reason))
                 self._next()
                 return
-            stream = None
-        if stream is not None:
+        if speech is not None:
             marker = self._marker()
             if pending:  # §8.8 gives no second response; UniMRCP's servers announce the start this way
                 self._send(MrcpEvent("SPEECH-MARKER", speak.request_id, "IN-PROGRESS",
@@ -253,17 +251,14 @@ class Synthesizer:
                            chars=len(speak.synthesis.text))
             speak.playing = True
             try:
-                # line audio at the codec's rate, at the engine's level (no voice gain: the options a SPEAK
-                # may carry, such as prosody rate, are not what the voice's level was measured at)
-                line = LineAudio(self._engine.sample_rate, self._media.plan.audio_rate, None)
-                await self._media.play(line_chunks(stream, line))
+                await self._media.play(speech.chunks)
             except SynthesisFailed as exc:
                 cause, reason = ERROR, str(exc)
             except Exception as exc:  # a bug while playing ends this SPEAK, never the channel
                 self._log.exception("mrcp_speak_failed_unexpectedly", request_id=speak.request_id)
                 cause, reason = ERROR, repr(exc)
             finally:
-                stream.cancel()
+                speech.close()
         self._speaking = None
         metrics.mrcp_speaks_total.labels(cause=cause[4:]).inc()
         self._log.info("mrcp_speak_complete", request_id=speak.request_id, cause=cause, reason=reason)

@@ -16,6 +16,8 @@ import pytest
 
 from mrcp_peer import Control, Session, invite, open_session, run_umc, umc_problem, umc_workdir
 from integration_harness import rtp_recorder
+from speech_audio import g711
+from speech_audio.level import active_speech_dbm0
 from serve_process import free_port, start_serve
 
 pytestmark = [pytest.mark.timeout(120)]
@@ -158,6 +160,29 @@ async def test_pause_resume_and_queued_speaks_complete_in_order(tmp_path):
         speech = session.rtp.audio("PCMU")
         assert rms(speech) > 0.03
         assert speech.size / 8000 > 3.0  # both sentences were heard, the first in full after its pause
+        await session.close()
+
+
+async def test_speak_audio_leaves_at_the_configured_line_level_as_a_calls_does(tmp_path):
+    """media.speech_level_dbm0 holds for MRCP as for SIP calls: the voice's first SPEAK is heard at the engine's level
+    and measures the voice (speech_audio/voice_gain.py); every later SPEAK of it is at the configured level."""
+    target = -26.0  # espeak speaks near -13 dBm0: far from this
+    async with serving(tmp_path, f"media.speech_level_dbm0={target}") as serve:
+        session = await open_session(serve.sip_address)
+        levels = []
+        for request_id, text in enumerate(("Your balance is one hundred and twenty three dollars and forty cents.",
+                                           "Thank you for calling. Your call is important to us, please stay on "
+                                           "the line."), start=1):
+            start = len(session.rtp.packets)
+            await speak(session, request_id, text)
+            assert (await session.control.read()).state == "IN-PROGRESS"
+            done = await session.control.read(timeout=30)
+            assert (done.event, done.headers["Completion-Cause"]) == ("SPEAK-COMPLETE", "000 normal")
+            await asyncio.sleep(0.2)  # the playout's last packets
+            heard = g711.decode(b"".join(p.payload for p in session.rtp.packets[start:]), "PCMU")
+            levels.append(active_speech_dbm0(heard, 8000))
+        assert levels[0] > target + 5.0  # the first, at espeak's own level, measured the voice
+        assert abs(levels[1] - target) < 1.0, levels
         await session.close()
 
 

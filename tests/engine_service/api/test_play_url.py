@@ -35,11 +35,11 @@ def worker(engine, **play_url):
     return serving(engine, WorkerSettings(slots=8), api)
 
 
-async def renders(base: str) -> float:
+async def renders(base: str, metric: str = "tts_api_prompt_cache_misses_total") -> float:
+    """How often the worker's prompt cache asked the engine (its misses), or another of its counts."""
     async with aiohttp.ClientSession() as session, session.get(f"{base}/metrics") as response:
         text = await response.text()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("tts_api_play_renders_total"))
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(metric))
 
 
 def play_url(base: str, text: str = TEXT, **params: str) -> str:
@@ -138,12 +138,13 @@ async def test_raw_files_and_head_share_the_render(espeak):
             assert sln.headers["Content-Type"] == "audio/l16;rate=16000"
             assert abs(len(await sln.read()) / 2 - len(body) * 2) <= 0.02 * len(body) * 2
         assert await renders(base) == 2  # the ulaw once (HEAD, then GET from memory), the sln once
+        assert await renders(base, 'tts_api_prompt_cache_hits_total{where="memory"}') == 1
 
 
 async def test_many_asking_at_once_for_a_new_prompt_cost_one_render():
     engine = GatedEngine(chunks=3)
     async with serve(engine) as server, aiohttp.ClientSession(headers=AUTH) as client:
-        cache = server.app[TTS_API].play_cache
+        cache = server.app[TTS_API].prompt_cache
 
         async def fetch() -> bytes:
             async with client.get(f"{server.url}/v1/play.wav?text=hello") as response:
@@ -151,10 +152,10 @@ async def test_many_asking_at_once_for_a_new_prompt_cost_one_render():
                 return await response.read()
 
         fetches = [asyncio.create_task(fetch()) for _ in range(5)]
-        await until(lambda: cache.hits == 4)  # four wait on the first one's render
+        await until(lambda: cache.hits["in_flight"] == 4)  # four wait on the first one's render
         engine.gate.set()
         bodies = await asyncio.gather(*fetches)
-    assert len(engine.texts) == 1 and cache.renders == 1
+    assert len(engine.texts) == 1 and cache.misses == 1
     assert len(set(bodies)) == 1 and len(bodies[0]) == 44 + 3 * 800 * 2  # 300 ms at 8 kHz, 16-bit, true header
 
 

@@ -1,0 +1,19 @@
+# The GPU benchmarks' engine settings, sourced by scripts/gpu_e2e.sh and scripts/gpu_product.sh: one place, because
+# the carried compiler cache (.ind) serves only the shapes these settings capture (full-size random weights from
+# bench/full_model.py, bf16, max_batch 128, max_len 768, flow_context_s 13).
+# shellcheck shell=bash
+
+# The engine.cosyvoice2 block (YAML, indented under engine:) for the model directory $1. DTYPE (bf16), MAX_BATCH
+# (slots, 128) and FLOW_CONTEXT_S (13) change it; other values compile other graphs, so the carried cache misses.
+cosyvoice2_settings() {
+    cat <<YAML
+  cosyvoice2:
+    model_dir: $1
+    device: cuda
+    dtype: ${DTYPE:-bf16}
+    default_voice: bench_voice
+    max_batch: ${MAX_BATCH:-128}
+    max_len: 768
+    flow_context_s: ${FLOW_CONTEXT_S:-13.0}
+YAML
+}
