@@ -1,0 +1,180 @@
+"""Render the due chunks of CosyVoice3 jobs: the DiT flow and the causal HiFT, streamed exactly as the
+official `CosyVoice3Model.token2wav` (tts_core/streaming/token2wav3.py is the one-request reference).
+
+CosyVoice3's per-stream state is small: the mel rendered so far and the samples already emitted.
+It lives in preallocated slots (`DiTSlots`, one row per stream slot, as long as the flow's fixed
+noise: an utterance cannot be longer), taken when a segment's rendering starts and given back at
+its final chunk or when its job leaves. Each chunk re-renders prompt + every token so far
+(chunk-masked; full attention for the final chunk, as the official loop does), appends the new
+frames to the slot and re-runs the causal HiFT over the slot's mel, emitting the samples past
+those already sent: no cache, no cross-fade, no seam.
+
+Same interface as `chunk_render.ChunkRenderer` (lanes, `stream`, `render`, `prepare`), so the
+scheduler and render lanes serve both families. Eager on every device for now: no CUDA graphs,
+no compiled flow, and a batch's chunks are rendered one after the other (the DiT calls differ in
+length). Its cost grows with the utterance (every chunk re-renders it all), as the official's does.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import structlog
+import torch
+
+from tts_core.flow.dit_flow import DiTFlowModel
+from tts_core.hift.causal import CausalHiftGenerator
+from tts_core.runtime.chunk_render import FlowPoolSettings, RenderLane
+from tts_core.streaming.chunk_schedule import ChunkSchedule, ChunkTask
+from tts_core.streaming.token2wav import RenderedChunk
+from tts_core.streaming.token2wav3 import chunk_mel
+from tts_core.voices import Voice
+
+log = structlog.get_logger(__name__)
+
+
+class DiTSlots:
+    """Per-stream state of CosyVoice3 streaming, one row per slot: mel so far and samples emitted."""
+
+    def __init__(self, slots: int, mel_bins: int, max_frames: int, device: torch.device) -> None:
+        self.mel = torch.zeros(slots, mel_bins, max_frames, device=device)
+        self.frames = [0] * slots
+        self.emitted = [0] * slots
+        self._free = list(range(slots))
+        self._lock = threading.Lock()  # taken on a render thread, given back on the decode thread too
+
+    def take(self) -> int:
+        with self._lock:
+            if not self._free:
+                raise RuntimeError("no free CosyVoice3 stream slot")
+            slot = self._free.pop(0)
+        self.frames[slot] = self.emitted[slot] = 0
+        return slot
+
+    def give_back(self, slot: int) -> None:
+        with self._lock:
+            self._free.append(slot)
+
+    def append(self, slot: int, new: torch.Tensor) -> torch.Tensor:
+        """Add the chunk's frames (1, 80, n); returns the slot's mel so far (1, 80, frames)."""
+        at, n = self.frames[slot], new.size(2)
+        if at + n > self.mel.size(2):
+            raise ValueError(f"utterance exceeds {self.mel.size(2)} mel frames (the flow's noise buffer)")
+        self.mel[slot, :, at:at + n] = new[0]
+        self.frames[slot] = at + n
+        return self.mel[slot:slot + 1, :, :at + n]
+
+
+@dataclass(frozen=True)
+class _VoicePrompt:
+    token: torch.Tensor  # (1, N) long
+    feat: torch.Tensor  # (1, 2N, 80) in the flow's dtype
+    embedding: torch.Tensor  # (1, 192) in the flow's dtype
+
+
+class DiTChunkStream:
+    """One job segment's stream: its slot and its voice's flow prompt."""
+
+    def __init__(self, renderer: DiTChunkRenderer, slot: int, prompt: _VoicePrompt) -> None:
+        self.renderer, self.slot, self.prompt = renderer, slot, prompt
+        self.finished = False
+        self._closed = False
+
+    def close(self) -> None:
+        """Give the slot back (idempotent; any thread)."""
+        if not self._closed:
+            self._closed = True
+            self.renderer.slots.give_back(self.slot)
+
+
+class DiTChunkRenderer:
+    def __init__(self, flow: DiTFlowModel, hift: CausalHiftGenerator, settings: FlowPoolSettings) -> None:
+        self.flow, self.hift = flow, hift
+        self.settings = settings
+        self._device = next(flow.parameters()).device
+        self.slots = DiTSlots(settings.stream_slots, flow.cfg.output_size, flow.decoder.rand_noise.size(2),
+                              self._device)
+        self.lanes = {name: RenderLane(name, max_batch=max(settings.first_batches)) for name in self.first_lanes}
+        self.lanes["later"] = RenderLane("later", max_batch=max(settings.batches))
+        self._voices: dict[str, tuple[Voice, _VoicePrompt]] = {}
+        self._voices_lock = threading.Lock()
+        self.time_gpu = False  # the vocoder is not timed on the stream here (eager)
+        log.info("dit_stream_slots_allocated", stream_slots=settings.stream_slots,
+                 gb=round(self.slots.mel.numel() * 4 / 2**30, 3))
+
+    @property
+    def first_lanes(self) -> list[str]:
+        return [f"first-{i}" for i in range(self.settings.first_lanes)]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.flow.parameters()).dtype
+
+    @property
+    def max_batch(self) -> int:
+        return self.lanes["later"].max_batch
+
+    def _prompt(self, voice: Voice) -> _VoicePrompt:
+        with self._voices_lock:
+            known = self._voices.get(voice.name)
+            if known is None or known[0] is not voice:
+                dtype = self.dtype
+                prompt = _VoicePrompt(
+                    torch.tensor([voice.flow_prompt_speech_token], dtype=torch.long, device=self._device),
+                    voice.prompt_speech_feat[None].to(self._device, dtype),
+                    voice.flow_embedding[None].to(self._device, dtype))
+                known = (voice, prompt)
+                self._voices[voice.name] = known
+            return known[1]
+
+    def stream(self, voice: Voice, schedule: ChunkSchedule, generator: torch.Generator | None) -> DiTChunkStream:
+        # `generator` is unused: CosyVoice3's flow and HiFT draw no random numbers (fixed noise buffers).
+        return DiTChunkStream(self, self.slots.take(), self._prompt(voice))
+
+    def prepare(self, voices: Sequence[Voice], schedule: ChunkSchedule, graphs: bool) -> dict:
+        """The voices' prompts on the device; no graphs (the CosyVoice3 flow and vocoder run eagerly)."""
+        started = time.perf_counter()
+        for voice in voices:
+            self._prompt(voice)
+        if graphs:
+            log.info("dit_render_eager", why="CUDA graphs and compile cover the CosyVoice3 LM only; "
+                     "its DiT flow and causal HiFT run eagerly")
+        return {"flow_voices_s": time.perf_counter() - started, "flow_pool_gb": self.slots.mel.numel() * 4 / 2**30}
+
+    def has_deferred(self) -> bool:
+        return False
+
+    def capture_deferred(self, stop=lambda: False) -> None:
+        """Nothing is deferred (no graphs)."""
+
+    @torch.inference_mode()
+    def render(self, items: Sequence[tuple[DiTChunkStream, Sequence[int], ChunkTask]],
+               lane: str = "later") -> list[RenderedChunk]:
+        """One chunk per item (stream, the segment's flow tokens so far, its task), in order. A
+        stream whose final chunk this is gives its slot back."""
+        out = []
+        for stream, tokens, task in items:
+            started = time.perf_counter()
+            p = stream.prompt
+            new = chunk_mel(self.flow, tokens, task, p.token, p.feat, p.embedding).float()
+            mel = self.slots.append(stream.slot, new)
+            flow_done = _synchronized(self._device)
+            wav, _ = self.hift.inference(mel, finalize=task.finalize)
+            emitted = self.slots.emitted[stream.slot]
+            audio = wav[0, emitted:].float().cpu().numpy()
+            self.slots.emitted[stream.slot] = emitted + audio.size
+            stream.finished = task.finalize
+            if task.finalize:
+                stream.close()
+            out.append(RenderedChunk(audio=audio, mel=new, flow_s=flow_done - started,
+                                     hift_s=time.perf_counter() - flow_done))
+        return out
+
+
+def _synchronized(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
+    return time.perf_counter()
