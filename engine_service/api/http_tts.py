@@ -1,10 +1,12 @@
 """Our own HTTP endpoints: `POST /v1/tts` streams one text's audio, `GET /v1/voices` lists what it may use.
 
-    POST /v1/tts  {"text": "...", "voice"?: "en", "format"?: "wav|pcm_s16le|pcmu|pcma", "sample_rate"?: 8000|16000|24000}
+    POST /v1/tts  {"text": "...", "voice"?: "en", "format"?: "wav|pcm_s16le|pcmu|pcma", "sample_rate"?: 8000|16000|24000,
+                   "instruct"?: "happy", "dialect"?: "sichuan"}  (instruct / dialect: CosyVoice3 models only)
     -> 200, chunked, Content-Type audio/wav | audio/l16;rate=N | audio/PCMU;rate=8000 | audio/PCMA;rate=8000
 
 Order of checks (each its own JSON error): key (401), body (400 bad_json / invalid_field), format (400),
-voice (400 unknown_voice), the key's stream slots (429), text length and engine (413, 400, 503).
+voice (400 unknown_voice), the key's stream slots (429), text length and engine (413, 400, 503; an instruct or
+dialect the model does not take, or not on its list, 400 unsupported_option).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from engine_service.api.json_body import int_field, read_json_object, refuse_unk
 from engine_service.api.speech import resolve_voice, speech_stream
 from engine_service.api.streaming_response import stream_audio
 
-_TTS_FIELDS = ("text", "voice", "format", "sample_rate")
+_TTS_FIELDS = ("text", "voice", "format", "sample_rate", "instruct", "dialect")
 
 
 @answers_errors
@@ -37,9 +39,10 @@ async def post_tts(request: web.Request) -> web.StreamResponse:
     except FormatProblem as problem:
         raise ApiError(400, "invalid_field", f"{problem.field}: {problem}") from None
     voice = resolve_voice(api.engine, api.settings, string_field(body, "voice"))
+    options = {key: value for key in ("instruct", "dialect") if (value := string_field(body, key)) is not None}
     request_id = uuid.uuid4().hex[:16]
     with api.slots.hold(key):
-        async with speech_stream(api, text, voice, request_id, ssml=None) as channel:
+        async with speech_stream(api, text, voice, request_id, ssml=None, options=options) as channel:
             encoder = AudioEncoder(audio_format, api.engine.sample_rate)
             return await stream_audio(request, channel, encoder, audio_format.content_type, request_id, api)
 
