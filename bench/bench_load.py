@@ -354,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model-dir", help="default: full-size random weights built into /tmp (CosyVoice2 or, with "
                    "--family 3, CosyVoice3); a given directory's family is read from it")
     p.add_argument("--family", type=int, choices=(2, 3), default=2, help="the full-size model to build without "
-                   "--model-dir: 2 (bench/full_model.py) or 3 (bench/full_model3.py)")
+                   "--model-dir: 2 or 3 (bench/full_model.py --family)")
     p.add_argument("--golden", type=Path, default=None,
                    help="default ../shared/golden (family 2) or ../shared/golden_cv3 (family 3)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -427,14 +427,10 @@ def main(argv: list[str] | None = None) -> int:
     from tts_core.streaming.chunk_schedule import ChunkSchedule
 
     model_dir = Path(args.model_dir) if args.model_dir else None
-    if model_dir is None and args.family == 3:
-        from full_model3 import GOLDEN3, full_model3_dir
+    if model_dir is None:
+        from full_model import full_model_dir
 
-        model_dir = full_model3_dir(golden=args.golden or GOLDEN3)
-    elif model_dir is None:
-        from full_model import GOLDEN, full_model_dir
-
-        model_dir = full_model_dir(golden=args.golden or GOLDEN)
+        model_dir = full_model_dir(golden=args.golden, family=args.family)
     if args.compile_flow is None:
         args.compile_flow = SchedulerSettings.compile_flow
     if args.compile_hift is None:

@@ -11,7 +11,7 @@
 #   WINDOW=60 SEEDS="1 2" MODES=sip bash scripts/gpu_bench.sh bash scripts/gpu_e2e.sh openloop "$OUT" 10 20
 #   FAMILY=3 bash scripts/gpu_bench.sh bash scripts/gpu_e2e.sh workers "$OUT" 1 100
 #
-# FAMILY=3: the same with full-size random CosyVoice3 weights (bench/full_model3.py from $COSYVOICE3_GOLDEN_DIR,
+# FAMILY=3: the same with full-size random CosyVoice3 weights (bench/full_model.py --family 3 from $COSYVOICE3_GOLDEN_DIR,
 # default ../shared/golden_cv3), its files named *_cv3 so a CosyVoice2 run beside it keeps its own.
 # workers: the engine in a worker process the gateway supervises (the product's shape); its worker also
 # serves the speech API, which bench/bench_tts_api.py measures after the calls (1, 10 and 50 clients, jambonz
@@ -34,7 +34,7 @@ family="${FAMILY:-2}"
 if [ "$family" = 3 ]; then
     model=/tmp/cosyvoice3_full_bench; tag=_cv3
     if [ "$arrangement" != instant ] && [ ! -f "$model/spk2info.pt" ]; then
-        python3 bench/full_model3.py --out "$model" --golden "${COSYVOICE3_GOLDEN_DIR:-../shared/golden_cv3}"
+        python3 bench/full_model.py --family 3 --out "$model" --golden "${COSYVOICE3_GOLDEN_DIR:-../shared/golden_cv3}"
     fi
 else
     model=/tmp/cosyvoice2_full_bench; tag=""

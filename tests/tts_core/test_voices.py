@@ -54,11 +54,16 @@ def test_register_voice_then_synthesize(model_copy: Path, golden_dir: Path) -> N
     assert loudness > 0.9
     assert np.corrcoef(ours.argmax(1), golden.argmax(1))[0, 1] > 0.9
 
-    pipeline = CosyVoice2Pipeline.load(model_copy, max_batch=1, max_len=512)
+    assert_speaks(model_copy, "alice", also="golden_speaker")
+
+
+def assert_speaks(model_dir: Path, voice: str, also: str | None = None) -> None:
+    """The model directory loads with `voice` (and `also`) and speaks 40 forced tokens of audible audio in it."""
+    pipeline = CosyVoice2Pipeline.load(model_dir, max_batch=1, max_len=512)
     try:
-        assert "alice" in pipeline.voices and "golden_speaker" in pipeline.voices
+        assert voice in pipeline.voices and (also is None or also in pipeline.voices)
         sink = CollectingSink()
-        pipeline.synthesize("Hi.", "alice", sink, JobOptions(seed=3, min_tokens=40, max_tokens=40))
+        pipeline.synthesize("Hi.", voice, sink, JobOptions(seed=3, min_tokens=40, max_tokens=40))
         audio = np.concatenate(sink.wait(60))
     finally:
         pipeline.close()
@@ -201,11 +206,4 @@ def test_a_cosyvoice3_voice_carries_the_prompt_prefix_and_synthesises(tiny3_mode
     assert voice.prompt_text == VoiceBank.load(tiny3_model_dir).get("golden_speaker").prompt_text
     (summary,) = [v for v in list_voices(model) if v.name == "mei"]
     assert summary.transcript == "You are a helpful assistant.您好，欢迎致电。"  # special tokens not shown
-    pipeline = CosyVoice2Pipeline.load(model, max_batch=1, max_len=512)
-    try:
-        sink = CollectingSink()
-        pipeline.synthesize("Hi.", "mei", sink, JobOptions(seed=3, min_tokens=40, max_tokens=40))
-        audio = np.concatenate(sink.wait(60))
-    finally:
-        pipeline.close()
-    assert len(audio) == 40 * 960 and np.isfinite(audio).all() and np.abs(audio).max() > 0
+    assert_speaks(model, "mei")
