@@ -25,6 +25,8 @@ from tts_core.voices import VoiceBank
 
 WAV_TOL = 1e-3
 WAV_MEAN_TOL = 1e-5
+MEL_TOL = 1e-4
+BATCHED_WAV_MEAN_TOL = 2e-4  # batched rows: see test_streams_rendered_in_one_batched_call_...
 VOICE = "golden_speaker"
 
 
@@ -79,6 +81,42 @@ def test_the_runtime_renderer_streams_the_official_chunks(pipeline: CosyVoice2Pi
         _close(ours, official)
     assert stream.finished
     assert renderer.slots.take() == stream.slot  # the final chunk gave its slot back
+
+
+def test_streams_rendered_in_one_batched_call_each_get_their_own_official_chunks(
+        pipeline: CosyVoice2Pipeline, stream_case: dict, schedule: ChunkSchedule) -> None:
+    """Three streams of different lengths, their due chunks rendered together each round (one padded
+    DiT solve for the chunk-masked ones, one for the final ones): each stream's mel equals what the
+    official streaming path (the reference) makes of its tokens alone, and its chunks have the
+    official lengths. Batch rows differ from a lone solve by float rounding only (~1.4e-6 in the mel);
+    this random tiny HiFT turns that into sample differences of up to ~5e-2 (mean ~5e-5): its output
+    is ~1e4 times as sensitive as its input (no voicing flips), so the waveform is held to a mean."""
+    scheduler = pipeline.scheduler
+    renderer = DiTChunkRenderer(scheduler.flow, scheduler.hift, FlowPoolSettings(stream_slots=3))
+    voice = pipeline.voices.get(VOICE)
+    golden = stream_case["tokens"][0].tolist()
+    token_lists = [golden, golden[:61], golden[7:40]]
+    streams = [renderer.stream(voice, schedule, None) for _ in token_lists]
+    planners = [ChunkPlanner(schedule, len(voice.flow_prompt_speech_token)) for _ in token_lists]
+    got: list[list] = [[] for _ in token_lists]
+    while due := [(i, task) for i, (planner, tokens) in enumerate(zip(planners, token_lists))
+                  if (task := planner.next_chunk(len(tokens), lm_finished=True)) is not None]:
+        out = renderer.render([(streams[i], token_lists[i], task) for i, task in due])
+        for (i, _), chunk in zip(due, out):
+            got[i].append(chunk)
+    assert sum(len(g) for g in got) >= 6 and max(len(g) for g in got) == 3
+    for tokens, chunks in zip(token_lists, got):
+        reference = Token2Wav3Stream(scheduler.flow, scheduler.hift, torch.tensor([voice.flow_prompt_speech_token]),
+                                     voice.prompt_speech_feat[None], voice.flow_embedding[None])
+        planner = ChunkPlanner(schedule, len(voice.flow_prompt_speech_token))
+        expected = []
+        while (task := planner.next_chunk(len(tokens), lm_finished=True)) is not None:
+            expected.append(reference.render(tokens, task))
+        assert [c.audio.size for c in chunks] == [e.size(1) for e in expected]
+        mel = torch.cat([c.mel for c in chunks], dim=2)
+        assert (mel - reference.mel).abs().max().item() <= MEL_TOL
+        ours, official = np.concatenate([c.audio for c in chunks]), torch.cat(expected, dim=1)[0].numpy()
+        assert np.abs(ours - official).mean() <= BATCHED_WAV_MEAN_TOL
 
 
 def test_the_engine_streams_what_the_official_streaming_path_makes_of_its_tokens(
@@ -161,3 +199,32 @@ def test_a_voice_without_the_system_prefix_is_refused_at_load(tiny3_model_dir: P
     torch.save({"bare": entry}, tmp_path / "voices" / "bare.pt")
     with pytest.raises(ValueError, match="voice 'bare' of .*<\\|endofprompt\\|>"):
         CosyVoice2Pipeline.load(tiny3_model_dir, voices_dir=tmp_path / "voices", max_batch=1, max_len=512)
+
+
+def test_a_stream_closed_while_rendering_frees_its_slot_once_and_a_closed_one_is_not_rendered(
+        pipeline: CosyVoice2Pipeline, stream_case: dict, schedule: ChunkSchedule) -> None:
+    """A cancelled job's stream is closed by the decode thread, perhaps while a lane renders its chunk: the
+    slot comes back when that render ends (not before, or a new stream could take it mid-render), once."""
+    scheduler = pipeline.scheduler
+    renderer = DiTChunkRenderer(scheduler.flow, scheduler.hift, FlowPoolSettings(stream_slots=2))
+    voice = pipeline.voices.get(VOICE)
+    tokens = stream_case["tokens"][0].tolist()
+    task = ChunkPlanner(schedule, len(voice.flow_prompt_speech_token)).next_chunk(len(tokens), lm_finished=False)
+    stream, other = renderer.stream(voice, schedule, None), renderer.stream(voice, schedule, None)
+    hift_inference = renderer.hift.inference
+
+    def closing_midway(mel, finalize):  # the decode thread's close, landing during the render
+        stream.close()
+        assert stream.slot not in renderer.slots._free
+        return hift_inference(mel, finalize)
+
+    renderer.hift.inference = closing_midway
+    try:
+        (chunk,) = renderer.render([(stream, tokens, task)])
+    finally:
+        del renderer.hift.inference
+    assert chunk.audio.size > 0 and renderer.slots._free == [stream.slot]
+    stream.close()  # again: nothing more is given back
+    assert renderer.slots._free == [stream.slot]
+    (skipped,) = renderer.render([(stream, tokens, task)])  # closed before its render: not rendered
+    assert skipped.audio.size == 0 and renderer.slots._free == [stream.slot] and not other.closed

@@ -10,9 +10,10 @@ frames to the slot and re-runs the causal HiFT over the slot's mel, emitting the
 those already sent: no cache, no cross-fade, no seam.
 
 Same interface as `chunk_render.ChunkRenderer` (lanes, `stream`, `render`, `prepare`), so the
-scheduler and render lanes serve both families. Eager on every device for now: no CUDA graphs,
-no compiled flow, and a batch's chunks are rendered one after the other (the DiT calls differ in
-length). Its cost grows with the utterance (every chunk re-renders it all), as the official's does.
+scheduler and render lanes serve both families. A render call's chunks go through the DiT in one
+batched solve per attention kind (rows right-padded and masked), then each stream's vocoder runs
+alone. Eager on every device for now: no CUDA graphs, no compiled flow. Its cost grows with the
+utterance (every chunk re-renders it all), as the official's does.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import structlog
 import torch
 
@@ -30,7 +32,6 @@ from tts_core.hift.causal import CausalHiftGenerator
 from tts_core.runtime.chunk_render import FlowPoolSettings, RenderLane
 from tts_core.streaming.chunk_schedule import ChunkSchedule, ChunkTask
 from tts_core.streaming.token2wav import RenderedChunk
-from tts_core.streaming.token2wav3 import chunk_mel
 from tts_core.voices import Voice
 
 log = structlog.get_logger(__name__)
@@ -81,13 +82,16 @@ class DiTChunkStream:
     def __init__(self, renderer: DiTChunkRenderer, slot: int, prompt: _VoicePrompt) -> None:
         self.renderer, self.slot, self.prompt = renderer, slot, prompt
         self.finished = False
-        self._closed = False
+        # Under the renderer's lock: closed; being rendered by a lane; closed during that render (its
+        # slot is given back when the render ends).
+        self.closed = False
+        self.rendering = False
+        self.release_pending = False
 
     def close(self) -> None:
-        """Give the slot back (idempotent; any thread)."""
-        if not self._closed:
-            self._closed = True
-            self.renderer.slots.give_back(self.slot)
+        """Give the slot back (idempotent; any thread: the decode thread closes a cancelled job's stream,
+        perhaps while a lane renders its chunk; the slot is then given back when that render ends)."""
+        self.renderer.close(self)
 
 
 class DiTChunkRenderer:
@@ -101,6 +105,7 @@ class DiTChunkRenderer:
         self.lanes["later"] = RenderLane("later", max_batch=max(settings.batches))
         self._voices: dict[str, tuple[Voice, _VoicePrompt]] = {}
         self._voices_lock = threading.Lock()
+        self._streams_lock = threading.Lock()  # DiTChunkStream.closed / .rendering
         self.time_gpu = False  # the vocoder is not timed on the stream here (eager)
         log.info("dit_stream_slots_allocated", stream_slots=settings.stream_slots,
                  gb=round(self.slots.mel.numel() * 4 / 2**30, 3))
@@ -126,6 +131,9 @@ class DiTChunkRenderer:
                     torch.tensor([voice.flow_prompt_speech_token], dtype=torch.long, device=self._device),
                     voice.prompt_speech_feat[None].to(self._device, dtype),
                     voice.flow_embedding[None].to(self._device, dtype))
+                if self._device.type == "cuda":
+                    # Copied on this thread's stream; another lane may use it next.
+                    torch.cuda.current_stream(self._device).synchronize()
                 known = (voice, prompt)
                 self._voices[voice.name] = known
             return known[1]
@@ -133,6 +141,16 @@ class DiTChunkRenderer:
     def stream(self, voice: Voice, schedule: ChunkSchedule, generator: torch.Generator | None) -> DiTChunkStream:
         # `generator` is unused: CosyVoice3's flow and HiFT draw no random numbers (fixed noise buffers).
         return DiTChunkStream(self, self.slots.take(), self._prompt(voice))
+
+    def close(self, stream: DiTChunkStream) -> None:
+        with self._streams_lock:
+            if stream.closed:
+                return
+            stream.closed = True
+            if stream.rendering:
+                stream.release_pending = True  # `render` gives the slot back when it is done with it
+                return
+        self.slots.give_back(stream.slot)
 
     def prepare(self, voices: Sequence[Voice], schedule: ChunkSchedule, graphs: bool) -> dict:
         """The voices' prompts on the device; no graphs (the CosyVoice3 flow and vocoder run eagerly)."""
@@ -153,15 +171,43 @@ class DiTChunkRenderer:
     @torch.inference_mode()
     def render(self, items: Sequence[tuple[DiTChunkStream, Sequence[int], ChunkTask]],
                lane: str = "later") -> list[RenderedChunk]:
-        """One chunk per item (stream, the segment's flow tokens so far, its task), in order. A
-        stream whose final chunk this is gives its slot back."""
+        """One chunk per item (stream, the segment's flow tokens so far, its task), in order. The flow
+        renders the items' chunks in one batched call per attention kind (chunk-masked, and full for
+        final chunks); each stream's vocoder then runs on its own mel. A stream whose final chunk this is
+        gives its slot back."""
+        with self._streams_lock:
+            # A stream closed since its lane took the chunk (its job cancelled) is not rendered: its slot
+            # may be another stream's already. Its job hears nothing more, so an empty chunk stands in.
+            live = [i for i, (stream, _, _) in enumerate(items) if not stream.closed]
+            for i in live:
+                items[i][0].rendering = True
+        out = [RenderedChunk(audio=np.zeros(0, np.float32), mel=torch.zeros(1, 0, 0), flow_s=0.0, hift_s=0.0)
+               for _ in items]
+        try:
+            for i, chunk in zip(live, self._render([items[i] for i in live]) if live else []):
+                out[i] = chunk
+        finally:
+            with self._streams_lock:
+                released = [items[i][0] for i in live if items[i][0].release_pending]
+                for i in live:
+                    items[i][0].rendering = items[i][0].release_pending = False
+            for stream in released:  # closed during the render (or by its final chunk): its slot is free now
+                self.slots.give_back(stream.slot)
+        return out
+
+    def _render(self, items: Sequence[tuple[DiTChunkStream, Sequence[int], ChunkTask]]) -> list[RenderedChunk]:
+        started = time.perf_counter()
+        news: list[torch.Tensor | None] = [None] * len(items)
+        for finalize in (False, True):
+            group = [i for i, (_, _, task) in enumerate(items) if task.finalize == finalize]
+            if group:
+                for i, new in zip(group, self._flow([items[i] for i in group], finalize)):
+                    news[i] = new
+        flow_s = _synchronized(self._device) - started
         out = []
-        for stream, tokens, task in items:
-            started = time.perf_counter()
-            p = stream.prompt
-            new = chunk_mel(self.flow, tokens, task, p.token, p.feat, p.embedding).float()
+        for (stream, _, task), new in zip(items, news):
+            t0 = time.perf_counter()
             mel = self.slots.append(stream.slot, new)
-            flow_done = _synchronized(self._device)
             wav, _ = self.hift.inference(mel, finalize=task.finalize)
             emitted = self.slots.emitted[stream.slot]
             audio = wav[0, emitted:].float().cpu().numpy()
@@ -169,9 +215,35 @@ class DiTChunkRenderer:
             stream.finished = task.finalize
             if task.finalize:
                 stream.close()
-            out.append(RenderedChunk(audio=audio, mel=new, flow_s=flow_done - started,
-                                     hift_s=time.perf_counter() - flow_done))
+            out.append(RenderedChunk(audio=audio, mel=new, flow_s=flow_s, hift_s=time.perf_counter() - t0))
         return out
+
+    def _flow(self, items: Sequence[tuple[DiTChunkStream, Sequence[int], ChunkTask]],
+              finalize: bool) -> list[torch.Tensor]:
+        """The official flow call of each item's chunk (prompt + tokens [0, token_end) re-rendered), all in
+        one solve: rows right-padded to the longest and masked (tts_core/flow/sampler.py). Returns each
+        item's new frames (1, 80, n) float32, from 2 x token_offset on."""
+        flow, ratio = self.flow, self.flow.cfg.token_mel_ratio
+        conditions = []
+        for stream, tokens, task in items:
+            if len(tokens) < task.token_end:
+                raise ValueError(f"chunk {task.index} needs {task.token_end} tokens, {len(tokens)} exist")
+            token = torch.tensor([list(tokens[:task.token_end])], dtype=torch.long, device=self._device)
+            p = stream.prompt
+            conditions.append(flow.condition(token, p.token, p.feat, p.embedding, finalize))
+        frames = max(c.mu.size(2) for c in conditions)
+        rows = len(conditions)
+        mu = torch.zeros(rows, flow.cfg.output_size, frames, device=self._device, dtype=self.dtype)
+        cond, mask = torch.zeros_like(mu), torch.zeros(rows, 1, frames, device=self._device, dtype=self.dtype)
+        for row, c in enumerate(conditions):
+            length = c.mu.size(2)
+            mu[row, :, :length], cond[row, :, :length], mask[row, :, :length] = c.mu[0], c.cond[0], 1
+        spks = torch.cat([c.spks for c in conditions])
+        sampler = flow.decoder
+        attn_mask = sampler.estimator.attention_mask(frames, not finalize, self._device)
+        mel = sampler.solve(sampler.noise(frames, self.dtype), mu, mask, spks, cond, attn_mask)
+        return [mel[row:row + 1, :, c.prompt_frames + ratio * task.token_offset:c.mu.size(2)]
+                for row, (c, (_, _, task)) in enumerate(zip(conditions, items))]
 
 
 def _synchronized(device: torch.device) -> float:
