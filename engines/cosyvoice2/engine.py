@@ -91,7 +91,7 @@ class CosyVoice2Engine(SpeechEngine):
 
         s = self.settings
         try:  # the family and every file, before any weight is read: one line naming what is wrong
-            ModelDir.open(s.model_dir)
+            family = ModelDir.open(s.model_dir).family.version
         except ValueError as exc:  # ModelDirError, ModelFamilyError
             raise EngineSettingsError("engine.cosyvoice2.model_dir", str(s.model_dir), f"is not usable: {exc}") from None
         device, dtype = s.resolve()
@@ -99,7 +99,7 @@ class CosyVoice2Engine(SpeechEngine):
         started = time.perf_counter()
         pipeline = CosyVoice2Pipeline.load(
             s.model_dir, device=device, dtype=dtype, voices_dir=s.voices_dir, max_batch=s.max_batch, max_len=s.max_len,
-            schedule=ChunkSchedule(hop_tokens=s.hop_tokens, max_hop_tokens=s.max_hop_tokens,
+            schedule=ChunkSchedule(hop_tokens=s.hop_tokens, max_hop_tokens=s.max_hop_for(family),
                                    first_hop_tokens=s.first_hop_tokens),
             fast=SchedulerSettings(graphs=graphs, flow_encoder_tokens=encoder_tokens,
                                    flow_context_frames=s.flow_context_frames, compile_flow=s.compile_flow,

@@ -42,6 +42,7 @@ async def _audio(channel) -> np.ndarray:
 
 async def test_a_cosyvoice3_directory_streams_with_and_without_a_dialect(engine: CosyVoice2Engine) -> None:
     assert engine.pipeline.family.version == 3 and engine.takes_instructs
+    assert engine.pipeline.scheduler.settings.schedule.max_hop_tokens == 100  # CosyVoice3's official hop growth
     plain = await asyncio.wait_for(_audio(engine.open_stream(_request(60))), 60)
     dialect = await asyncio.wait_for(_audio(engine.open_stream(_request(60, dialect="sichuan"))), 60)
     instruct = await asyncio.wait_for(_audio(engine.open_stream(_request(60, instruct="slow"))), 60)
@@ -63,6 +64,7 @@ def test_a_cosyvoice2_model_refuses_an_instruct_with_400(tiny_model_dir: Path) -
     engine = CosyVoice2Engine(model_dir=str(tiny_model_dir), device="cpu", max_batch=1, max_len=1024, warmup=False)
     asyncio.run(engine.start())
     try:
+        assert engine.pipeline.scheduler.settings.schedule.max_hop_tokens == 50  # CosyVoice2's measured default
         with pytest.raises(UnsupportedOption, match="instruct: .* takes no instruct or dialect") as refused:
             engine.validate(_request(10, instruct="happy"))
         assert refused.value.sip_status == 400
