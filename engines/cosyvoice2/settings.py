@@ -64,7 +64,7 @@ class CosyVoice2Settings:
             raise ValueError(f"engine.cosyvoice2: unknown key(s) {', '.join(unknown)}; "
                              f"known: {', '.join(sorted(known))}")
         if not raw.get("model_dir"):
-            raise ValueError("engine.cosyvoice2.model_dir: required (a CosyVoice2 model directory)")
+            raise ValueError("engine.cosyvoice2.model_dir: required (a CosyVoice2 or CosyVoice3 model directory)")
         values = dict(raw)
         values["model_dir"] = Path(values["model_dir"])
         if values.get("voices_dir") is not None:
