@@ -228,3 +228,33 @@ def test_a_stream_closed_while_rendering_frees_its_slot_once_and_a_closed_one_is
     assert renderer.slots._free == [stream.slot]
     (skipped,) = renderer.render([(stream, tokens, task)])  # closed before its render: not rendered
     assert skipped.audio.size == 0 and renderer.slots._free == [stream.slot] and not other.closed
+
+
+def test_a_failed_render_call_leaves_every_stream_as_it_was(pipeline: CosyVoice2Pipeline, stream_case: dict,
+                                                             schedule: ChunkSchedule) -> None:
+    """The render loop renders a failed call's chunks again one by one (so one bad job fails alone): the
+    vocoder failing on the second stream must not have moved the first on, or its retry would repeat audio."""
+    scheduler = pipeline.scheduler
+    renderer = DiTChunkRenderer(scheduler.flow, scheduler.hift, FlowPoolSettings(stream_slots=2))
+    voice = pipeline.voices.get(VOICE)
+    tokens = stream_case["tokens"][0].tolist()
+    task = ChunkPlanner(schedule, len(voice.flow_prompt_speech_token)).next_chunk(len(tokens), lm_finished=False)
+    first, second = renderer.stream(voice, schedule, None), renderer.stream(voice, schedule, None)
+    calls = []
+    hift_inference = renderer.hift.inference
+
+    def failing_second(mel, finalize):
+        calls.append(mel.size(2))
+        if len(calls) == 2:
+            raise RuntimeError("vocoder failed")
+        return hift_inference(mel, finalize)
+
+    renderer.hift.inference = failing_second
+    try:
+        with pytest.raises(RuntimeError, match="vocoder failed"):
+            renderer.render([(first, tokens, task), (second, tokens, task)])
+    finally:
+        del renderer.hift.inference
+    (again,) = renderer.render([(first, tokens, task)])  # the retry, alone
+    _close(again.audio, stream_case["chunks"][0])
+    assert renderer.slots.frames[first.slot] == 2 * task.token_end - 2 * schedule.lookahead_tokens

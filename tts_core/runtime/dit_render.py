@@ -59,14 +59,18 @@ class DiTSlots:
         with self._lock:
             self._free.append(slot)
 
-    def append(self, slot: int, new: torch.Tensor) -> torch.Tensor:
-        """Add the chunk's frames (1, 80, n); returns the slot's mel so far (1, 80, frames)."""
+    def staged(self, slot: int, new: torch.Tensor) -> torch.Tensor:
+        """The slot's mel so far with the chunk's frames (1, 80, n) after it, (1, 80, frames + n); nothing
+        is kept until `commit` (a render that fails leaves the stream as it was, to be rendered again)."""
         at, n = self.frames[slot], new.size(2)
         if at + n > self.mel.size(2):
             raise ValueError(f"utterance exceeds {self.mel.size(2)} mel frames (the flow's noise buffer)")
         self.mel[slot, :, at:at + n] = new[0]
-        self.frames[slot] = at + n
         return self.mel[slot:slot + 1, :, :at + n]
+
+    def commit(self, slot: int, frames: int, samples: int) -> None:
+        self.frames[slot] += frames
+        self.emitted[slot] += samples
 
 
 @dataclass(frozen=True)
@@ -207,15 +211,16 @@ class DiTChunkRenderer:
         out = []
         for (stream, _, task), new in zip(items, news):
             t0 = time.perf_counter()
-            mel = self.slots.append(stream.slot, new)
-            wav, _ = self.hift.inference(mel, finalize=task.finalize)
-            emitted = self.slots.emitted[stream.slot]
-            audio = wav[0, emitted:].float().cpu().numpy()
-            self.slots.emitted[stream.slot] = emitted + audio.size
+            wav, _ = self.hift.inference(self.slots.staged(stream.slot, new), finalize=task.finalize)
+            audio = wav[0, self.slots.emitted[stream.slot]:].float().cpu().numpy()
+            out.append(RenderedChunk(audio=audio, mel=new, flow_s=flow_s, hift_s=time.perf_counter() - t0))
+        # Every chunk made: only now does any stream move on (the render loop renders a failed call's
+        # chunks again one by one, from the state they had).
+        for (stream, _, task), chunk in zip(items, out):
+            self.slots.commit(stream.slot, chunk.mel.size(2), chunk.audio.size)
             stream.finished = task.finalize
             if task.finalize:
                 stream.close()
-            out.append(RenderedChunk(audio=audio, mel=new, flow_s=flow_s, hift_s=time.perf_counter() - t0))
         return out
 
     def _flow(self, items: Sequence[tuple[DiTChunkStream, Sequence[int], ChunkTask]],
