@@ -8,6 +8,8 @@ this random model; a seam or an off-by-one offset would move whole chunks).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -201,28 +203,44 @@ def test_a_voice_without_the_system_prefix_is_refused_at_load(tiny3_model_dir: P
         CosyVoice2Pipeline.load(tiny3_model_dir, voices_dir=tmp_path / "voices", max_batch=1, max_len=512)
 
 
-def test_a_stream_closed_while_rendering_frees_its_slot_once_and_a_closed_one_is_not_rendered(
-        pipeline: CosyVoice2Pipeline, stream_case: dict, schedule: ChunkSchedule) -> None:
-    """A cancelled job's stream is closed by the decode thread, perhaps while a lane renders its chunk: the
-    slot comes back when that render ends (not before, or a new stream could take it mid-render), once."""
+@pytest.fixture()
+def two_streams(pipeline: CosyVoice2Pipeline, stream_case: dict, schedule: ChunkSchedule):
+    """A renderer of its own with two open streams of the golden voice, the golden tokens and their first chunk."""
     scheduler = pipeline.scheduler
     renderer = DiTChunkRenderer(scheduler.flow, scheduler.hift, FlowPoolSettings(stream_slots=2))
     voice = pipeline.voices.get(VOICE)
     tokens = stream_case["tokens"][0].tolist()
     task = ChunkPlanner(schedule, len(voice.flow_prompt_speech_token)).next_chunk(len(tokens), lm_finished=False)
-    stream, other = renderer.stream(voice, schedule, None), renderer.stream(voice, schedule, None)
-    hift_inference = renderer.hift.inference
+    return renderer, tokens, task, renderer.stream(voice, schedule, None), renderer.stream(voice, schedule, None)
 
-    def closing_midway(mel, finalize):  # the decode thread's close, landing during the render
-        stream.close()
-        assert stream.slot not in renderer.slots._free
-        return hift_inference(mel, finalize)
 
-    renderer.hift.inference = closing_midway
+@contextmanager
+def vocoder_hook(renderer: DiTChunkRenderer, before) -> Iterator[None]:
+    """`before(mel)` runs at each vocoder call of the renderer (what another thread, or a fault, does then)."""
+    inference = renderer.hift.inference
+
+    def hooked(mel, finalize):
+        before(mel)
+        return inference(mel, finalize)
+
+    renderer.hift.inference = hooked
     try:
-        (chunk,) = renderer.render([(stream, tokens, task)])
+        yield
     finally:
         del renderer.hift.inference
+
+
+def test_a_stream_closed_while_rendering_frees_its_slot_once_and_a_closed_one_is_not_rendered(two_streams) -> None:
+    """A cancelled job's stream is closed by the decode thread, perhaps while a lane renders its chunk: the
+    slot comes back when that render ends (not before, or a new stream could take it mid-render), once."""
+    renderer, tokens, task, stream, other = two_streams
+
+    def closing_midway(mel):  # the decode thread's close, landing during the render
+        stream.close()
+        assert stream.slot not in renderer.slots._free
+
+    with vocoder_hook(renderer, closing_midway):
+        (chunk,) = renderer.render([(stream, tokens, task)])
     assert chunk.audio.size > 0 and renderer.slots._free == [stream.slot]
     stream.close()  # again: nothing more is given back
     assert renderer.slots._free == [stream.slot]
@@ -230,31 +248,20 @@ def test_a_stream_closed_while_rendering_frees_its_slot_once_and_a_closed_one_is
     assert skipped.audio.size == 0 and renderer.slots._free == [stream.slot] and not other.closed
 
 
-def test_a_failed_render_call_leaves_every_stream_as_it_was(pipeline: CosyVoice2Pipeline, stream_case: dict,
+def test_a_failed_render_call_leaves_every_stream_as_it_was(two_streams, stream_case: dict,
                                                              schedule: ChunkSchedule) -> None:
     """The render loop renders a failed call's chunks again one by one (so one bad job fails alone): the
     vocoder failing on the second stream must not have moved the first on, or its retry would repeat audio."""
-    scheduler = pipeline.scheduler
-    renderer = DiTChunkRenderer(scheduler.flow, scheduler.hift, FlowPoolSettings(stream_slots=2))
-    voice = pipeline.voices.get(VOICE)
-    tokens = stream_case["tokens"][0].tolist()
-    task = ChunkPlanner(schedule, len(voice.flow_prompt_speech_token)).next_chunk(len(tokens), lm_finished=False)
-    first, second = renderer.stream(voice, schedule, None), renderer.stream(voice, schedule, None)
+    renderer, tokens, task, first, second = two_streams
     calls = []
-    hift_inference = renderer.hift.inference
 
-    def failing_second(mel, finalize):
+    def failing_second(mel):
         calls.append(mel.size(2))
         if len(calls) == 2:
             raise RuntimeError("vocoder failed")
-        return hift_inference(mel, finalize)
 
-    renderer.hift.inference = failing_second
-    try:
-        with pytest.raises(RuntimeError, match="vocoder failed"):
-            renderer.render([(first, tokens, task), (second, tokens, task)])
-    finally:
-        del renderer.hift.inference
+    with vocoder_hook(renderer, failing_second), pytest.raises(RuntimeError, match="vocoder failed"):
+        renderer.render([(first, tokens, task), (second, tokens, task)])
     (again,) = renderer.render([(first, tokens, task)])  # the retry, alone
     _close(again.audio, stream_case["chunks"][0])
     assert renderer.slots.frames[first.slot] == 2 * task.token_end - 2 * schedule.lookahead_tokens
