@@ -9,10 +9,7 @@
 #   bash scripts/gpu_bench.sh bash scripts/gpu_e2e.sh workers2 "$OUT" 1 200 400
 #   KILL_WORKER_AT=10 bash scripts/gpu_bench.sh bash scripts/gpu_e2e.sh workers2 "$OUT" 200
 #   WINDOW=60 SEEDS="1 2" MODES=sip bash scripts/gpu_bench.sh bash scripts/gpu_e2e.sh openloop "$OUT" 10 20
-#   FAMILY=3 bash scripts/gpu_bench.sh bash scripts/gpu_e2e.sh workers "$OUT" 1 100
 #
-# FAMILY=3: the same with full-size random CosyVoice3 weights (bench/full_model.py --family 3 from $COSYVOICE3_GOLDEN_DIR,
-# default ../shared/golden_cv3), its files named *_cv3 so a CosyVoice2 run beside it keeps its own.
 # workers: the engine in a worker process the gateway supervises (the product's shape); its worker also
 # serves the speech API, which bench/bench_tts_api.py measures after the calls (1, 10 and 50 clients, jambonz
 # at 10) beside the engine's own first chunk of the same requests, from the serve log ($OUT/tts_api.json);
@@ -30,6 +27,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 arrangement="$1"; out="$2"; shift 2
+# FAMILY=3 (e.g. FAMILY=3 bash scripts/gpu_bench.sh bash scripts/gpu_e2e.sh workers "$OUT" 1 100): full-size random
+# CosyVoice3 weights instead (bench/full_model.py --family 3 from $COSYVOICE3_GOLDEN_DIR, default
+# ../shared/golden_cv3); the workers and in_process files are then named *_cv3, so a CosyVoice2 run keeps its own.
 family="${FAMILY:-2}"
 if [ "$family" = 3 ]; then
     model=/tmp/cosyvoice3_full_bench; tag=_cv3
@@ -79,16 +79,16 @@ if [ "$arrangement" = openloop ]; then
     # shellcheck disable=SC2086  # SEEDS and MODES are word lists
     exec python3 bench/bench_open_loop.py --config "$config" --rates "$@" --seeds ${SEEDS:-1 2 3} \
         --modes ${MODES:-sip api} --window "${WINDOW:-300}" --prompt-seconds 30 --api-prompt-seconds 3 10 30 \
-        --out "$out/open_loop_cosyvoice$family.json" --serve-log "$out/serve_openloop$tag.log"
+        --out "$out/open_loop_cosyvoice2.json" --serve-log "$out/serve_openloop.log"
 fi
 if [ "$arrangement" = workers2 ]; then
     rate="${RATE:-10}"
     python3 bench/bench_e2e_calls.py --config "$config" --devices 0 --calls "$@" --prompt-seconds 20 --rate "$rate" \
-        --out "$out/e2e_gpu1$tag.json" --serve-log "$out/serve_gpu1$tag.log"
+        --out "$out/e2e_gpu1.json" --serve-log "$out/serve_gpu1.log"
     kill=()
     [ -n "${KILL_WORKER_AT:-}" ] && kill=(--kill-worker-at "$KILL_WORKER_AT" --kill-worker 1)
     exec python3 bench/bench_e2e_calls.py --config "$config" --devices 0 1 --calls "$@" --prompt-seconds 20 \
-        --rate "$rate" --out "$out/e2e_gpu2$tag.json" --serve-log "$out/serve_gpu2$tag.log" "${kill[@]}"
+        --rate "$rate" --out "$out/e2e_gpu2.json" --serve-log "$out/serve_gpu2.log" "${kill[@]}"
 fi
 exec python3 bench/bench_e2e_calls.py --config "$config" --calls "$@" --prompt-seconds 20 --rate 10 \
     --out "$out/e2e_$arrangement$tag.json" --serve-log "$out/serve_$arrangement$tag.log" "${then[@]}"
