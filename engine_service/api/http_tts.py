@@ -20,7 +20,7 @@ from engine_service.api.audio_format import FORMATS, SAMPLE_RATES, AudioEncoder,
 from engine_service.api.context import TTS_API
 from engine_service.api.errors import ApiError, answers_errors
 from engine_service.api.json_body import int_field, read_json_object, refuse_unknown_fields, string_field
-from engine_service.api.speech import resolve_voice, speech_stream
+from engine_service.api.speech import engine_options, resolve_voice, speech_stream
 from engine_service.api.streaming_response import stream_audio
 
 _TTS_FIELDS = ("text", "voice", "format", "sample_rate", "instruct", "dialect")
@@ -39,7 +39,7 @@ async def post_tts(request: web.Request) -> web.StreamResponse:
     except FormatProblem as problem:
         raise ApiError(400, "invalid_field", f"{problem.field}: {problem}") from None
     voice = resolve_voice(api.engine, api.settings, string_field(body, "voice"))
-    options = {key: value for key in ("instruct", "dialect") if (value := string_field(body, key)) is not None}
+    options = engine_options(api, voice, string_field(body, "instruct"), string_field(body, "dialect"))
     request_id = uuid.uuid4().hex[:16]
     with api.slots.hold(key):
         async with speech_stream(api, text, voice, request_id, ssml=None, options=options) as channel:

@@ -43,6 +43,18 @@ def resolve_voice(engine: SpeechEngine, settings: TtsApiSettings, voice: str | N
     return settings.default_voice or engine.default_voice
 
 
+def engine_options(api: TtsApi, voice: str, instruct: str | None, dialect: str | None) -> dict[str, str]:
+    """A request's instruct / dialect as engine options, checked by the engine now (400 unsupported_option: a
+    name off the model's list, both, or a model that takes none), so a stream of many texts is refused at once."""
+    options = {key: value for key, value in (("instruct", instruct), ("dialect", dialect)) if value is not None}
+    if options:
+        try:
+            api.engine.validate(SynthesisRequest(text="a", voice=voice, options=options))
+        except SynthesisRefused as refusal:
+            raise refusal_error(refusal, api.settings.retry_after_s) from None
+    return options
+
+
 @asynccontextmanager
 async def speech_stream(api: TtsApi, text: str, voice: str, request_id: str = "",
                         ssml: bool | None = False, options: Mapping[str, Any] | None = None

@@ -86,3 +86,17 @@ async def test_a_cosyvoice2_model_answers_an_instruct_with_400(tiny_model_dir: P
         await engine.close()
     assert status == 400
     assert b'"unsupported_option"' in body and b"takes no instruct or dialect" in body
+
+
+async def test_the_bot_websocket_speaks_every_sentence_in_the_dialect_it_opened_with(cv3) -> None:
+    async with serve(cv3) as server, aiohttp.ClientSession(headers=AUTH) as client:
+        async with client.ws_connect(f"{server.ws_url}/v1/tts/ws?dialect=sichuan&format=pcm_s16le") as ws:
+            assert (await ws.receive_json(timeout=30))["type"] == "ready"
+            await ws.send_json({"type": "text", "text": "您好，欢迎致电。"})
+            await ws.send_json({"type": "flush"})
+            audio = b""
+            while (message := await ws.receive(timeout=60)).type == aiohttp.WSMsgType.BINARY:
+                audio += message.data
+            assert message.json()["type"] == "sentence_end" and len(audio) > RATE  # half a second at least
+        async with client.get(f"{server.url}/v1/tts/ws?dialect=klingon") as refused:
+            assert refused.status == 400 and (await refused.json())["error"] == "unsupported_option"
