@@ -354,8 +354,12 @@ def first_chunk_stream_times(job) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model-dir", help="default: full-size random weights built into /tmp")
-    p.add_argument("--golden", type=Path, default=REPO.parent / "shared" / "golden")
+    p.add_argument("--model-dir", help="default: full-size random weights built into /tmp (CosyVoice2 or, with "
+                   "--family 3, CosyVoice3); a given directory's family is read from it")
+    p.add_argument("--family", type=int, choices=(2, 3), default=2, help="the full-size model to build without "
+                   "--model-dir: 2 or 3 (bench/full_model.py --family)")
+    p.add_argument("--golden", type=Path, default=None,
+                   help="default ../shared/golden (family 2) or ../shared/golden_cv3 (family 3)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default bfloat16 on CUDA")
     p.add_argument("--rates", type=float, nargs="+", default=[1, 5, 10, 15, 20, 25])
@@ -432,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     if model_dir is None:
         from full_model import full_model_dir
 
-        model_dir = full_model_dir(golden=args.golden)
+        model_dir = full_model_dir(golden=args.golden, family=args.family)
     if args.compile_flow is None:
         args.compile_flow = SchedulerSettings.compile_flow
     if args.compile_hift is None:
@@ -464,6 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     if waits is not None:
         waits.install()
     report: dict = {"device": torch.cuda.get_device_name() if cuda else platform.processor(), "dtype": dtype,
+                    "family": pipeline.family.version,
                     "llm_fp8": args.llm_fp8, "compile_flow": args.compile_flow and graphs,
                     "compile_hift": args.compile_hift and graphs,
                     "slot_attention": pipeline.scheduler.decoder.slot_attention if graphs else False,

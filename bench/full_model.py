@@ -1,12 +1,17 @@
-"""Build a full-size CosyVoice2 model directory with random weights, in the official key layout.
+"""Build a full-size CosyVoice2 (or, `--family 3`, CosyVoice3) model directory with random weights, in the
+official key layout.
 
 Performance is measured on full-size random weights (same shapes, same cost as the real 0.5B model).
 Weights are drawn like a trained model's init so fp16/bf16 activations stay finite: matrices
-N(0, 1/fan_in), norms 1, biases small, weight-norm gains 1, Snake alphas 1. The text tokenizer is the
+N(0, 1/fan_in), norms 1, biases small, weight-norm gains 1, Snake alphas 1; CosyVoice3's DiT rotary
+`inv_freq` buffer holds its real values. Keys, shapes, the yaml and the Qwen2 config come from the golden
+set's `full/` (../shared/golden, or ../shared/golden_cv3 for CosyVoice3). The text tokenizer is the
 tiny golden one (its ids are valid rows of the full embedding); a voice `bench_voice` with a 6 s
-prompt (150 speech tokens, 300 mel frames) is written to spk2info.pt.
+prompt (150 speech tokens, 300 mel frames) is written to spk2info.pt (CosyVoice3's with the golden
+speaker's prompt text: the system prefix + a transcript).
 
     python bench/full_model.py --out /tmp/cosyvoice2_full_bench     (about 2.3 GB, a minute on a GPU host)
+    python bench/full_model.py --family 3 --out /tmp/cosyvoice3_full_bench --golden ../shared/golden_cv3
 
 Never commit the output.
 """
@@ -23,8 +28,11 @@ from pathlib import Path
 import torch
 
 GOLDEN = Path(__file__).resolve().parents[2] / "shared" / "golden"
+GOLDEN3 = GOLDEN.with_name("golden_cv3")
 # One directory for every benchmark, so that a GPU host builds it once (2.3 GB, about a minute).
 DEFAULT_DIR = Path("/tmp/cosyvoice2_full_bench")
+DEFAULT_DIR3 = Path("/tmp/cosyvoice3_full_bench")
+ROTARY_BASE = 10_000  # x-transformers' RotaryEmbedding, as the official CosyVoice3 DiT builds it
 
 
 def _random_tensor(key: str, shape: list[int], gen: torch.Generator) -> torch.Tensor:
@@ -42,6 +50,13 @@ def _random_tensor(key: str, shape: list[int], gen: torch.Generator) -> torch.Te
     fan_in = math.prod(shape[1:]) if len(shape) > 1 else shape[0]
     std = 0.02 if "embed" in key else 1.0 / math.sqrt(fan_in)
     return torch.randn(shape, generator=gen) * std
+
+
+def _weight(key: str, shape: list[int], gen: torch.Generator) -> torch.Tensor:
+    if key.endswith("rotary_embed.inv_freq"):  # CosyVoice3's DiT: a buffer of fixed values, not a trained weight
+        dim_head = 2 * shape[0]
+        return 1.0 / ROTARY_BASE ** (torch.arange(0, dim_head, 2).float() / dim_head)
+    return _random_tensor(key, shape, gen)
 
 
 def _full_keys(golden: Path) -> dict[str, dict[str, list[int]]]:
@@ -84,48 +99,58 @@ def full_speech_lm(golden: Path = GOLDEN, seed: int = 2026):
     return lm.eval()
 
 
-def build_full_model_dir(out: Path, golden: Path = GOLDEN, seed: int = 2026, prompt_tokens: int = 150) -> Path:
+def build_full_model_dir(out: Path, golden: Path = GOLDEN, seed: int = 2026, prompt_tokens: int = 150,
+                         family: int = 2) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     keys = _full_keys(golden)
     gen = torch.Generator().manual_seed(seed)
     for part in ("llm", "flow", "hift"):
-        state = {k: _random_tensor(k, shape, gen) for k, shape in keys[part].items()}
+        state = {k: _weight(k, shape, gen) for k, shape in keys[part].items()}
         torch.save(state, out / f"{part}.pt")
         print(f"wrote {part}.pt: {sum(v.numel() for v in state.values()) / 1e6:.1f} M parameters", flush=True)
-    shutil.copy(golden / "full" / "cosyvoice2_full.yaml", out / "cosyvoice2.yaml")
+    shutil.copy(golden / "full" / f"cosyvoice{family}_full.yaml", out / f"cosyvoice{family}.yaml")
+    tiny = golden / f"cosyvoice{family}_tiny"
     qwen = out / "CosyVoice-BlankEN"
     qwen.mkdir(exist_ok=True)
     for name in ("vocab.json", "merges.txt", "tokenizer_config.json", "generation_config.json"):
-        shutil.copy(golden / "cosyvoice2_tiny" / "CosyVoice-BlankEN" / name, qwen / name)
+        shutil.copy(tiny / "CosyVoice-BlankEN" / name, qwen / name)
     shutil.copy(golden / "full" / "CosyVoice-BlankEN" / "config.json", qwen / "config.json")
     speech_tokens = torch.randint(0, 6561, (1, prompt_tokens), generator=gen, dtype=torch.int32)
-    prompt_text = torch.randint(0, 500, (1, 20), generator=gen, dtype=torch.int32)
+    if family == 3:  # the CosyVoice3 prompt prefix: the golden speaker's prompt text carries it
+        speaker = next(iter(torch.load(tiny / "spk2info.pt", weights_only=False).values()))
+        prompt_text = speaker["prompt_text"]
+    else:
+        prompt_text = torch.randint(0, 500, (1, 20), generator=gen, dtype=torch.int32)
     voice = {
-        "prompt_text": prompt_text, "prompt_text_len": torch.tensor([20], dtype=torch.int32),
+        "prompt_text": prompt_text, "prompt_text_len": torch.tensor([prompt_text.size(1)], dtype=torch.int32),
         "llm_prompt_speech_token": speech_tokens, "llm_prompt_speech_token_len": torch.tensor([prompt_tokens], dtype=torch.int32),
         "flow_prompt_speech_token": speech_tokens, "flow_prompt_speech_token_len": torch.tensor([prompt_tokens], dtype=torch.int32),
         "prompt_speech_feat": torch.randn((1, 2 * prompt_tokens, 80), generator=gen) * 2 - 6,
         "prompt_speech_feat_len": torch.tensor([2 * prompt_tokens], dtype=torch.int32),
         "llm_embedding": torch.randn((1, 192), generator=gen), "flow_embedding": torch.randn((1, 192), generator=gen),
     }
-    torch.save({"bench_voice": voice}, out / "spk2info.pt")
+    torch.save({"bench_voice": voice}, out / "spk2info.pt")  # last: its presence means a whole build
     return out
 
 
-def full_model_dir(out: Path = DEFAULT_DIR, golden: Path = GOLDEN) -> Path:
-    """`out`, built first unless a whole build is already there (spk2info.pt is written last)."""
+def full_model_dir(out: Path | None = None, golden: Path | None = None, family: int = 2) -> Path:
+    """`out` (default /tmp/cosyvoice<family>_full_bench), built first unless a whole build is already there
+    (spk2info.pt is written last)."""
+    out = out or (DEFAULT_DIR3 if family == 3 else DEFAULT_DIR)
     if not (out / "spk2info.pt").is_file():
-        build_full_model_dir(out, golden)
+        build_full_model_dir(out, golden or (GOLDEN3 if family == 3 else GOLDEN), family=family)
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--golden", type=Path, default=GOLDEN)
+    parser.add_argument("--family", type=int, choices=(2, 3), default=2, help="CosyVoice2 or CosyVoice3")
+    parser.add_argument("--golden", type=Path, default=None, help="default ../shared/golden (family 3: golden_cv3)")
     parser.add_argument("--seed", type=int, default=2026)
     args = parser.parse_args(argv)
-    build_full_model_dir(args.out, args.golden, args.seed)
+    build_full_model_dir(args.out, args.golden or (GOLDEN3 if args.family == 3 else GOLDEN), args.seed,
+                         family=args.family)
     return 0
 
 

@@ -23,6 +23,7 @@ from engines.ssml.segments import Segment
 from engines.text_check import text_problem
 
 SAMPLE_RATE = 24_000
+INSTRUCT_OPTIONS = ("instruct", "dialect")  # request options only a CosyVoice3 model takes
 
 
 class SynthesisRefused(Exception):
@@ -52,6 +53,13 @@ class BadText(SynthesisRefused):
 
     sip_status = 400
     sip_reason = "Bad Text"
+
+
+class UnsupportedOption(BadText):
+    """An instruct or dialect this engine's model does not take (any engine but a CosyVoice3 model), or a name
+    outside the model's fixed list: the sender's fault, a 400 (over the worker link it travels as bad_text)."""
+
+    sip_reason = "Bad TTS Option"
 
 
 class NoCapacity(SynthesisRefused):
@@ -126,6 +134,8 @@ class SpeechEngine(ABC):
     sample_rate: int = SAMPLE_RATE
     max_text_chars: int = 2000
     honours_rate: bool = False  # takes the request option `rate` (SSML prosody rate, 1.0 the voice's pace)
+    # takes the request options `instruct` / `dialect` (CosyVoice3's fixed list; a worker link lets its worker say)
+    takes_instructs: bool = False
 
     async def start(self) -> None:
         """Load models and warm up; must not block the event loop (run heavy work in a thread)."""
@@ -170,6 +180,10 @@ class SpeechEngine(ABC):
             raise TextTooLong(f"text has {len(request.text)} characters, limit is {self.max_text_chars}")
         if request.voice not in self.voices():
             raise UnknownVoice(f"unknown voice {request.voice!r}; known: {', '.join(sorted(self.voices()))}")
+        for key in INSTRUCT_OPTIONS:
+            if request.options.get(key) is not None and not self.takes_instructs:
+                raise UnsupportedOption(f"{key}: the {self.name} engine's model takes no instruct or dialect "
+                                        "(a CosyVoice3 model does)")
 
     @abstractmethod
     def open_stream(self, request: SynthesisRequest) -> ChunkChannel:

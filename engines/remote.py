@@ -301,6 +301,9 @@ class WorkerLink:
 class RemoteEngine(SpeechEngine):
     """Speech from engine workers over the streaming protocol; see the module docstring."""
 
+    # The workers' model decides (a CosyVoice3 model takes instruct / dialect, others refuse with bad_text: 400).
+    takes_instructs = True
+
     def __init__(self, urls: Sequence[str] = (), token: str = "", engine_name: str = "remote",
                  default_voice: str = "", max_first_audio_ms: float | None = None, dead_after_s: float = 1.0,
                  sample_format: protocol.Format = "f32le",

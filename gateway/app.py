@@ -17,8 +17,8 @@ import gc
 import signal
 import sys
 import time
-
 from collections.abc import Callable
+from types import MappingProxyType
 
 import structlog
 
@@ -109,7 +109,8 @@ class Gateway:
             except Exception as exc:  # the next call of that voice measures it again
                 log.warning("voice_level_not_measured", voice=voice, error=repr(exc))
         for prompt in prompts:
-            request = SynthesisRequest(text=prompt.text, voice=prompt.voice, call_id="prerender")
+            request = SynthesisRequest(text=prompt.text, voice=prompt.voice, call_id="prerender",
+                                       options=MappingProxyType(dict(prompt.options)))
             try:
                 self.engine.validate(request)
                 hit = await _when_admitted(lambda request=request: self.speech.prerender(request))

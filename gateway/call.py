@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from types import MappingProxyType
 
 import structlog
 
@@ -94,7 +95,7 @@ class CallSession:
         try:
             prompt = self._resolve_prompt(call)
             request = SynthesisRequest(text=prompt.text, voice=prompt.voice, call_id=call.call_id,
-                                       segments=prompt.segments)
+                                       segments=prompt.segments, options=MappingProxyType(dict(prompt.options)))
             self._engine.validate(request)
         except NoPrompt as exc:
             return self._reject(404, "No Prompt For Number", str(exc), "no_prompt")

@@ -266,6 +266,11 @@ class Route(Section):
     reject_code: int | None = Field(None, ge=400, le=699)  # with early_media: reject; default 480
     cache: bool = True  # with a named prompt, both must allow it
     prerender: bool = False
+    # CosyVoice3 models only (another engine refuses the call with 400): one of the authors' instruct names
+    # (loud, soft, slow, fast, happy, sad, angry, peppa_pig, robot) or dialects (cantonese, sichuan, ...; README).
+    # The engine checks the name against its model's list; never both.
+    instruct: str | None = Field(None, min_length=1)
+    dialect: str | None = Field(None, min_length=1)
 
     @field_validator("match")
     @classmethod
@@ -282,7 +287,14 @@ class Route(Section):
             raise FieldProblem("voice", "only with text; a named prompt carries its own voice")
         if self.reject_code is not None and self.early_media != "reject":
             raise FieldProblem("reject_code", "only with early_media: reject")
+        if self.instruct is not None and self.dialect is not None:
+            raise FieldProblem("dialect", "give instruct or dialect, not both (CosyVoice3 takes one per request)")
         return self
+
+    @property
+    def engine_options(self) -> tuple[tuple[str, str], ...]:
+        return tuple((key, value) for key, value in (("instruct", self.instruct), ("dialect", self.dialect))
+                     if value is not None)
 
     @property
     def prefix(self) -> str | None:

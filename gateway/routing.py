@@ -8,9 +8,10 @@ values the config has already validated; it never parses YAML and never refuses 
 X-TTS headers (set by a PBX dialplan or the operator's test phone): X-TTS-Text (UTF-8, percent-encoding
 allowed), optional X-TTS-Voice (a voice or alias), X-TTS-After (`stay` keeps the call up),
 X-TTS-Early-Media (`answer`, `reject` or `ring`, as a route's `early_media`, and over it on a routed
-call) with X-TTS-Reject-Code (400-699, default 480), and X-TTS-Type (`ssml` or `text`; without it a
-text starting with `<speak` is SSML, for headers, routes and prompts alike). A header value outside its
-choices raises `BadHeader`. SSML is parsed here, once, by engines.ssml (`<audio src=>` names a configured
+call) with X-TTS-Reject-Code (400-699, default 480), X-TTS-Type (`ssml` or `text`; without it a
+text starting with `<speak` is SSML, for headers, routes and prompts alike), and X-TTS-Instruct or
+X-TTS-Dialect (a CosyVoice3 instruct or dialect name, as a route's `instruct`/`dialect`, and over it on a
+routed call; the engine checks the name). A header value outside its choices raises `BadHeader`. SSML is parsed here, once, by engines.ssml (`<audio src=>` names a configured
 prompt); a document that cannot be spoken raises SsmlError (the call session answers 400 for either).
 """
 
@@ -47,6 +48,7 @@ class Prompt:
     ssml: bool | None = None  # X-TTS-Type; None: SSML when the text starts with <speak
     segments: tuple[Segment, ...] = ()  # parsed SSML (and then `text` is its words)
     cache: bool = False  # the prompt cache may keep (and play) this text's audio
+    options: tuple[tuple[str, str], ...] = ()  # engine options: ("instruct", name) or ("dialect", name)
 
 
 class BadHeader(ValueError):
@@ -76,7 +78,19 @@ def prompt_from_headers(call: InboundCall, default_voice: str) -> Prompt | None:
     return Prompt(text=unquote(text, encoding="utf-8", errors="strict").strip(),
                   voice=unquote(voice).strip() if voice else default_voice, hangup_after=hangup,
                   early_media=early, reject_code=code, ssml={"": None, "text": False, "ssml": True}[kind],
-                  cache=cache)
+                  cache=cache, options=_instruct_headers(call))
+
+
+def _instruct_headers(call: InboundCall) -> tuple[tuple[str, str], ...]:
+    """X-TTS-Instruct / X-TTS-Dialect as engine options (at most one of them)."""
+    found = tuple((key, unquote(value).strip().lower()) for key, header in (("instruct", "X-TTS-Instruct"),
+                                                                           ("dialect", "X-TTS-Dialect"))
+                  if (value := call.invite.header(header)) is not None)
+    if len(found) > 1:
+        raise BadHeader("X-TTS-Instruct and X-TTS-Dialect: give one (CosyVoice3 takes one instruct per call)")
+    if found and not found[0][1]:
+        raise BadHeader(f"X-TTS-{found[0][0].capitalize()}: empty")
+    return found
 
 
 def _early_media_headers(call: InboundCall) -> tuple[str | None, int]:
@@ -114,7 +128,10 @@ class PromptRouter:
             raise NoPrompt(f"no X-TTS-Text header and no route for {call.request_user!r}")
         prompt = self._parsed(self.prompt_for_route(route))
         early, code = _early_media_headers(call)  # the PBX may ask for early media on a routed call too
-        return prompt if early is None else replace(prompt, early_media=early, reject_code=code)
+        if early is not None:
+            prompt = replace(prompt, early_media=early, reject_code=code)
+        options = _instruct_headers(call)  # and for an instruct or dialect over the route's
+        return prompt if not options else replace(prompt, options=options)
 
     def _parsed(self, prompt: Prompt) -> Prompt:
         """The prompt with its SSML segments, if it is SSML; raises SsmlError."""
@@ -150,7 +167,7 @@ class PromptRouter:
         voice = voice or self._default_voice
         return Prompt(text=text, voice=self._aliases.get(voice, voice), hangup_after=route.after == "hangup",
                       barge_in=barge_in, early_media=route.early_media,
-                      reject_code=route.reject_code or DEFAULT_REJECT_CODE, cache=cache)
+                      reject_code=route.reject_code or DEFAULT_REJECT_CODE, cache=cache, options=route.engine_options)
 
     def prerendered(self) -> list[Prompt]:
         """The prompts and route texts marked `prerender: true`, once each, SSML left out: rendered into the cache
@@ -159,7 +176,7 @@ class PromptRouter:
                    if route.prerender or (route.prompt is not None and self._prompts[route.prompt].prerender)]
         prompts += [Prompt(text=p.text, voice=self._aliases.get(v := p.voice or self._default_voice, v), cache=True)
                     for p in self._prompts.values() if p.prerender]
-        return list({(p.text, p.voice): p for p in prompts if p.cache and not self._is_ssml(p)}.values())
+        return list({(p.text, p.voice, p.options): p for p in prompts if p.cache and not self._is_ssml(p)}.values())
 
     def _is_ssml(self, prompt: Prompt) -> bool:
         """SSML prompts are not cached (gateway/call.py), so they are not prerendered either."""

@@ -93,8 +93,9 @@ class CallSpeech:
         return ENGINE_LEVEL if target is None else f"{target:.1f}"
 
     def key(self, request: SynthesisRequest, rate: int = LINE_RATE) -> PromptKey:
-        return PromptKey(request.text, request.voice, self.engine.model_identity(request.voice), rate,
-                         self.level_label)
+        # An instruct or dialect is other audio of the same text and voice: part of the voice's key.
+        voice = request.voice + "".join(f"|{k}={v}" for k, v in sorted(request.options.items()))
+        return PromptKey(request.text, voice, self.engine.model_identity(request.voice), rate, self.level_label)
 
     async def gain_db(self, voice: str) -> float | None:
         calibration = SynthesisRequest(text=CALIBRATION_TEXT, voice=voice, call_id="level-calibration")

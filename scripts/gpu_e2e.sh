@@ -32,11 +32,22 @@ cd "$(dirname "$0")/.."
 # shellcheck disable=SC1091  # scripts/gpu_engine.sh, from the repository root (the cd above)
 source scripts/gpu_engine.sh
 arrangement="$1"; out="$2"; shift 2
-model=/tmp/cosyvoice2_full_bench
-if [ "$arrangement" != instant ] && [ ! -f "$model/llm.pt" ]; then
-    python3 bench/full_model.py --out "$model" --golden "${COSYVOICE_GOLDEN_DIR:-../shared/golden}"
+# FAMILY=3 (e.g. FAMILY=3 bash scripts/gpu_bench.sh bash scripts/gpu_e2e.sh workers "$OUT" 1 100): full-size random
+# CosyVoice3 weights instead (bench/full_model.py --family 3 from $COSYVOICE3_GOLDEN_DIR, default
+# ../shared/golden_cv3); the workers and in_process files are then named *_cv3, so a CosyVoice2 run keeps its own.
+family="${FAMILY:-2}"
+if [ "$family" = 3 ]; then
+    model=/tmp/cosyvoice3_full_bench; tag=_cv3
+    if [ "$arrangement" != instant ] && [ ! -f "$model/spk2info.pt" ]; then
+        python3 bench/full_model.py --family 3 --out "$model" --golden "${COSYVOICE3_GOLDEN_DIR:-../shared/golden_cv3}"
+    fi
+else
+    model=/tmp/cosyvoice2_full_bench; tag=""
+    if [ "$arrangement" != instant ] && [ ! -f "$model/llm.pt" ]; then
+        python3 bench/full_model.py --out "$model" --golden "${COSYVOICE_GOLDEN_DIR:-../shared/golden}"
+    fi
 fi
-config="$out/e2e_$arrangement.yaml"
+config="$out/e2e_$arrangement$tag.yaml"
 key=$(python3 -c 'import secrets; print(secrets.token_hex(16))')
 then=()
 api_lines=""
@@ -45,7 +56,7 @@ case "$arrangement" in
         workers_line="  worker: {port: 8090}"
         api_lines="tts_api: {api_keys: [{name: bench, key: \"$key\", max_streams: 200}]}"
         then=(--then "python3 bench/bench_tts_api.py --url http://127.0.0.1:8090 --key $key --clients 1 10 50 \
---jambonz-clients 10 --samples 20 --engine-log $out/serve_workers.log --out $out/tts_api.json") ;;
+--jambonz-clients 10 --samples 20 --engine-log $out/serve_workers$tag.log --out $out/tts_api$tag.json") ;;
     in_process) workers_line="  workers: 0" ;;
     workers2|openloop) workers_line="  worker: {port: 8090}" ;;
     instant)
@@ -84,4 +95,4 @@ if [ "$arrangement" = workers2 ]; then
         --prompt-seconds 30 --out "$out/e2e_gpu2.json" --serve-log "$out/serve_gpu2.log" "${kill[@]}"
 fi
 exec python3 bench/bench_e2e_calls.py --config "$config" --calls "$@" --prompt-seconds 20 --rate 10 \
-    --out "$out/e2e_$arrangement.json" --serve-log "$out/serve_$arrangement.log" "${then[@]}"
+    --out "$out/e2e_$arrangement$tag.json" --serve-log "$out/serve_$arrangement$tag.log" "${then[@]}"

@@ -64,10 +64,9 @@ def list_voices(model_dir: str | Path, voices_dir: str | Path | None = None) -> 
     """Every voice the engine would load, in load order (a later file wins a name clash); a voice or
     file the engine would refuse is listed with the reason instead of stopping the listing."""
     from tts_core.model_dir import ModelDir
-    from tts_core.text.tokenizer import TextTokenizer
 
     model_dir = Path(model_dir)
-    tokenizer = TextTokenizer(ModelDir.open(model_dir).qwen_dir)
+    tokenizer = text_tokenizer(ModelDir.open(model_dir))
     summaries: dict[str, VoiceSummary] = {}
     for path, entries in raw_voice_files(model_dir, voices_dir_of(model_dir, voices_dir)):
         if isinstance(entries, str):
@@ -119,13 +118,13 @@ def extract_voice(model_dir: Path, name: str, wav_path: Path, transcript: str) -
     from tts_core.features.wav_file import resample
     from tts_core.features.whisper_logmel import whisper_logmel
     from tts_core.model_dir import ModelDir
+    from tts_core.text.cosyvoice3 import zero_shot_prompt_text
     from tts_core.text.normalize import TextNormalizer
-    from tts_core.text.tokenizer import TextTokenizer
 
     if not transcript or not any(ch.isalnum() for ch in transcript):
         raise ValueError("the transcript is empty: give the words spoken in the prompt wav (--text)")
     md = ModelDir.open(model_dir)
-    for path, what in ((md.campplus_path, "campplus.onnx"), (md.speech_tokenizer_path, "speech_tokenizer_v2.onnx")):
+    for path, what in ((md.campplus_path, "campplus.onnx"), (md.speech_tokenizer_path, md.family.speech_tokenizer_name)):
         if path is None:
             raise FileNotFoundError(f"{model_dir / what} is missing: voice enrolment needs it")
     wav16 = check_prompt_audio(wav_path, PROMPT_RATE, MIN_PROMPT_SECONDS, MAX_PROMPT_SECONDS).wav
@@ -141,13 +140,25 @@ def extract_voice(model_dir: Path, name: str, wav_path: Path, transcript: str) -
     n_tokens = min(feat.shape[0] // FRAMES_PER_TOKEN, len(tokens))
     if n_tokens == 0:
         raise ValueError(f"{wav_path}: the speech tokenizer found no speech tokens")
-    tokenizer = TextTokenizer(md.qwen_dir)
-    prompt_text = tokenizer.encode(TextNormalizer(tokenizer).normalize(transcript))
+    tokenizer = text_tokenizer(md)
+    if md.family.version == 3:
+        # CosyVoice3's prompt prefix; the official frontend leaves a text holding <|...|> unnormalised.
+        prompt_text = tokenizer.encode(zero_shot_prompt_text(transcript))
+    else:
+        prompt_text = tokenizer.encode(TextNormalizer(tokenizer).normalize(transcript))
     speech = tuple(int(t) for t in tokens[:n_tokens])
     emb = torch.from_numpy(embedding.astype(np.float32))
     return Voice(name=name, prompt_text=tuple(prompt_text), llm_prompt_speech_token=speech,
                  flow_prompt_speech_token=speech, prompt_speech_feat=feat[:FRAMES_PER_TOKEN * n_tokens].contiguous(),
                  llm_embedding=emb, flow_embedding=emb.clone())
+
+
+def text_tokenizer(md):
+    """The model directory's text tokenizer (CosyVoice3's has its special tokens), from a `ModelDir`."""
+    from tts_core.text.cosyvoice3 import cosyvoice3_tokenizer
+    from tts_core.text.tokenizer import TextTokenizer
+
+    return cosyvoice3_tokenizer(md.qwen_dir) if md.family.version == 3 else TextTokenizer(md.qwen_dir)
 
 
 def _run_onnx(path: Path, inputs: list[np.ndarray]) -> np.ndarray:

@@ -1,4 +1,6 @@
-"""Our WebSocket for bots: `GET /v1/tts/ws?voice=&format=&sample_rate=`, text in as an LLM makes it, audio out.
+"""Our WebSocket for bots: `GET /v1/tts/ws?voice=&format=&sample_rate=` (and, for a CosyVoice3 model, `instruct=` or
+`dialect=`: 400 unsupported_option before the upgrade when the model does not take it), text in as an LLM makes it,
+audio out.
 
     client -> server (text frames, JSON)        server -> client
     {"type": "text", "text": "Hel"}             {"type": "ready", "voice", "format", "sample_rate"}  once
@@ -26,7 +28,7 @@ from engine_service.api.audio_format import AudioFormat, FormatProblem
 from engine_service.api.context import TTS_API
 from engine_service.api.errors import ApiError, answers_errors
 from engine_service.api.json_body import parse_message, string_field
-from engine_service.api.speech import resolve_voice
+from engine_service.api.speech import engine_options, resolve_voice
 from engine_service.api.text_stream import Sentence, SpokenTextStream
 
 log = structlog.get_logger(__name__)
@@ -73,6 +75,7 @@ async def bot_websocket(request: web.Request) -> web.StreamResponse:
     key = authenticate(request, api)
     audio_format = _query_format(request, api.settings.default_sample_rate)
     voice = resolve_voice(api.engine, api.settings, request.query.get("voice"))
+    options = engine_options(api, voice, request.query.get("instruct"), request.query.get("dialect"))
     stream_id = uuid.uuid4().hex[:16]
     with api.slots.hold(key):
         ws = web.WebSocketResponse(heartbeat=30.0)
@@ -82,7 +85,7 @@ async def bot_websocket(request: web.Request) -> web.StreamResponse:
         sink = _BotSink(ws, request.transport)
         await ws.send_json({"type": "ready", "voice": voice, "format": audio_format.name,
                             "sample_rate": audio_format.sample_rate})
-        spoken = SpokenTextStream(api, voice, audio_format, sink, stream_id)
+        spoken = SpokenTextStream(api, voice, audio_format, sink, stream_id, options)
         try:
             async for message in ws:
                 if message.type != WSMsgType.TEXT:

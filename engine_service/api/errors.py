@@ -23,6 +23,7 @@ from engines.base import (
     SynthesisRefused,
     TextTooLong,
     UnknownVoice,
+    UnsupportedOption,
 )
 
 
@@ -50,6 +51,7 @@ def unavailable(reason: str, message: str, retry_after_s: int) -> ApiError:
 _REFUSALS: tuple[tuple[type[SynthesisRefused], int, str], ...] = (
     (UnknownVoice, 400, "unknown_voice"),
     (EmptyText, 400, "empty_text"),
+    (UnsupportedOption, 400, "unsupported_option"),
     (BadText, 400, "bad_text"),
     (TextTooLong, 413, "text_too_long"),
     (NoCapacity, 503, "at_capacity"),

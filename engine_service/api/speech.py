@@ -12,8 +12,9 @@ is freed at once.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from typing import Any
 
 from engine_service.api.audio_format import AudioEncoder
 from engine_service.api.context import TtsApi
@@ -42,18 +43,32 @@ def resolve_voice(engine: SpeechEngine, settings: TtsApiSettings, voice: str | N
     return settings.default_voice or engine.default_voice
 
 
+def engine_options(api: TtsApi, voice: str, instruct: str | None, dialect: str | None) -> dict[str, str]:
+    """A request's instruct / dialect as engine options, checked by the engine now (400 unsupported_option: a
+    name off the model's list, both, or a model that takes none), so a stream of many texts is refused at once."""
+    options = {key: value for key, value in (("instruct", instruct), ("dialect", dialect)) if value is not None}
+    if options:
+        try:
+            api.engine.validate(SynthesisRequest(text="a", voice=voice, options=options))
+        except SynthesisRefused as refusal:
+            raise refusal_error(refusal, api.settings.retry_after_s) from None
+    return options
+
+
 @asynccontextmanager
 async def speech_stream(api: TtsApi, text: str, voice: str, request_id: str = "",
-                        ssml: bool | None = False) -> AsyncIterator[ChunkChannel]:
+                        ssml: bool | None = False, options: Mapping[str, Any] | None = None
+                        ) -> AsyncIterator[ChunkChannel]:
     """An admitted engine stream for the body of the `async with`; cancelled, and its shared slot given back,
     when the body ends however it ends. `ssml`: True reads the text as SSML, None when it starts with `<speak`
-    (engines.segmented.speech_request); a document that cannot be spoken is a 400 `bad_ssml`."""
+    (engines.segmented.speech_request); a document that cannot be spoken is a 400 `bad_ssml`. `options`: the
+    request's engine options (instruct / dialect), checked by the engine (400 unsupported_option)."""
     settings = api.settings
     if len(text) > settings.max_text_chars:
         raise ApiError(413, "text_too_long",
                        f"text: {len(text)} characters, the limit is {settings.max_text_chars}")
     try:
-        request = speech_request(text, voice, call_id=request_id, ssml=ssml)
+        request = speech_request(text, voice, call_id=request_id, ssml=ssml, options=options)
     except SsmlError as exc:
         raise ApiError(400, "bad_ssml", str(exc)) from None
     health = api.engine.health()

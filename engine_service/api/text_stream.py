@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Mapping
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Protocol
@@ -54,8 +55,10 @@ class SpeechSink(Protocol):
 
 class SpokenTextStream:
     def __init__(self, api: TtsApi, voice: str, audio_format: AudioFormat, sink: SpeechSink,
-                 stream_id: str) -> None:
+                 stream_id: str, options: Mapping[str, str] | None = None) -> None:
+        """`options`: engine options every sentence is spoken with (instruct / dialect)."""
         self._api = api
+        self._options = dict(options or {})
         self._settings = api.settings
         self._voice = voice
         self._format = audio_format
@@ -127,7 +130,8 @@ class SpokenTextStream:
         sent = 0
         if any(char.isalnum() for char in sentence.text):  # "..." or a lone quote is nothing to say
             request_id = f"{self._stream_id}-{sentence.index}"
-            async with speech_stream(self._api, sentence.text, self._voice, request_id) as channel:
+            async with speech_stream(self._api, sentence.text, self._voice, request_id,
+                                     options=self._options) as channel:
                 encoder = AudioEncoder(self._format, self._api.engine.sample_rate)
                 async def write(data: bytes) -> None:
                     await self._sink.audio(sentence, data)

@@ -1,4 +1,5 @@
-"""The `cosyvoice2` engine: CosyVoice2 zero-shot voices streamed by tts_core's runtime.
+"""The `cosyvoice2` engine: CosyVoice2 and CosyVoice3 zero-shot voices (the family read from the model directory)
+streamed by tts_core's runtime.
 
 The only place in the gateway that imports tts_core. Importing this package needs no GPU and loads
 no model; `start()` loads and warms up in a worker thread.

@@ -1,5 +1,11 @@
 """CosyVoice2Engine: adapts tts_core's CosyVoice2Pipeline to the gateway's SpeechEngine interface.
 
+It serves CosyVoice2 and CosyVoice3 model directories alike (`engine.cosyvoice2.model_dir`): the family is
+read from the directory. A directory that is not a usable model of either family is refused at start, in one
+line naming the file or the disagreeing class (EngineSettingsError: exit 2 in a worker). A CosyVoice3 model
+takes the request options `instruct` / `dialect` (names from the authors' fixed list, tts_core/text/cosyvoice3.py),
+which condition the speech as its LM prompt and are never spoken; a CosyVoice2 model refuses them (400).
+
 Loading (seconds to a minute) and warm-up run in a worker thread, never on the event loop; after
 that, `open_stream` only queues a job: the scheduler's threads render it and hand chunks to the
 stream's ChunkChannel. The text frontend (normalise, split, tokenise: ~10 ms for a 300-character text) runs
@@ -21,8 +27,8 @@ from typing import Any
 import numpy as np
 import structlog
 
-from engines.base import (EmptyText, EngineSettingsError, EngineUnavailable, SpeechEngine, SynthesisFailed,
-                          SynthesisRefused, SynthesisRequest)
+from engines.base import (INSTRUCT_OPTIONS, EmptyText, EngineSettingsError, EngineUnavailable, SpeechEngine,
+                          SynthesisFailed, SynthesisRefused, SynthesisRequest, UnsupportedOption)
 from engines.channel import ChunkChannel
 from engines.cosyvoice2.settings import CosyVoice2Settings
 from engines.segmented import speak_segments
@@ -30,7 +36,7 @@ from speech_audio.model_identity import files_identity
 
 log = structlog.get_logger(__name__)
 
-REQUEST_OPTIONS = ("seed", "min_tokens", "max_tokens")  # per-request knobs a caller may set
+REQUEST_OPTIONS = ("seed", "min_tokens", "max_tokens", *INSTRUCT_OPTIONS)  # per-request knobs a caller may set
 SEGMENT_ROOM = 256  # KV positions a text segment and its first speech need beyond the prompt
 
 
@@ -81,13 +87,19 @@ class CosyVoice2Engine(SpeechEngine):
         from tts_core.runtime.pipeline import startup_stages
         from tts_core.streaming.chunk_schedule import ChunkSchedule
 
+        from tts_core.model_dir import ModelDir
+
         s = self.settings
+        try:  # the family and every file, before any weight is read: one line naming what is wrong
+            family = ModelDir.open(s.model_dir).family.version
+        except ValueError as exc:  # ModelDirError, ModelFamilyError
+            raise EngineSettingsError("engine.cosyvoice2.model_dir", str(s.model_dir), f"is not usable: {exc}") from None
         device, dtype = s.resolve()
         graphs, encoder_tokens = s.fast_path(device)
         started = time.perf_counter()
         pipeline = CosyVoice2Pipeline.load(
             s.model_dir, device=device, dtype=dtype, voices_dir=s.voices_dir, max_batch=s.max_batch, max_len=s.max_len,
-            schedule=ChunkSchedule(hop_tokens=s.hop_tokens, max_hop_tokens=s.max_hop_tokens,
+            schedule=ChunkSchedule(hop_tokens=s.hop_tokens, max_hop_tokens=s.max_hop_for(family),
                                    first_hop_tokens=s.first_hop_tokens),
             fast=SchedulerSettings(graphs=graphs, flow_encoder_tokens=encoder_tokens,
                                    flow_context_frames=s.flow_context_frames, compile_flow=s.compile_flow,
@@ -109,7 +121,7 @@ class CosyVoice2Engine(SpeechEngine):
         stages = startup_stages(pipeline.startup, self.warmup_s)
         stages["total_s"] = round(time.perf_counter() - started, 2)  # load + warm-up
         stages["process_s"] = _process_age_s()  # since the process began: imports and CUDA set-up too
-        log.info("cosyvoice2_engine_started", stages=stages, device=device, dtype=str(dtype), llm_fp8=s.llm_fp8, graphs=graphs,
+        log.info("cosyvoice2_engine_started", family=pipeline.family.version, stages=stages, device=device, dtype=str(dtype), llm_fp8=s.llm_fp8, graphs=graphs,
                  compile_flow=graphs and s.compile_flow, compile_hift=graphs and s.compile_hift,
                  slot_attention=graphs and s.slot_attention,
                  first_chunk_lanes=s.first_chunk_lanes,
@@ -145,6 +157,10 @@ class CosyVoice2Engine(SpeechEngine):
         return self._running().voices.names()
 
     @property
+    def takes_instructs(self) -> bool:  # type: ignore[override]
+        return self.pipeline is not None and self.pipeline.family.instructs
+
+    @property
     def default_voice(self) -> str:
         return self.settings.default_voice or self.voices()[0]
 
@@ -155,6 +171,7 @@ class CosyVoice2Engine(SpeechEngine):
             raise SynthesisRefused(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(REQUEST_OPTIONS)}")
         # The model's own limit: each text segment is spoken after the voice prompt in one KV-cache
         # row, so the prompt must leave room for a segment and its speech.
+        self._instruct_tokens(request)
         voice = self._running().voices.get(request.voice)
         prompt = 2 + len(voice.prompt_text) + len(voice.llm_prompt_speech_token)
         if prompt + SEGMENT_ROOM > self.settings.max_len:
@@ -170,7 +187,8 @@ class CosyVoice2Engine(SpeechEngine):
         pipeline = self._running()
         options = JobOptions(seed=_int_option(request.options, "seed", self.settings.seed),
                              min_tokens=_int_option(request.options, "min_tokens"),
-                             max_tokens=_int_option(request.options, "max_tokens"))
+                             max_tokens=_int_option(request.options, "max_tokens"),
+                             instruct_tokens=self._instruct_tokens(request))
         if pipeline.frontend.knows(request.text):  # a look-up: queue it here, admitted at once
             channel = ChunkChannel()
             _submit(pipeline, request, options, channel)
@@ -179,6 +197,14 @@ class CosyVoice2Engine(SpeechEngine):
         assert self._frontend_thread is not None
         self._frontend_thread.submit(_submit_admitting, pipeline, request, options, channel)
         return channel
+
+
+    def _instruct_tokens(self, request: SynthesisRequest) -> tuple[int, ...] | None:
+        """The request's instruct / dialect as the model's prompt tokens; UnsupportedOption (400) names the field."""
+        try:
+            return self._running().instruct_tokens(request.options.get("instruct"), request.options.get("dialect"))
+        except ValueError as exc:
+            raise UnsupportedOption(str(exc)) from None
 
 
 def _process_age_s() -> float | None:

@@ -31,7 +31,9 @@ class CosyVoice2Settings:
     max_batch: int = 8
     max_len: int = 2048
     hop_tokens: int = 25
-    max_hop_tokens: int = 50
+    # None: 50 for CosyVoice2 (measured: docs/PERF_NOTES.md), the official 100 for CosyVoice3, whose every
+    # chunk re-renders the utterance so far (a larger hop means fewer re-renders).
+    max_hop_tokens: int | None = None
     first_hop_tokens: int | None = None
     # Fixed: every request's flow and vocoder noise is the same (tests; the token draws are batched on
     # the device and do not follow it); None: random per request.
@@ -62,7 +64,7 @@ class CosyVoice2Settings:
             raise ValueError(f"engine.cosyvoice2: unknown key(s) {', '.join(unknown)}; "
                              f"known: {', '.join(sorted(known))}")
         if not raw.get("model_dir"):
-            raise ValueError("engine.cosyvoice2.model_dir: required (a CosyVoice2 model directory)")
+            raise ValueError("engine.cosyvoice2.model_dir: required (a CosyVoice2 or CosyVoice3 model directory)")
         values = dict(raw)
         values["model_dir"] = Path(values["model_dir"])
         if values.get("voices_dir") is not None:
@@ -87,7 +89,7 @@ class CosyVoice2Settings:
             raise ValueError(f"engine.cosyvoice2.first_chunk_lanes: {values['first_chunk_lanes']!r}; "
                              "a whole number from 0 (one lane renders everything) to 8")
         for key in ("max_batch", "max_len", "hop_tokens", "max_hop_tokens"):
-            if key in values and int(values[key]) <= 0:
+            if values.get(key) is not None and int(values[key]) <= 0:
                 raise ValueError(f"engine.cosyvoice2.{key}: must be positive")
         return cls(**values)
 
@@ -101,6 +103,12 @@ class CosyVoice2Settings:
         if window is None:
             window = DEFAULT_GPU_ENCODER_TOKENS if graphs else 0
         return graphs, (window or None)
+
+    def max_hop_for(self, family: int) -> int:
+        """`max_hop_tokens`, or the family's default."""
+        if self.max_hop_tokens is not None:
+            return self.max_hop_tokens
+        return 100 if family == 3 else 50
 
     @property
     def flow_context_frames(self) -> int:

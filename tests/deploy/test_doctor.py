@@ -66,6 +66,13 @@ def test_a_good_host_passes_every_check_that_applies(tmp_path: Path, tiny_model_
     assert lines["gpu"].startswith("SKIP") and "device is cpu" in lines["gpu"]  # said, not passed silently
 
 
+def test_a_cosyvoice3_directory_is_checked_as_one(tmp_path: Path, tiny3_model_dir: Path) -> None:
+    code, lines = doctor(write_config(tmp_path, cosyvoice2(tiny3_model_dir)), "--cache-dir", str(tmp_path))
+    assert code == 0, lines
+    assert lines["model directory"].startswith("OK") and "CosyVoice3: " in lines["model directory"]
+    assert lines["voices"].startswith("OK") and "1 voice(s)" in lines["voices"]
+
+
 def test_a_missing_model_file_is_named_with_what_to_do(tmp_path: Path, tiny_model_dir: Path) -> None:
     model = tmp_path / "model"
     shutil.copytree(tiny_model_dir, model)

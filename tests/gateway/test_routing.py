@@ -141,3 +141,28 @@ def test_ssml_in_the_config_is_checked_at_load_naming_the_key():
         load_config(None, {"prompts": {"bad": {"text": "<speak>hi"}}})
     with pytest.raises(ConfigError, match=r"routes\[0\]\.text: <audio src='nope'>: no configured prompt"):
         load_config(None, {"routes": [{"match": "1", "text": '<speak><audio src="nope"/></speak>'}]})
+
+
+def test_instruct_or_dialect_from_the_route_or_the_header():
+    """CosyVoice3's instruct / dialect per route, per call (X-TTS-Instruct, X-TTS-Dialect, over the route's),
+    handed to the engine as request options, never as text; the engine checks the name."""
+    router = load_config(None, {"routes": [
+        {"match": "1", "text": "你好", "dialect": "cantonese"},
+        {"match": "2", "text": "hi", "instruct": "happy"},
+        {"match": "3", "text": "hi"},
+    ]}).prompt_resolver("en")
+    assert router(_Offered("1")) == Prompt("你好", "en", cache=True, options=(("dialect", "cantonese"),))
+    assert router(_Offered("2")).options == (("instruct", "happy"),)
+    assert router(_Offered("3")).options == ()
+    assert router(_Offered("1", "X-TTS-Instruct: Sad\r\n")).options == (("instruct", "sad"),)
+    header = router(_Offered("9", "X-TTS-Text: hi\r\nX-TTS-Dialect: sichuan\r\n"))
+    assert (header.text, header.options) == ("hi", (("dialect", "sichuan"),))
+    with pytest.raises(BadHeader, match="X-TTS-Instruct and X-TTS-Dialect: give one"):
+        router(_Offered("9", "X-TTS-Text: hi\r\nX-TTS-Dialect: sichuan\r\nX-TTS-Instruct: sad\r\n"))
+
+
+def test_a_route_with_both_instruct_and_dialect_is_refused_naming_the_key():
+    from gateway.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"routes\[0\]\.dialect: give instruct or dialect, not both"):
+        load_config(None, {"routes": [{"match": "1", "text": "hi", "dialect": "sichuan", "instruct": "sad"}]})

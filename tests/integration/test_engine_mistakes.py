@@ -1,11 +1,12 @@
 """Settings only the engine can check (a voice espeak-ng lacks, `device: cuda` on a host without one, a default
-voice the model has not), as `serve` meets them in both arrangements: in-process (engine.workers: 0) and in a
+voice the model has not, a model directory missing a file), as `serve` meets them in both arrangements: in-process (engine.workers: 0) and in a
 supervised worker (engine.workers: 1). Each is one line naming the key and the value, exit 2, no traceback
 (issue #33 item 3)."""
 
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import yaml
@@ -21,9 +22,12 @@ def _cosyvoice2(model_dir, **settings) -> dict:
                                                  "warmup": False, **settings}}
 
 
-def _mistakes(tiny_model_dir) -> dict[str, tuple[dict, str]]:
+def _mistakes(tiny_model_dir, model_without_flow=None) -> dict[str, tuple[dict, str]]:
     """name -> (engine block, what the last line must say)."""
     return {
+        "cosyvoice3_no_flow": (_cosyvoice2(model_without_flow),
+                               f"engine.cosyvoice2.model_dir: '{model_without_flow}' is not usable: model file "
+                               f"missing: {model_without_flow}/flow.pt"),
         "espeak_voice": ({"name": "espeak", "espeak": {"voices": {"en": "xx-nope"}, "default_voice": "en"}},
                          "engine.espeak.voices.en: 'xx-nope' is not a voice of the espeak-ng data installed"),
         "espeak_default_voice": ({"name": "espeak", "espeak": {"voices": {"en": "en-us"}, "default_voice": "fr"}},
@@ -37,10 +41,13 @@ def _mistakes(tiny_model_dir) -> dict[str, tuple[dict, str]]:
 
 @pytest.mark.parametrize("workers", [0, 1], ids=["in_process", "worker"])
 @pytest.mark.parametrize("mistake", ["espeak_voice", "espeak_default_voice", "cosyvoice2_cuda",
-                                     "cosyvoice2_default_voice"])
+                                     "cosyvoice2_default_voice", "cosyvoice3_no_flow"])
 async def test_an_engine_mistake_is_one_line_naming_the_key_and_value_and_exit_2(tmp_path, tiny_model_dir,
-                                                                                 mistake, workers):
-    engine, expected = _mistakes(tiny_model_dir)[mistake]
+                                                                                 tiny3_model_dir, mistake, workers):
+    broken = tmp_path / "cosyvoice3_without_flow"  # a CosyVoice3 directory missing a file
+    if mistake == "cosyvoice3_no_flow":
+        shutil.copytree(tiny3_model_dir, broken, ignore=shutil.ignore_patterns("flow.pt"))
+    engine, expected = _mistakes(tiny_model_dir, broken)[mistake]
     if engine["name"] == "cosyvoice2":
         torch = pytest.importorskip("torch")
         if mistake == "cosyvoice2_cuda" and torch.cuda.is_available():

@@ -71,5 +71,6 @@ def model_dir_for_enrolment(model_dir: Path, target: Path) -> Path:
     """A copy of `model_dir` at `target` with both stand-ins written into it (voice enrolment runs there)."""
     shutil.copytree(model_dir, target)
     write_campplus_standin(target / "campplus.onnx")
-    write_speech_tokenizer_standin(target / "speech_tokenizer_v2.onnx")
+    version = 3 if (target / "cosyvoice3.yaml").is_file() else 2  # CosyVoice3 ships speech_tokenizer_v3.onnx
+    write_speech_tokenizer_standin(target / f"speech_tokenizer_v{version}.onnx")
     return target

@@ -54,11 +54,16 @@ def test_register_voice_then_synthesize(model_copy: Path, golden_dir: Path) -> N
     assert loudness > 0.9
     assert np.corrcoef(ours.argmax(1), golden.argmax(1))[0, 1] > 0.9
 
-    pipeline = CosyVoice2Pipeline.load(model_copy, max_batch=1, max_len=512)
+    assert_speaks(model_copy, "alice", also="golden_speaker")
+
+
+def assert_speaks(model_dir: Path, voice: str, also: str | None = None) -> None:
+    """The model directory loads with `voice` (and `also`) and speaks 40 forced tokens of audible audio in it."""
+    pipeline = CosyVoice2Pipeline.load(model_dir, max_batch=1, max_len=512)
     try:
-        assert "alice" in pipeline.voices and "golden_speaker" in pipeline.voices
+        assert voice in pipeline.voices and (also is None or also in pipeline.voices)
         sink = CollectingSink()
-        pipeline.synthesize("Hi.", "alice", sink, JobOptions(seed=3, min_tokens=40, max_tokens=40))
+        pipeline.synthesize("Hi.", voice, sink, JobOptions(seed=3, min_tokens=40, max_tokens=40))
         audio = np.concatenate(sink.wait(60))
     finally:
         pipeline.close()
@@ -186,3 +191,19 @@ def test_the_longest_prompt_add_accepts_fits_the_engine(tiny_model_dir: Path, tm
         assert len(np.concatenate(sink.wait(60))) == 10 * 960
     finally:
         pipeline.close()
+
+
+def test_a_cosyvoice3_voice_carries_the_prompt_prefix_and_synthesises(tiny3_model_dir: Path, golden3_dir: Path,
+                                                                       tmp_path: Path) -> None:
+    """`voice add` on a CosyVoice3 directory: its speech tokenizer (v3) runs, the prompt text is the
+    system prefix + the transcript (as the official zero-shot frontend builds it), and the voice speaks."""
+    torch.set_num_threads(1)
+    model = model_dir_for_enrolment(tiny3_model_dir, tmp_path / "model")
+    path = register_voice(model, "mei", golden3_dir / "cases" / "prompt_24k.wav", "您好，欢迎致电。")
+    (voice,) = read_spk2info(path)
+    assert len(voice.flow_prompt_speech_token) == 50 and voice.prompt_speech_feat.shape == (100, 80)
+    # The golden speaker's prompt text is the official tokens of that prefix + this transcript.
+    assert voice.prompt_text == VoiceBank.load(tiny3_model_dir).get("golden_speaker").prompt_text
+    (summary,) = [v for v in list_voices(model) if v.name == "mei"]
+    assert summary.transcript == "You are a helpful assistant.您好，欢迎致电。"  # special tokens not shown
+    assert_speaks(model, "mei")

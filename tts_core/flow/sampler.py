@@ -8,7 +8,10 @@ two rows, conditioned and unconditioned (mu, speaker and prompt mel zeroed), mix
 classifier-free guidance (Le et al., Voicebox, 2023): v = (1 + w) v_cond - w v_uncond.
 
 `guided_velocity` is the hot loop body (N steps x batch 2); it takes only tensors, so a runtime
-can capture it in a CUDA graph per frame count.
+can capture it in a CUDA graph per frame count. `solve` also takes B requests at once (rows 0..B-1
+conditioned, B..2B-1 unconditioned), each with its own key mask: CosyVoice3's renderer batches
+streams of different lengths that way (right-padded; the DiT's causal position convolution and
+masked attention keep a row's frames independent of the padding).
 """
 
 from __future__ import annotations
@@ -54,9 +57,9 @@ def euler_times(n_timesteps: int, scheduler: str, device: torch.device,
 def guided_velocity(estimator: FlowEstimator, x_in: torch.Tensor, mask_in: torch.Tensor, mu_in: torch.Tensor,
                     t_in: torch.Tensor, spks_in: torch.Tensor, cond_in: torch.Tensor,
                     attn_mask: torch.Tensor | None, cfg_rate: float, cache: FrameCache | None = None) -> torch.Tensor:
-    """One estimator call on the (conditioned, unconditioned) pair -> guided velocity (1, 80, T)."""
+    """One estimator call on the conditioned rows then as many unconditioned ones -> guided velocity (B, 80, T)."""
     v = estimator(x_in, mask_in, mu_in, t_in, spks_in, cond_in, attn_mask, cache)
-    v_cond, v_uncond = v[:1], v[1:]
+    v_cond, v_uncond = v.chunk(2)
     return (1.0 + cfg_rate) * v_cond - cfg_rate * v_uncond
 
 
@@ -86,26 +89,28 @@ class FlowSampler(nn.Module):
 
     def solve(self, x: torch.Tensor, mu: torch.Tensor, mask: torch.Tensor, spks: torch.Tensor, cond: torch.Tensor,
               attn_mask: torch.Tensor | None, step_caches: list[FrameCache] | None = None) -> torch.Tensor:
-        """Integrate from noise `x` (1, 80, T). With `step_caches` (one per Euler step) the T frames
-        continue frames that earlier passes computed, and the caches advance with them."""
+        """Integrate from noise `x` (B, 80, T) (mu, cond (B, 80, T), mask (B, 1, T), spks (B, 80)). With
+        `step_caches` (one per Euler step, batch 1) the T frames continue frames that earlier passes
+        computed, and the caches advance with them."""
         if step_caches is not None and len(step_caches) != self.n_timesteps:
             raise ValueError(f"flow sampler: need {self.n_timesteps} step caches, got {len(step_caches)}")
-        frames = mu.size(2)
+        frames, rows = mu.size(2), mu.size(0)
 
-        # Per-call buffers: row 0 conditioned, row 1 unconditioned (mu/spks/cond stay zero).
+        # Per-call buffers: rows [0, B) conditioned, [B, 2B) unconditioned (mu/spks/cond stay zero).
         dtype = spks.dtype
-        x_in = torch.zeros([2, x.size(1), frames], device=mu.device, dtype=dtype)
-        mask_in = mask.to(dtype).expand(2, -1, -1).contiguous()
+        x_in = torch.zeros([2 * rows, x.size(1), frames], device=mu.device, dtype=dtype)
+        mask_in = mask.to(dtype).expand(rows, -1, -1).repeat(2, 1, 1)
         mu_in = torch.zeros_like(x_in)
-        mu_in[0] = mu[0]
-        t_in = torch.zeros([2], device=mu.device, dtype=dtype)
-        spks_in = torch.zeros([2, spks.size(1)], device=mu.device, dtype=dtype)
-        spks_in[0] = spks[0]
+        mu_in[:rows] = mu
+        t_in = torch.zeros([2 * rows], device=mu.device, dtype=dtype)
+        spks_in = torch.zeros([2 * rows, spks.size(1)], device=mu.device, dtype=dtype)
+        spks_in[:rows] = spks
         cond_in = torch.zeros_like(x_in)
-        cond_in[0] = cond[0]
+        cond_in[:rows] = cond
 
         for step, (t, dt) in enumerate(euler_times(self.n_timesteps, self.scheduler, mu.device, mu.dtype)):
-            x_in[:] = x
+            x_in[:rows] = x
+            x_in[rows:] = x
             t_in[:] = t
             cache = step_caches[step] if step_caches is not None else None
             v = guided_velocity(self.estimator, x_in, mask_in, mu_in, t_in, spks_in, cond_in, attn_mask,

@@ -119,8 +119,12 @@ class CausalHiftGenerator(nn.Module):
         return self.decode(rendered, source, finalize), source
 
     def fold_weight_norm(self) -> CausalHiftGenerator:
-        """Replace weight-norm parametrizations by plain weights (see HiftGenerator.fold_weight_norm)."""
-        fold_weight_norm(self)
+        """Replace weight-norm parametrizations by plain weights (see HiftGenerator.fold_weight_norm),
+        except the F0 predictor's: the official code computes its weights in float64 from the stored
+        g and v, and a float32 fold moved the golden waveform by 0.09 (cumulative phase drift)."""
+        for name, child in self.named_children():
+            if name != "f0_predictor":
+                fold_weight_norm(child)
         return self
 
 

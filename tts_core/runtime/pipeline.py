@@ -1,7 +1,9 @@
 """CosyVoice2Pipeline: a loaded model directory, ready to stream (the `LLMEngine` role of nano-vllm).
 
 `load` builds every part from the model directory (text frontend, speech LM, flow, HiFT with
-weight norm folded, voices) on one device and starts the scheduler's threads that own them.
+weight norm folded, voices) on one device and starts the scheduler's threads that own them. The
+directory may hold CosyVoice2 or CosyVoice3: the family is read from it, and `runtime/family.py`
+supplies what differs (parts, chunk renderer, token filter); everything else is shared.
 `synthesize` is the thread-safe entry point: it wraps a text, a voice name and a sink in a
 `SynthesisJob` and submits it. Nothing here runs model code on the caller's thread except
 `warmup`, which waits for one short job to stream end to end.
@@ -17,18 +19,16 @@ import structlog
 import torch
 
 from tts_core.accel.fp8_linear import use_fp8_projections
-from tts_core.flow import load_flow
-from tts_core.hift import load_hift
 from tts_core.llm.sampling import RasSampler
-from tts_core.model_dir import ModelDir, load_speech_lm
+from tts_core.model_dir import ModelDir
 from tts_core.runtime.collecting_sink import CollectingSink
+from tts_core.runtime.family import RuntimeFamily, runtime_family
 from tts_core.runtime.request import JobOptions, SynthesisError, SynthesisJob
 from tts_core.runtime.scheduler import SynthesisScheduler
 from tts_core.runtime.settings import SchedulerSettings
 from tts_core.streaming.chunk_schedule import ChunkSchedule
 from tts_core.text.frontend import TextFrontend
 from tts_core.text.normalize import TextNormalizer
-from tts_core.text.tokenizer import TextTokenizer
 from tts_core.voices import Voice, VoiceBank
 
 log = structlog.get_logger(__name__)
@@ -92,34 +92,53 @@ class CosyVoice2Pipeline:
         `scheduler.capture_report`)."""
         started = time.perf_counter()
         md = ModelDir.open(model_dir)
+        family = runtime_family(md)
         device = torch.device(device)
-        tokenizer = TextTokenizer(md.qwen_dir)
+        parts = family.load(md, device, dtype)
+        tokenizer, lm, flow, hift = parts.tokenizer, parts.lm, parts.flow, parts.hift
         frontend = TextFrontend(tokenizer, TextNormalizer(tokenizer) if normalize else None)
-        lm = load_speech_lm(md, device, dtype)
         if llm_fp8:
             fp8 = use_fp8_projections(lm)
             log.info("tts_llm_fp8_weights", projections=fp8.projections, dense_mb=round(fp8.dense_bytes / 2**20),
                      fp8_mb=round(fp8.fp8_bytes / 2**20))
-        flow = load_flow(md.root, device, dtype)
-        # HiFT stays float32: its ISTFT and source phases lose audible precision in 16-bit, and it
-        # is a small share of the work.
-        hift = load_hift(md.root, device, torch.float32, fold=True)
         voices = VoiceBank.load(md.root, voices_dir)
+        for name in voices.names():  # CosyVoice3: a prompt text without <|endofprompt|> would speak garbage
+            try:
+                lm.check_request((), voices.get(name).prompt_text)
+            except ValueError as exc:
+                raise ValueError(f"voice {name!r} of {md.root}: {exc}") from None
         weights_s = time.perf_counter() - started
         # The flow pool holds every voice of the bank, plus room for two registered later.
         settings = replace(fast or SchedulerSettings(), max_batch=max_batch, max_len=max_len, schedule=schedule,
                            flow_voice_slots=len(voices.names()) + 2)
         if settings.graphs and device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device")
-        scheduler = SynthesisScheduler(lm, RasSampler(md.sampling, lm.speech_token_size), flow, hift, settings)
+        scheduler = SynthesisScheduler(lm, RasSampler(md.sampling, lm.speech_token_size), flow, hift, settings, family)
         scheduler.capture([voices.get(name) for name in voices.names()])
         scheduler.start()
         total_s = time.perf_counter() - started
-        log.info("tts_pipeline_loaded", model_dir=str(md.root), device=str(device), dtype=str(dtype), llm_fp8=llm_fp8,
+        log.info("tts_pipeline_loaded", model_dir=str(md.root), family=family.version, device=str(device), dtype=str(dtype), llm_fp8=llm_fp8,
                  voices=len(voices), max_batch=max_batch, max_len=max_len, seconds=round(total_s, 3))
         pipeline = cls(md, frontend, voices, scheduler, device, dtype)
         pipeline.startup = {"weights_s": weights_s, **scheduler.capture_report, "total_s": total_s}
         return pipeline
+
+    @property
+    def family(self) -> RuntimeFamily:
+        return self.scheduler.family
+
+    def instruct_tokens(self, instruct: str | None, dialect: str | None) -> tuple[int, ...] | None:
+        """The prompt tokens of a CosyVoice3 instruct or dialect by name (None: neither, the voice's
+        own prompt). ValueError names the field: an unknown name, both given, or a CosyVoice2 model."""
+        if instruct is None and dialect is None:
+            return None
+        if not self.family.instructs:
+            field = "instruct" if instruct is not None else "dialect"
+            raise ValueError(f"{field}: CosyVoice{self.family.version} models take no instruct or dialect "
+                             "(CosyVoice3 does)")
+        from tts_core.text.cosyvoice3 import instruct_text
+
+        return tuple(self.frontend.tokenizer.encode(instruct_text(instruct, dialect)))
 
     def synthesize(self, text: str, voice: str, sink, options: JobOptions = JobOptions(),
                    call_id: str = "") -> SynthesisJob:

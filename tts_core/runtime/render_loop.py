@@ -60,7 +60,7 @@ class RenderTiming:
 class _Due:
     job: SynthesisJob
     task: ChunkTask
-    tokens: list[int]  # the segment's tokens [0, task.token_end), copied under the lock
+    tokens: list[int]  # the segment's flow tokens [0, task.token_end), copied under the lock
     lm_s: float = 0.0  # the job's decode time since its previous chunk, taken when rendering starts
 
 
@@ -192,7 +192,7 @@ class RenderLoop:
                         wake_at = at if wake_at is None else min(wake_at, at)
                     else:
                         job.render_lane = self  # released at its hand-off
-                        due.append(_Due(job, task, job.tokens[:task.token_end]))
+                        due.append(_Due(job, task, job.flow_tokens[:task.token_end]))
                 job.plan_wake()
             if cancelled:
                 self._decode_wake.notify()
@@ -206,7 +206,7 @@ class RenderLoop:
                     job.pending_chunk = None
                     job.render_lane = self
                     job.plan_wake()
-                    due.append(_Due(job, task, job.tokens[:task.token_end]))
+                    due.append(_Due(job, task, job.flow_tokens[:task.token_end]))
             if setup or due:
                 due.sort(key=lambda d: d.job.deadline())
                 return setup, due

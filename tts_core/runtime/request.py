@@ -64,6 +64,10 @@ class JobOptions:
     min_tokens: int | None = None  # per segment; None: the model's text-length bound
     max_tokens: int | None = None  # per segment; min_tokens == max_tokens forces the count (benchmarks)
     schedule: ChunkSchedule | None = None  # None: the scheduler's
+    # CosyVoice3 instruct (`inference_instruct2`): these text tokens (an instruct ending in
+    # <|endofprompt|>) replace the voice's prompt text and the LM gets no prompt speech; the flow keeps
+    # the voice. Conditions the speech, never spoken (it is not part of the segments' text).
+    instruct_tokens: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -137,6 +141,9 @@ class SynthesisJob:
         self.segment = -1  # index of the segment being spoken
         self.slot: int | None = None
         self.tokens: list[int] = []  # speech tokens of the current segment (a new list per segment)
+        # What the flow renders: `tokens` itself, or (CosyVoice3) those its silent-run filter keeps.
+        self.flow_tokens: list[int] = self.tokens
+        self._token_filter = None  # llm.silence_filter.SilentRunFilter of the segment, or None
         self.kv_len = 0  # cache positions written in this job's slot (host copy, for the decode bound)
         self.min_len = 0
         self.max_len = 0
@@ -181,7 +188,7 @@ class SynthesisJob:
             return task
         if self.planner is None:
             return None
-        return self.planner.next_chunk(len(self.tokens), self.lm_finished)
+        return self.planner.next_chunk(len(self.flow_tokens), self.lm_finished)
 
     def deadline(self) -> tuple[int, float]:
         """Sort key for rendering: jobs without audio first (oldest first), then the job whose emitted
@@ -210,12 +217,21 @@ class SynthesisJob:
                 "first_chunk_s": t.since_submit(t.first_chunk), "frontend_ms": round(t.frontend_s * 1e3, 1),
                 **{f"first_chunk_{name}_ms": round(seconds * 1e3, 1) for name, seconds in stages.items()}}
 
+    def lm_prompt(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(prompt text tokens, LM prompt speech tokens) of the prefill: the voice's, or an instruct's."""
+        if self.options.instruct_tokens is not None:
+            return self.options.instruct_tokens, ()
+        return self.voice.prompt_text, self.voice.llm_prompt_speech_token
+
     # ---- transitions ---------------------------------------------------------------------------
-    def start_segment(self, min_len: int, max_len: int) -> None:
+    def start_segment(self, min_len: int, max_len: int, token_filter=None) -> None:
         """Decode thread, under the scheduler's lock: the next segment's LM side; its rendering is
-        set up by the render thread (`start_rendering`), whose device stream its tensors live on."""
+        set up by the render thread (`start_rendering`), whose device stream its tensors live on.
+        `token_filter` (CosyVoice3's silent-run cap) decides which tokens the flow gets."""
         self.segment += 1
         self.tokens = []
+        self.flow_tokens = self.tokens if token_filter is None else []
+        self._token_filter = token_filter
         self.lm_finished = False
         self.min_len, self.max_len = min_len, max_len
         self.planner = None
@@ -259,11 +275,13 @@ class SynthesisJob:
             self.lm_finished = True
         else:
             self.tokens.append(token)
+            if self._token_filter is not None and self._token_filter.keep(token):
+                self.flow_tokens.append(token)
             if len(self.tokens) >= self.max_len:
                 self.lm_finished = True
         timings = self.timings
         if timings.first_chunk_due is None and self.planner is not None and (
-                self.lm_finished or len(self.tokens) >= self.wake_render_at):
+                self.lm_finished or len(self.flow_tokens) >= self.wake_render_at):
             timings.first_chunk_due = now
 
     def record_chunk(self, timing: ChunkTiming, handed_at: float) -> None:

@@ -42,7 +42,8 @@ from tts_core.flow import FlowModel
 from tts_core.hift import HiftGenerator
 from tts_core.llm.sampling import RasSampler
 from tts_core.llm.speech_lm import SpeechTokenLM
-from tts_core.runtime.chunk_render import ChunkRenderer, FlowPoolSettings
+from tts_core.runtime.chunk_render import FlowPoolSettings
+from tts_core.runtime.family import COSYVOICE2, RuntimeFamily
 from tts_core.runtime.lm_runner import LMRunner
 from tts_core.runtime.render_loop import SAMPLE_RATE, RenderLoop, RenderTiming, device_stream
 from tts_core.runtime.request import SynthesisError, SynthesisJob
@@ -74,12 +75,15 @@ class StepTiming:
 
 class SynthesisScheduler:
     def __init__(self, lm: SpeechTokenLM, sampler: RasSampler, flow: FlowModel, hift: HiftGenerator,
-                 settings: SchedulerSettings = SchedulerSettings()) -> None:
+                 settings: SchedulerSettings = SchedulerSettings(), family: RuntimeFamily = COSYVOICE2) -> None:
+        """`family`: what differs between CosyVoice2 and 3 (runtime/family.py): the chunk renderer and
+        the filter between the LM's tokens and the flow's."""
         self.lm, self.sampler, self.flow, self.hift = lm, sampler, flow, hift
         self.settings = settings
+        self.family = family
         # With graphs one extra cache row is the decode graphs' scratch slot, never a job's.
         self.cache = lm.setup_cache(settings.max_batch + (1 if settings.graphs else 0), settings.max_len)
-        self.renderer = ChunkRenderer(flow, hift, FlowPoolSettings(
+        self.renderer = family.renderer(flow, hift, FlowPoolSettings(
             stream_slots=settings.max_batch, context_frames=settings.flow_context_frames,
             encoder_tokens=settings.flow_encoder_tokens, batches=settings.flow_batches,
             voice_slots=settings.flow_voice_slots, first_batches=settings.flow_first_batches,
@@ -339,9 +343,9 @@ class SynthesisScheduler:
     def _start_segment(self, job: SynthesisJob) -> tuple[SynthesisJob, int, torch.Tensor]:
         """The next segment's LM input; hands the segment to the render thread, which sets up its
         rendering while the prefill runs. Returns (job, its slot, the prefill input)."""
-        voice = job.voice
         text = job.segments[job.segment + 1]
-        lm_input = self.lm.build_prefill_input(text, voice.prompt_text, voice.llm_prompt_speech_token)
+        prompt_text, prompt_speech = job.lm_prompt()
+        lm_input = self.lm.build_prefill_input(text, prompt_text, prompt_speech)
         room = self.cache.max_len - lm_input.shape[0]
         if room < 1:
             raise SynthesisError(f"segment needs {lm_input.shape[0]} KV positions; the cache holds "
@@ -355,7 +359,7 @@ class SynthesisScheduler:
             slot = job.slot
             if slot is None:
                 raise SynthesisError("job was released before its segment started")
-            job.start_segment(min(min_len, max_len), max(max_len, 1))
+            job.start_segment(min(min_len, max_len), max(max_len, 1), self.family.token_filter())
         self._wake_render()
         return job, slot, lm_input
 
@@ -368,7 +372,7 @@ class SynthesisScheduler:
         with self._cond:
             for job, token in drawn:
                 job.accept_token(token, self.lm.speech_token_size)
-                wake = wake or job.lm_finished or len(job.tokens) >= job.wake_render_at
+                wake = wake or job.lm_finished or len(job.flow_tokens) >= job.wake_render_at
         if wake:
             self._wake_render()
 

@@ -29,22 +29,29 @@ class Token2Wav3Stream:
         """prompt_token (1, N) int; prompt_feat (1, 2N, 80); embedding (1, 192): the speaker's flow prompt."""
         self._flow, self._hift = flow, hift
         self._prompt_token, self._prompt_feat, self._embedding = prompt_token, prompt_feat, embedding
-        self._ratio = flow.cfg.token_mel_ratio
         self.mel = torch.zeros(1, flow.cfg.output_size, 0, dtype=prompt_feat.dtype)
         self.speech_offset = 0
 
     @torch.inference_mode()
     def render(self, tokens: Sequence[int] | torch.Tensor, task: ChunkTask) -> torch.Tensor:
         """The chunk's new 24 kHz samples (1, n) given the request's tokens so far."""
-        token = torch.as_tensor(tokens, dtype=torch.long).reshape(1, -1)[:, :task.token_end]
-        if token.size(1) < task.token_end:
-            raise ValueError(f"chunk {task.index} needs {task.token_end} tokens, {token.size(1)} exist")
-        pt, pf = self._prompt_token, self._prompt_feat
-        mel, _ = self._flow.inference(token, torch.tensor([token.size(1)]), pt, torch.tensor([pt.size(1)]), pf,
-                                      torch.tensor([pf.size(1)]), self._embedding,
-                                      streaming=not task.finalize, finalize=task.finalize)
-        self.mel = torch.cat([self.mel, mel[:, :, self._ratio * task.token_offset:]], dim=2)
+        new = chunk_mel(self._flow, tokens, task, self._prompt_token, self._prompt_feat, self._embedding)
+        self.mel = torch.cat([self.mel, new], dim=2)
         wav, _ = self._hift.inference(self.mel, finalize=task.finalize)
         chunk = wav[:, self.speech_offset:]
         self.speech_offset += chunk.size(1)
         return chunk
+
+
+@torch.inference_mode()
+def chunk_mel(flow: DiTFlowModel, tokens: Sequence[int] | torch.Tensor, task: ChunkTask, prompt_token: torch.Tensor,
+              prompt_feat: torch.Tensor, embedding: torch.Tensor) -> torch.Tensor:
+    """The official flow call of one chunk: prompt + tokens [0, token_end) re-rendered, chunk-masked
+    unless final (then full attention); returns its new frames (1, 80, n) from 2 x token_offset on."""
+    token = torch.as_tensor(tokens, dtype=torch.long, device=prompt_token.device).reshape(1, -1)[:, :task.token_end]
+    if token.size(1) < task.token_end:
+        raise ValueError(f"chunk {task.index} needs {task.token_end} tokens, {token.size(1)} exist")
+    pt, pf = prompt_token, prompt_feat
+    mel, _ = flow.inference(token, torch.tensor([token.size(1)]), pt, torch.tensor([pt.size(1)]), pf,
+                            torch.tensor([pf.size(1)]), embedding, streaming=not task.finalize, finalize=task.finalize)
+    return mel[:, :, flow.cfg.token_mel_ratio * task.token_offset:]

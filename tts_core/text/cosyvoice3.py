@@ -80,3 +80,25 @@ def cosyvoice3_tokenizer(tokenizer_dir: str | Path) -> TextTokenizer:
 def zero_shot_prompt_text(transcript: str) -> str:
     """The prompt text of a zero-shot voice: the system prefix, then what the prompt audio says."""
     return transcript if ENDOFPROMPT in transcript else SYSTEM_PREFIX + transcript
+
+
+# What an operator or caller names (route `dialect:`/`instruct:`, X-TTS-Dialect/-Instruct, the API's
+# fields) -> the instruct text above. The dialects are the first 17 of the authors' list, in order.
+DIALECTS: dict[str, str] = dict(zip(
+    ("cantonese", "dongbei", "gansu", "guizhou", "henan", "hubei", "hunan", "jiangxi", "minnan", "ningxia",
+     "shanxi", "shaanxi", "shandong", "shanghai", "sichuan", "tianjin", "yunnan"), INSTRUCT_TEXTS[:17]))
+INSTRUCTS: dict[str, str] = dict(zip(
+    ("loud", "soft", "slow", "fast", "happy", "sad", "angry", "peppa_pig", "robot"), INSTRUCT_TEXTS[17:]))
+
+
+def instruct_text(instruct: str | None, dialect: str | None) -> str | None:
+    """The instruct text for a request's `instruct` or `dialect` name (None: neither); ValueError
+    names the field. The model was trained with one instruct per request, so not both."""
+    if instruct is not None and dialect is not None:
+        raise ValueError("instruct and dialect: give one (CosyVoice3 takes one instruct per request)")
+    for field, value, table in (("instruct", instruct, INSTRUCTS), ("dialect", dialect, DIALECTS)):
+        if value is not None:
+            if value not in table:
+                raise ValueError(f"{field}: {value!r} is not one of {', '.join(table)}")
+            return table[value]
+    return None

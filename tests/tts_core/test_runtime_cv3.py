@@ -1,0 +1,267 @@
+"""CosyVoice3 served by the batched runtime (scheduler, render lanes, DiT chunk renderer) on the tiny
+golden model: its streamed audio equals the official streaming output, instructs reach the LM as
+the official instruct2 prompt and never the spoken text, and silent runs are cut before the flow.
+
+Tolerances as tests/tts_core/test_golden3_token2wav.py (HiFT amplifies float32 noise to ~2e-4 on
+this random model; a seam or an off-by-one offset would move whole chunks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tts_core.runtime import CollectingSink, CosyVoice2Pipeline, JobOptions, SynthesisJob
+from tts_core.runtime.chunk_render import FlowPoolSettings
+from tts_core.runtime.dit_render import DiTChunkRenderer
+from tts_core.runtime.family import COSYVOICE3
+from tts_core.streaming.chunk_schedule import ChunkPlanner, ChunkSchedule
+from tts_core.streaming.token2wav3 import Token2Wav3Stream
+from tts_core.text.cosyvoice3 import DIALECTS, INSTRUCT_TEXTS, INSTRUCTS
+from tts_core.voices import VoiceBank
+
+WAV_TOL = 1e-3
+WAV_MEAN_TOL = 1e-5
+MEL_TOL = 1e-4
+BATCHED_WAV_MEAN_TOL = 2e-4  # batched rows: see test_streams_rendered_in_one_batched_call_...
+VOICE = "golden_speaker"
+
+
+@pytest.fixture(scope="module")
+def stream_case(golden3_dir: Path) -> dict:
+    return torch.load(golden3_dir / "cases" / "token2wav_stream.pt", weights_only=False)
+
+
+@pytest.fixture(scope="module")
+def schedule(golden3_dir: Path) -> ChunkSchedule:
+    """The official streaming schedule, from the golden flow case (hop, max hop, growth)."""
+    flow_case = torch.load(golden3_dir / "cases" / "flow.pt", weights_only=False)
+    return ChunkSchedule(hop_tokens=flow_case["hop"], max_hop_tokens=flow_case["max_hop"],
+                         hop_scale=flow_case["stream_scale_factor"], lookahead_tokens=flow_case["pre_lookahead_len"])
+
+
+@pytest.fixture(scope="module")
+def pipeline(tiny3_model_dir: Path, schedule: ChunkSchedule):
+    torch.set_num_threads(1)
+    pipeline = CosyVoice2Pipeline.load(tiny3_model_dir, max_batch=3, max_len=1024, schedule=schedule)
+    yield pipeline
+    pipeline.close()
+
+
+def _close(ours: np.ndarray, official: torch.Tensor) -> None:
+    diff = np.abs(ours - official.reshape(-1).numpy())
+    assert diff.max() <= WAV_TOL
+    assert diff.mean() <= WAV_MEAN_TOL
+
+
+def test_the_family_is_read_from_the_directory(pipeline: CosyVoice2Pipeline) -> None:
+    assert pipeline.family is COSYVOICE3
+    assert isinstance(pipeline.scheduler.renderer, DiTChunkRenderer)
+
+
+def test_the_runtime_renderer_streams_the_official_chunks(pipeline: CosyVoice2Pipeline, stream_case: dict,
+                                                          schedule: ChunkSchedule) -> None:
+    """The render lanes' CosyVoice3 renderer, fed the golden tokens on the official schedule, yields
+    the official `tts(stream=True)` waveform chunks, chunk by chunk (its own slots, not the lanes')."""
+    scheduler = pipeline.scheduler
+    renderer = DiTChunkRenderer(scheduler.flow, scheduler.hift, FlowPoolSettings(stream_slots=1))
+    voice = pipeline.voices.get(VOICE)
+    stream = renderer.stream(voice, schedule, None)
+    planner = ChunkPlanner(schedule, len(voice.flow_prompt_speech_token))
+    tokens = stream_case["tokens"][0].tolist()
+    chunks = []
+    while (task := planner.next_chunk(len(tokens), lm_finished=True)) is not None:
+        chunks.extend(c.audio for c in renderer.render([(stream, tokens, task)]))
+    assert len(chunks) == len(stream_case["chunks"])
+    for ours, official in zip(chunks, stream_case["chunks"], strict=True):
+        assert ours.size == official.size(1)
+        _close(ours, official)
+    assert stream.finished
+    assert renderer.slots.take() == stream.slot  # the final chunk gave its slot back
+
+
+def test_streams_rendered_in_one_batched_call_each_get_their_own_official_chunks(
+        pipeline: CosyVoice2Pipeline, stream_case: dict, schedule: ChunkSchedule) -> None:
+    """Three streams of different lengths, their due chunks rendered together each round (one padded
+    DiT solve for the chunk-masked ones, one for the final ones): each stream's mel equals what the
+    official streaming path (the reference) makes of its tokens alone, and its chunks have the
+    official lengths. Batch rows differ from a lone solve by float rounding only (~1.4e-6 in the mel);
+    this random tiny HiFT turns that into sample differences of up to ~5e-2 (mean ~5e-5): its output
+    is ~1e4 times as sensitive as its input (no voicing flips), so the waveform is held to a mean."""
+    scheduler = pipeline.scheduler
+    renderer = DiTChunkRenderer(scheduler.flow, scheduler.hift, FlowPoolSettings(stream_slots=3))
+    voice = pipeline.voices.get(VOICE)
+    golden = stream_case["tokens"][0].tolist()
+    token_lists = [golden, golden[:61], golden[7:40]]
+    streams = [renderer.stream(voice, schedule, None) for _ in token_lists]
+    planners = [ChunkPlanner(schedule, len(voice.flow_prompt_speech_token)) for _ in token_lists]
+    got: list[list] = [[] for _ in token_lists]
+    while due := [(i, task) for i, (planner, tokens) in enumerate(zip(planners, token_lists))
+                  if (task := planner.next_chunk(len(tokens), lm_finished=True)) is not None]:
+        out = renderer.render([(streams[i], token_lists[i], task) for i, task in due])
+        for (i, _), chunk in zip(due, out):
+            got[i].append(chunk)
+    assert sum(len(g) for g in got) >= 6 and max(len(g) for g in got) == 3
+    for tokens, chunks in zip(token_lists, got):
+        reference = Token2Wav3Stream(scheduler.flow, scheduler.hift, torch.tensor([voice.flow_prompt_speech_token]),
+                                     voice.prompt_speech_feat[None], voice.flow_embedding[None])
+        planner = ChunkPlanner(schedule, len(voice.flow_prompt_speech_token))
+        expected = []
+        while (task := planner.next_chunk(len(tokens), lm_finished=True)) is not None:
+            expected.append(reference.render(tokens, task))
+        assert [c.audio.size for c in chunks] == [e.size(1) for e in expected]
+        mel = torch.cat([c.mel for c in chunks], dim=2)
+        assert (mel - reference.mel).abs().max().item() <= MEL_TOL
+        ours, official = np.concatenate([c.audio for c in chunks]), torch.cat(expected, dim=1)[0].numpy()
+        assert np.abs(ours - official).mean() <= BATCHED_WAV_MEAN_TOL
+
+
+def test_the_engine_streams_what_the_official_streaming_path_makes_of_its_tokens(
+        pipeline: CosyVoice2Pipeline, schedule: ChunkSchedule) -> None:
+    """End to end through the scheduler (LM decode, silent-run filter, render lanes): the streamed
+    chunks equal the official token2wav streaming (Token2Wav3Stream, itself checked against the
+    golden chunks) over the tokens the LM drew, one chunk for each official call."""
+    sink = CollectingSink()
+    job = pipeline.synthesize("Hello there, how are you today?", VOICE, sink, JobOptions(seed=1, min_tokens=140,
+                                                                                         max_tokens=140))
+    sink.wait(60)
+    scheduler = pipeline.scheduler
+    voice = pipeline.voices.get(VOICE)
+    reference = Token2Wav3Stream(scheduler.flow, scheduler.hift, torch.tensor([voice.flow_prompt_speech_token]),
+                                 voice.prompt_speech_feat[None], voice.flow_embedding[None])
+    planner = ChunkPlanner(schedule, len(voice.flow_prompt_speech_token))
+    expected = []
+    while (task := planner.next_chunk(len(job.flow_tokens), lm_finished=True)) is not None:
+        expected.append(reference.render(job.flow_tokens, task))
+    assert len(job.tokens) == 140
+    assert len(sink.chunks) == len(expected) >= 3
+    for ours, official in zip(sink.chunks, expected, strict=True):
+        assert ours.size == official.size(1)
+        _close(ours, official)
+
+
+def test_instructs_are_the_authors_list_by_name(pipeline: CosyVoice2Pipeline, golden3_dir: Path) -> None:
+    tokenizer_case = __import__("json").loads((golden3_dir / "cases" / "tokenizer.json").read_text())
+    assert list(DIALECTS.values()) + list(INSTRUCTS.values()) == list(INSTRUCT_TEXTS) == tokenizer_case["instruct_list"]
+    assert pipeline.instruct_tokens(None, "cantonese") == tuple(tokenizer_case["instruct_list_ids"][0])
+    with pytest.raises(ValueError, match="dialect: 'klingon' is not one of cantonese"):
+        pipeline.instruct_tokens(None, "klingon")
+    with pytest.raises(ValueError, match="give one"):
+        pipeline.instruct_tokens("happy", "sichuan")
+
+
+def test_an_instruct_is_the_lm_prompt_never_the_spoken_text(pipeline: CosyVoice2Pipeline, golden3_dir: Path) -> None:
+    """An instruct request's prefill is the official instruct2 input ([sos, embed(instruct ++ text),
+    task_id], no prompt speech), and the text the job speaks holds none of the instruct's tokens."""
+    case = torch.load(golden3_dir / "cases" / "llm.pt", weights_only=False)
+    instruct = pipeline.instruct_tokens(None, "cantonese")  # instruct_list[0], as the golden case used
+    assert instruct == tuple(case["instruct"]["prompt_text_token"][0].tolist())
+    text = case["text_token"][0].tolist()
+    job = SynthesisJob("text", [text], pipeline.voices.get(VOICE), CollectingSink(),
+                       JobOptions(instruct_tokens=instruct))
+    prompt_text, prompt_speech = job.lm_prompt()
+    lm_input = pipeline.scheduler.lm.build_prefill_input(job.segments[0], prompt_text, prompt_speech)
+    assert (lm_input - case["instruct"]["lm_input"][0]).abs().max().item() <= 1e-6
+    endofprompt = pipeline.frontend.tokenizer.token_id("<|endofprompt|>")
+    spoken = pipeline.make_job("请用广东话表达。 Hello!", pipeline.voices.get(VOICE), CollectingSink()).segments
+    assert instruct[-1] == endofprompt and all(endofprompt not in segment for segment in spoken)
+
+
+def test_an_instruct_request_streams_audio(pipeline: CosyVoice2Pipeline) -> None:
+    sink = CollectingSink()
+    pipeline.synthesize("Good morning.", VOICE, sink, JobOptions(seed=2, min_tokens=40, max_tokens=40,
+                                                                 instruct_tokens=pipeline.instruct_tokens("happy", None)))
+    audio = np.concatenate(sink.wait(60))
+    assert audio.size == 40 * 960 and np.isfinite(audio).all() and np.abs(audio).max() > 0
+
+
+def test_silent_runs_beyond_five_never_reach_the_flow(pipeline: CosyVoice2Pipeline, golden3_dir: Path) -> None:
+    """The official llm_job's cap, applied between the LM and the flow: the job's flow tokens are
+    exactly what the official passed on for the golden silent script; the LM history keeps them all."""
+    case = torch.load(golden3_dir / "cases" / "llm.pt", weights_only=False)
+    job = SynthesisJob("text", [[1, 2]], pipeline.voices.get(VOICE), CollectingSink())
+    job.start_segment(0, 1000, COSYVOICE3.token_filter())
+    for token in case["silent_script"]:
+        job.accept_token(int(token), pipeline.scheduler.lm.speech_token_size)
+    assert job.flow_tokens == [int(t) for t in case["silent_kept"]]
+    assert job.tokens == [int(t) for t in case["silent_script"]]
+
+
+def test_a_voice_without_the_system_prefix_is_refused_at_load(tiny3_model_dir: Path, tmp_path: Path) -> None:
+    voice = VoiceBank.load(tiny3_model_dir).get(VOICE)
+    entry = voice.to_spk2info()
+    entry["prompt_text"] = entry["prompt_text"][:, -5:]  # the transcript only, <|endofprompt|> cut off
+    entry["prompt_text_len"] = torch.tensor([5], dtype=torch.int32)
+    (tmp_path / "voices").mkdir()
+    torch.save({"bare": entry}, tmp_path / "voices" / "bare.pt")
+    with pytest.raises(ValueError, match="voice 'bare' of .*<\\|endofprompt\\|>"):
+        CosyVoice2Pipeline.load(tiny3_model_dir, voices_dir=tmp_path / "voices", max_batch=1, max_len=512)
+
+
+@pytest.fixture()
+def two_streams(pipeline: CosyVoice2Pipeline, stream_case: dict, schedule: ChunkSchedule):
+    """A renderer of its own with two open streams of the golden voice, the golden tokens and their first chunk."""
+    scheduler = pipeline.scheduler
+    renderer = DiTChunkRenderer(scheduler.flow, scheduler.hift, FlowPoolSettings(stream_slots=2))
+    voice = pipeline.voices.get(VOICE)
+    tokens = stream_case["tokens"][0].tolist()
+    task = ChunkPlanner(schedule, len(voice.flow_prompt_speech_token)).next_chunk(len(tokens), lm_finished=False)
+    return renderer, tokens, task, renderer.stream(voice, schedule, None), renderer.stream(voice, schedule, None)
+
+
+@contextmanager
+def vocoder_hook(renderer: DiTChunkRenderer, before) -> Iterator[None]:
+    """`before(mel)` runs at each vocoder call of the renderer (what another thread, or a fault, does then)."""
+    inference = renderer.hift.inference
+
+    def hooked(mel, finalize):
+        before(mel)
+        return inference(mel, finalize)
+
+    renderer.hift.inference = hooked
+    try:
+        yield
+    finally:
+        del renderer.hift.inference
+
+
+def test_a_stream_closed_while_rendering_frees_its_slot_once_and_a_closed_one_is_not_rendered(two_streams) -> None:
+    """A cancelled job's stream is closed by the decode thread, perhaps while a lane renders its chunk: the
+    slot comes back when that render ends (not before, or a new stream could take it mid-render), once."""
+    renderer, tokens, task, stream, other = two_streams
+
+    def closing_midway(mel):  # the decode thread's close, landing during the render
+        stream.close()
+        assert stream.slot not in renderer.slots._free
+
+    with vocoder_hook(renderer, closing_midway):
+        (chunk,) = renderer.render([(stream, tokens, task)])
+    assert chunk.audio.size > 0 and renderer.slots._free == [stream.slot]
+    stream.close()  # again: nothing more is given back
+    assert renderer.slots._free == [stream.slot]
+    (skipped,) = renderer.render([(stream, tokens, task)])  # closed before its render: not rendered
+    assert skipped.audio.size == 0 and renderer.slots._free == [stream.slot] and not other.closed
+
+
+def test_a_failed_render_call_leaves_every_stream_as_it_was(two_streams, stream_case: dict,
+                                                             schedule: ChunkSchedule) -> None:
+    """The render loop renders a failed call's chunks again one by one (so one bad job fails alone): the
+    vocoder failing on the second stream must not have moved the first on, or its retry would repeat audio."""
+    renderer, tokens, task, first, second = two_streams
+    calls = []
+
+    def failing_second(mel):
+        calls.append(mel.size(2))
+        if len(calls) == 2:
+            raise RuntimeError("vocoder failed")
+
+    with vocoder_hook(renderer, failing_second), pytest.raises(RuntimeError, match="vocoder failed"):
+        renderer.render([(first, tokens, task), (second, tokens, task)])
+    (again,) = renderer.render([(first, tokens, task)])  # the retry, alone
+    _close(again.audio, stream_case["chunks"][0])
+    assert renderer.slots.frames[first.slot] == 2 * task.token_end - 2 * schedule.lookahead_tokens
