@@ -207,7 +207,7 @@ class SynthesisJob:
     def lead_s(self, now: float, token_s: float) -> float:
         """Seconds of speech ahead of the listener at `now`: audio handed out and not yet played
         (`slack`), plus the current segment's decoded tokens not yet rendered (`token_s` each)."""
-        return self.slack(now) + (len(self.tokens) - self.tokens_rendered) * token_s
+        return self.slack(now) + (len(self.flow_tokens) - self.tokens_rendered) * token_s
 
     def figures(self) -> dict:
         """What the job's last log line says: its audio, and where its first chunk's time went (ms per stage)."""
