@@ -127,7 +127,7 @@ def capture_chain(graphs: Sequence[torch.cuda.CUDAGraph], calls: Sequence[Callab
     outs = []
     for graph, call in zip(graphs, calls, strict=True):
         # Thread-local: only this thread's unsafe CUDA calls break the capture, not the serving
-        # threads' syncs while graphs are captured after start-up (flow_pool_graphs.capture_deferred).
+        # threads' syncs while the compiled graphs are captured beside them (the tts-compile thread).
         with torch.cuda.graph(graph, pool=pool, stream=side, capture_error_mode="thread_local"):
             outs.append(call())
     charge(started, recording, len(graphs))

@@ -57,6 +57,7 @@ def startup_stages(startup: dict, warmup_s: float | None) -> dict:
             parts[part]["deferred_buckets"] = stages["deferred"]  # captured after ready: flow_graphs_complete
     cache = "unused" if not hits + misses else "warm" if not misses else "cold" if not hits else "partial"
     out = {"weights_s": round(startup.get("weights_s", 0.0), 2),
+           "weights": {k: round(v, 2) for k, v in startup.get("weights_split", {}).items()},
            "voices_s": round(startup.get("flow_voices_s", 0.0), 2),
            "capture_s": round(startup.get("capture_s", 0.0), 2), "capture": parts,
            "warmup_s": None if warmup_s is None else round(warmup_s, 3),
@@ -91,20 +92,30 @@ class CosyVoice2Pipeline:
         graph is captured here, before the first request (the time is logged and kept in
         `scheduler.capture_report`)."""
         started = time.perf_counter()
+        split: dict[str, float] = {}
         md = ModelDir.open(model_dir)
         device = torch.device(device)
         tokenizer = TextTokenizer(md.qwen_dir)
         frontend = TextFrontend(tokenizer, TextNormalizer(tokenizer) if normalize else None)
-        lm = load_speech_lm(md, device, dtype)
-        if llm_fp8:
-            fp8 = use_fp8_projections(lm)
-            log.info("tts_llm_fp8_weights", projections=fp8.projections, dense_mb=round(fp8.dense_bytes / 2**20),
-                     fp8_mb=round(fp8.fp8_bytes / 2**20))
-        flow = load_flow(md.root, device, dtype)
-        # HiFT stays float32: its ISTFT and source phases lose audible precision in 16-bit, and it
-        # is a small share of the work.
-        hift = load_hift(md.root, device, torch.float32, fold=True)
+        split["frontend_s"] = time.perf_counter() - started
+        # The modules are made on the device, so their random initialisation (overwritten by the
+        # checkpoint at once) runs there and not on the host's cores; the checkpoints are read
+        # memory-mapped (tts_core.checkpoint) and copied straight to the device.
+        with torch.device(device):
+            lm = load_speech_lm(md, device, dtype)
+            split["lm_s"] = time.perf_counter() - started - sum(split.values())
+            if llm_fp8:
+                fp8 = use_fp8_projections(lm)
+                log.info("tts_llm_fp8_weights", projections=fp8.projections, dense_mb=round(fp8.dense_bytes / 2**20),
+                         fp8_mb=round(fp8.fp8_bytes / 2**20))
+            flow = load_flow(md.root, device, dtype)
+            split["flow_s"] = time.perf_counter() - started - sum(split.values())
+            # HiFT stays float32: its ISTFT and source phases lose audible precision in 16-bit, and it
+            # is a small share of the work.
+            hift = load_hift(md.root, device, torch.float32, fold=True)
+            split["hift_s"] = time.perf_counter() - started - sum(split.values())
         voices = VoiceBank.load(md.root, voices_dir)
+        split["voices_s"] = time.perf_counter() - started - sum(split.values())
         weights_s = time.perf_counter() - started
         # The flow pool holds every voice of the bank, plus room for two registered later.
         settings = replace(fast or SchedulerSettings(), max_batch=max_batch, max_len=max_len, schedule=schedule,
@@ -118,7 +129,8 @@ class CosyVoice2Pipeline:
         log.info("tts_pipeline_loaded", model_dir=str(md.root), device=str(device), dtype=str(dtype), llm_fp8=llm_fp8,
                  voices=len(voices), max_batch=max_batch, max_len=max_len, seconds=round(total_s, 3))
         pipeline = cls(md, frontend, voices, scheduler, device, dtype)
-        pipeline.startup = {"weights_s": weights_s, **scheduler.capture_report, "total_s": total_s}
+        pipeline.startup = {"weights_s": weights_s, "weights_split": split, **scheduler.capture_report,
+                            "total_s": total_s}
         return pipeline
 
     def synthesize(self, text: str, voice: str, sink, options: JobOptions = JobOptions(),
