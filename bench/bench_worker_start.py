@@ -133,13 +133,13 @@ def wait_for(predicate, limit_s: float) -> bool:
 
 def run(config_path: Path, http_url: str, restarts: int, limit_s: float, log_path: Path,
         settle_s: float, repo: Path, calls: int, sip: tuple[str, int], save, wait_compiled_s: float = 0.0,
-        call_every_s: float = 5.0) -> dict:
+        call_every_s: float = 5.0, wait_compiled_starts: int = 1_000) -> dict:
     """The starts' records; `save(result)` after each, so a run cut short keeps what it measured.
     `wait_compiled_s`: after each start's calls, call every `call_every_s` until the compiled graphs
     are in (at most that long), then `calls` calls again."""
 
     def follow(record: dict, ready_at: float, offset: int) -> None:
-        if wait_compiled_s <= 0:
+        if wait_compiled_s <= 0 or len(starts) > wait_compiled_starts:
             return
         during, complete = calls_while_compiling(ready_at, offset, call_every_s, wait_compiled_s, sip, log_path)
         record["calls_while_compiling"] = during
@@ -213,6 +213,7 @@ def main() -> None:
                    help="after each start: call every --call-every-s until compiled_graphs_complete (at most S), "
                         "then --calls-after-ready calls again")
     p.add_argument("--call-every-s", type=float, default=5.0)
+    p.add_argument("--wait-compiled-starts", type=int, default=1_000, help="--wait-compiled for the first N starts only")
     p.add_argument("--repo", type=Path, default=ROOT, help="the checkout whose gateway runs (default this one)")
     p.add_argument("--label", default="", help="a note stored with the results")
     p.add_argument("--log", type=Path, help="keep serve's log here")
@@ -243,7 +244,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("bench_worker_start: terminated"))
     result = run(config_path, f"http://127.0.0.1:{http_port}", args.restarts, args.limit_s, log_path, args.settle_s,
                  args.repo.resolve(), args.calls_after_ready, (host, int(port)), save, args.wait_compiled,
-                 args.call_every_s)
+                 args.call_every_s, args.wait_compiled_starts)
     save(result)
     result.update(about)
     for start in result["starts"]:

@@ -232,11 +232,6 @@ class ChunkRenderer:
                        "hift_graphs": sum(len(lane.hift_graphs) for lane in self.lanes.values())})
         return report
 
-    def has_compiled_work(self) -> bool:
-        """Whether `capture_compiled` has graphs to capture (compiled parts, or deferred buckets)."""
-        later = self.lanes["later"].graphs
-        return later is not None and (self.settings.compile or self.settings.compile_hift or bool(later.deferred))
-
     def capture_compiled(self, stop=lambda: False) -> dict:
         """While the lanes serve on the graphs `prepare` captured (another thread): each lane's
         complete set, its flow solves with the compiled estimator (`compile`; and the buckets

@@ -54,7 +54,7 @@ def startup_stages(startup: dict, warmup_s: float | None) -> dict:
                        "warmup_runs_s": round(stages["warmup_s"] - stages["compile_s"], 2),
                        "record_s": stages["record_s"], "graphs": stages["graphs"], "compiles": stages["compiles"]}
         if stages.get("deferred"):
-            parts[part]["deferred_buckets"] = stages["deferred"]  # captured after ready: flow_graphs_complete
+            parts[part]["deferred_buckets"] = stages["deferred"]  # captured after ready: compiled_graphs_complete
     cache = "unused" if not hits + misses else "warm" if not misses else "cold" if not hits else "partial"
     out = {"weights_s": round(startup.get("weights_s", 0.0), 2),
            "weights": {k: round(v, 2) for k, v in startup.get("weights_split", {}).items()},

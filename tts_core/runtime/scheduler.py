@@ -210,8 +210,10 @@ class SynthesisScheduler:
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
-        if self._capture_thread is not None:  # it stops after the bucket in hand
-            self._capture_thread.join(timeout)
+        if self._capture_thread is not None:
+            # It stops after the part in hand; a compile in progress cannot be cut short and is not
+            # waited for long (a daemon thread: a closing worker's exit ends it).
+            self._capture_thread.join(min(timeout, 1.0) if timeout is not None else 1.0)
             self._capture_thread = None
         with self._cond:
             left = list(self._waiting) + self._active
