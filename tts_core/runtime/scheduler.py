@@ -18,6 +18,10 @@ One decode iteration:
    oldest steps until `decode_steps_ahead` are unread, appending the tokens under the lock and
    waking the render threads when a chunk may be due.
 
+With graphs, a `tts-compile` thread runs once the loops serve: it compiles and captures the compiled graphs
+and publishes them; the decode thread and each render lane swap them in at their own swap point
+(tts_core/accel/graph_swap.py). Until then they replay graphs of the eager modules.
+
 All shared state (the job lists, slots, the hand-over flags of `request.SynthesisJob`) is guarded
 by one lock, under which both threads' conditions wait; neither thread polls, except an idle decode
 thread waiting for a prefill's first token. A failure inside one job (prefill, rendering, its sink)
