@@ -213,7 +213,7 @@ class PooledFlowGraphs:
         if defer:
             largest = (max(rows), max(ctx_caps), max(new_caps))
             keys, self.deferred = [k for k in keys if k == largest], [k for k in keys if k != largest]
-        with compiling_at_start_up():
+        with compiling_at_start_up(self.estimator is not None):
             for key in keys:
                 self.solve_graphs[key] = _SolveGraph(self.pooled, *key, pool, self._stream, self.estimator, parts)
         seconds = time.perf_counter() - started
@@ -232,7 +232,8 @@ class PooledFlowGraphs:
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream(self.pooled.device)
         graphs = {}
-        with compiling_at_start_up(), torch.cuda.device(self.pooled.device), torch.cuda.stream(stream):
+        with compiling_at_start_up(estimator is not None), torch.cuda.device(self.pooled.device), \
+                torch.cuda.stream(stream):
             for key in self.keys:
                 if stop():
                     return None

@@ -53,7 +53,8 @@ class FlowPoolSettings:
     compile: bool = False  # captured solves call a torch.compile'd estimator step (accel/flow_pool_graphs)
     compile_hift: bool = False  # captured HiFT graphs call torch.compile'd stages (accel/hift_graphs)
     solve_parts: int = 1  # graphs per captured solve (accel/flow_pool_graphs.PooledFlowGraphs.capture)
-    defer_later: bool = False  # "later" lane: only its largest solve bucket at start-up (the rest in `capture_compiled`)
+    # Before ready only each lane's largest solve bucket and no final-chunk HiFT shapes (the rest in `capture_compiled`)
+    defer_later: bool = False
 
 
 @dataclass
@@ -197,11 +198,13 @@ class ChunkRenderer:
         later.graphs = PooledFlowGraphs(self.pooled)
         later.graphs.capture(s.batches, ctx_caps, new_caps, s.solve_parts, defer=s.defer_later)
         report["flow_later_s"] = time.perf_counter() - t0
-        # First lanes: first calls only, whose context is exactly their voice's shared prefix.
+        # First lanes: first calls only, whose context is exactly their voice's shared prefix. Like
+        # the later lane, each only its largest bucket before ready (a first chunk padded to it
+        # meanwhile); the rest come with the compiled set.
         for first in first_lanes:
             first.graphs = PooledFlowGraphs(self.pooled)
             first.graphs.capture(s.first_batches, sorted({p.prefix_frames for _, p in self._voices.values()}),
-                                 first_news, s.solve_parts)
+                                 first_news, s.solve_parts, defer=s.defer_later)
         report["flow_first_s"] = time.perf_counter() - t0 - report["flow_later_s"]
         if window is not None:
             later.graphs.capture_encoder(s.batches, window, hop, False)
@@ -215,12 +218,19 @@ class ChunkRenderer:
             for u in final_tokens:
                 later.graphs.capture_encoder((1,), before + u, u * ratio, True)
         report["flow_capture_s"] = time.perf_counter() - t0
-        report["flow_stages"] = {**CaptureClock.now().since(clock), "deferred": len(later.graphs.deferred)}
+        report["flow_stages"] = {**CaptureClock.now().since(clock),
+                                 "deferred": sum(len(lane.graphs.deferred) for lane in self.lanes.values())}
         t0 = time.perf_counter()
         clock = CaptureClock.now()
         self._hift_shapes = self._hift_lane_shapes(first_lanes, sorted(first_hops), hop, final_tokens)
+        # Before ready, without the later lane's final-chunk shapes (52 of its 74 graphs by default):
+        # a final chunk runs its vocoder eagerly until the compiled set, which has them, is in.
+        no_finals = set(self._hift_lane_shapes(first_lanes, sorted(first_hops), hop, range(0))["later"])
         for lane in self.lanes.values():
-            lane.hift_graphs = self._hift_graphs(self._hift_shapes[lane.name], None)
+            shapes = self._hift_shapes[lane.name]
+            if s.defer_later and lane.name == "later":
+                shapes = [k for k in shapes if k in no_finals]
+            lane.hift_graphs = self._hift_graphs(shapes, None)
             lane.swap = GraphSwap((lane.graphs.solve_graphs, lane.hift_graphs), lane.name)
         report["hift_capture_s"] = time.perf_counter() - t0
         report["hift_stages"] = CaptureClock.now().since(clock)
@@ -256,7 +266,9 @@ class ChunkRenderer:
                 if solves is None:
                     break
             t1, c1 = time.perf_counter(), CaptureClock.now()
-            hift = self._hift_graphs(self._hift_shapes[lane.name], mix) if s.compile_hift else lane.hift_graphs
+            shapes = self._hift_shapes[lane.name]
+            hift = (self._hift_graphs(shapes, mix) if s.compile_hift or set(shapes) != set(lane.hift_graphs)
+                    else lane.hift_graphs)
             lane.swap.publish((solves, hift))
             for part, figures in (("flow", {"s": t1 - t0, **c1.since(c0)}),
                                   ("hift", {"s": time.perf_counter() - t1, **CaptureClock.now().since(c1)})):

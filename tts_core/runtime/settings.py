@@ -43,8 +43,9 @@ class SchedulerSettings:
     # Graphs per captured flow solve (1: one), launched a part ahead: a whole solve's launch held its
     # lane's thread 10-55 ms and stalled the decode thread ("host stalls in CUDA calls").
     flow_solve_parts: int = 10
-    # With graphs: at start-up capture only the largest of the "later" lane's flow buckets (every
-    # call fits it, padded); its full set comes with the compiled graphs (compiled_graphs_complete).
+    # With graphs: before ready capture only each render lane's largest flow bucket (every call fits
+    # it, padded) and no final-chunk HiFT shapes (eager meanwhile); the full sets come with the
+    # compiled graphs (compiled_graphs_complete).
     defer_flow_graphs: bool = True
     # A later chunk whose stream has more unplayed audio than this waits, so that many streams'
     # chunks share one batched flow call (first chunks never wait).
