@@ -22,7 +22,12 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        # Memory-mapped: tensors are read from the page cache as they are copied to the module
+        # (on its device), not first into host memory of their own.
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError:  # a checkpoint in torch's legacy (pre-zip) format cannot be mapped
+        state = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(state, Mapping):
         raise CheckpointMismatch(f"{path}: expected a state dict, got {type(state).__name__}")
     return dict(state)

@@ -125,6 +125,9 @@ class CosyVoice2Engine(SpeechEngine):
                  compile_flow=graphs and s.compile_flow, compile_hift=graphs and s.compile_hift,
                  slot_attention=graphs and s.slot_attention,
                  first_chunk_lanes=s.first_chunk_lanes,
+                 # Ready on graphs of the eager modules; the compiled ones follow while serving
+                 # (compiled_graphs_complete): until then first chunks are slower.
+                 eager_graphs_until_compiled=graphs,
                  flow_encoder_tokens=encoder_tokens,
                  flow_context_s=s.flow_context_s, load_s=round(load_s, 3),
                  warmup_s=self.warmup_s and round(self.warmup_s, 3), voices=len(pipeline.voices))

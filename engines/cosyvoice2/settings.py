@@ -48,8 +48,8 @@ class CosyVoice2Settings:
     flow_context_s: float = 14.0
     flow_encoder_tokens: int | None = None
     # With graphs, what each trades is in tts_core/runtime/settings.py (figures: docs/PERF_NOTES.md):
-    compile_flow: bool = True  # compiled flow: faster first chunks; false starts 20-90 s sooner
-    compile_hift: bool = True  # compiled HiFT stages: ~1.7x faster vocoder; false starts up to 1 min sooner
+    compile_flow: bool = True  # compiled flow (after ready, while serving): faster first chunks
+    compile_hift: bool = True  # compiled HiFT stages (after ready): ~1.7x faster vocoder
     slot_attention: bool = True  # decode attention by slot in one Triton kernel (decode step 14-31 % faster)
     first_chunk_lanes: int = 3  # render lanes for first chunks only, each with its own graphs; 0: one lane
     # The LM's decoder-layer weights in FP8 (e4m3; CPU, or CUDA 8.9+): slower than bf16 on the H100 and

@@ -85,3 +85,25 @@ def test_capturable_istft_equals_torch_istft() -> None:
     expected = torch.istft(spec, 16, 4, 16, window=window)
     assert torch.allclose(overlap_add_istft(spec, 16, 4, 16, window=window), expected, atol=1e-5)
 
+
+
+def test_graphs_of_the_eager_modules_are_counted_without_importing_the_compiler() -> None:
+    """Start-up before ready records graphs of the eager modules only: the capture counters and the
+    compile settings must not import torch._dynamo (seconds of a worker's start), and its figures
+    read zero until something compiles."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from tts_core.accel.graph_capture import CaptureClock, charge, compiling_at_start_up\n"
+            "before = CaptureClock.now()\n"
+            "with compiling_at_start_up(False):\n"
+            "    charge(0.0, 0.0, 3)\n"
+            "figures = CaptureClock.now().since(before)\n"
+            "assert 'torch._dynamo' not in sys.modules, 'torch._dynamo was imported'\n"
+            "assert figures['graphs'] == 3 and figures['compile_s'] == 0.0 and figures['compiles'] == 0, figures\n"
+            "with compiling_at_start_up():\n"
+            "    pass\n"
+            "assert 'torch._dynamo' in sys.modules\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]

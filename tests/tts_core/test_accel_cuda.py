@@ -55,6 +55,40 @@ def test_graphed_decode_steps_equal_eager_steps(tiny_model_dir: Path) -> None:
     assert int(cache.lengths[dec.scratch_slot]) <= 8  # padding never runs the scratch row off the cache
 
 
+def test_compiled_decode_graphs_captured_beside_the_eager_ones_are_swapped_in_at_a_step(tiny_model_dir: Path) -> None:
+    """The runtime's start-up order: eager-module graphs first, the compiled set captured on another
+    thread (touching only the scratch slot) and taken at the next step; both steps equal eager."""
+    import threading
+
+    from tts_core.accel.batched_sampler import BatchedRasSampler
+    from tts_core.accel.lm_graphs import GraphedDecoder
+    from tts_core.llm.sampling import SamplingConfig
+    from tts_core.model_dir import load_speech_lm
+
+    lm = load_speech_lm(tiny_model_dir, "cuda", torch.float32)
+    cache = lm.setup_cache(9, 96)
+    live = [3, 0, 5]
+    gen = torch.Generator().manual_seed(0)
+    lm.prefill(live, [lm.build_prefill_input(torch.randint(0, 100, (5 + 3 * i,), generator=gen).tolist())
+                      for i in live])
+    snap = cache.snapshot()
+    tokens = torch.randint(0, lm.speech_token_size, (2, len(live)), generator=gen)
+    eager = [lm.decode_step(live, t.tolist()).clone() for t in tokens]
+    cache.restore(snap)
+    dec = GraphedDecoder(lm, BatchedRasSampler(SamplingConfig(), lm.speech_token_size), (1, 2, 4, 8), (32, 96),
+                         compile=False)
+    assert not dec.compiled
+    got = dec.step(live, tokens[0].tolist(), kv_len=int(cache.lengths[live].max()))
+    assert torch.allclose(got, eager[0], atol=1e-4)
+    worker = threading.Thread(target=dec.capture_compiled)
+    worker.start()
+    worker.join()
+    assert not dec.compiled  # published, not yet taken: the decode thread's next step takes it
+    got = dec.step(live, tokens[1].tolist(), kv_len=int(cache.lengths[live].max()))
+    assert dec.compiled and torch.allclose(got, eager[1], atol=1e-4)
+    assert cache.lengths[live].tolist() == (snap[2][live] + 2).tolist()  # live rows: only their own two steps
+
+
 def test_graphed_steps_draw_what_the_eager_decoder_draws_and_overlap_changes_nothing(
         tiny_model_dir: Path) -> None:
     """The graphed decoder against the eager carried decoder (the CPU path) from the same cache and
@@ -278,34 +312,40 @@ def test_graphs_that_draw_use_generators_of_their_own_not_the_default_one(tiny_m
     assert not torch.equal(hifts[0].inference(mel)[1], hifts[1].inference(mel)[1])
 
 
-def test_deferred_flow_buckets_are_captured_on_another_thread_while_calls_render(tiny_model_dir: Path,
-                                                                                golden_dir: Path,
-                                                                                monkeypatch) -> None:
+def test_a_full_solve_set_is_captured_on_another_thread_and_swapped_in_while_calls_render(tiny_model_dir: Path,
+                                                                                          golden_dir: Path,
+                                                                                          monkeypatch) -> None:
     """Start-up captures only the largest bucket (defer=True): every call fits it, padded, with the
-    golden output; the rest are captured on another thread while this one keeps rendering, and
-    the output stays golden throughout and after (each new bucket is published whole)."""
+    golden output; the full set is captured on another thread (`capture_set`, as the tts-compile
+    thread does) while this one keeps rendering, and swapped in at this thread's swap point; the
+    output stays golden throughout and after."""
     import threading
+
+    from tts_core.accel.graph_swap import GraphSwap
 
     _, case, pooled, voice, graphs = _golden_pool_graphs(tiny_model_dir, golden_dir, monkeypatch, True)
     graphs.capture(rows=(1, 4), ctx_caps=(50, 150, 250), new_caps=(112,), parts=2, defer=True)
     assert set(graphs.solve_graphs) == {(4, 250, 112)} and len(graphs.deferred) == 5
     first = case["first_hop"] + case["pre_lookahead_len"]
     tokens = case["tokens"][:, :first].cuda()
+    swap = GraphSwap(graphs.solve_graphs)
 
     def render_first_chunk() -> None:
+        if swap.pending:  # the swap point: between renders, on the replaying thread
+            graphs.solve_graphs = swap.take()
         stream = pooled.open_stream(voice)
         out = graphs.render([stream], [tokens], [False])[0]
         pooled.close_stream(stream)
         assert (out.cpu() - case["mel_stream_first"]).abs().max().item() <= 1e-4
 
     render_first_chunk()  # padded into 4 rows and 250 context frames
-    worker = threading.Thread(target=graphs.capture_deferred)
+    worker = threading.Thread(target=lambda: swap.publish(graphs.capture_set(graphs.estimator)))
     worker.start()
     renders = 0
     while worker.is_alive() or renders == 0:
         render_first_chunk()
         renders += 1
     worker.join()
-    assert len(graphs.solve_graphs) == 6 and not graphs.deferred
     render_first_chunk()  # now in its own bucket (1, 50, 112)
+    assert len(graphs.solve_graphs) == 6 and swap.swaps == 1
     assert graphs.eager_calls == 0

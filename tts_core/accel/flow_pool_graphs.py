@@ -77,6 +77,19 @@ def _run_resnet(resnet: nn.Module, h: torch.Tensor, time_bias: torch.Tensor, fir
     return resnet(h, None, time_bias, first, second)
 
 
+def prepare_estimator(estimator: FlowEstimator) -> None:
+    """Before any graph of the estimator is captured, eager or compiled: its attention projections
+    stacked and its convolutions' weights kept channels-last (`NhwcConv1d`: cuDNN runs 2 kernels
+    each instead of 5), for the compiled and the eager calls alike. Once: doing it again would
+    replace weights that graphs captured before read (a compiled set is captured while the eager
+    one serves)."""
+    for module in estimator.modules():
+        if isinstance(module, SelfAttention):
+            module.stack_projections()
+        elif isinstance(module, NhwcConv1d) and module.weight_nhwc is None:
+            module.keep_weight_channels_last()
+
+
 def compiled_estimator(estimator: FlowEstimator) -> Callable:
     """The estimator step with its resnets and transformer blocks fused by torch.compile (inductor):
     ~1000 small kernels a step eagerly (bench/count_flow_ops.py), most of them elementwise work
@@ -85,15 +98,10 @@ def compiled_estimator(estimator: FlowEstimator) -> Callable:
     the 14 resnets one per input width, and start-up compiles small graphs a few times (once per
     size specialization: one row, more rows) instead of the whole ~1000-op step 5-7 times (that did
     not finish capturing in 9.5 minutes on the H100). Sizes are symbolic from the start. All of it
-    happens in `capture`'s warm-up at start-up, none on a request; the compiled code only ever runs
-    inside graph capture (eager fallbacks call the estimator uncompiled). The convolutions' weights
-    are kept channels-last from here on (`NhwcConv1d`), for the compiled and the eager calls alike."""
-    for module in estimator.modules():
-        if isinstance(module, SelfAttention):
-            module.stack_projections()
-        elif isinstance(module, NhwcConv1d):
-            module.keep_weight_channels_last()
-    # fullgraph: a graph break fails start-up loudly.
+    happens in a capture's warm-up (`PooledFlowGraphs.capture_set`, beside serving), none on a
+    request; the compiled code only ever runs inside graph capture. `prepare_estimator` first."""
+    prepare_estimator(estimator)
+    # fullgraph: a graph break fails the capture loudly.
     regions = Regions(block=torch.compile(_run_block, fullgraph=True, dynamic=True),
                       resnet=torch.compile(_run_resnet, fullgraph=True, dynamic=True))
     return functools.partial(estimator, regions=regions)
@@ -153,10 +161,12 @@ class PooledFlowGraphs:
         new one)."""
         self.pooled = pooled
         self.estimator = estimator
-        # (rows, ctx_cap, new_cap) -> graphs. Replaced, never changed in place, once the rendering
-        # thread may read it: `capture_deferred` adds buckets from another thread.
+        # (rows, ctx_cap, new_cap) -> graphs, replayed by the lane's thread. Replaced whole, never
+        # changed in place, once that thread may read it: by the lane at its swap point with a set
+        # `capture_set` made on another thread (runtime.chunk_render.RenderLane.adopt).
         self.solve_graphs: dict[tuple[int, int, int], _SolveGraph] = {}
-        self.deferred: list[tuple[int, int, int]] = []  # buckets `capture(defer=True)` left for later
+        self.keys: list[tuple[int, int, int]] = []  # every bucket `capture` was asked for, largest first
+        self.deferred: list[tuple[int, int, int]] = []  # of those, what `capture(defer=True)` left out
         self._parts = 1
         self.encode_graphs: dict[tuple[int, int, int, bool], _EncodeGraph] = {}  # (rows, tokens, new, final)
         self._pool = None
@@ -183,7 +193,7 @@ class PooledFlowGraphs:
                 parts: int = 1, defer: bool = False) -> float:
         """Capture the solve for every (rows, ctx_cap, new_cap); returns the seconds it took.
         `defer`: capture only the largest bucket now, which every call fits (padded: correct, at
-        more GPU work), and leave the rest to `capture_deferred` (after the engine is ready).
+        more GPU work), and leave the rest to `capture_set` (after the engine is ready).
         `parts`: graphs per solve, cut at Euler-step boundaries, launched `parts_ahead` ahead of
         the GPU. H100 under load (bench/host_waits.py): a whole 10-step solve's launch held its
         thread for 10 ms (first lanes) to 55 ms (the later lane) on average, up to 127 ms, also
@@ -198,11 +208,12 @@ class PooledFlowGraphs:
         # largest holds the most rows, context and new frames of all (max of each), so it fits all.
         keys = sorted(((r, c, n) for r in rows for c in ctx_caps for n in new_caps),
                       key=lambda k: (k[0] * (k[1] + k[2]), k), reverse=True)
+        self.keys = keys
         keys = [k for k in keys if k not in self.solve_graphs]
         if defer:
             largest = (max(rows), max(ctx_caps), max(new_caps))
             keys, self.deferred = [k for k in keys if k == largest], [k for k in keys if k != largest]
-        with compiling_at_start_up():
+        with compiling_at_start_up(self.estimator is not None):
             for key in keys:
                 self.solve_graphs[key] = _SolveGraph(self.pooled, *key, pool, self._stream, self.estimator, parts)
         seconds = time.perf_counter() - started
@@ -210,24 +221,24 @@ class PooledFlowGraphs:
                  new_caps=list(new_caps), parts=parts, deferred=len(self.deferred), seconds=round(seconds, 2))
         return seconds
 
-    def capture_deferred(self, stop: Callable[[], bool] = lambda: False) -> int:
-        """Capture the buckets `capture(defer=True)` left, largest first, while the rendering thread
-        replays the ones in (any other thread; one at a time). Each is published when complete;
-        until then a call runs in the smallest captured bucket that fits it. Safe beside serving:
-        recording launches nothing; the warm-up runs write only padding rows (the pool's trash);
-        graphs of one pool share scratch memory but replay one after another on the lane's thread;
-        and capture errors are this thread's own (thread-local capture mode), so the serving
-        threads' host syncs meanwhile are allowed. Returns how many were captured (`stop()` ends early)."""
-        pool = self._graph_pool()
-        done = 0
-        with compiling_at_start_up(), torch.cuda.device(self.pooled.device), torch.cuda.stream(self._stream):
-            while self.deferred and not stop():
-                key = self.deferred[0]
-                graph = _SolveGraph(self.pooled, *key, pool, self._stream, self.estimator, self._parts)
-                self.solve_graphs = {**self.solve_graphs, key: graph}
-                self.deferred = self.deferred[1:]
-                done += 1
-        return done
+    def capture_set(self, estimator: Callable | None,
+                    stop: Callable[[], bool] = lambda: False) -> dict[tuple[int, int, int], _SolveGraph] | None:
+        """Every bucket `capture` was asked for (the deferred ones too), with `estimator`, into a
+        memory pool and capture stream of their own; returned, not put in: the lane's thread
+        replaces `solve_graphs` with it at its swap point. Any thread, while the lane replays the
+        current set: recording launches nothing; the warm-up runs write only padding rows (the
+        pool's trash); capture errors are this thread's own (thread-local capture mode), so the
+        serving threads' host syncs meanwhile are allowed. None if `stop()` ended it early."""
+        pool = torch.cuda.graph_pool_handle()
+        stream = torch.cuda.Stream(self.pooled.device)
+        graphs = {}
+        with compiling_at_start_up(estimator is not None), torch.cuda.device(self.pooled.device), \
+                torch.cuda.stream(stream):
+            for key in self.keys:
+                if stop():
+                    return None
+                graphs[key] = _SolveGraph(self.pooled, *key, pool, stream, estimator, self._parts)
+        return graphs
 
     def capture_encoder(self, rows: Sequence[int], tokens: int, new_frames: int, finalize: bool) -> None:
         pool = self._graph_pool()
@@ -301,7 +312,7 @@ class PooledFlowGraphs:
         rows = len(plans)
         ctx = max(p.ctx_frames for p in plans)
         new = max(p.new_frames for p in plans)
-        graphs = self.solve_graphs  # one read: `capture_deferred` may publish a new dict meanwhile
+        graphs = self.solve_graphs  # one read
         fits = [k for k in graphs if k[0] >= rows and k[1] >= ctx and k[2] >= new]
         if not fits:
             self.eager_calls += 1

@@ -17,6 +17,7 @@ lock around every launch did this before: under load one lane's graph launch hel
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields
@@ -52,13 +53,16 @@ class CaptureClock:
 
     @classmethod
     def now(cls) -> CaptureClock:
-        """The totals so far, compiler figures included."""
-        from torch._dynamo.utils import compilation_time_metrics, counters
-
-        inductor = counters["inductor"]
+        """The totals so far, compiler figures included: zero while torch._dynamo is not imported
+        (nothing compiled yet; importing it only to read its counters cost seconds of start-up)."""
+        utils = sys.modules.get("torch._dynamo.utils")
+        if utils is None:
+            return cls(CLOCK.warmup_s, CLOCK.record_s, CLOCK.graphs)
+        inductor = utils.counters["inductor"]
         return cls(CLOCK.warmup_s, CLOCK.record_s, CLOCK.graphs,
-                   sum(compilation_time_metrics.get("_compile.compile_inner", ()), 0.0),
-                   inductor["fxgraph_cache_hit"], inductor["fxgraph_cache_miss"], counters["stats"]["unique_graphs"])
+                   sum(utils.compilation_time_metrics.get("_compile.compile_inner", ()), 0.0),
+                   inductor["fxgraph_cache_hit"], inductor["fxgraph_cache_miss"],
+                   utils.counters["stats"]["unique_graphs"])
 
     def since(self, before: CaptureClock) -> dict:
         """What happened between `before` and this (a report's figures, seconds rounded)."""
@@ -81,12 +85,16 @@ def charge(started: float, recording: float, graphs: int) -> None:
 
 
 @contextlib.contextmanager
-def compiling_at_start_up() -> Iterator[None]:
+def compiling_at_start_up(compiling: bool = True) -> Iterator[None]:
     """Where graphs are captured: torch.compile'd regions (the flow estimator's modules, HiFT's
     stages) compile here and nowhere else (replays run no Python), a few size specializations per
     region shape each; dynamo's default limit (8 per function) is for code that may recompile
     forever while serving. Without duck shaping a row count that equals a channel count
-    (2 x 32 rows = 64) is not specialized with it."""
+    (2 x 32 rows = 64) is not specialized with it. `compiling` False (graphs of the eager modules):
+    nothing, and torch._dynamo stays unimported before ready."""
+    if not compiling:
+        yield
+        return
     limit = max(COMPILE_LIMIT, torch._dynamo.config.recompile_limit)
     with torch._dynamo.config.patch(recompile_limit=limit), fx_config.patch(use_duck_shape=False):
         yield
@@ -127,7 +135,7 @@ def capture_chain(graphs: Sequence[torch.cuda.CUDAGraph], calls: Sequence[Callab
     outs = []
     for graph, call in zip(graphs, calls, strict=True):
         # Thread-local: only this thread's unsafe CUDA calls break the capture, not the serving
-        # threads' syncs while graphs are captured after start-up (flow_pool_graphs.capture_deferred).
+        # threads' syncs while the compiled graphs are captured beside them (the tts-compile thread).
         with torch.cuda.graph(graph, pool=pool, stream=side, capture_error_mode="thread_local"):
             outs.append(call())
     charge(started, recording, len(graphs))

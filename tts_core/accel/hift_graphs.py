@@ -85,7 +85,7 @@ class GraphedHift:
         self.generator = torch.Generator(device=device)
         self.generator.seed()
         self._graph = torch.cuda.CUDAGraph()
-        with capturable_istft(), compiling_at_start_up():
+        with capturable_istft(), compiling_at_start_up(mix is not None):
             self._out = capture_graph(self._graph, self._call, warmup, pool=pool, stream=stream,
                                       generator=self.generator)
 

@@ -15,9 +15,11 @@ their tokens as `PendingTokens`, copied to the host behind the step, so the call
 next step before reading them (tts_core/accel/carried_decode.py; `EagerCarriedDecoder` is the same
 contract without graphs).
 
-By default (`compile=True`) the step is first fused by torch.compile (inductor, dynamic batch)
-inside the warm-up before capture, so the cost lands in the constructor and never on a first step
-(H100 bf16: ~2 minutes; a step 2.7-5.5 ms -> 1.3-2.4 ms at batch 1-128, bench/bench_decode.py). The
+With `compile=True` the step is first fused by torch.compile (inductor, dynamic batch) inside the
+warm-up before capture, so the cost lands in the constructor and never on a first step (H100 bf16:
+15 s with a warm compiler cache, ~1 minute cold; a step 2.7-5.5 ms -> 1.3-2.4 ms at batch 1-128,
+bench/bench_decode.py). The runtime captures the eager step first (a second or two) and the compiled
+one on another thread while serving (`capture_compiled`; swapped in at a step's launch, `GraphSwap`). The
 projections are fused too (`fuse=True`: one q/k/v and one gate/up matmul per layer; the LM's
 state-dict keys are unchanged). The scratch slot belongs to this runner; the scheduler must never
 assign it to a request.
@@ -27,8 +29,10 @@ assign it to a request.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import structlog
 import torch
@@ -38,6 +42,7 @@ from tts_core.accel.batched_sampler import BatchedRasSampler
 from tts_core.accel.buckets import power_of_two_buckets, select_bucket
 from tts_core.accel.carried_decode import PendingTokens, SlotTokens, draw_first
 from tts_core.accel.graph_capture import charge
+from tts_core.accel.graph_swap import GraphSwap
 from tts_core.llm.speech_lm import SpeechTokenLM
 
 log = structlog.get_logger(__name__)
@@ -47,6 +52,17 @@ _decode_step = SpeechTokenLM.decode_step.__wrapped__  # type: ignore[attr-define
 
 
 HOST_BUFFERS = 3  # carried launches whose pinned host buffers rotate (see GraphedDecoder.__init__)
+
+
+@dataclass(frozen=True)
+class _DecodeSet:
+    """One generation of the decoder's graphs (`GraphSwap`): its row inputs, its graphs by
+    (batch, attend) bucket with their outputs (logp, drawn), the generator they draw from."""
+
+    inputs: torch.Tensor
+    graphs: dict
+    generator: torch.Generator
+    compiled: bool
 
 
 class GraphedDecoder:
@@ -70,9 +86,6 @@ class GraphedDecoder:
             raise ValueError(f"GraphedDecoder: attend bucket {self.attend_buckets[-1]} exceeds the cache length")
         device = cache.device
         largest = self.batch_buckets[-1]
-        # Row inputs: the slots, then whether each row may stop; one host copy per step.
-        self._inputs = torch.full((2, largest), self.scratch_slot, dtype=torch.long, device=device)
-        self._slots = self._inputs[0]
         self.sampler = sampler
         self.state = SlotTokens(cache.max_batch, sampler.config.win_size, device)
         # Pinned host buffers, used in turn: the inputs of a launch and its drawn tokens. A buffer
@@ -88,11 +101,6 @@ class GraphedDecoder:
         # First draws run eagerly, on the prefill stream: a generator apart from the graphs' (below),
         # so the two kinds of draws do not depend on each other's order.
         self._first_generator = torch.Generator(device=device).manual_seed(0)
-        # The graphs' draws come from a generator of their own, registered with each graph: only the
-        # thread stepping this decoder replays them, so no other thread's replay races on its
-        # offset (graph_capture). Seed it to repeat a run's draws.
-        self.generator = torch.Generator(device=device)
-        self.generator.seed()
         if fuse:
             lm.fuse_projections()
         # One kernel per layer rotates q/k, writes the step's keys/values and reads each row's own
@@ -100,31 +108,64 @@ class GraphedDecoder:
         # (accel/decode_attention.py).
         self.slot_attention = slot_attention and decode_attention.available()
         cache.decode_attention = decode_attention.decode_attention if self.slot_attention else None
-        self._decode = torch.compile(_decode_step, dynamic=True) if compile else _decode_step
-        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._warmup = warmup
         started = time.perf_counter()
-        self._capture_all(warmup)
         # Compiling happens here, in the warm-up before capture: never on a caller's first step.
+        self._sets = GraphSwap(self._capture_set(compile, restore=True), "decode")
         self.capture_seconds = time.perf_counter() - started
-        log.info("lm_decode_graphs_captured", buckets=len(self._graphs), compiled=compile, fused=fuse,
+        log.info("lm_decode_graphs_captured", buckets=len(self._sets.current.graphs), compiled=compile, fused=fuse,
                  slot_attention=self.slot_attention, seconds=round(self.capture_seconds, 1))
 
-    def _step(self, batch: int, attend: int) -> tuple[torch.Tensor, torch.Tensor]:
+    @property
+    def generator(self) -> torch.Generator:
+        """The current graphs' draws come from it (seed it to repeat a run's draws)."""
+        return self._sets.current.generator
+
+    @property
+    def compiled(self) -> bool:
+        return self._sets.current.compiled
+
+    def capture_compiled(self) -> None:
+        """Another thread, while this decoder serves: compile the step and record a compiled graph
+        set, published for the decode thread's next `launch` (`GraphSwap`). Touches only the
+        scratch slot's cache row, length and carried state, as every padding row does."""
+        self._sets.publish(self._capture_set(True, restore=False))
+
+    def _capture_set(self, compile: bool, restore: bool) -> _DecodeSet:
+        device = self.cache.device
+        largest = self.batch_buckets[-1]
+        # Row inputs: the slots, then whether each row may stop; one host copy per step. Each set
+        # has its own: a set's warm-up runs (all rows on the scratch slot) must not read the slots
+        # the decode thread writes for the set it replays.
+        inputs = torch.full((2, largest), self.scratch_slot, dtype=torch.long, device=device)
+        # The graphs' draws come from a generator of their own, registered with each graph: only the
+        # thread stepping this decoder replays them, so no other thread's replay races on its
+        # offset (graph_capture).
+        generator = torch.Generator(device=device)
+        generator.seed()
+        step = torch.compile(_decode_step, dynamic=True) if compile else _decode_step
+        graphs = self._capture_all(functools.partial(self._step, inputs, generator, step), generator, restore)
+        return _DecodeSet(inputs, graphs, generator, compile)
+
+    def _step(self, inputs: torch.Tensor, generator: torch.Generator, decode, batch: int,
+              attend: int) -> tuple[torch.Tensor, torch.Tensor]:
         # Reset inside the graph: padding rows advance the scratch slot every replay.
         # A slice fill, not `lengths[i] = 0`: the latter copies a host scalar, which capture forbids.
         self.cache.lengths.narrow(0, self.scratch_slot, 1).zero_()
-        slots = self._slots[:batch]
+        slots = inputs[0, :batch]
         tokens, history = self.state.gather(slots)
-        logp = self._decode(self.lm, slots, tokens, attend_len=attend)
-        drawn = self.sampler.sample(logp, history, self._inputs[1, :batch] != 0, self.generator)
+        logp = decode(self.lm, slots, tokens, attend_len=attend)
+        drawn = self.sampler.sample(logp, history, inputs[1, :batch] != 0, generator)
         self.state.advance(slots, history, drawn)
         return logp, drawn
 
     @torch.inference_mode()
-    def _capture_all(self, warmup: int) -> None:
+    def _capture_all(self, step, generator: torch.Generator, restore: bool) -> dict:
+        """`restore`: put the cache lengths and carried state back afterwards (at start-up; a
+        capture beside serving must not: those rows are live, and it touched only the scratch's)."""
         pool = torch.cuda.graph_pool_handle()
-        saved = self.cache.lengths.clone()
-        saved_state = self.state.last.clone(), self.state.history.clone()
+        saved = self.cache.lengths.clone() if restore else None
+        saved_state = (self.state.last.clone(), self.state.history.clone()) if restore else None
         # Warm up and capture on a stream of the decoder's own (cuBLAS handles, workspace: see
         # graph_capture.capture_graph) with every row on the scratch slot.
         side = torch.cuda.Stream()
@@ -133,23 +174,32 @@ class GraphedDecoder:
         with torch.cuda.stream(side):
             for batch in self.batch_buckets:
                 for attend in self.attend_buckets:
-                    for _ in range(warmup):
-                        self._step(batch, attend)
+                    for _ in range(self._warmup):
+                        step(batch, attend)
         torch.cuda.current_stream().wait_stream(side)
         side.synchronize()
         recording = time.perf_counter()
+        graphs = {}
         # Largest first, so smaller graphs reuse the pool's blocks.
         for batch in reversed(self.batch_buckets):
             for attend in reversed(self.attend_buckets):
                 graph = torch.cuda.CUDAGraph()
-                graph.register_generator_state(self.generator)
-                with torch.cuda.graph(graph, pool=pool, stream=side):
-                    out = self._step(batch, attend)
-                self._graphs[(batch, attend)] = (graph, out)
-        charge(started, recording, len(self._graphs))
-        self.cache.lengths.copy_(saved)
-        self.state.last.copy_(saved_state[0])
-        self.state.history.copy_(saved_state[1])
+                graph.register_generator_state(generator)
+                # Thread-local: the serving threads' syncs must not break a capture beside them.
+                with torch.cuda.graph(graph, pool=pool, stream=side, capture_error_mode="thread_local"):
+                    out = step(batch, attend)
+                graphs[(batch, attend)] = (graph, out)
+        charge(started, recording, len(graphs))
+        if restore:
+            self.cache.lengths.copy_(saved)
+            self.state.last.copy_(saved_state[0])
+            self.state.history.copy_(saved_state[1])
+        return graphs
+
+    def _current(self) -> _DecodeSet:
+        """The swap point (decode thread): a published set replaces the current one here, after the
+        steps in flight on this thread's stream, which replay the old set's graphs, are done."""
+        return self._sets.take(lambda old: torch.cuda.current_stream().synchronize())
 
     def bucket(self, live: int, kv_len: int | None = None) -> tuple[int, int]:
         """(batch bucket, attend bucket) a step of `live` rows whose longest slot holds `kv_len`
@@ -171,8 +221,9 @@ class GraphedDecoder:
         host[0, :live] = torch.as_tensor(list(slots), dtype=torch.long)
         host[0, live:batch] = self.scratch_slot
         host[1, :live] = torch.as_tensor(list(allow_stop), dtype=torch.long)
-        self._inputs[:, :batch].copy_(host[:, :batch], non_blocking=True)
-        graph, out = self._graphs[(batch, attend)]
+        graphs = self._current()
+        graphs.inputs[:, :batch].copy_(host[:, :batch], non_blocking=True)
+        graph, out = graphs.graphs[(batch, attend)]
         graph.replay()
         tokens = self._host_tokens[self._turn]
         tokens[:live].copy_(out[1][:live], non_blocking=True)
@@ -187,16 +238,17 @@ class GraphedDecoder:
         """Parity tests and benchmarks: one replay with `tokens` (one per slot) as the rows' inputs;
         returns logp (B, V) — a view valid until the next step. The draw advances the slots'
         carried state as `launch` does."""
-        device = self._slots.device
+        device = self.cache.device
         slots = torch.as_tensor(slots, dtype=torch.long).to(device, non_blocking=True)
         tokens = torch.as_tensor(tokens, dtype=torch.long).to(device, non_blocking=True)
         live = slots.numel()
         batch, attend = self.bucket(live, kv_len)
         self.state.last.index_copy_(0, slots, tokens)
-        self._slots[:live].copy_(slots)
-        self._slots[live:batch].fill_(self.scratch_slot)
-        self._inputs[1, :batch].fill_(1)
-        graph, out = self._graphs[(batch, attend)]
+        graphs = self._current()
+        graphs.inputs[0, :live].copy_(slots)
+        graphs.inputs[0, live:batch].fill_(self.scratch_slot)
+        graphs.inputs[1, :batch].fill_(1)
+        graph, out = graphs.graphs[(batch, attend)]
         graph.replay()
         return out[0][:live]
 

@@ -29,7 +29,8 @@ NOISE_FRAMES = 50 * 300  # the official buffer: 300 s of mel at 50 frames/s
 def official_noise(mel_bins: int) -> torch.Tensor:
     """(1, mel_bins, 15000) float32 CPU: what `torch.manual_seed(0); torch.randn(...)` gives."""
     gen = torch.Generator(device="cpu").manual_seed(NOISE_SEED)
-    return torch.randn([1, mel_bins, NOISE_FRAMES], generator=gen)
+    # device: a CPU draw also where modules are made under a device context (pipeline.load)
+    return torch.randn([1, mel_bins, NOISE_FRAMES], generator=gen, device="cpu")
 
 
 def time_span(n_timesteps: int, scheduler: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:

@@ -26,6 +26,7 @@ import numpy as np
 import structlog
 import torch
 
+from tts_core.accel.graph_swap import GraphSwap
 from tts_core.flow import FlowModel
 from tts_core.flow.context_pool import PoolShape
 from tts_core.flow.pooled import PooledFlow, PooledStream, VoicePrefix
@@ -52,7 +53,8 @@ class FlowPoolSettings:
     compile: bool = False  # captured solves call a torch.compile'd estimator step (accel/flow_pool_graphs)
     compile_hift: bool = False  # captured HiFT graphs call torch.compile'd stages (accel/hift_graphs)
     solve_parts: int = 1  # graphs per captured solve (accel/flow_pool_graphs.PooledFlowGraphs.capture)
-    defer_later: bool = False  # "later" lane: only its largest solve bucket at start-up (`capture_deferred`)
+    # Before ready only each lane's largest solve bucket and no final-chunk HiFT shapes (the rest in `capture_compiled`)
+    defer_later: bool = False
 
 
 @dataclass
@@ -66,6 +68,17 @@ class RenderLane:
     # Around each vocoder call, with ChunkRenderer.time_gpu: made once, recorded again each call
     # (making CUDA events under load stalls the host).
     timing_events: tuple | None = None
+    # The lane's (flow solves, HiFT graphs) group, replaced whole by the compiled one that
+    # `ChunkRenderer.capture_compiled` publishes (None: nothing will replace it).
+    swap: GraphSwap | None = None
+
+    def adopt(self) -> None:
+        """The lane's swap point, at the start of each render call on its thread: none of its graphs
+        is running then (its previous call waited for its stream), so a published group replaces
+        the current one here and nowhere else."""
+        if self.swap is not None and self.swap.pending:
+            solves, self.hift_graphs = self.swap.take()
+            self.graphs.solve_graphs = solves
 
 
 @dataclass
@@ -157,7 +170,7 @@ class ChunkRenderer:
         first_lanes = [self.lanes[name] for name in self.first_lanes]
         if not graphs:
             return report
-        from tts_core.accel.flow_pool_graphs import PooledFlowGraphs, compiled_estimator
+        from tts_core.accel.flow_pool_graphs import PooledFlowGraphs, prepare_estimator
         from tts_core.accel.graph_capture import CaptureClock
 
         own_max = self.pooled.pool.shape.stream_frames
@@ -177,15 +190,21 @@ class ChunkRenderer:
         later = self.lanes["later"]
         t0 = time.perf_counter()
         clock = CaptureClock.now()
-        estimator = compiled_estimator(self.flow.decoder.estimator) if s.compile else None
-        later.graphs = PooledFlowGraphs(self.pooled, estimator)
+        # Graphs of the eager modules first (no torch.compile tracing before ready); the compiled
+        # ones are captured while serving (`capture_compiled`). The estimator is laid out for its
+        # compiled form now, before any graph reads its weights.
+        if s.compile:
+            prepare_estimator(self.flow.decoder.estimator)
+        later.graphs = PooledFlowGraphs(self.pooled)
         later.graphs.capture(s.batches, ctx_caps, new_caps, s.solve_parts, defer=s.defer_later)
         report["flow_later_s"] = time.perf_counter() - t0
-        # First lanes: first calls only, whose context is exactly their voice's shared prefix.
+        # First lanes: first calls only, whose context is exactly their voice's shared prefix. Like
+        # the later lane, each only its largest bucket before ready (a first chunk padded to it
+        # meanwhile); the rest come with the compiled set.
         for first in first_lanes:
-            first.graphs = PooledFlowGraphs(self.pooled, estimator)
+            first.graphs = PooledFlowGraphs(self.pooled)
             first.graphs.capture(s.first_batches, sorted({p.prefix_frames for _, p in self._voices.values()}),
-                                 first_news, s.solve_parts)
+                                 first_news, s.solve_parts, defer=s.defer_later)
         report["flow_first_s"] = time.perf_counter() - t0 - report["flow_later_s"]
         if window is not None:
             later.graphs.capture_encoder(s.batches, window, hop, False)
@@ -199,14 +218,20 @@ class ChunkRenderer:
             for u in final_tokens:
                 later.graphs.capture_encoder((1,), before + u, u * ratio, True)
         report["flow_capture_s"] = time.perf_counter() - t0
-        report["flow_stages"] = {**CaptureClock.now().since(clock), "deferred": len(later.graphs.deferred)}
-        if s.compile:
-            from torch._dynamo.utils import counters
-
-            report["flow_compiles"] = counters["stats"]["unique_graphs"]  # compiled graphs in this process
+        report["flow_stages"] = {**CaptureClock.now().since(clock),
+                                 "deferred": sum(len(lane.graphs.deferred) for lane in self.lanes.values())}
         t0 = time.perf_counter()
         clock = CaptureClock.now()
-        self._capture_hift(first_lanes, sorted(first_hops), hop, final_tokens)
+        self._hift_shapes = self._hift_lane_shapes(first_lanes, sorted(first_hops), hop, final_tokens)
+        # Before ready, without the later lane's final-chunk shapes (52 of its 74 graphs by default):
+        # a final chunk runs its vocoder eagerly until the compiled set, which has them, is in.
+        no_finals = set(self._hift_lane_shapes(first_lanes, sorted(first_hops), hop, range(0))["later"])
+        for lane in self.lanes.values():
+            shapes = self._hift_shapes[lane.name]
+            if s.defer_later and lane.name == "later":
+                shapes = [k for k in shapes if k in no_finals]
+            lane.hift_graphs = self._hift_graphs(shapes, None)
+            lane.swap = GraphSwap((lane.graphs.solve_graphs, lane.hift_graphs), lane.name)
         report["hift_capture_s"] = time.perf_counter() - t0
         report["hift_stages"] = CaptureClock.now().since(clock)
         report.update({"flow_ctx_caps": ctx_caps, "flow_new_caps": new_caps, "flow_batches": list(s.batches),
@@ -217,50 +242,69 @@ class ChunkRenderer:
                        "hift_graphs": sum(len(lane.hift_graphs) for lane in self.lanes.values())})
         return report
 
-    def has_deferred(self) -> bool:
-        graphs = self.lanes["later"].graphs
-        return graphs is not None and bool(graphs.deferred)
+    def capture_compiled(self, stop=lambda: False) -> dict:
+        """While the lanes serve on the graphs `prepare` captured (another thread): each lane's
+        complete set, its flow solves with the compiled estimator (`compile`; and the buckets
+        `defer_later` left out) and its HiFT with the compiled stages (`compile_hift`), published
+        lane by lane, first lanes first (GraphSwap; each lane adopts it at its next render call).
+        Returns per part its seconds and compile / warm-up / record split (`stop()` ends early)."""
+        from tts_core.accel.flow_pool_graphs import compiled_estimator
+        from tts_core.accel.graph_capture import CaptureClock
+        from tts_core.accel.hift_graphs import compiled_mix
 
-    def capture_deferred(self, stop=lambda: False) -> None:
-        """The "later" lane's solve buckets left by `prepare` (defer_later), on the calling thread
-        while the lanes serve; logs flow_graphs_complete once all are in (or the failure: the lane
-        keeps serving from what is in, every call fitting its largest bucket)."""
-        graphs = self.lanes["later"].graphs
-        started = time.perf_counter()
-        try:
-            done = graphs.capture_deferred(stop)
-        except Exception:  # noqa: BLE001 - serving goes on from the captured buckets; say so
-            log.exception("flow_graphs_deferred_failed", left=len(graphs.deferred))
-            return
-        # Stopped early (the engine closing) leaves some: not "complete".
-        log.info("flow_graphs_complete" if not graphs.deferred else "flow_graphs_deferred_stopped", lane="later",
-                 captured=done, left=len(graphs.deferred), graphs=len(graphs.solve_graphs),
-                 seconds=round(time.perf_counter() - started, 2))
-
-    def _capture_hift(self, first_lanes: list[RenderLane], first_hops: list[int], hop: int,
-                      final_tokens: range) -> None:
-        """HiFT, per lane, one memory pool and capture stream each (a lane replays one at a time):
-        first chunks (no caches; "later" renders a later segment's first chunk); on "later", later
-        chunks (8 cached frames + a full hop) in every row bucket and final chunks (8 cached frames
-        + a final call's frames) one row each, so no chunk of a steady schedule runs eagerly (a
-        first chunk that is also the last, a short utterance, does)."""
-        from tts_core.accel.hift_graphs import GraphedHift, compiled_mix
-
-        s, ratio = self.settings, self.flow.cfg.token_mel_ratio
+        s = self.settings
+        estimator = compiled_estimator(self.flow.decoder.estimator) if s.compile else None
         mix = compiled_mix() if s.compile_hift else None
+        report: dict = {"flow": {"s": 0.0}, "hift": {"s": 0.0}}
+        for lane in [self.lanes[name] for name in self.first_lanes] + [self.lanes["later"]]:
+            if stop():
+                break
+            t0, c0 = time.perf_counter(), CaptureClock.now()
+            solves = lane.graphs.solve_graphs
+            if s.compile or lane.graphs.deferred:
+                solves = lane.graphs.capture_set(estimator, stop)
+                if solves is None:
+                    break
+            t1, c1 = time.perf_counter(), CaptureClock.now()
+            shapes = self._hift_shapes[lane.name]
+            hift = (self._hift_graphs(shapes, mix) if s.compile_hift or set(shapes) != set(lane.hift_graphs)
+                    else lane.hift_graphs)
+            lane.swap.publish((solves, hift))
+            for part, figures in (("flow", {"s": t1 - t0, **c1.since(c0)}),
+                                  ("hift", {"s": time.perf_counter() - t1, **CaptureClock.now().since(c1)})):
+                for key, value in figures.items():
+                    report[part][key] = report[part].get(key, 0) + value
+        return {part: {k: round(v, 2) for k, v in figures.items()} for part, figures in report.items()}
+
+    def _hift_lane_shapes(self, first_lanes: list[RenderLane], first_hops: list[int], hop: int,
+                          final_tokens: range) -> dict[str, list[tuple[int, int, int]]]:
+        """HiFT graph shapes (rows, frames incl. cache, cached samples) per lane: first chunks (no
+        caches; "later" renders a later segment's first chunk); on "later", later chunks (8 cached
+        frames + a full hop) in every row bucket and final chunks (8 cached frames + a final call's
+        frames) one row each, so no chunk of a steady schedule runs eagerly (a first chunk that is
+        also the last, a short utterance, does)."""
+        s, ratio = self.settings, self.flow.cfg.token_mel_ratio
         cached = 8 * 480
         finals = [(1, 8 + n * ratio, cached) for n in final_tokens]
         firsts_hift = [(rows, first_hop, 0) for first_hop in first_hops for rows in s.first_batches]
         steady = [(rows, 8 + hop, cached) for rows in s.batches]
-        later = self.lanes["later"]
-        for lane, shapes in [(first, firsts_hift) for first in first_lanes] + [(later, firsts_hift + steady + finals)]:
-            pool = torch.cuda.graph_pool_handle()
-            stream = torch.cuda.Stream(self._device)
-            for key in sorted(shapes, key=lambda k: k[0] * k[1], reverse=True):  # largest first: pool reuse
-                if key not in lane.hift_graphs:
-                    rows, frames, cache = key
-                    lane.hift_graphs[key] = GraphedHift(self.hift, frames, cache, rows=rows, pool=pool, stream=stream,
-                                                        mix=mix)
+        shapes = {lane.name: firsts_hift for lane in first_lanes}
+        shapes["later"] = firsts_hift + steady + finals
+        return shapes
+
+    def _hift_graphs(self, shapes: list[tuple[int, int, int]], mix) -> HiftGraphs:
+        """One lane's HiFT graphs, in a memory pool and capture stream of their own (a lane replays
+        one at a time), with `mix` (compiled stages, or None: the eager ones)."""
+        from tts_core.accel.hift_graphs import GraphedHift
+
+        pool = torch.cuda.graph_pool_handle()
+        stream = torch.cuda.Stream(self._device)
+        graphs: HiftGraphs = {}
+        with torch.cuda.device(self._device):
+            for key in sorted(set(shapes), key=lambda k: k[0] * k[1], reverse=True):  # largest first: pool reuse
+                rows, frames, cache = key
+                graphs[key] = GraphedHift(self.hift, frames, cache, rows=rows, pool=pool, stream=stream, mix=mix)
+        return graphs
 
     @property
     def dtype(self) -> torch.dtype:
@@ -278,6 +322,7 @@ class ChunkRenderer:
         stream whose final chunk this is gives its flow slot back."""
         started = time.perf_counter()
         replays = self.lanes[lane]
+        replays.adopt()
         streams = [s.flow for s, _, _ in items]
         tokens = [torch.tensor([list(t[:task.token_end])], dtype=torch.long) for _, t, task in items]
         finalize = [task.finalize for _, _, task in items]

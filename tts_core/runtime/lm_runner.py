@@ -69,8 +69,9 @@ class LMRunner:
         t0 = time.perf_counter()
         clock = CaptureClock.now()
         attend = tuple(b for b in s.attend_buckets if b < s.max_len) + (s.max_len,)
+        # Eager-module graphs: no tracing before ready; the compiled ones follow (`capture_compiled`).
         self.decoder = GraphedDecoder(self.lm, self.sampler, power_of_two_buckets(s.max_batch), attend,
-                                      scratch_slot=s.max_batch, slot_attention=s.slot_attention)
+                                      scratch_slot=s.max_batch, slot_attention=s.slot_attention, compile=False)
         report["decode_capture_s"] = time.perf_counter() - t0
         report["decode_stages"] = CaptureClock.now().since(clock)
         t0 = time.perf_counter()
@@ -79,6 +80,16 @@ class LMRunner:
         report["prefill_capture_s"] = time.perf_counter() - t0
         report["prefill_stages"] = CaptureClock.now().since(clock)
         return report
+
+    def capture_compiled(self) -> dict:
+        """Another thread, while serving: the decode step compiled and captured, published for the
+        decode thread's next launch (GraphSwap). Returns its seconds and where they went."""
+        from tts_core.accel.graph_capture import CaptureClock
+
+        started = time.perf_counter()
+        clock = CaptureClock.now()
+        self.decoder.capture_compiled()
+        return {"s": round(time.perf_counter() - started, 2), **CaptureClock.now().since(clock)}
 
     def thread_started(self) -> None:
         """On the decode thread, on its stream: prefills come after everything before this thread."""

@@ -54,9 +54,10 @@ def startup_stages(startup: dict, warmup_s: float | None) -> dict:
                        "warmup_runs_s": round(stages["warmup_s"] - stages["compile_s"], 2),
                        "record_s": stages["record_s"], "graphs": stages["graphs"], "compiles": stages["compiles"]}
         if stages.get("deferred"):
-            parts[part]["deferred_buckets"] = stages["deferred"]  # captured after ready: flow_graphs_complete
+            parts[part]["deferred_buckets"] = stages["deferred"]  # captured after ready: compiled_graphs_complete
     cache = "unused" if not hits + misses else "warm" if not misses else "cold" if not hits else "partial"
     out = {"weights_s": round(startup.get("weights_s", 0.0), 2),
+           "weights": {k: round(v, 2) for k, v in startup.get("weights_split", {}).items()},
            "voices_s": round(startup.get("flow_voices_s", 0.0), 2),
            "capture_s": round(startup.get("capture_s", 0.0), 2), "capture": parts,
            "warmup_s": None if warmup_s is None else round(warmup_s, 3),
@@ -91,11 +92,17 @@ class CosyVoice2Pipeline:
         graph is captured here, before the first request (the time is logged and kept in
         `scheduler.capture_report`)."""
         started = time.perf_counter()
+        split: dict[str, float] = {}
         md = ModelDir.open(model_dir)
         family = runtime_family(md)
         device = torch.device(device)
-        parts = family.load(md, device, dtype)
+        # The modules are made on the device, so their random initialisation (overwritten by the
+        # checkpoint at once) runs there and not on the host's cores; the checkpoints are read
+        # memory-mapped (tts_core.checkpoint) and copied straight to the device.
+        with torch.device(device):
+            parts = family.load(md, device, dtype)
         tokenizer, lm, flow, hift = parts.tokenizer, parts.lm, parts.flow, parts.hift
+        split["parts_s"] = time.perf_counter() - started
         frontend = TextFrontend(tokenizer, TextNormalizer(tokenizer) if normalize else None)
         if llm_fp8:
             fp8 = use_fp8_projections(lm)
@@ -107,6 +114,7 @@ class CosyVoice2Pipeline:
                 lm.check_request((), voices.get(name).prompt_text)
             except ValueError as exc:
                 raise ValueError(f"voice {name!r} of {md.root}: {exc}") from None
+        split["voices_s"] = time.perf_counter() - started - sum(split.values())
         weights_s = time.perf_counter() - started
         # The flow pool holds every voice of the bank, plus room for two registered later.
         settings = replace(fast or SchedulerSettings(), max_batch=max_batch, max_len=max_len, schedule=schedule,
@@ -120,7 +128,8 @@ class CosyVoice2Pipeline:
         log.info("tts_pipeline_loaded", model_dir=str(md.root), family=family.version, device=str(device), dtype=str(dtype), llm_fp8=llm_fp8,
                  voices=len(voices), max_batch=max_batch, max_len=max_len, seconds=round(total_s, 3))
         pipeline = cls(md, frontend, voices, scheduler, device, dtype)
-        pipeline.startup = {"weights_s": weights_s, **scheduler.capture_report, "total_s": total_s}
+        pipeline.startup = {"weights_s": weights_s, "weights_split": split, **scheduler.capture_report,
+                            "total_s": total_s}
         return pipeline
 
     @property

@@ -33,18 +33,19 @@ class SchedulerSettings:
     # graphs. 3 kept a first chunk's wait for a lane under 15 ms at 12-14 req/s ("Three first-chunk lanes").
     first_chunk_lanes: int = 3
     flow_first_batches: tuple[int, ...] = (1, 2, 4, 8)
-    # With graphs: torch.compile'd flow blocks; faster first chunks, 20-90 s more start-up.
+    # With graphs: torch.compile'd flow blocks (faster first chunks) and HiFT stages (~1.7x faster
+    # vocoder). Compiled and captured once serving, on the tts-compile thread: the worker is ready
+    # on graphs of the eager modules and swaps the compiled ones in (compiled_graphs_complete).
     compile_flow: bool = True
-    # With graphs: torch.compile'd HiFT stages; ~1.7x faster vocoder, up to a minute more start-up.
     compile_hift: bool = True
     # With graphs and Triton: decode rotary, cache write and attention by slot in one kernel per layer.
     slot_attention: bool = True
     # Graphs per captured flow solve (1: one), launched a part ahead: a whole solve's launch held its
     # lane's thread 10-55 ms and stalled the decode thread ("host stalls in CUDA calls").
     flow_solve_parts: int = 10
-    # With graphs: at start-up capture only the largest of the "later" lane's flow buckets (every
-    # call fits it, padded) and the rest on a thread of their own once serving (logged as
-    # flow_graphs_complete): 30 of its 42 solve buckets, ~35-45 s of a restart on the H100.
+    # With graphs: before ready capture only each render lane's largest flow bucket (every call fits
+    # it, padded) and no final-chunk HiFT shapes (eager meanwhile); the full sets come with the
+    # compiled graphs (compiled_graphs_complete).
     defer_flow_graphs: bool = True
     # A later chunk whose stream has more unplayed audio than this waits, so that many streams'
     # chunks share one batched flow call (first chunks never wait).

@@ -1,0 +1,70 @@
+"""The swap of graph groups (tts_core/accel/graph_swap.py) as the runtime uses it: the worker serves on
+eager-module graphs and a background thread publishes the compiled groups; the replaying thread
+adopts a group only at its swap point, whole, and lets the old one go only after `settle`."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from tts_core.accel.flow_pool_graphs import PooledFlowGraphs
+from tts_core.accel.graph_swap import GraphSwap
+from tts_core.flow import load_flow
+from tts_core.hift import load_hift
+from tts_core.runtime.chunk_render import ChunkRenderer, FlowPoolSettings
+
+
+def test_owner_replays_the_current_group_until_its_swap_point_then_the_newest_whole() -> None:
+    eager = ("eager", "eager")
+    swap = GraphSwap(eager, "decode")
+    settled: list[tuple[str, str]] = []
+    assert swap.take(settled.append) is eager and swap.swaps == 0 and not settled
+    swap.publish(("compiled-1", "compiled-1"))
+    swap.publish(("compiled-2", "compiled-2"))  # published before the owner looked: replaces the first unseen
+    assert swap.pending and swap.current is eager  # nothing changes before the owner's swap point
+    assert swap.take(settled.append) == ("compiled-2", "compiled-2")
+    assert settled == [eager] and swap.swaps == 1 and not swap.pending
+    assert swap.take(settled.append) == ("compiled-2", "compiled-2") and swap.swaps == 1
+
+
+def test_a_group_published_from_another_thread_is_adopted_whole_by_the_replaying_thread() -> None:
+    """The replaying thread sees each generation's parts together and generations only move
+    forward, however the publisher's thread interleaves with it."""
+    swap = GraphSwap((0, 0))
+    seen: list[tuple[int, int]] = []
+    settled_on: set[str] = set()
+    done = threading.Event()
+
+    def replay() -> None:
+        while not done.is_set() or swap.pending:
+            seen.append(swap.take(lambda old: settled_on.add(threading.current_thread().name)))
+
+    owner = threading.Thread(target=replay, name="owner")
+    owner.start()
+    for generation in range(1, 200):
+        swap.publish((generation, generation))
+    done.set()
+    owner.join(10)
+    assert not owner.is_alive()
+    assert all(a == b for a, b in seen), "a group's parts came from two generations"
+    assert [a for a, _ in seen] == sorted(a for a, _ in seen), "a generation went back"
+    assert seen[-1] == (199, 199) and settled_on == {"owner"}
+
+
+def test_a_render_lane_swaps_its_flow_solves_and_hift_graphs_together_at_its_render(tiny_model_dir: Path) -> None:
+    """CPU: a renderer's lane holds its group; a published one is taken at the lane's next render
+    call (`RenderLane.adopt`), flow solves and HiFT graphs together, and not before."""
+    renderer = ChunkRenderer(load_flow(tiny_model_dir), load_hift(tiny_model_dir),
+                             FlowPoolSettings(stream_slots=2, first_lanes=1))
+    lane = renderer.lanes["first-0"]
+    lane.graphs = PooledFlowGraphs(renderer.pooled)
+    eager_solves, eager_hift = lane.graphs.solve_graphs, lane.hift_graphs
+    lane.swap = GraphSwap((eager_solves, eager_hift), lane.name)
+    compiled_solves, compiled_hift = {}, {}
+    lane.swap.publish((compiled_solves, compiled_hift))
+    assert lane.graphs.solve_graphs is eager_solves and lane.hift_graphs is eager_hift
+    lane.adopt()
+    assert lane.graphs.solve_graphs is compiled_solves and lane.hift_graphs is compiled_hift
+    assert lane.swap.swaps == 1
+    lane.adopt()  # nothing new: no swap
+    assert lane.swap.swaps == 1 and renderer.lanes["later"].swap is None
