@@ -287,17 +287,33 @@ def stop_serve(serve: subprocess.Popen) -> None:
         serve.kill()
 
 
-def wait_serving(serve: subprocess.Popen, http_port: int, timeout_s: float, log_path: Path) -> None:
-    """Until /healthz says 200; a serve that exits, or never gets there, fails with its log's tail."""
+def compiled_graph_sets(config: dict) -> int:
+    """How many compiled_graphs_complete lines a serve of `config` logs once at full speed: one per cosyvoice2
+    engine (a worker is ready on graphs of the eager modules and swaps the compiled ones in while serving)."""
+    if config.get("engine", {}).get("name") != "cosyvoice2":
+        return 0
+    return max(1, len(worker_names(config)))
+
+
+def wait_serving(serve: subprocess.Popen, http_port: int, timeout_s: float, log_path: Path,
+                 compiled: int = 0) -> None:
+    """Until /healthz says 200 and, with `compiled`, that many engines have their compiled graphs in (the
+    figures are the engine's at full speed; the eager phase after a start is measured by bench_worker_start);
+    a serve that exits, or never gets there, fails with its log's tail."""
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
         if serve.poll() is not None:
             break
         try:
             wait_http(http_port, timeout=5.0)
-            return
         except RuntimeError:
             continue
+        while compiled and time.monotonic() < end and serve.poll() is None:
+            if len(serve_events(log_path, ("compiled_graphs_complete", "compiled_graphs_failed"))) >= compiled:
+                return
+            time.sleep(0.5)  # polling another process's log
+        if not compiled:
+            return
     tail = "".join(log_path.read_text(errors="replace").splitlines(keepends=True)[-30:])
     raise RuntimeError(f"serve not serving (exit code {serve.poll()}); its log ends:\n{tail}")
 
@@ -383,8 +399,10 @@ async def main_async(args) -> dict:
         serve = start_serve(cfg, log_path)
         try:
             started = time.monotonic()
-            await asyncio.to_thread(wait_serving, serve, http_port, args.start_timeout, log_path)
-            print(json.dumps({"serving_after_s": round(time.monotonic() - started, 1)}), flush=True)
+            await asyncio.to_thread(wait_serving, serve, http_port, args.start_timeout, log_path,
+                                    compiled_graph_sets(yaml.safe_load(cfg.read_text())))
+            print(json.dumps({"serving_after_s": round(time.monotonic() - started, 1), "compiled": serve_events(
+                log_path, ("compiled_graphs_complete", "compiled_graphs_failed"))}, default=str)[:2000], flush=True)
             kill = None
             if args.kill_worker_at is not None:
                 names = worker_names(yaml.safe_load(cfg.read_text()))

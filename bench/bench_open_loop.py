@@ -51,8 +51,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from api_stream import ApiResult, PlannedRequest, stream_requests  # noqa: E402
 from arrivals import TAIL, WINDOW, Arrival, plan_arrivals  # noqa: E402
 from bench_calls import free_port, metric  # noqa: E402
-from bench_e2e_calls import (config_text, first_chunk_stages, start_serve, stop_serve, wait_serving,  # noqa: E402
-                             worker_names)
+from bench_e2e_calls import (compiled_graph_sets, config_text, first_chunk_stages, start_serve,  # noqa: E402
+                             stop_serve, wait_serving, worker_names)
 from engine_log import job_events, serve_events  # noqa: E402
 from e2e_caller import CallResult, PlannedCall, place_schedule  # noqa: E402
 from open_loop_gate import GAP_MS, Outcome, highest_passing_rate, playback_underruns, run_figures  # noqa: E402
@@ -217,7 +217,8 @@ async def main_async(args) -> dict:
         urls = [f"http://127.0.0.1:{api_port + i}" for i in range(workers)]
         serve = start_serve(cfg, log_path)
         try:
-            await asyncio.to_thread(wait_serving, serve, http_port, args.start_timeout, log_path)
+            await asyncio.to_thread(wait_serving, serve, http_port, args.start_timeout, log_path,
+                                    compiled_graph_sets(config))
             for mode in args.modes:
                 prompts = args.prompt_seconds if mode == "sip" else args.api_prompt_seconds
                 warmup = max(prompts) if args.warmup is None else args.warmup

@@ -18,7 +18,9 @@
 # one GPU (engine.cosyvoice2.devices [0], e2e_gpu1.json; its first GPU1_STEPS steps) then one worker per GPU
 # (devices [0, 1], e2e_gpu2.json), 30-s prompts at RATES new calls/s per step (default RATE, 10, for every
 # step); with KILL_WORKER_AT=SECONDS the two-GPU run kill -9s the worker on GPU 1 that long into each of
-# KILL_STEPS (default every step) and reports the killed worker's calls apart from GPU 0's.
+# KILL_STEPS (default every step) and reports the killed worker's calls apart from GPU 0's. PART=gpu1 or gpu2
+# runs only that half (two calls on one warm machine fit the command limit); FP16_CALLS="1 100" runs those
+# steps in fp16 on GPU 1 beside the one-GPU run (e2e_fp16.json).
 # openloop: the workers arrangement under bench/bench_open_loop.py at the rates given (new requests/s, Poisson):
 # SIP calls with the issue's 30-s prompts, then the worker's speech API with a 3/10/30-s mix, each run a 30-s
 # warm-up, a WINDOW-second window (default 300, as tts-bench) and a 35-s tail, for each of SEEDS (default
@@ -85,8 +87,21 @@ if [ "$arrangement" = workers2 ]; then
     read -r -a rates <<< "${RATES:-}"
     [ ${#rates[@]} -eq 0 ] && for _ in "$@"; do rates+=("${RATE:-10}"); done
     n1="${GPU1_STEPS:-$#}"
-    python3 bench/bench_e2e_calls.py --config "$config" --devices 0 --calls "${@:1:$n1}" --rates "${rates[@]:0:$n1}" \
-        --prompt-seconds 30 --out "$out/e2e_gpu1.json" --serve-log "$out/serve_gpu1.log"
+    part="${PART:-both}"
+    if [ "$part" != gpu2 ]; then
+        fp16_pid=""
+        if [ -n "${FP16_CALLS:-}" ]; then  # fp16 on GPU 1 meanwhile (its own worker port), 10 new calls/s
+            sed -e 's/dtype: bf16/dtype: fp16/' -e 's/port: 8090/port: 8091/' "$config" > "$out/e2e_fp16.yaml"
+            # shellcheck disable=SC2086  # FP16_CALLS is a word list
+            python3 bench/bench_e2e_calls.py --config "$out/e2e_fp16.yaml" --devices 1 --calls $FP16_CALLS --rate 10 \
+                --prompt-seconds 30 --out "$out/e2e_fp16.json" --serve-log "$out/serve_fp16.log" &
+            fp16_pid=$!
+        fi
+        python3 bench/bench_e2e_calls.py --config "$config" --devices 0 --calls "${@:1:$n1}" --rates "${rates[@]:0:$n1}" \
+            --prompt-seconds 30 --out "$out/e2e_gpu1.json" --serve-log "$out/serve_gpu1.log"
+        [ -z "$fp16_pid" ] || wait "$fp16_pid"
+    fi
+    [ "$part" != gpu1 ] || exit 0
     kill=()
     [ -n "${KILL_WORKER_AT:-}" ] && kill=(--kill-worker-at "$KILL_WORKER_AT" --kill-worker 1)
     # shellcheck disable=SC2206  # KILL_STEPS is a word list
