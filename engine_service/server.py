@@ -72,8 +72,8 @@ class EngineWorker:
             free = min(free, health.slots_free)
         return protocol.Status(state=health.state, slots_total=self.settings.slots, slots_free=max(free, 0),
                                queue_depth=self.estimate.waiting,
-                               first_audio_ms=round(self.estimate.expected_s(time.monotonic()) * 1000, 1), opens_seen=opens_seen,
-                               graphs=health.graphs if graphs else None)
+                               first_audio_ms=round(self.estimate.expected_s(time.monotonic()) * 1000, 1),
+                               opens_seen=opens_seen, graphs=health.graphs if graphs else None)
 
     def hello(self) -> protocol.Hello:
         engine = self.engine
