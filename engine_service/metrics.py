@@ -193,7 +193,7 @@ class _StatusCollector(Collector):
     def describe(self) -> list:
         return []  # nothing to describe ahead: registering must not ask the engine for its health
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         status = self._worker.status()
         state = GaugeMetricFamily("tts_worker_state", "1 for the engine's state now (ready, warming, down)",
                                   labels=["state"])
@@ -212,3 +212,12 @@ class _StatusCollector(Collector):
         yield GaugeMetricFamily("tts_worker_first_audio_estimate_seconds",
                                 "The worker's estimate of first audio for a stream opened now (admission bound)",
                                 value=status.first_audio_ms / 1000)
+        # The engine's compiled graphs (cosyvoice2 on CUDA is ready on slower graphs of the eager modules and
+        # swaps the compiled ones in while serving, ~2 min): 0 while first chunks are still 2-4x slower.
+        yield GaugeMetricFamily("tts_worker_graphs_compiled",
+                                "1 when the engine runs at full speed (its compiled graphs are in, or it has none "
+                                "to compile); 0 while it serves on slower graphs (compiling, or compiling failed)",
+                                value=1.0 if status.graphs == "compiled" else 0.0)
+        yield CounterMetricFamily("tts_worker_graph_compile_failures",
+                                  "Compiles of the engine's graphs that failed (the worker serves on, on the slower "
+                                  "graphs, until restarted)", value=1.0 if status.graphs == "failed" else 0.0)

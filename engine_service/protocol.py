@@ -19,7 +19,8 @@ Control frames are JSON text frames with a "type":
     refused {stream, reason, message}      before any audio; reason is one of REFUSAL_REASONS
     end     {stream}                       all audio sent
     failed  {stream, message}              broke mid-stream; no more audio for it
-    status  {state, slots_total, slots_free, queue_depth, first_audio_ms, opens_seen}   every ~250 ms (the heartbeat)
+    status  {state, slots_total, slots_free, queue_depth, first_audio_ms, opens_seen[, graphs]}   every ~250 ms
+            (the heartbeat); `graphs` (compiled, compiling, failed) only on a link opened with `&graphs=1`
     error   {stream|null, message}         a frame the worker could not use; the link stays up
 
 Audio travels in binary frames: a 4-byte big-endian stream id, then mono PCM at the stream's sample rate in
@@ -36,8 +37,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from engines.base import (BadText, EmptyText, EngineUnavailable, NoCapacity, SynthesisRefused, TextTooLong,
-                          UnknownVoice)
+from engines.base import (GRAPHS_STATES, BadText, EmptyText, EngineUnavailable, NoCapacity, SynthesisRefused,
+                          TextTooLong, UnknownVoice)
 from speech_audio.g711 import float_to_pcm16
 
 # 2: status gained opens_seen; 3: open gained segments (SSML). Unknown fields are errors here, so an older peer
@@ -134,6 +135,10 @@ class Status:
     # This link's `open` frames the worker has handled (counted in slots_free, or refused), so a gateway subtracts
     # only its opens still on the way. Required on the wire; the default serves statuses that are not per link.
     opens_seen: int = 0
+    # Whether the engine's compiled graphs are in (engines.base.GraphsState). Optional: sent only to a gateway
+    # that asked at connect (`graphs=1` in the query), since an older gateway refuses unknown fields; None: not
+    # said (an older worker, or a link that did not ask).
+    graphs: str | None = None
     type: Literal["status"] = "status"
 
 
@@ -162,7 +167,7 @@ _SCHEMA: dict[str, tuple[type, dict[str, tuple[type, ...]], tuple[str, ...]]] = 
     "end": (End, {"stream": _INT}, ("stream",)),
     "failed": (Failed, {"stream": _INT, "message": _STR}, ("stream",)),
     "status": (Status, {"state": _STR, "slots_total": _INT, "slots_free": _INT, "queue_depth": _INT,
-                        "first_audio_ms": (int, float), "opens_seen": _INT},
+                        "first_audio_ms": (int, float), "opens_seen": _INT, "graphs": _STR},
                ("state", "slots_total", "slots_free", "opens_seen")),
     "error": (Error, {"stream": (int, type(None)), "message": _STR}, ("stream", "message")),
 }
@@ -173,6 +178,8 @@ def serialize(frame: Frame) -> str:
     data = asdict(frame)
     if isinstance(frame, Open) and not frame.segments:  # plain text: the open reads as it always did
         del data["segments"]
+    if isinstance(frame, Status) and frame.graphs is None:  # not asked for: the status reads as it always did
+        del data["graphs"]
     return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
 
 
@@ -211,6 +218,8 @@ def parse(text: str | bytes) -> Frame:
         raise ProtocolError(f"refused.reason: {values['reason']!r}; known: {', '.join(REFUSAL_REASONS)}", stream)
     if kind == "status" and values["state"] not in ("ready", "warming", "down"):
         raise ProtocolError(f"status.state: {values['state']!r}; one of ready, warming, down", stream)
+    if kind == "status" and values.get("graphs", "compiled") not in GRAPHS_STATES:
+        raise ProtocolError(f"status.graphs: {values['graphs']!r}; one of {', '.join(GRAPHS_STATES)}", stream)
     if kind == "hello":
         values["voices"] = tuple(values["voices"])
         values["formats"] = tuple(values.get("formats", FORMATS))

@@ -63,15 +63,17 @@ class EngineWorker:
     def __post_init__(self) -> None:
         self.metrics = WorkerMetrics(self)
 
-    def status(self, opens_seen: int = 0) -> protocol.Status:
-        """How things are now; `opens_seen` comes from the link the status goes to (it is per link)."""
+    def status(self, opens_seen: int = 0, graphs: bool = True) -> protocol.Status:
+        """How things are now; `opens_seen` comes from the link the status goes to (it is per link), `graphs`
+        whether that link asked for the graphs' state (an older gateway refuses the field)."""
         health = self.engine.health()
         free = self.settings.slots - self.streams_active
         if health.slots_free is not None:
             free = min(free, health.slots_free)
         return protocol.Status(state=health.state, slots_total=self.settings.slots, slots_free=max(free, 0),
                                queue_depth=self.estimate.waiting,
-                               first_audio_ms=round(self.estimate.expected_s(time.monotonic()) * 1000, 1), opens_seen=opens_seen)
+                               first_audio_ms=round(self.estimate.expected_s(time.monotonic()) * 1000, 1),
+                               opens_seen=opens_seen, graphs=health.graphs if graphs else None)
 
     def hello(self) -> protocol.Hello:
         engine = self.engine
@@ -200,15 +202,18 @@ async def _stream_endpoint(request: web.Request) -> web.StreamResponse:
                                            f"this worker speaks version {protocol.VERSION}"}, status=400)
     ws = web.WebSocketResponse(heartbeat=worker.settings.heartbeat_s, max_msg_size=1 << 20)
     await ws.prepare(request)
-    await _Link(worker, ws, request.transport, request.remote or "?").serve()
+    await _Link(worker, ws, request.transport, request.remote or "?",
+                graphs=request.query.get("graphs") == "1").serve()
     return ws
 
 
 class _Link:
     """One gateway's WebSocket: reads its control frames, runs its streams, writes their frames in order."""
 
-    def __init__(self, worker: EngineWorker, ws: web.WebSocketResponse, transport, peer: str) -> None:
+    def __init__(self, worker: EngineWorker, ws: web.WebSocketResponse, transport, peer: str,
+                 graphs: bool = False) -> None:
         self._worker = worker
+        self._graphs = graphs  # the gateway asked for status.graphs
         self._ws = ws
         self._transport = transport
         self._outbox: asyncio.Queue[str | bytes] = asyncio.Queue()
@@ -363,7 +368,7 @@ class _Link:
             self._outbox_bytes -= len(data)
             if data is _STATUS_DUE:  # built when it leaves, so it says how things are now
                 self._status_queued = False
-                data = protocol.serialize(self._worker.status(self._opens_seen))
+                data = protocol.serialize(self._worker.status(self._opens_seen, self._graphs))
             if isinstance(data, str):
                 await self._ws.send_str(data)
             else:

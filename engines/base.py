@@ -97,6 +97,11 @@ class SynthesisFailed(Exception):
 
 
 EngineState = Literal["ready", "warming", "down"]
+# An engine that is ready on slower graphs while it compiles faster ones (cosyvoice2 with CUDA graphs):
+# compiled: at full speed (also an engine with nothing to compile); compiling: serving, first chunks slower until
+# the compiled graphs are in; failed: compiling them failed, serving on the slower graphs for good.
+GraphsState = Literal["compiled", "compiling", "failed"]
+GRAPHS_STATES = ("compiled", "compiling", "failed")
 
 
 @dataclass(frozen=True)
@@ -108,6 +113,7 @@ class EngineHealth:
     slots_free: int | None = None
     queue_depth: int = 0
     reason: str = ""
+    graphs: GraphsState = "compiled"
 
     @property
     def accepting(self) -> bool:

@@ -211,7 +211,7 @@ class WorkerLink:
     async def _connect_and_read(self) -> None:
         headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
         ws = await asyncio.wait_for(self._session_of().ws_connect(
-            self.url, params={"version": str(protocol.VERSION)}, headers=headers, autoping=True,
+            self.url, params={"version": str(protocol.VERSION), "graphs": "1"}, headers=headers, autoping=True,
             max_msg_size=1 << 22), timeout=5.0)
         self._outbox, self._opens_sent = asyncio.Queue(), 0  # a new link: the worker counts its opens from 0
         writer = asyncio.get_running_loop().create_task(self._write(ws), name=f"engine-link-writer-{self.name}")

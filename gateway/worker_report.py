@@ -3,7 +3,9 @@
 A worker serves when the gateway's link to it is up and its engine ready (engines.remote.WorkerLink.usable);
 why one does not comes from its supervisor (starting, restarting after an exit, settings refused, hung; see
 gateway/worker_supervisor.py) or, for a remote worker, from its link. Some workers down is "degraded": still
-200, since calls are served; none ready is the engine warming, 503 (gateway.app decides health).
+200, since calls are served; none ready is the engine warming, 503 (gateway.app decides health). A ready worker
+also says its `speed` when its status tells (status.graphs): a cosyvoice2 worker serves on slower graphs until its
+compiled ones are in, ~2 min after ready; readiness does not wait for them.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ def workers_report(links: Sequence[WorkerLink], supervisor: WorkerSupervisor | N
         if link.usable:
             assert link.status is not None
             entry.update(slots_free=link.slots_free, slots_total=link.status.slots_total)
+            if (speed := _SPEED.get(link.status.graphs or "")) is not None:  # None: an older worker says nothing
+                entry["speed"] = speed
         elif process is None:
             entry["why"] = _link_why(link)
         elif process["state"] == "listening":
@@ -55,6 +59,10 @@ def workers_report(links: Sequence[WorkerLink], supervisor: WorkerSupervisor | N
     ready = sum(entry["ready"] for entry in workers.values())
     return {"workers_ready": ready, "workers_total": len(workers),
             "workers_summary": f"{ready} of {len(workers)} engine workers ready", "workers": workers}
+
+
+_SPEED = {"compiled": "full", "compiling": "warming: compiled graphs not in yet",
+          "failed": "slow: compiling its graphs failed, serving on the eager graphs until restarted"}
 
 
 def _link_why(link: WorkerLink) -> str:

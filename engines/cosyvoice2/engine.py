@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 import structlog
 
-from engines.base import (INSTRUCT_OPTIONS, EmptyText, EngineSettingsError, EngineUnavailable, SpeechEngine,
-                          SynthesisFailed, SynthesisRefused, SynthesisRequest, UnsupportedOption)
+from engines.base import (INSTRUCT_OPTIONS, EmptyText, EngineHealth, EngineSettingsError, EngineUnavailable,
+                          SpeechEngine, SynthesisFailed, SynthesisRefused, SynthesisRequest, UnsupportedOption)
 from engines.channel import ChunkChannel
 from engines.cosyvoice2.settings import CosyVoice2Settings
 from engines.segmented import speak_segments
@@ -155,6 +155,13 @@ class CosyVoice2Engine(SpeechEngine):
         if self.pipeline is None:
             raise RuntimeError("cosyvoice2 engine is not running; call start() first")
         return self.pipeline
+
+    def health(self) -> EngineHealth:
+        """Ready once started; `graphs` says whether the compiled graphs are in yet (the tts-compile thread's
+        progress, a plain attribute of the scheduler): until then first chunks are slower."""
+        pipeline = self.pipeline
+        graphs = pipeline.scheduler.graphs_state if pipeline is not None else "compiled"
+        return EngineHealth("ready", graphs=graphs)
 
     def voices(self) -> Sequence[str]:
         return self._running().voices.names()

@@ -26,6 +26,7 @@ def test_open_with_only_the_required_fields_takes_the_defaults():
     protocol.Cancel(3), protocol.Opened(3), protocol.End(3), protocol.Failed(3, "boom"),
     protocol.Refused(3, "no_capacity", "full"), protocol.Error(None, "bad"),
     protocol.Status("ready", 8, 5, 2, 120.5, opens_seen=9),
+    protocol.Status("ready", 8, 5, 2, 120.5, opens_seen=9, graphs="compiling"),
     protocol.Hello(1, "espeak", ("en", "zh"), "en", 24000, 2000),
 ])
 def test_every_frame_round_trips(frame):
@@ -51,6 +52,8 @@ def test_status_is_exact_json():
     ('{"type":"status","state":"ready","slots_total":2,"slots_free":1}', "status: missing field(s) opens_seen", None),
     ('{"type":"status","state":"ready","slots_total":2,"slots_free":1,"opens_seen":"3"}',
      "status.opens_seen: expected int, got str", None),
+    ('{"type":"status","state":"ready","slots_total":2,"slots_free":1,"opens_seen":3,"graphs":"fast"}',
+     "status.graphs: 'fast'; one of compiled, compiling, failed", None),
 ])
 def test_malformed_frames_name_the_problem_and_the_stream(text, message, stream):
     with pytest.raises(protocol.ProtocolError) as caught:

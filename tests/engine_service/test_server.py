@@ -208,3 +208,18 @@ async def test_speech_api_streams_share_the_workers_slots_with_gateway_links():
             await link.ws.close()
     finally:
         await engine.close()
+
+
+async def test_a_status_says_the_graphs_only_to_a_link_that_asked(worker):
+    """An older gateway refuses a status with a field it does not know, so `graphs` goes only to a link opened
+    with graphs=1 (what engines.remote asks); the heartbeat of a link that did not ask reads as it always did."""
+    async with aiohttp.ClientSession() as session:
+        raw = {}
+        for asked in ("", "1"):
+            params = {"version": str(protocol.VERSION), **({"graphs": asked} if asked else {})}
+            async with session.ws_connect(f"{worker}{protocol.STREAM_PATH}", params=params,
+                                          headers={"Authorization": f"Bearer {TOKEN}"}) as ws:
+                while (frame := json.loads((await asyncio.wait_for(ws.receive(), 5)).data))["type"] != "status":
+                    pass
+                raw[asked] = frame
+    assert "graphs" not in raw[""] and raw["1"]["graphs"] == "compiled"  # instant: nothing to compile

@@ -12,13 +12,20 @@ import asyncio
 import threading
 from pathlib import Path
 
+import aiohttp
 import numpy as np
 import pytest
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 
+from engine_service import protocol
+from engine_service.server import WorkerSettings
 from engines.base import (EmptyText, EngineUnavailable, SynthesisFailed, SynthesisRefused, SynthesisRequest,
                           UnknownVoice)
 from engines.cosyvoice2 import CosyVoice2Engine
+from engines.remote import RemoteEngine
+from gateway.worker_report import workers_report
+from tests.engine_service.worker_link import TOKEN, serving
 from tts_core.voices import Voice
 
 VOICE = "golden_speaker"
@@ -187,6 +194,46 @@ async def test_close_fails_open_streams(tiny_model_dir: Path) -> None:
     await engine.close()
     with pytest.raises(SynthesisFailed):
         await asyncio.wait_for(_collect(stream), 30)
+
+
+async def _served_graphs(engine: CosyVoice2Engine) -> tuple[dict[str, float], dict]:
+    """The engine in a real worker: its /metrics' graph samples, and what a gateway's /healthz says of it."""
+    async with serving(engine, WorkerSettings(token=TOKEN, slots=2, status_interval_s=0.05)) as base:
+        async with aiohttp.ClientSession() as session, session.get(f"{base}/metrics") as response:
+            samples = {sample.name: sample.value for family in text_string_to_metric_families(await response.text())
+                       for sample in family.samples if "graph" in sample.name}
+        gateway = RemoteEngine(urls=[base.replace("http", "ws") + protocol.STREAM_PATH], token=TOKEN,
+                               engine_name="cosyvoice2")
+        await gateway.start()
+        try:
+            await gateway.wait_ready(10)
+            return samples, workers_report(gateway.links, None)["workers"]
+        finally:
+            await gateway.close()
+
+
+async def test_a_cpu_worker_is_at_full_speed_with_no_graphs_to_compile(engine: CosyVoice2Engine) -> None:
+    # On CPU no tts-compile thread runs: nothing to wait for, so the worker says so from the start.
+    samples, workers = await _served_graphs(engine)
+    assert samples == {"tts_worker_graphs_compiled": 1.0, "tts_worker_graph_compile_failures_total": 0.0}
+    assert [entry["speed"] for entry in workers.values()] == ["full"]
+
+
+async def test_a_failed_compile_shows_in_the_workers_metrics_and_the_gateways_health(tiny_model_dir: Path) -> None:
+    engine = CosyVoice2Engine(model_dir=str(tiny_model_dir), device="cpu", max_batch=1, max_len=1024, warmup=False)
+    await engine.start()
+    try:
+        # The tts-compile thread's body on a CPU model: its CUDA device cannot be entered, so it fails as a
+        # compile that raises does, and the worker serves on.
+        compile_thread = threading.Thread(target=engine.pipeline.scheduler._capture_compiled)
+        compile_thread.start()
+        compile_thread.join(30)
+        samples, workers = await _served_graphs(engine)
+    finally:
+        await engine.close()
+    assert samples == {"tts_worker_graphs_compiled": 0.0, "tts_worker_graph_compile_failures_total": 1.0}
+    (entry,) = workers.values()
+    assert entry["ready"] and entry["speed"].startswith("slow: compiling its graphs failed")
 
 
 def test_settings_errors_name_the_key(tiny_model_dir: Path) -> None:

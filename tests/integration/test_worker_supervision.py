@@ -59,6 +59,7 @@ async def test_a_worker_killed_five_times_under_calls_is_back_every_time_and_onl
         await survivor.wait_for_packets(10, timeout_s=20)
         body = await serve.until_healthy(slots_free=1)
         victim = next(name for name, worker in body["workers"].items() if worker["slots_free"] == 1)
+        assert {worker["speed"] for worker in body["workers"].values()} == {"full"}  # instant: nothing to compile
 
         for kill in range(1, 6):
             # A call on the victim (its only free slot), heard: after the first kill, this is the call that

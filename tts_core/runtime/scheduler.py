@@ -103,6 +103,9 @@ class SynthesisScheduler:
         self._token_s = flow.cfg.token_mel_ratio * hift.cfg.samples_per_frame / SAMPLE_RATE
         self.capture_report: dict = {}
         self._capture_thread: threading.Thread | None = None  # the compiled graphs, once serving (`start`)
+        # What the engine's health says of the graphs (engines.base.GraphsState), a plain attribute the tts-compile
+        # thread sets and the event loop reads: compiled (also with nothing to compile), compiling, failed.
+        self.graphs_state = "compiled"
         # Re-entrant: a job failed by the render thread while it holds the lock releases under it too.
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)  # the decode thread waits on it
@@ -159,6 +162,7 @@ class SynthesisScheduler:
         self._thread = threading.Thread(target=self._run, name="tts-decode", daemon=True)
         self._thread.start()
         if self.settings.graphs:
+            self.graphs_state = "compiling"
             self._capture_thread = threading.Thread(target=self._capture_compiled, name="tts-compile", daemon=True)
             self._capture_thread.start()
 
@@ -195,10 +199,13 @@ class SynthesisScheduler:
                     report["decode"] = self.runner.capture_compiled()
                 report.update(self.renderer.capture_compiled(self._is_stopping))
         except Exception:  # noqa: BLE001 - serving goes on from the graphs it has; say so
+            self.graphs_state = "failed"
             log.exception("compiled_graphs_failed", seconds=round(time.perf_counter() - started, 2))
             return
         finally:
             sys.setswitchinterval(interval)
+        if not self._stopping:  # stopped part-way: still not compiled
+            self.graphs_state = "compiled"
         log.info("compiled_graphs_complete" if not self._stopping else "compiled_graphs_stopped",
                  seconds=round(time.perf_counter() - started, 2), parts=report)
 
