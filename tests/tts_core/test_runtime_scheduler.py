@@ -520,7 +520,8 @@ def test_a_live_stream_due_is_rendered_before_an_unpaced_job(pipeline: CosyVoice
         renders.release.set()
     assert sum(map(len, live_sink.wait(60))) == 200 * SAMPLES_PER_TOKEN
     assert sum(map(len, file_sink.wait(60))) == 200 * SAMPLES_PER_TOKEN
-    later = [[streams.get(id(stream), "other") for stream, _ in items] for lane, items in renders.calls if lane == "later"]
+    later = [[streams.get(id(stream), "other") for stream, _ in items]
+             for lane, items in renders.calls if lane == "later"]
     both = [names for names in later[1:] if {"live", "file"} <= set(names)]
     assert both, "after the held call, the two jobs' due chunks shared a call"
     assert all(names.index("live") < names.index("file") for names in both)
