@@ -11,7 +11,7 @@ The worker's first frame is `hello`.
 Control frames are JSON text frames with a "type":
 
   gateway -> worker
-    open    {stream, text, voice, call_id, options, sample_rate, format, segments}   start synthesis
+    open    {stream, text, voice, call_id, options, sample_rate, format, segments, paced}   start synthesis
     cancel  {stream}                                                         stop it; no reply
   worker -> gateway
     hello   {version, engine, voices, default_voice, sample_rate, max_text_chars, formats}
@@ -77,6 +77,7 @@ class Open:
     sample_rate: int = 24_000
     format: Format = "f32le"
     segments: list[dict[str, Any]] = field(default_factory=list)  # SSML: engines.ssml.segments.to_wire
+    paced: bool = True  # False: the audio is collected whole (SynthesisRequest.paced)
     type: Literal["open"] = "open"
 
 
@@ -157,7 +158,8 @@ _STR = (str,)
 _SCHEMA: dict[str, tuple[type, dict[str, tuple[type, ...]], tuple[str, ...]]] = {
     # type: (class, field types, required fields)
     "open": (Open, {"stream": _INT, "text": _STR, "voice": _STR, "call_id": _STR, "options": (dict,),
-                    "sample_rate": _INT, "format": _STR, "segments": (list,)}, ("stream", "text", "voice")),
+                    "sample_rate": _INT, "format": _STR, "segments": (list,),
+                    "paced": (bool,)}, ("stream", "text", "voice")),
     "cancel": (Cancel, {"stream": _INT}, ("stream",)),
     "hello": (Hello, {"version": _INT, "engine": _STR, "voices": (list,), "default_voice": _STR,
                       "sample_rate": _INT, "max_text_chars": _INT, "formats": (list,)},
@@ -180,6 +182,8 @@ def serialize(frame: Frame) -> str:
         del data["segments"]
     if isinstance(frame, Status) and frame.graphs is None:  # not asked for: the status reads as it always did
         del data["graphs"]
+    if isinstance(frame, Open) and frame.paced:  # sent only when false, so a worker before it reads every live open
+        del data["paced"]
     return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
 
 

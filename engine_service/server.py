@@ -283,7 +283,7 @@ class _Link:
         try:
             request = SynthesisRequest(text=frame.text, voice=frame.voice, call_id=frame.call_id,
                                        options=MappingProxyType(dict(frame.options)),
-                                       segments=from_wire(frame.segments))
+                                       segments=from_wire(frame.segments), paced=frame.paced)
         except ValueError as exc:
             self._refuse(frame.stream, "bad_text", str(exc))
             return

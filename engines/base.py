@@ -123,13 +123,16 @@ class EngineHealth:
 @dataclass(frozen=True)
 class SynthesisRequest:
     """`text` is what is said; an SSML request also carries its `segments` (speech and pauses, in order), and
-    then `text` is their words, for validation and logs (engines/segmented.py builds both)."""
+    then `text` is their words, for validation and logs (engines/segmented.py builds both). `paced` False: the
+    audio is collected whole before anyone hears it (a file, a cache prerender), so an engine that paces its
+    work by a listener's playout (the CosyVoice runtime) renders it as fast as it can, behind live streams."""
 
     text: str
     voice: str
     call_id: str = ""
     options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     segments: tuple[Segment, ...] = ()
+    paced: bool = True
 
 
 class SpeechEngine(ABC):

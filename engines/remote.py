@@ -149,7 +149,7 @@ class WorkerLink:
         request = channel.request
         self._send(protocol.Open(stream=stream, text=request.text, voice=request.voice, call_id=request.call_id,
                                  options=dict(request.options), sample_rate=SAMPLE_RATE, format=fmt,
-                                 segments=to_wire(request.segments)))
+                                 segments=to_wire(request.segments), paced=request.paced))
         asyncio.get_running_loop().call_later(self.late_after_s, self._check_seen, stream)
 
     def _check_seen(self, stream: int) -> None:

@@ -110,7 +110,7 @@ class Gateway:
                 log.warning("voice_level_not_measured", voice=voice, error=repr(exc))
         for prompt in prompts:
             request = SynthesisRequest(text=prompt.text, voice=prompt.voice, call_id="prerender",
-                                       options=MappingProxyType(dict(prompt.options)))
+                                       options=MappingProxyType(dict(prompt.options)), paced=False)
             try:
                 self.engine.validate(request)
                 hit = await _when_admitted(lambda request=request: self.speech.prerender(request))

@@ -98,7 +98,7 @@ class CallSpeech:
         return PromptKey(request.text, voice, self.engine.model_identity(request.voice), rate, self.level_label)
 
     async def gain_db(self, voice: str) -> float | None:
-        calibration = SynthesisRequest(text=CALIBRATION_TEXT, voice=voice, call_id="level-calibration")
+        calibration = SynthesisRequest(text=CALIBRATION_TEXT, voice=voice, call_id="level-calibration", paced=False)
         return await self.gains.gain_db(voice, self.engine.model_identity(voice),
                                         lambda: self._render(calibration, None, None))
 

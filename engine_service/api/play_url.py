@@ -19,7 +19,9 @@ answer starts, so it always has a `Content-Length` and a WAV header with
 true sizes. The players this is for download a prompt to a file before they play it (res_http_media_cache
 curls to a file, then plays; mod_http_cache likewise), so streaming a miss would not start the audio sooner,
 while a WAV header that says "unknown length" is one not every reader takes. A miss's first byte is therefore
-the whole render; a hit's is a pack of kept PCM (G.711 by table lookup: well under a millisecond a prompt).
+the whole render; a hit's is a pack of kept PCM (G.711 by table lookup: well under a millisecond a prompt). That
+render is not paced in real time as a live stream's is (SynthesisRequest.paced False: nobody hears it as it comes),
+so it runs as fast as the engine can, behind the live streams.
 """
 
 from __future__ import annotations
@@ -174,7 +176,8 @@ async def _render(api: TtsApi, key: ApiKey, prompt: PromptKey) -> AsyncIterator[
     stack = AsyncExitStack()
     try:
         stack.enter_context(api.slots.hold(key))
-        channel = await stack.enter_async_context(speech_stream(api, prompt.text, prompt.voice, uuid.uuid4().hex[:16]))
+        channel = await stack.enter_async_context(speech_stream(api, prompt.text, prompt.voice, uuid.uuid4().hex[:16],
+                                                                      paced=False))
     except BaseException:
         await stack.aclose()
         raise

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Any
 
 from engine_service.api.audio_format import AudioEncoder
@@ -57,18 +58,19 @@ def engine_options(api: TtsApi, voice: str, instruct: str | None, dialect: str |
 
 @asynccontextmanager
 async def speech_stream(api: TtsApi, text: str, voice: str, request_id: str = "",
-                        ssml: bool | None = False, options: Mapping[str, Any] | None = None
-                        ) -> AsyncIterator[ChunkChannel]:
+                        ssml: bool | None = False, options: Mapping[str, Any] | None = None,
+                        paced: bool = True) -> AsyncIterator[ChunkChannel]:
     """An admitted engine stream for the body of the `async with`; cancelled, and its shared slot given back,
     when the body ends however it ends. `ssml`: True reads the text as SSML, None when it starts with `<speak`
     (engines.segmented.speech_request); a document that cannot be spoken is a 400 `bad_ssml`. `options`: the
-    request's engine options (instruct / dialect), checked by the engine (400 unsupported_option)."""
+    request's engine options (instruct / dialect), checked by the engine (400 unsupported_option). `paced` False:
+    the caller collects the audio whole before use (SynthesisRequest.paced), e.g. a play-URL file."""
     settings = api.settings
     if len(text) > settings.max_text_chars:
         raise ApiError(413, "text_too_long",
                        f"text: {len(text)} characters, the limit is {settings.max_text_chars}")
     try:
-        request = speech_request(text, voice, call_id=request_id, ssml=ssml, options=options)
+        request = replace(speech_request(text, voice, call_id=request_id, ssml=ssml, options=options), paced=paced)
     except SsmlError as exc:
         raise ApiError(400, "bad_ssml", str(exc)) from None
     health = api.engine.health()

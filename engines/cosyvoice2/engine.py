@@ -198,7 +198,7 @@ class CosyVoice2Engine(SpeechEngine):
         options = JobOptions(seed=_int_option(request.options, "seed", self.settings.seed),
                              min_tokens=_int_option(request.options, "min_tokens"),
                              max_tokens=_int_option(request.options, "max_tokens"),
-                             instruct_tokens=self._instruct_tokens(request))
+                             instruct_tokens=self._instruct_tokens(request), paced=request.paced)
         if pipeline.frontend.knows(request.text):  # a look-up: queue it here, admitted at once
             channel = ChunkChannel()
             _submit(pipeline, request, options, channel)

@@ -16,6 +16,15 @@ def test_open_serializes_to_compact_json_in_field_order():
     assert protocol.parse(protocol.serialize(frame)) == frame
 
 
+def test_an_unpaced_open_says_so_and_a_paced_one_reads_as_before():
+    """`paced` is sent only when false, so a worker from before it reads every live open."""
+    frame = protocol.Open(stream=7, text="hi", voice="en", paced=False)
+    assert protocol.serialize(frame).endswith('"format":"f32le","paced":false,"type":"open"}')
+    assert protocol.parse(protocol.serialize(frame)) == frame
+    assert '"paced"' not in protocol.serialize(protocol.Open(stream=7, text="hi", voice="en"))
+    assert protocol.parse('{"type":"open","stream":1,"text":"hi","voice":"en"}').paced is True
+
+
 def test_open_with_only_the_required_fields_takes_the_defaults():
     frame = protocol.parse('{"type":"open","stream":1,"text":"hi","voice":"en"}')
     assert frame == protocol.Open(stream=1, text="hi", voice="en", call_id="", options={}, sample_rate=24000,

@@ -38,9 +38,11 @@ class HeldEngine(InstantEngine):
     def __init__(self) -> None:
         super().__init__()
         self.held: list[ChunkChannel] = []
+        self.requests: list[SynthesisRequest] = []
 
     def open_stream(self, request: SynthesisRequest) -> ChunkChannel:
         self.validate(request)
+        self.requests.append(request)
         self.held.append(ChunkChannel(admitted=False))
         return self.held[-1]
 
@@ -278,3 +280,21 @@ async def test_a_burst_while_one_worker_hangs_is_all_taken_by_the_other_and_the_
             await asyncio.wait_for(_until(lambda: not hung_link.late and hung_link.slots_free == 64), 10)
         finally:
             await client.close()
+
+
+async def test_a_stream_collected_whole_reaches_the_worker_s_engine_unpaced_and_a_live_one_paced():
+    """SynthesisRequest.paced crosses the link (the open's `paced`, sent only when false): a prerender or file
+    render is not paced by the worker's runtime, a live call still is."""
+    worker = Worker(slots=2, engine=HeldEngine())
+    await worker.start()
+    client = RemoteEngine(urls=[worker.url], token=TOKEN, engine_name="instant")
+    try:
+        await client.start()
+        await client.wait_ready(10)
+        client.open_stream(SynthesisRequest(text="a file to download", voice="en", paced=False))
+        client.open_stream(SynthesisRequest(text="a live call", voice="en"))
+        await asyncio.wait_for(_until(lambda: len(worker.engine.requests) == 2), 10)
+        assert {r.text: r.paced for r in worker.engine.requests} == {"a file to download": False, "a live call": True}
+    finally:
+        await client.close()
+        await worker.stop()

@@ -103,6 +103,25 @@ async def test_calls_to_a_prerendered_prompt_never_ask_the_engine(tmp_path):
         await gateway.stop()
 
 
+async def test_the_prerender_at_start_asks_the_engine_for_unpaced_streams(tmp_path):
+    """The start's prerender (the voice's level, then the prompt) collects each render whole before anyone hears
+    it, so its engine streams are unpaced (SynthesisRequest.paced False): not rendered in real time."""
+    gateway = await _gateway(tmp_path / "cache")
+    opened: list[SynthesisRequest] = []
+    open_stream = gateway.engine.open_stream
+
+    def recording_open(request: SynthesisRequest):
+        opened.append(request)
+        return open_stream(request)
+
+    gateway.engine.open_stream = recording_open
+    try:
+        await gateway.prerender(gateway.resolve_prompt.prerendered())
+        assert [r.paced for r in opened] == [False, False] and opened[-1].text == PROMPT
+    finally:
+        await gateway.stop()
+
+
 @pytest.mark.parametrize("damage", ["flip", "truncate"])
 async def test_a_damaged_cache_file_is_discarded_and_rendered_again_never_played(tmp_path, damage):
     directory = tmp_path / "cache"

@@ -477,3 +477,63 @@ def test_a_first_chunk_renders_with_no_step_beside_it_while_the_others_are_far_a
         renders.release.set()
     assert sum(map(len, far_sink.wait(60))) == 300 * SAMPLES_PER_TOKEN
     assert sum(map(len, new_sink.wait(60))) == 60 * SAMPLES_PER_TOKEN
+
+
+def _unpaced(tokens: int, seed: int = 1) -> JobOptions:
+    return dataclasses.replace(_forced(tokens, seed), paced=False)
+
+
+def test_an_unpaced_job_s_chunks_are_never_deferred_on_slack(pipeline: CosyVoice2Pipeline, monkeypatch) -> None:
+    """A job whose audio is collected whole (`paced=False`: a play-URL file, a cache prerender) has no
+    listener to pace it: with a slack that would hold every later chunk of a live stream for an hour
+    (its audio ahead always exceeds -3600 s), the unpaced job is still spoken to its end, chunk by chunk."""
+    for lane in pipeline.scheduler.render_lanes:
+        monkeypatch.setattr(lane, "defer_slack_s", -3600.0)
+    sink = CollectingSink()
+    job = pipeline.synthesize("A file to download.", VOICE, sink, _unpaced(150))
+    assert sum(map(len, sink.wait(60))) == 150 * SAMPLES_PER_TOKEN
+    assert len(job.timings.chunks) >= 3 and sum(c.tokens for c in job.timings.chunks) == 150
+    assert job.pending_chunk is None  # none of its chunks was ever left waiting on slack
+
+
+def test_a_live_stream_due_is_rendered_before_an_unpaced_job(pipeline: CosyVoice2Pipeline, monkeypatch) -> None:
+    """An unpaced job fills free rows but ranks after every live stream whose chunk is due: while a later
+    chunk call is held, both jobs finish decoding; every call after it holding both puts the live
+    stream's chunk first (a one-row call would render it alone)."""
+    for lane in pipeline.scheduler.render_lanes:
+        monkeypatch.setattr(lane, "defer_slack_s", 3600.0)  # every live chunk is due (near its deadline) at once
+    renders = _HeldRenders(pipeline, monkeypatch, lambda lane: lane == "later")
+    voice = pipeline.voices.get(VOICE)
+    live_sink, file_sink = CollectingSink(), CollectingSink()
+    file = pipeline.make_job("A file to download.", voice, file_sink, _unpaced(200))
+    live = pipeline.make_job("A live call.", voice, live_sink, _forced(200))
+    done = [_wait_lm_finished(file), _wait_lm_finished(live)]
+    streams: dict[int, str] = {}  # id of a job's render stream -> "file" / "live"
+    _name_streams(file, "file", streams)
+    _name_streams(live, "live", streams)
+    try:
+        pipeline.scheduler.submit(file)
+        pipeline.scheduler.submit(live)
+        assert renders.held.wait(60)
+        assert all(event.wait(60) for event in done)
+    finally:
+        renders.release.set()
+    assert sum(map(len, live_sink.wait(60))) == 200 * SAMPLES_PER_TOKEN
+    assert sum(map(len, file_sink.wait(60))) == 200 * SAMPLES_PER_TOKEN
+    later = [[streams.get(id(stream), "other") for stream, _ in items]
+             for lane, items in renders.calls if lane == "later"]
+    both = [names for names in later[1:] if {"live", "file"} <= set(names)]
+    assert both, "after the held call, the two jobs' due chunks shared a call"
+    assert all(names.index("live") < names.index("file") for names in both)
+
+
+def _name_streams(job: SynthesisJob, name: str, streams: dict[int, str]) -> None:
+    """Record the job's render streams (made when each segment's rendering starts; a job drops its
+    stream when it ends) as `name` in `streams`, so render calls can be read by job."""
+    start = job.start_rendering
+
+    def start_and_record(planner, stream) -> None:
+        streams[id(stream)] = name
+        start(planner, stream)
+
+    job.start_rendering = start_and_record

@@ -16,7 +16,8 @@ A lane owns the render side of its jobs (chunk planner, deferred chunk, token ->
 and its own CUDA stream. It waits on a condition until a chunk is due (the decode thread wakes it when
 a job's token count reaches `job.wake_render_at` or its LM finishes; a deferred chunk wakes it by
 a timed wait), then renders the due chunks most urgent first: jobs without audio yet, then the job
-whose emitted audio runs out soonest (`SynthesisJob.deadline`).
+whose emitted audio runs out soonest, then unpaced jobs (`JobOptions.paced` False: audio collected
+whole, e.g. a file render; never deferred on slack) (`SynthesisJob.deadline`).
 
 It must never touch the LM, the KV cache or a job's slot (except through the scheduler's `fail`),
 never start or retire a segment (it sets `segment_rendered` and wakes the decode thread, which
@@ -183,9 +184,11 @@ class RenderLoop:
                 task = job.next_chunk()
                 if task is not None:
                     slack = job.slack(now)
-                    if slack > self.defer_slack_s:
+                    if job.options.paced and slack > self.defer_slack_s:
                         # Wait so that chunks of many streams share one batched flow call
-                        # (first chunks never wait: no slack before them).
+                        # (first chunks never wait: no slack before them). An unpaced job (audio
+                        # collected whole) has no listener to pace it: it never waits, and ranks
+                        # after the live streams (`deadline`), so it fills a call's free rows.
                         job.pending_chunk = task
                         deferred.append((slack, job, task))
                         at = now + slack - self.defer_slack_s

@@ -68,6 +68,10 @@ class JobOptions:
     # <|endofprompt|>) replace the voice's prompt text and the LM gets no prompt speech; the flow keeps
     # the voice. Conditions the speech, never spoken (it is not part of the segments' text).
     instruct_tokens: tuple[int, ...] | None = None
+    # False: the audio is collected whole before anyone hears it (a file to download, a cache prerender),
+    # not played as it comes. Its chunks are then never deferred on slack (nobody's playout paces them):
+    # each is rendered once its tokens are there, ranked after every live stream (`SynthesisJob.deadline`).
+    paced: bool = True
 
 
 @dataclass(frozen=True)
@@ -192,8 +196,11 @@ class SynthesisJob:
 
     def deadline(self) -> tuple[int, float]:
         """Sort key for rendering: jobs without audio first (oldest first), then the job whose emitted
-        audio runs out soonest (playout assumed to start at its first chunk)."""
+        audio runs out soonest (playout assumed to start at its first chunk); unpaced jobs (collected
+        whole, `JobOptions.paced`) after all of them, oldest first: a live call never waits for a file."""
         t = self.timings
+        if not self.options.paced:
+            return (2, t.submitted)
         if t.first_chunk is None:
             return (0, t.submitted)
         return (1, t.first_chunk + self.audio_s)

@@ -78,6 +78,7 @@ class GatedEngine(SpeechEngine):
         self.gate = asyncio.Event()
         self.channels: list[ChunkChannel] = []
         self.texts: list[str] = []
+        self.paced: list[bool] = []  # each stream's SynthesisRequest.paced
         self._chunks = chunks
         self._admit = admit
         self._fail_after_first = fail_after_first
@@ -96,6 +97,7 @@ class GatedEngine(SpeechEngine):
         channel = ChunkChannel(admitted=self._admit)
         self.channels.append(channel)
         self.texts.append(request.text)
+        self.paced.append(request.paced)
         if self._admit:
             asyncio.get_running_loop().create_task(self._produce(channel, len(self.channels) / 10))
         return channel  # not admitted: the engine never answers (a hung worker)

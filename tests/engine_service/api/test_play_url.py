@@ -159,6 +159,18 @@ async def test_many_asking_at_once_for_a_new_prompt_cost_one_render():
     assert len(set(bodies)) == 1 and len(bodies[0]) == 44 + 3 * 800 * 2  # 300 ms at 8 kHz, 16-bit, true header
 
 
+async def test_a_miss_is_rendered_unpaced_and_a_streamed_answer_paced():
+    """A play-URL miss is collected whole before its answer, so its engine stream is not paced in real time
+    (SynthesisRequest.paced False); POST /v1/tts streams to a listener as it comes and stays paced."""
+    engine = GatedEngine(chunks=1)
+    async with serve(engine) as server, aiohttp.ClientSession(headers=AUTH) as client:
+        async with client.get(f"{server.url}/v1/play.wav?text=hello") as response:
+            assert response.status == 200 and len(await response.read()) == 44 + 800 * 2
+        async with client.post(f"{server.url}/v1/tts", json={"text": "hello there"}) as response:
+            assert response.status == 200 and await response.read()
+    assert list(zip(engine.texts, engine.paced)) == [("hello", False), ("hello there", True)]
+
+
 async def test_signed_url_plays_without_a_header_and_a_changed_one_is_refused(espeak):
     async with worker(espeak) as base:
         url = signed_url(base, "/v1/play.wav", {"text": TEXT, "codec": "pcma"}, "test", KEY, int(time.time()) + 60)
