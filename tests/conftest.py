@@ -35,3 +35,14 @@ def golden3_dir() -> Path:
 @pytest.fixture(scope="session")
 def tiny3_model_dir(golden3_dir: Path) -> Path:
     return golden3_dir / "cosyvoice3_tiny"
+
+
+@pytest.fixture
+async def espeak():
+    """A started espeak engine (the embedded default), closed after the test."""
+    from engines.espeak import EspeakEngine
+
+    engine = EspeakEngine()
+    await engine.start()
+    yield engine
+    await engine.close()

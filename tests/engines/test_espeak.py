@@ -17,11 +17,8 @@ LONG_EN = ("Thank you for calling. Your call is important to us. Please stay on 
 
 
 @pytest.fixture
-async def engine():
-    engine = EspeakEngine()
-    await engine.start()
-    yield engine
-    await engine.close()
+def engine(espeak):  # tests/conftest.py
+    return espeak
 
 
 async def collect(channel: ChunkChannel) -> list[np.ndarray]:

@@ -9,17 +9,8 @@ import numpy as np
 import pytest
 
 from engines.base import SynthesisRequest, UnknownVoice
-from engines.espeak import EspeakEngine
 from engines.instant import InstantEngine, render_test_signal
 from engines.segmented import speech_request
-
-
-@pytest.fixture
-async def espeak():
-    engine = EspeakEngine()
-    await engine.start()
-    yield engine
-    await engine.close()
 
 
 @pytest.fixture
