@@ -401,8 +401,9 @@ async def main_async(args) -> dict:
             started = time.monotonic()
             await asyncio.to_thread(wait_serving, serve, http_port, args.start_timeout, log_path,
                                     compiled_graph_sets(yaml.safe_load(cfg.read_text())))
-            print(json.dumps({"serving_after_s": round(time.monotonic() - started, 1), "compiled": serve_events(
-                log_path, ("compiled_graphs_complete", "compiled_graphs_failed"))}, default=str)[:2000], flush=True)
+            compiled = serve_events(log_path, ("compiled_graphs_complete", "compiled_graphs_failed"))
+            print(json.dumps({"serving_after_s": round(time.monotonic() - started, 1),
+                              "compiled": [(e["event"], e.get("seconds")) for e in compiled]}), flush=True)
             kill = None
             if args.kill_worker_at is not None:
                 names = worker_names(yaml.safe_load(cfg.read_text()))
