@@ -1,24 +1,31 @@
 """CosyVoice3 in float32, bfloat16 and float16 through our runtime: golden parity per stage, and streaming
 synthesis on full-size random weights with no NaN/Inf, no silence and no click at a stream's edges.
 
-Per dtype, two parts:
+Per dtype:
 (a) the tiny golden model (../shared/golden_cv3/cosyvoice3_tiny): each stage's max abs difference from the
     official float32 outputs (bench/cv3_golden_parity.py), within the limits the CosyVoice2 GPU check uses
-    (tests/tts_core/test_golden_dtypes_cuda.py) and float32's own.
+    (tests/tts_core/test_golden_dtypes_cuda.py) and float32's own; then its streams, as in (b) (`tiny_streams`).
 (b) a model directory (default: full-size random weights, bench/full_model.py --family 3, built once in
     /tmp/cosyvoice3_full_bench) loaded by `CosyVoice2Pipeline.load` as the engine loads it (on CUDA with its
-    graphs: LM decode and prefill captured, the DiT flow and causal HiFT eager). For each text (English,
-    Chinese, Chinese with the `sichuan` dialect instruct), one stream alone, its speech-token count forced
-    (random weights rarely say stop):
-    - no NaN/Inf in the LM's logits (a teacher-forced forward over the prefill and the tokens the stream drew:
-      same weights and dtype as the graphed step, not its own logits), in any chunk's mel (each render call's
-      output) or in the audio (the render lane also fails a job whose audio is not finite: `error`);
-    - not silent: the RMS over the whole stream at or over SILENCE_FLOOR_DBFS (-40 dBFS, an RMS of 0.01 of
-      full scale: bench/audible.py's audible level), as 16-bit PCM;
-    - the click figure (bench/edge_click.py, the measure of tests/engine_service/api/test_http_tts_cv3.py,
-      0.056 on the tiny model on CPU): the largest jump in the first and last 20 ms against the largest in the
-      rest, at most CLICK_RATIO_MAX;
-    - the first-chunk time (submit -> first chunk handed over), a side figure: one stream, after a warm-up.
+    graphs: LM decode and prefill captured, the DiT flow and causal HiFT eager) (`full_streams`).
+Streams: for each text (English, Chinese, Chinese with the `sichuan` dialect instruct), one stream alone, its
+speech-token count forced (random weights rarely say stop), unpaced (`JobOptions.paced=False`: later chunks
+are not held back to a listener's pace; a first chunk never is):
+- no NaN/Inf in the LM's logits (a teacher-forced forward over the prefill and the tokens the stream drew:
+  same weights and dtype as the graphed step, not its own logits), in any chunk's mel (each render call's
+  output) or in the audio (the render lane also fails a job whose audio is not finite: `error`);
+- not silent: the RMS over the whole stream at or over SILENCE_FLOOR_DBFS (-40 dBFS, an RMS of 0.01 of full
+  scale: bench/audible.py's audible level), as 16-bit PCM;
+- clicks (bench/edge_click.py; the measure of tests/engine_service/api/test_http_tts_cv3.py, 0.056 on the tiny
+  model on CPU): the largest jump in the first and last 20 ms against the largest in the rest, each side
+  (`click_start`, `click_end`) and their larger (`click_ratio`, the README's figure), and `edge_step`, the
+  first and last samples against silence (the cut itself). Checked: `edge_step` everywhere and, on the tiny
+  model, `click_start`, at most CLICK_RATIO_MAX. The windows are figures elsewhere: random weights speak to
+  their last (forced) token, so the last 20 ms hold loud content whatever the dtype (tiny model, float32,
+  CPU: `click_end` 0.07-0.94 over 16 streams, the step under 0.04), and full-size random weights may make
+  full-scale noise from the first sample (tiny-shaped weights drawn as full_model.py draws them, CPU: start
+  0.42-0.45, end 1.0, step ~0.1);
+- the first-chunk time (submit -> first chunk handed over), a side figure: one stream, after a warm-up.
 Exit status 1 if any check fails; the JSON is written either way (after each dtype too).
 
 On CUDA the decode step's torch.compile is off by default (`torch._dynamo.config.disable`): the engine is
@@ -28,7 +35,7 @@ compile costs ~1 min per dtype. `--compiled` waits for the compiled graphs inste
     # GPU host (the lead: scripts/gpu_bench.sh, ~2-3 min on an H100 with the full model built first)
     python3 bench/bench_cv3_dtypes.py --golden .golden_cv3 --out "$OUT/cv3_dtypes_cuda_h100.json"
     # CPU dry run (tiny model for both parts, seconds)
-    python bench/bench_cv3_dtypes.py --device cpu --dtypes float32 bfloat16 \\
+    python bench/bench_cv3_dtypes.py --device cpu --dtypes float32 bfloat16 float16 --threads 1 \\
         --model-dir ../shared/golden_cv3/cosyvoice3_tiny --tokens 60
 
 Writes bench/results/cv3_dtypes_<device>.json (e.g. cv3_dtypes_cuda_h100.json, cv3_dtypes_cpu.json) unless --out.
@@ -52,7 +59,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from audible import AUDIBLE_DBFS  # noqa: E402
 from cv3_golden_parity import golden_parity  # noqa: E402
-from edge_click import edge_jump_ratio  # noqa: E402
+from edge_click import edge_jumps  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -133,7 +140,7 @@ def one_stream(pipeline, watch: MelWatch, voice: str, text: str, dialect: str | 
     watch.chunks.clear()
     sink = CollectingSink()
     job = pipeline.synthesize(text, voice, sink, JobOptions(seed=seed, min_tokens=tokens, max_tokens=tokens,
-                                                            instruct_tokens=pipeline.instruct_tokens(None, dialect)))
+                                                            instruct_tokens=pipeline.instruct_tokens(None, dialect), paced=False))
     out: dict = {"segments": len(job.segments)}
     try:
         audio = np.concatenate(sink.wait(300))
@@ -147,37 +154,49 @@ def one_stream(pipeline, watch: MelWatch, voice: str, text: str, dialect: str | 
         "audio_s": round(audio.size / SAMPLE_RATE, 3), "chunks": len(sink.chunks),
         "first_chunk_ms": round(t.since_submit(t.first_chunk) * 1e3, 1),
         "audio_finite": bool(np.isfinite(audio).all()), "peak": round(float(np.abs(audio).max()), 4),
+        # the share of samples at the vocoder's clamp (its yaml's audio_limit): saturated noise, not speech
+        "clipped_share": round(float(np.mean(np.abs(audio) >= np.float32(pipeline.scheduler.hift.cfg.audio_limit))), 4),
         "rms_dbfs": round(20 * np.log10(rms), 2) if rms > 0 else None,
-        "click_ratio": round(edge_jump_ratio(pcm, SAMPLE_RATE), 4) if pcm.size > 4 * SAMPLE_RATE // 50 else None,
+        **_clicks(pcm),
         "mel_finite": all(ok for ok, _ in watch.chunks), "mel_max_abs": round(max(m for _, m in watch.chunks), 3),
         "lm_logits": lm_logits_check(pipeline, job),
     })
     return out
 
 
-def stream_checks(name: str, r: dict) -> list[str]:
-    """What failed in part (b) for one stream, one line each."""
+def _clicks(pcm: np.ndarray) -> dict:
+    if pcm.size <= 4 * SAMPLE_RATE // 50:  # no "rest" beside two 20 ms edges
+        return {"click_start": None, "click_end": None, "click_ratio": None, "edge_step": None}
+    j = edge_jumps(pcm, SAMPLE_RATE)
+    return {"click_start": round(j.start, 4), "click_end": round(j.end, 4), "click_ratio": round(max(j.start, j.end), 4),
+            "edge_step": round(j.step, 4)}
+
+
+def stream_checks(name: str, r: dict, windows: bool) -> list[str]:
+    """What failed for one stream, one line each; `windows`: the 20 ms start window is checked too."""
     if "error" in r:
         return [f"{name}: {r['error']}"]
     failed = [f"{name}: {what} not finite" for what, ok in (("audio", r["audio_finite"]), ("mel", r["mel_finite"]),
                                                              ("LM logits", r["lm_logits"]["finite"])) if not ok]
     if r["rms_dbfs"] is None or r["rms_dbfs"] < SILENCE_FLOOR_DBFS:
         failed.append(f"{name}: silent (RMS {r['rms_dbfs']} dBFS < {SILENCE_FLOOR_DBFS})")
-    if r["click_ratio"] is None or r["click_ratio"] > CLICK_RATIO_MAX:
-        failed.append(f"{name}: click ratio {r['click_ratio']} > {CLICK_RATIO_MAX}")
+    for key in ("click_start", "edge_step") if windows else ("edge_step",):
+        if r[key] is None or r[key] > CLICK_RATIO_MAX:
+            failed.append(f"{name}: {key} {r[key]} > {CLICK_RATIO_MAX}")
     return failed
 
 
-def streams(model_dir: Path, device: torch.device, dtype: str, args) -> dict:
+def streams(model_dir: Path, device: torch.device, dtype: str, tokens: int, args) -> dict:
     from tts_core.runtime import CosyVoice2Pipeline, SchedulerSettings
     from tts_core.streaming.chunk_schedule import ChunkSchedule
 
     graphs = device.type == "cuda" and not args.no_graphs
     started = time.perf_counter()
+    # normalize=False: the texts need no normalising, and the lent GPU hosts may lack its FST data.
     # The engine's CosyVoice3 schedule (engines/cosyvoice2/settings.py max_hop_for: hops 25, 50, 100).
     pipeline = CosyVoice2Pipeline.load(model_dir, device, DTYPES[dtype], max_batch=1, max_len=args.max_len,
                                        schedule=ChunkSchedule(hop_tokens=25, max_hop_tokens=100),
-                                       fast=SchedulerSettings(graphs=graphs))
+                                       fast=SchedulerSettings(graphs=graphs), normalize=False)
     report: dict = {"graphs": graphs, "compiled": bool(graphs and args.compiled)}
     try:
         if graphs:
@@ -188,7 +207,7 @@ def streams(model_dir: Path, device: torch.device, dtype: str, args) -> dict:
         report["voice"] = voice
         report["warmup_s"] = round(pipeline.warmup(voice), 3)
         watch = MelWatch(pipeline.scheduler.renderer)
-        report["texts"] = {name: one_stream(pipeline, watch, voice, text, dialect, args.tokens, seed)
+        report["texts"] = {name: one_stream(pipeline, watch, voice, text, dialect, tokens, seed)
                            for seed, (name, text, dialect) in enumerate(TEXTS[:args.texts])}
     finally:
         pipeline.close()
@@ -205,7 +224,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="the CosyVoice3 golden set (default $COSYVOICE3_GOLDEN_DIR or ../shared/golden_cv3)")
     p.add_argument("--model-dir", type=Path, default=None,
                    help="part (b)'s model (default: full-size random weights built from <golden>/full)")
-    p.add_argument("--tokens", type=int, default=150, help="speech tokens per stream (forced; 150 = 6 s)")
+    p.add_argument("--build-dir", type=Path, default=None,
+                   help="where the full-size model is built (default /tmp/cosyvoice3_full_bench; kept if whole)")
+    p.add_argument("--tokens", type=int, default=150, help="speech tokens per full-size stream (forced; 150 = 6 s)")
+    p.add_argument("--tiny-tokens", type=int, default=60, help="speech tokens per tiny-model stream")
     p.add_argument("--texts", type=int, default=len(TEXTS), help=f"how many of the {len(TEXTS)} texts")
     p.add_argument("--max-len", type=int, default=1024, help="KV-cache positions per slot")
     p.add_argument("--no-graphs", action="store_true", help="CUDA: no graphs (default: the engine's graphs)")
@@ -227,12 +249,12 @@ def main(argv: list[str] | None = None) -> int:
     if model_dir is None:
         from full_model import full_model_dir
 
-        model_dir = full_model_dir(golden=golden, family=3)
+        model_dir = full_model_dir(args.build_dir, golden=golden, family=3)
     out = args.out or REPO / "bench" / "results" / f"cv3_dtypes_{device_slug(device)}.json"
     report: dict = {
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu {platform.processor()}",
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu {platform.machine()}",
         "torch": torch.__version__, "command": " ".join(["python3", "bench/bench_cv3_dtypes.py", *(argv or sys.argv[1:])]),
-        "golden": str(golden), "model_dir": str(model_dir), "tokens_per_stream": args.tokens,
+        "golden": str(golden), "model_dir": str(model_dir), "tokens_per_stream": {"tiny": args.tiny_tokens, "full": args.tokens},
         "silence_floor_dbfs": SILENCE_FLOOR_DBFS, "click_ratio_max": CLICK_RATIO_MAX, "golden_limits": LIMITS,
         "model_build_s": round(time.perf_counter() - started, 2), "dtypes": {}, "failed": []}
     for dtype in args.dtypes:
@@ -241,9 +263,11 @@ def main(argv: list[str] | None = None) -> int:
         if not args.skip_golden:
             entry["golden_tiny"] = golden_parity(golden, device, DTYPES[dtype])
             report["failed"] += [f"{dtype} {f}" for f in golden_checks(entry["golden_tiny"], dtype)]
-        entry["streams"] = streams(model_dir, device, dtype, args)
-        for name, r in entry["streams"]["texts"].items():
-            report["failed"] += [f"{dtype} {f}" for f in stream_checks(name, r)]
+            entry["tiny_streams"] = streams(golden / "cosyvoice3_tiny", device, dtype, args.tiny_tokens, args)
+        entry["full_streams"] = streams(model_dir, device, dtype, args.tokens, args)
+        for part in ("tiny_streams", "full_streams"):
+            for name, r in entry.get(part, {"texts": {}})["texts"].items():
+                report["failed"] += [f"{dtype} {part} {f}" for f in stream_checks(name, r, part == "tiny_streams")]
         entry["seconds"] = round(time.perf_counter() - t0, 1)
         report["dtypes"][dtype] = entry
         _print(dtype, entry)
@@ -261,14 +285,19 @@ def _print(dtype: str, entry: dict) -> None:
     g = entry.get("golden_tiny")
     if g is not None:
         print(f"{dtype} golden: " + ", ".join(f"{k} {v}" for k, v in g.items() if isinstance(v, float)), flush=True)
-    s = entry["streams"]
-    print(f"{dtype} streams (load {s.get('load_s')} s, first chunk median {s['first_chunk_ms_median']} ms):")
+    for part in ("tiny_streams", "full_streams"):
+        if part in entry:
+            _print_streams(f"{dtype} {part}", entry[part])
+
+
+def _print_streams(title: str, s: dict) -> None:
+    print(f"{title} (load {s.get('load_s')} s, first chunk median {s['first_chunk_ms_median']} ms):")
     for name, r in s["texts"].items():
         if "error" in r:
             print(f"  {name}: ERROR {r['error']}")
             continue
         print(f"  {name}: {r['audio_s']} s in {r['chunks']} chunks, first {r['first_chunk_ms']} ms, RMS {r['rms_dbfs']} "
-              f"dBFS, peak {r['peak']}, click {r['click_ratio']}, finite audio/mel/logits {r['audio_finite']}/"
+              f"dBFS, peak {r['peak']} ({r['clipped_share']} clipped), click start/end {r['click_start']}/{r['click_end']} step {r['edge_step']}, finite audio/mel/logits {r['audio_finite']}/"
               f"{r['mel_finite']}/{r['lm_logits']['finite']} (mel max {r['mel_max_abs']}, logit max "
               f"{r['lm_logits']['max_abs']})", flush=True)
 
