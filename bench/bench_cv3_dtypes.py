@@ -209,6 +209,7 @@ def streams(model_dir: Path, device: torch.device, dtype: str, tokens: int, args
         watch = MelWatch(pipeline.scheduler.renderer)
         report["texts"] = {name: one_stream(pipeline, watch, voice, text, dialect, tokens, seed)
                            for seed, (name, text, dialect) in enumerate(TEXTS[:args.texts])}
+        report["graphs_state"] = pipeline.scheduler.graphs_state  # "failed": the tts-compile thread failed
     finally:
         pipeline.close()
     firsts = [r["first_chunk_ms"] for r in report["texts"].values() if "first_chunk_ms" in r]
