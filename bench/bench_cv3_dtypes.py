@@ -51,6 +51,7 @@ import re
 import statistics
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -91,8 +92,15 @@ def device_slug(device: torch.device) -> str:
     return f"cuda_{model.group(1).lower()}" if model else "cuda"
 
 
+def _part_checks(part: str, result: dict, dtype: str) -> list[str]:
+    """What failed in one part, one line each (empty: passed)."""
+    if part == "golden_tiny":
+        return golden_checks(result, dtype)
+    return [f for name, r in result["texts"].items() for f in stream_checks(name, r, part == "tiny_streams")]
+
+
 def golden_checks(parity: dict, dtype: str) -> list[str]:
-    """What failed in part (a), one line each (empty: passed)."""
+    """What failed in part (a)'s stages, one line each."""
     failed = [f"golden {stage} not finite" for stage, ok in parity["finite"].items() if not ok]
     failed += [f"golden {stage} {parity[stage]} > {limit[dtype]}" for stage, limit in LIMITS.items()
                if parity[stage] > limit[dtype]]
@@ -139,8 +147,9 @@ def one_stream(pipeline, watch: MelWatch, voice: str, text: str, dialect: str | 
 
     watch.chunks.clear()
     sink = CollectingSink()
-    job = pipeline.synthesize(text, voice, sink, JobOptions(seed=seed, min_tokens=tokens, max_tokens=tokens,
-                                                            instruct_tokens=pipeline.instruct_tokens(None, dialect), paced=False))
+    options = JobOptions(seed=seed, min_tokens=tokens, max_tokens=tokens, paced=False,
+                         instruct_tokens=pipeline.instruct_tokens(None, dialect))
+    job = pipeline.synthesize(text, voice, sink, options)
     out: dict = {"segments": len(job.segments)}
     try:
         audio = np.concatenate(sink.wait(300))
@@ -148,6 +157,7 @@ def one_stream(pipeline, watch: MelWatch, voice: str, text: str, dialect: str | 
         out.update(error=f"{type(exc).__name__}: {exc}", mel_finite=all(ok for ok, _ in watch.chunks))
         return out
     t = job.timings
+    limit = np.float32(pipeline.scheduler.hift.cfg.audio_limit)
     pcm = float_to_pcm16(audio).astype(np.float64) / 32768
     rms = float(np.sqrt(np.mean(pcm ** 2))) if pcm.size else 0.0
     out.update({
@@ -155,7 +165,7 @@ def one_stream(pipeline, watch: MelWatch, voice: str, text: str, dialect: str | 
         "first_chunk_ms": round(t.since_submit(t.first_chunk) * 1e3, 1),
         "audio_finite": bool(np.isfinite(audio).all()), "peak": round(float(np.abs(audio).max()), 4),
         # the share of samples at the vocoder's clamp (its yaml's audio_limit): saturated noise, not speech
-        "clipped_share": round(float(np.mean(np.abs(audio) >= np.float32(pipeline.scheduler.hift.cfg.audio_limit))), 4),
+        "clipped_share": round(float(np.mean(np.abs(audio) >= limit)), 4),
         "rms_dbfs": round(20 * np.log10(rms), 2) if rms > 0 else None,
         **_clicks(pcm),
         "mel_finite": all(ok for ok, _ in watch.chunks), "mel_max_abs": round(max(m for _, m in watch.chunks), 3),
@@ -168,8 +178,8 @@ def _clicks(pcm: np.ndarray) -> dict:
     if pcm.size <= 4 * SAMPLE_RATE // 50:  # no "rest" beside two 20 ms edges
         return {"click_start": None, "click_end": None, "click_ratio": None, "edge_step": None}
     j = edge_jumps(pcm, SAMPLE_RATE)
-    return {"click_start": round(j.start, 4), "click_end": round(j.end, 4), "click_ratio": round(max(j.start, j.end), 4),
-            "edge_step": round(j.step, 4)}
+    return {"click_start": round(j.start, 4), "click_end": round(j.end, 4),
+            "click_ratio": round(max(j.start, j.end), 4), "edge_step": round(j.step, 4)}
 
 
 def stream_checks(name: str, r: dict, windows: bool) -> list[str]:
@@ -254,21 +264,29 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or REPO / "bench" / "results" / f"cv3_dtypes_{device_slug(device)}.json"
     report: dict = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu {platform.machine()}",
-        "torch": torch.__version__, "command": " ".join(["python3", "bench/bench_cv3_dtypes.py", *(argv or sys.argv[1:])]),
-        "golden": str(golden), "model_dir": str(model_dir), "tokens_per_stream": {"tiny": args.tiny_tokens, "full": args.tokens},
+        "torch": torch.__version__,
+        "command": " ".join(["python3", "bench/bench_cv3_dtypes.py", *(argv or sys.argv[1:])]),
+        "golden": str(golden), "model_dir": str(model_dir),
+        "tokens_per_stream": {"tiny": args.tiny_tokens, "full": args.tokens},
         "silence_floor_dbfs": SILENCE_FLOOR_DBFS, "click_ratio_max": CLICK_RATIO_MAX, "golden_limits": LIMITS,
         "model_build_s": round(time.perf_counter() - started, 2), "dtypes": {}, "failed": []}
+    tiny = golden / "cosyvoice3_tiny"
     for dtype in args.dtypes:
         t0 = time.perf_counter()
+        parts = [] if args.skip_golden else [
+            ("golden_tiny", lambda: golden_parity(golden, device, DTYPES[dtype])),
+            ("tiny_streams", lambda: streams(tiny, device, dtype, args.tiny_tokens, args))]
+        parts.append(("full_streams", lambda: streams(model_dir, device, dtype, args.tokens, args)))
         entry: dict = {}
-        if not args.skip_golden:
-            entry["golden_tiny"] = golden_parity(golden, device, DTYPES[dtype])
-            report["failed"] += [f"{dtype} {f}" for f in golden_checks(entry["golden_tiny"], dtype)]
-            entry["tiny_streams"] = streams(golden / "cosyvoice3_tiny", device, dtype, args.tiny_tokens, args)
-        entry["full_streams"] = streams(model_dir, device, dtype, args.tokens, args)
-        for part in ("tiny_streams", "full_streams"):
-            for name, r in entry.get(part, {"texts": {}})["texts"].items():
-                report["failed"] += [f"{dtype} {part} {f}" for f in stream_checks(name, r, part == "tiny_streams")]
+        for part, run in parts:
+            try:  # a part that fails (a load, a warm-up ending in NaN) is a finding: the others still run
+                entry[part] = run()
+            except Exception as exc:  # noqa: BLE001
+                traceback.print_exc()
+                entry[part] = {"error": f"{type(exc).__name__}: {exc}"}
+                report["failed"].append(f"{dtype} {part}: {entry[part]['error']}")
+                continue
+            report["failed"] += [f"{dtype} {part} {f}" for f in _part_checks(part, entry[part], dtype)]
         entry["seconds"] = round(time.perf_counter() - t0, 1)
         report["dtypes"][dtype] = entry
         _print(dtype, entry)
@@ -283,24 +301,28 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _print(dtype: str, entry: dict) -> None:
-    g = entry.get("golden_tiny")
-    if g is not None:
-        print(f"{dtype} golden: " + ", ".join(f"{k} {v}" for k, v in g.items() if isinstance(v, float)), flush=True)
-    for part in ("tiny_streams", "full_streams"):
-        if part in entry:
-            _print_streams(f"{dtype} {part}", entry[part])
+    for part, result in entry.items():
+        if isinstance(result, dict) and "error" in result:
+            print(f"{dtype} {part}: ERROR {result['error']}", flush=True)
+        elif part == "golden_tiny":
+            print(f"{dtype} golden: " + ", ".join(f"{k} {v}" for k, v in result.items() if isinstance(v, float)),
+                  flush=True)
+        elif part.endswith("_streams"):
+            _print_streams(f"{dtype} {part}", result)
 
 
 def _print_streams(title: str, s: dict) -> None:
-    print(f"{title} (load {s.get('load_s')} s, first chunk median {s['first_chunk_ms_median']} ms):")
+    print(f"{title} (load {s['load_s']} s, first chunk median {s['first_chunk_ms_median']} ms, "
+          f"graphs {s['graphs']} {s.get('graphs_state')}):")
     for name, r in s["texts"].items():
         if "error" in r:
             print(f"  {name}: ERROR {r['error']}")
             continue
-        print(f"  {name}: {r['audio_s']} s in {r['chunks']} chunks, first {r['first_chunk_ms']} ms, RMS {r['rms_dbfs']} "
-              f"dBFS, peak {r['peak']} ({r['clipped_share']} clipped), click start/end {r['click_start']}/{r['click_end']} step {r['edge_step']}, finite audio/mel/logits {r['audio_finite']}/"
-              f"{r['mel_finite']}/{r['lm_logits']['finite']} (mel max {r['mel_max_abs']}, logit max "
-              f"{r['lm_logits']['max_abs']})", flush=True)
+        print(f"  {name}: {r['audio_s']} s in {r['chunks']} chunks, first {r['first_chunk_ms']} ms, "
+              f"RMS {r['rms_dbfs']} dBFS, peak {r['peak']} ({r['clipped_share']} clipped), "
+              f"click start/end {r['click_start']}/{r['click_end']} step {r['edge_step']}, "
+              f"finite audio/mel/logits {r['audio_finite']}/{r['mel_finite']}/{r['lm_logits']['finite']} "
+              f"(mel max {r['mel_max_abs']}, logit max {r['lm_logits']['max_abs']})", flush=True)
 
 
 if __name__ == "__main__":
