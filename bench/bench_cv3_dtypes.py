@@ -32,8 +32,10 @@ On CUDA the decode step's torch.compile is off by default (`torch._dynamo.config
 ready on graphs of the eager modules and swaps the compiled decode in later (compiled_graphs_complete); a cold
 compile costs ~1 min per dtype. `--compiled` waits for the compiled graphs instead (the serving steady state).
 
-    # GPU host (the lead: scripts/gpu_bench.sh, ~2-3 min on an H100 with the full model built first)
-    python3 bench/bench_cv3_dtypes.py --golden .golden_cv3 --out "$OUT/cv3_dtypes_cuda_h100.json"
+    # GPU host, through scripts/gpu_bench.sh with .golden_cv3 (a copy of ../shared/golden_cv3) carried; the full
+    # model is built first (~15-60 s), then ~2 min on an H100; writes $OUT/cv3_dtypes_cuda_h100.json (named
+    # for the GPU); --texts 2 or --dtypes bfloat16 float16 for a shorter run
+    bash scripts/gpu_bench.sh timeout 420 python3 bench/bench_cv3_dtypes.py --golden .golden_cv3 --out "$OUT"
     # CPU dry run (tiny model for both parts, seconds)
     python bench/bench_cv3_dtypes.py --device cpu --dtypes float32 bfloat16 float16 --threads 1 \\
         --model-dir ../shared/golden_cv3/cosyvoice3_tiny --tokens 60
@@ -44,6 +46,7 @@ Writes bench/results/cv3_dtypes_<device>.json (e.g. cv3_dtypes_cuda_h100.json, c
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -245,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compiled", action="store_true", help="CUDA: wait for the compiled decode graphs")
     p.add_argument("--skip-golden", action="store_true", help="part (b) only")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave as is)")
-    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--out", type=Path, default=None,
+                   help="JSON file, or a folder to write cv3_dtypes_<device>.json into (default bench/results/)")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -261,7 +265,10 @@ def main(argv: list[str] | None = None) -> int:
         from full_model import full_model_dir
 
         model_dir = full_model_dir(args.build_dir, golden=golden, family=3)
-    out = args.out or REPO / "bench" / "results" / f"cv3_dtypes_{device_slug(device)}.json"
+    name = f"cv3_dtypes_{device_slug(device)}.json"
+    out = args.out or REPO / "bench" / "results" / name
+    if out.is_dir():  # e.g. the device host's $OUT: the file is named for the GPU that ran it
+        out = out / name
     report: dict = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu {platform.machine()}",
         "torch": torch.__version__,
@@ -293,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=1) + "\n")
         if device.type == "cuda":
+            gc.collect()  # the closed pipeline's graphs and weights, before the next dtype's load
             torch.cuda.empty_cache()
     report["passed"] = not report["failed"]
     out.write_text(json.dumps(report, indent=1) + "\n")
@@ -313,7 +321,7 @@ def _print(dtype: str, entry: dict) -> None:
 
 def _print_streams(title: str, s: dict) -> None:
     print(f"{title} (load {s['load_s']} s, first chunk median {s['first_chunk_ms_median']} ms, "
-          f"graphs {s['graphs']} {s.get('graphs_state')}):")
+          f"graphs {s['graphs']}" + (f" ({s.get('graphs_state')})" if s["graphs"] else "") + "):")
     for name, r in s["texts"].items():
         if "error" in r:
             print(f"  {name}: ERROR {r['error']}")
