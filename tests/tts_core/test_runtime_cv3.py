@@ -145,6 +145,12 @@ def test_the_engine_streams_what_the_official_streaming_path_makes_of_its_tokens
         _close(ours, official)
 
 
+def test_the_compile_thread_finds_nothing_to_compile_in_the_dit_renderer(pipeline: CosyVoice2Pipeline) -> None:
+    """With graphs (CUDA) the tts-compile thread asks the renderer for its compiled graphs after the LM's: the
+    DiT renderer has none, and says so instead of failing that thread."""
+    assert pipeline.scheduler.renderer.capture_compiled(lambda: False) == {}
+
+
 def test_instructs_are_the_authors_list_by_name(pipeline: CosyVoice2Pipeline, golden3_dir: Path) -> None:
     tokenizer_case = __import__("json").loads((golden3_dir / "cases" / "tokenizer.json").read_text())
     assert list(DIALECTS.values()) + list(INSTRUCTS.values()) == list(INSTRUCT_TEXTS) == tokenizer_case["instruct_list"]

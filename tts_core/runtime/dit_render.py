@@ -166,6 +166,12 @@ class DiTChunkRenderer:
                      "its DiT flow and causal HiFT run eagerly")
         return {"flow_voices_s": time.perf_counter() - started, "flow_pool_gb": self.slots.mel.numel() * 4 / 2**30}
 
+    def capture_compiled(self, stop=lambda: False) -> dict:
+        """Nothing to compile or capture (the flow and vocoder run eagerly). The scheduler's tts-compile thread
+        calls it after the LM's compiled decode graphs; without it that thread failed (compiled_graphs_failed,
+        graphs "failed" in the health) on every CosyVoice3 GPU start."""
+        return {}
+
     def has_deferred(self) -> bool:
         return False
 

@@ -10,6 +10,7 @@ as the loudest moment's; the tiny model's streams measure 0.05-0.09 (README, "Co
 from __future__ import annotations
 
 import asyncio
+import sys
 from pathlib import Path
 
 import aiohttp
@@ -20,10 +21,12 @@ import torch
 from engines.cosyvoice2 import CosyVoice2Engine
 from tests.engine_service.api.api_server import AUTH, serve
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
+from edge_click import edge_jump_ratio  # noqa: E402  (bench/bench_cv3_dtypes.py measures the GPU's streams alike)
+
 pytestmark = pytest.mark.timeout(120)
 
 RATE = 24_000
-EDGE = RATE // 50  # 20 ms
 CLICK_RATIO_MAX = 0.5
 
 
@@ -42,14 +45,6 @@ def cv3(tiny3_model_dir: Path):
     asyncio.run(engine.close())
 
 
-def edge_jump_ratio(audio: np.ndarray) -> float:
-    """Largest |x[n] - x[n-1]| within the first and last 20 ms (silence assumed around the stream) over the
-    largest within the rest."""
-    jumps = np.abs(np.diff(np.concatenate([[0.0], audio.astype(np.float64), [0.0]])))
-    edges = max(jumps[:EDGE + 1].max(), jumps[-EDGE - 1:].max())
-    return float(edges / jumps[EDGE + 1:-EDGE - 1].max())
-
-
 async def _post(url: str, body: dict) -> tuple[int, bytes, dict]:
     async with aiohttp.ClientSession(headers=AUTH) as client, client.post(f"{url}/v1/tts", json=body) as response:
         return response.status, await response.read(), dict(response.headers)
@@ -62,7 +57,7 @@ async def test_the_speech_api_streams_cosyvoice3_audio_without_edge_clicks(cv3) 
     assert status == 200 and headers["Transfer-Encoding"] == "chunked"
     audio = np.frombuffer(body, dtype="<i2").astype(np.float64) / 32768
     assert audio.size > RATE // 2 and np.sqrt(np.mean(audio**2)) > 0.01
-    ratio = edge_jump_ratio(audio)
+    ratio = edge_jump_ratio(audio, RATE)
     print(f"edge click ratio {ratio:.3f} over {audio.size / RATE:.2f} s")  # the figure the README quotes
     assert ratio <= CLICK_RATIO_MAX
 
