@@ -374,6 +374,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--encoder-tokens", type=int, default=50, help="flow encoder window (0: every token, exact)")
     p.add_argument("--context-frames", type=int, default=650, help="own mel frames a stream keeps exactly")
     p.add_argument("--first-hop", type=int, default=None, help="first_hop_tokens (default: official)")
+    p.add_argument("--flow-batches", type=int, nargs="+", default=None,
+                   help="graph buckets (rows) of the later lane's batched flow call (default: the scheduler's)")
     p.add_argument("--graphs", choices=("auto", "on", "off"), default="auto")
     p.add_argument("--defer-slack-s", type=float, nargs="+", default=[0.8],
                    help="later chunks wait while their stream has more unplayed audio than this (s); "
@@ -453,7 +455,8 @@ def main(argv: list[str] | None = None) -> int:
                              first_chunk_lanes=args.first_lanes,
                              compile_flow=args.compile_flow, compile_hift=args.compile_hift,
                              slot_attention=args.slot_attention,
-                             flow_solve_parts=args.solve_parts)
+                             flow_solve_parts=args.solve_parts,
+                             flow_batches=tuple(args.flow_batches or SchedulerSettings.flow_batches))
     t0 = time.perf_counter()
     pipeline = CosyVoice2Pipeline.load(model_dir, args.device, DTYPES[dtype], max_batch=args.max_batch,
                                        max_len=args.max_len, schedule=ChunkSchedule(first_hop_tokens=args.first_hop),
@@ -478,6 +481,7 @@ def main(argv: list[str] | None = None) -> int:
                     "separate_streams": not args.one_stream, "first_chunk_lanes": args.first_lanes,
                     "solve_parts": args.solve_parts,
                     "first_hop_tokens": args.first_hop, "max_batch": args.max_batch,
+                    "flow_batches": list(fast.flow_batches),
                     "tokens_bounds": [args.min_tokens, args.max_tokens], "duration_s": args.duration,
                     "settle_s": args.settle_s, "load_s": load_s,
                     "capture": pipeline.scheduler.capture_report}
