@@ -28,6 +28,8 @@ import structlog
 import torch
 
 from tts_core.flow.dit_flow import DiTFlowModel
+from tts_core.flow.dit_pool import DiTContextPool, DiTRow, frame_bytes, shared_prompt_frames
+from tts_core.flow.model import FlowConditioning
 from tts_core.hift.causal import CausalHiftGenerator
 from tts_core.runtime.chunk_render import FlowPoolSettings, RenderLane
 from tts_core.streaming.chunk_schedule import ChunkSchedule, ChunkTask
@@ -73,7 +75,7 @@ class DiTSlots:
         self.emitted[slot] += samples
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # by identity: the pool keys a voice's shared frames by this object
 class _VoicePrompt:
     token: torch.Tensor  # (1, N) long
     feat: torch.Tensor  # (1, 2N, 80) in the flow's dtype
@@ -105,6 +107,9 @@ class DiTChunkRenderer:
         self._device = next(flow.parameters()).device
         self.slots = DiTSlots(settings.stream_slots, flow.cfg.output_size, flow.decoder.rand_noise.size(2),
                               self._device)
+        chunk = flow.cfg.estimator.static_chunk_size
+        self.pool = DiTContextPool(flow.decoder, settings.stream_slots, -(-settings.context_frames // chunk) * chunk,
+                                   settings.voice_slots * settings.voice_frames, self._device, self.dtype)
         self.lanes = {name: RenderLane(name, max_batch=max(settings.first_batches)) for name in self.first_lanes}
         self.lanes["later"] = RenderLane("later", max_batch=max(settings.batches))
         self._voices: dict[str, tuple[Voice, _VoicePrompt]] = {}
@@ -112,7 +117,10 @@ class DiTChunkRenderer:
         self._streams_lock = threading.Lock()  # DiTChunkStream.closed / .rendering
         self.time_gpu = False  # the vocoder is not timed on the stream here (eager)
         log.info("dit_stream_slots_allocated", stream_slots=settings.stream_slots,
-                 gb=round(self.slots.mel.numel() * 4 / 2**30, 3))
+                 gb=round(self.slots.mel.numel() * 4 / 2**30, 3), pool_gb=round(self.pool.nbytes / 2**30, 3),
+                 context_frames=self.pool.stream_frames, voice_frames=self.pool.voice_capacity,
+                 frame_mb=round(frame_bytes(flow.decoder.estimator, self.pool.steps,
+                                            self.pool.kv.element_size()) / 2**20, 3))
 
     @property
     def first_lanes(self) -> list[str]:
@@ -135,16 +143,28 @@ class DiTChunkRenderer:
                     torch.tensor([voice.flow_prompt_speech_token], dtype=torch.long, device=self._device),
                     voice.prompt_speech_feat[None].to(self._device, dtype),
                     voice.flow_embedding[None].to(self._device, dtype))
+                self._add_to_pool(prompt)
                 if self._device.type == "cuda":
-                    # Copied on this thread's stream; another lane may use it next.
+                    # Copied and rendered on this thread's stream; another lane may use it next.
                     torch.cuda.current_stream(self._device).synchronize()
                 known = (voice, prompt)
                 self._voices[voice.name] = known
             return known[1]
 
+    def _add_to_pool(self, prompt: _VoicePrompt) -> None:
+        """Render the voice's shared prompt frames into the pool, once per voice object."""
+        cfg = self.flow.cfg
+        frames = shared_prompt_frames(prompt.feat.size(1), prompt.token.size(1), cfg.token_mel_ratio,
+                                      cfg.pre_lookahead_len, self.pool.chunk)
+        c = self.flow.condition(prompt.token[:, :0], prompt.token, prompt.feat, prompt.embedding, True)
+        self.pool.add_voice(prompt, frames, c.mu, c.cond, c.spks)
+
     def stream(self, voice: Voice, schedule: ChunkSchedule, generator: torch.Generator | None) -> DiTChunkStream:
         # `generator` is unused: CosyVoice3's flow and HiFT draw no random numbers (fixed noise buffers).
-        return DiTChunkStream(self, self.slots.take(), self._prompt(voice))
+        prompt = self._prompt(voice)
+        slot = self.slots.take()
+        self.pool.start_stream(slot, prompt)
+        return DiTChunkStream(self, slot, prompt)
 
     def close(self, stream: DiTChunkStream) -> None:
         with self._streams_lock:
@@ -202,11 +222,16 @@ class DiTChunkRenderer:
     def _render(self, items: Sequence[tuple[DiTChunkStream, Sequence[int], ChunkTask]]) -> list[RenderedChunk]:
         started = time.perf_counter()
         news: list[torch.Tensor | None] = [None] * len(items)
-        for finalize in (False, True):
-            group = [i for i, (_, _, task) in enumerate(items) if task.finalize == finalize]
-            if group:
-                for i, new in zip(group, self._flow([items[i] for i in group], finalize)):
-                    news[i] = new
+        rows: list[DiTRow | None] = [None] * len(items)
+        official = self.settings.official_final
+        pooled = [i for i, (_, _, task) in enumerate(items) if not (official and task.finalize)]
+        if pooled:
+            for i, new, row in zip(pooled, *self._pooled([items[i] for i in pooled])):
+                news[i], rows[i] = new, row
+        final = [i for i in range(len(items)) if i not in pooled]
+        if final:
+            for i, new in zip(final, self._flow([items[i] for i in final], True)):
+                news[i] = new
         flow_s = _synchronized(self._device) - started
         out = []
         for (stream, _, task), new in zip(items, news):
@@ -216,8 +241,10 @@ class DiTChunkRenderer:
             out.append(RenderedChunk(audio=audio, mel=new, flow_s=flow_s, hift_s=time.perf_counter() - t0))
         # Every chunk made: only now does any stream move on (the render loop renders a failed call's
         # chunks again one by one, from the state they had).
-        for (stream, _, task), chunk in zip(items, out):
+        for (stream, _, task), chunk, row in zip(items, out, rows):
             self.slots.commit(stream.slot, chunk.mel.size(2), chunk.audio.size)
+            if row is not None:
+                self.pool.advance(stream.slot, row)
             stream.finished = task.finalize
             if task.finalize:
                 stream.close()
@@ -225,17 +252,11 @@ class DiTChunkRenderer:
 
     def _flow(self, items: Sequence[tuple[DiTChunkStream, Sequence[int], ChunkTask]],
               finalize: bool) -> list[torch.Tensor]:
-        """The official flow call of each item's chunk (prompt + tokens [0, token_end) re-rendered), all in
-        one solve: rows right-padded to the longest and masked (tts_core/flow/sampler.py). Returns each
-        item's new frames (1, 80, n) float32, from 2 x token_offset on."""
+        """The official full-attention final call of each item (prompt + all its tokens re-rendered), all
+        in one solve: rows right-padded to the longest and masked (tts_core/flow/sampler.py). Returns each
+        item's new frames (1, 80, n) float32, from 2 x token_offset on. Only with `official_final`."""
         flow, ratio = self.flow, self.flow.cfg.token_mel_ratio
-        conditions = []
-        for stream, tokens, task in items:
-            if len(tokens) < task.token_end:
-                raise ValueError(f"chunk {task.index} needs {task.token_end} tokens, {len(tokens)} exist")
-            token = torch.tensor([list(tokens[:task.token_end])], dtype=torch.long, device=self._device)
-            p = stream.prompt
-            conditions.append(flow.condition(token, p.token, p.feat, p.embedding, finalize))
+        conditions = [self._condition(stream, tokens, task) for stream, tokens, task in items]
         frames = max(c.mu.size(2) for c in conditions)
         rows = len(conditions)
         mu = torch.zeros(rows, flow.cfg.output_size, frames, device=self._device, dtype=self.dtype)
@@ -249,6 +270,33 @@ class DiTChunkRenderer:
         mel = sampler.solve(sampler.noise(frames, self.dtype), mu, mask, spks, cond, attn_mask)
         return [mel[row:row + 1, :, c.prompt_frames + ratio * task.token_offset:c.mu.size(2)]
                 for row, (c, (_, _, task)) in enumerate(zip(conditions, items))]
+
+    def _condition(self, stream: DiTChunkStream, tokens: Sequence[int], task: ChunkTask) -> FlowConditioning:
+        if len(tokens) < task.token_end:
+            raise ValueError(f"chunk {task.index} needs {task.token_end} tokens, {len(tokens)} exist")
+        token = torch.tensor([list(tokens[:task.token_end])], dtype=torch.long, device=self._device)
+        p = stream.prompt
+        return self.flow.condition(token, p.token, p.feat, p.embedding, task.finalize)
+
+    def _pooled(self, items: Sequence[tuple[DiTChunkStream, Sequence[int], ChunkTask]]
+                ) -> tuple[list[torch.Tensor], list[DiTRow]]:
+        """Each item's chunk, chunk-masked, from its stream's kept frames (`DiTContextPool`): only the
+        frames after the stream's last kept chunk go through the DiT, all items in one solve (rows
+        right-padded). Returns each item's new frames (1, 80, n) float32 and its pool row (kept frames
+        become the stream's at `DiTContextPool.advance`)."""
+        ratio = self.flow.cfg.token_mel_ratio
+        conditions = [self._condition(stream, tokens, task) for stream, tokens, task in items]
+        rows = [self.pool.row(stream.slot, c.mu.size(2), keep=not task.finalize)
+                for (stream, _, task), c in zip(items, conditions)]
+        n = max(r.end - r.start for r in rows)
+        mu = torch.zeros(len(rows), self.flow.cfg.output_size, n, device=self._device, dtype=self.dtype)
+        cond = torch.zeros_like(mu)
+        for i, (r, c) in enumerate(zip(rows, conditions)):
+            mu[i, :, :r.end - r.start], cond[i, :, :r.end - r.start] = c.mu[0, :, r.start:], c.cond[0, :, r.start:]
+        mel = self.pool.solve(rows, mu, cond, torch.cat([c.spks for c in conditions]))
+        news = [mel[i:i + 1, :, c.prompt_frames + ratio * task.token_offset - r.start:r.end - r.start]
+                for i, (r, c, (_, _, task)) in enumerate(zip(rows, conditions, items))]
+        return news, rows
 
 
 def _synchronized(device: torch.device) -> float:
