@@ -244,7 +244,12 @@ class DiTChunkRenderer:
         for (stream, _, task), chunk, row in zip(items, out, rows):
             self.slots.commit(stream.slot, chunk.mel.size(2), chunk.audio.size)
             if row is not None:
+                before = self.pool.own[stream.slot]
                 self.pool.advance(stream.slot, row)
+                if before <= self.pool.stream_frames < self.pool.own[stream.slot]:
+                    # From here on each chunk sees the voice prompt and the latest window of own frames only.
+                    log.warning("dit_context_slid", kept_frames=self.pool.stream_frames,
+                                own_frames=self.pool.own[stream.slot])
             stream.finished = task.finalize
             if task.finalize:
                 stream.close()
