@@ -194,9 +194,12 @@ class DiTContextPool:
         est, dev = self.est, self.device
         b, n = len(rows), mu.size(2)
         c = max((len(r.context) for r in rows), default=0)
-        lengths = torch.tensor([r.end - r.start for r in rows], device=dev)
-        if int(lengths.max()) != n:
-            raise ValueError(f"mu has {n} frames; the longest row needs {int(lengths.max())}")
+        # Checked on the host: nothing in the solve waits for the device.
+        if max(r.end - r.start for r in rows) != n:
+            raise ValueError(f"mu has {n} frames; the longest row needs {max(r.end - r.start for r in rows)}")
+        if max(r.end for r in rows) > self.sampler.rand_noise.size(2):
+            raise ValueError(f"utterance exceeds the flow's {self.sampler.rand_noise.size(2)}-frame noise buffer")
+        lengths = torch.tensor([r.end - r.start for r in rows]).to(dev)
         ctx_idx = torch.full((b, c), self.zero, dtype=torch.long)
         ctx_ok = torch.zeros(b, c, dtype=torch.bool)
         write_idx = torch.full((b, n), self.trash, dtype=torch.long)
@@ -206,7 +209,7 @@ class DiTContextPool:
             write_idx[i, :len(r.keep)] = torch.tensor(r.keep, dtype=torch.long)
         left_idx = torch.tensor([r.left for r in rows], dtype=torch.long).to(dev)
         ctx_idx, ctx_ok, write_idx = ctx_idx.to(dev), ctx_ok.to(dev), write_idx.to(dev)
-        starts = torch.tensor([r.start for r in rows], device=dev)
+        starts = torch.tensor([r.start for r in rows]).to(dev)
         local = torch.arange(n, device=dev)
         valid = local[None] < lengths[:, None]  # (B, N)
         positions = torch.where(valid, starts[:, None] + local[None], 0)
@@ -219,10 +222,7 @@ class DiTContextPool:
         attn_mask = attn_mask.repeat(2, 1, 1, 1)
         angles = (positions.to(est.rotary_embed.inv_freq.dtype)[..., None]
                   * est.rotary_embed.inv_freq).repeat_interleave(2, dim=-1).repeat(2, 1, 1)  # (2B, N, dh)
-        noise = self.sampler.rand_noise[0][:, positions].permute(1, 0, 2)  # (B, 80, N)
-        if positions.max() >= self.sampler.rand_noise.size(2):
-            raise ValueError("utterance exceeds the flow's noise buffer")
-        x = noise.to(self.dtype)
+        x = self.sampler.rand_noise[0][:, positions].permute(1, 0, 2).to(self.dtype)  # noise (B, 80, N)
 
         # Guidance rows: [0, B) conditioned, [B, 2B) with mu, cond and spks zeroed (as FlowSampler.solve).
         zeros = torch.zeros_like(mu)
