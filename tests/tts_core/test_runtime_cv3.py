@@ -258,17 +258,17 @@ def two_streams(pipeline: CosyVoice2Pipeline, stream_case: dict, schedule: Chunk
 @contextmanager
 def vocoder_hook(renderer: DiTChunkRenderer, before) -> Iterator[None]:
     """`before(mel)` runs at each vocoder call of the renderer (what another thread, or a fault, does then)."""
-    inference = renderer.hift.inference
+    decode = renderer.hift.decode
 
-    def hooked(mel, finalize):
+    def hooked(mel, source, finalize):
         before(mel)
-        return inference(mel, finalize)
+        return decode(mel, source, finalize)
 
-    renderer.hift.inference = hooked
+    renderer.hift.decode = hooked
     try:
         yield
     finally:
-        del renderer.hift.inference
+        del renderer.hift.decode
 
 
 def test_a_stream_closed_while_rendering_frees_its_slot_once_and_a_closed_one_is_not_rendered(two_streams) -> None:

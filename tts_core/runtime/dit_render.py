@@ -31,6 +31,7 @@ from tts_core.flow.dit_flow import DiTFlowModel
 from tts_core.flow.dit_pool import DiTContextPool, DiTRow, frame_bytes, shared_prompt_frames
 from tts_core.flow.model import FlowConditioning
 from tts_core.hift.causal import CausalHiftGenerator
+from tts_core.hift.causal_window import HiftWindows
 from tts_core.runtime.chunk_render import FlowPoolSettings, RenderLane
 from tts_core.streaming.chunk_schedule import ChunkSchedule, ChunkTask
 from tts_core.streaming.token2wav import RenderedChunk
@@ -110,6 +111,7 @@ class DiTChunkRenderer:
         chunk = flow.cfg.estimator.static_chunk_size
         self.pool = DiTContextPool(flow.decoder, settings.stream_slots, -(-settings.context_frames // chunk) * chunk,
                                    settings.voice_slots * settings.voice_frames, self._device, self.dtype)
+        self.vocoder = HiftWindows(hift, settings.stream_slots, flow.decoder.rand_noise.size(2), self._device)
         self.lanes = {name: RenderLane(name, max_batch=max(settings.first_batches)) for name in self.first_lanes}
         self.lanes["later"] = RenderLane("later", max_batch=max(settings.batches))
         self._voices: dict[str, tuple[Voice, _VoicePrompt]] = {}
@@ -164,6 +166,7 @@ class DiTChunkRenderer:
         prompt = self._prompt(voice)
         slot = self.slots.take()
         self.pool.start_stream(slot, prompt)
+        self.vocoder.start(slot)
         return DiTChunkStream(self, slot, prompt)
 
     def close(self, stream: DiTChunkStream) -> None:
@@ -233,16 +236,19 @@ class DiTChunkRenderer:
             for i, new in zip(final, self._flow([items[i] for i in final], True)):
                 news[i] = new
         flow_s = _synchronized(self._device) - started
-        out = []
+        out, f0_frames = [], []
         for (stream, _, task), new in zip(items, news):
             t0 = time.perf_counter()
-            wav, _ = self.hift.inference(self.slots.staged(stream.slot, new), finalize=task.finalize)
-            audio = wav[0, self.slots.emitted[stream.slot]:].float().cpu().numpy()
+            wav, f0_known = self.vocoder.render(stream.slot, self.slots.staged(stream.slot, new),
+                                                self.slots.emitted[stream.slot], task.finalize)
+            audio = wav[0].float().cpu().numpy()
+            f0_frames.append(f0_known)
             out.append(RenderedChunk(audio=audio, mel=new, flow_s=flow_s, hift_s=time.perf_counter() - t0))
         # Every chunk made: only now does any stream move on (the render loop renders a failed call's
         # chunks again one by one, from the state they had).
-        for (stream, _, task), chunk, row in zip(items, out, rows):
+        for (stream, _, task), chunk, row, f0_known in zip(items, out, rows, f0_frames):
             self.slots.commit(stream.slot, chunk.mel.size(2), chunk.audio.size)
+            self.vocoder.commit(stream.slot, f0_known)
             if row is not None:
                 before = self.pool.own[stream.slot]
                 self.pool.advance(stream.slot, row)
