@@ -1,19 +1,21 @@
-"""Render the due chunks of CosyVoice3 jobs: the DiT flow and the causal HiFT, streamed exactly as the
-official `CosyVoice3Model.token2wav` (tts_core/streaming/token2wav3.py is the one-request reference).
+"""Render the due chunks of CosyVoice3 jobs: the DiT flow and the causal HiFT, streamed as the official
+`CosyVoice3Model.token2wav` (tts_core/streaming/token2wav3.py is the one-request reference) without its
+re-renders.
 
-CosyVoice3's per-stream state is small: the mel rendered so far and the samples already emitted.
-It lives in preallocated slots (`DiTSlots`, one row per stream slot, as long as the flow's fixed
-noise: an utterance cannot be longer), taken when a segment's rendering starts and given back at
-its final chunk or when its job leaves. Each chunk re-renders prompt + every token so far
-(chunk-masked; full attention for the final chunk, as the official loop does), appends the new
-frames to the slot and re-runs the causal HiFT over the slot's mel, emitting the samples past
-those already sent: no cache, no cross-fade, no seam.
+Per-stream state lives in preallocated slots, taken when a segment's rendering starts and given back
+at its final chunk or when its job leaves: the mel so far and the samples emitted (`DiTSlots`), the
+DiT keys/values of its kept frames (`DiTContextPool`, which also holds each voice's shared prompt
+frames) and the vocoder's F0 and phase increments (`HiftWindows`). A chunk renders only its new
+frames through the DiT (chunk-masked, from the kept frames: exact within the pool's window; the
+final chunk too unless `official_final`, which re-renders it with full attention as the official
+loop does) and runs the causal HiFT over a bounded window, emitting the samples past those already
+sent: no cross-fade, no seam.
 
 Same interface as `chunk_render.ChunkRenderer` (lanes, `stream`, `render`, `prepare`), so the
 scheduler and render lanes serve both families. A render call's chunks go through the DiT in one
-batched solve per attention kind (rows right-padded and masked), then each stream's vocoder runs
-alone. Eager on every device for now: no CUDA graphs, no compiled flow. Its cost grows with the
-utterance (every chunk re-renders it all), as the official's does.
+batched pooled solve (rows of different lengths and contexts), then each stream's vocoder runs alone.
+Eager on every device for now: no CUDA graphs, no compiled flow (docs/PERF_NOTES.md, "CosyVoice3:
+the pooled DiT", says what capture needs).
 """
 
 from __future__ import annotations
@@ -180,14 +182,16 @@ class DiTChunkRenderer:
         self.slots.give_back(stream.slot)
 
     def prepare(self, voices: Sequence[Voice], schedule: ChunkSchedule, graphs: bool) -> dict:
-        """The voices' prompts on the device; no graphs (the CosyVoice3 flow and vocoder run eagerly)."""
+        """The voices' prompts on the device and their shared frames in the pool; no graphs (the CosyVoice3
+        flow and vocoder run eagerly)."""
         started = time.perf_counter()
         for voice in voices:
             self._prompt(voice)
         if graphs:
             log.info("dit_render_eager", why="CUDA graphs and compile cover the CosyVoice3 LM only; "
                      "its DiT flow and causal HiFT run eagerly")
-        return {"flow_voices_s": time.perf_counter() - started, "flow_pool_gb": self.slots.mel.numel() * 4 / 2**30}
+        return {"flow_voices_s": time.perf_counter() - started,
+                "flow_pool_gb": (self.slots.mel.numel() * 4 + self.pool.nbytes) / 2**30}
 
     def has_deferred(self) -> bool:
         return False
