@@ -126,6 +126,26 @@ def test_golden_final_chunk_is_chunk_masked_by_default_within_the_stated_deviati
     assert stream.finished and renderer.pool.own[stream.slot] == prompt + mel.size(2) - final - shared
 
 
+def test_a_voice_the_pool_cannot_hold_still_streams_the_same_chunks(pipeline: CosyVoice2Pipeline, stream_case: dict,
+                                                                     schedule: ChunkSchedule) -> None:
+    """With no room for the voice's shared prompt frames, each stream renders the prompt into its own slot:
+    the same chunks (mel to 1e-4) as with them shared."""
+    scheduler = pipeline.scheduler
+    shared = _golden_stream(pipeline, stream_case, schedule, official_final=False)[2]
+    renderer = DiTChunkRenderer(scheduler.flow, scheduler.hift, FlowPoolSettings(stream_slots=1, voice_frames=0))
+    voice = pipeline.voices.get(VOICE)
+    stream = renderer.stream(voice, schedule, None)
+    assert renderer.pool.voice_of[stream.slot].frames == 0
+    planner = ChunkPlanner(schedule, len(voice.flow_prompt_speech_token))
+    tokens = stream_case["tokens"][0].tolist()
+    alone = []
+    while (task := planner.next_chunk(len(tokens), lm_finished=True)) is not None:
+        alone.extend(renderer.render([(stream, tokens, task)]))
+    assert [c.mel.shape for c in alone] == [c.mel.shape for c in shared]
+    for ours, reference in zip(alone, shared):
+        assert (ours.mel - reference.mel).abs().max().item() <= MEL_TOL
+
+
 @pytest.mark.parametrize("official_final", [False, True], ids=["chunk_masked_final", "official_final"])
 def test_streams_rendered_in_one_batched_call_each_get_their_own_official_chunks(
         pipeline: CosyVoice2Pipeline, stream_case: dict, schedule: ChunkSchedule, official_final: bool) -> None:

@@ -28,8 +28,9 @@ unfinished chunk's frames, which will see more keys once the chunk fills) and ke
 last boundary it reaches. The official schedule (prompt + first hop a multiple of the chunk, then
 multiples of it) starts and ends every non-final call on a boundary, so nothing is recomputed.
 
-Bookkeeping (voices, slots, frame counts) is host-side and belongs to the one thread that renders
-(the renderer serializes calls). A call's device work reads only index tensors built before it, so a
+Bookkeeping is host-side: a slot's counts belong to the thread rendering that slot's stream (a
+stream is rendered by one lane at a time), voices are added under the renderer's voice lock; calls
+of several lanes touch disjoint frames (all may write the trash frame, which nothing reads). A call's device work reads only index tensors built before it, so a
 batch bucket (rows, context keys, new frames) could be captured in one CUDA graph (docs/PERF_NOTES.md).
 """
 
@@ -139,6 +140,10 @@ class DiTContextPool:
             self.solve([row], mu[:, :, :frames], cond[:, :, :frames], spks)
         self._voice_used += frames
         self._voices[key] = voice
+
+    @property
+    def voice_frames_left(self) -> int:
+        return self.voice_capacity - self._voice_used
 
     # --- stream slots -----------------------------------------------------------------------------
     def start_stream(self, slot: int, voice_key: object) -> None:

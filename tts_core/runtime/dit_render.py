@@ -160,6 +160,12 @@ class DiTChunkRenderer:
         cfg = self.flow.cfg
         frames = shared_prompt_frames(prompt.feat.size(1), prompt.token.size(1), cfg.token_mel_ratio,
                                       cfg.pre_lookahead_len, self.pool.chunk)
+        if frames > self.pool.voice_frames_left:
+            # Still exact: each stream then renders the whole prompt into its own slot (more work per first
+            # chunk, and the prompt counts against the stream's window).
+            log.warning("dit_voice_pool_full", voice_frames=frames, left=self.pool.voice_frames_left,
+                        capacity=self.pool.voice_capacity)
+            frames = 0
         c = self.flow.condition(prompt.token[:, :0], prompt.token, prompt.feat, prompt.embedding, True)
         self.pool.add_voice(prompt, frames, c.mu, c.cond, c.spks)
 
