@@ -132,15 +132,21 @@ def test_batched_streams_of_two_voices_equal_the_re_render_chunk_by_chunk(
             assert (new - reference).abs().max().item() <= MEL_TOL
 
 
+@pytest.mark.parametrize("voice_shared", [True, False], ids=["voice_shared", "prompt_in_own_slot"])
 def test_past_its_window_a_stream_sees_the_voice_and_its_latest_own_frames_exactly_as_stated(
-        flow3: DiTFlowModel, flow3_case: dict, speaker3: dict) -> None:
+        flow3: DiTFlowModel, flow3_case: dict, speaker3: dict, voice_shared: bool) -> None:
     """A window of two chunks on a segment of many: exact (the re-render) while the stream's own frames
     fit; beyond, each call sees the voice's shared frames and the own frames its writes leave, and the
     result equals one render whose chunk mask hides exactly the frames each call did not see (so the
-    deviation is that and only that)."""
+    deviation is that and only that). Also when the voice shares nothing (no room in the pool) and the
+    first call alone keeps more frames than the window (prompt + first hop): it keeps its latest."""
     chunk = flow3_case["static_chunk_size"]
     pool, prompt = _pool(flow3, slots=1, stream_frames=2 * chunk), _prompt(speaker3)
-    _add_voice(pool, flow3, "golden", prompt)
+    if voice_shared:
+        _add_voice(pool, flow3, "golden", prompt)
+    else:
+        c = flow3.condition(prompt[0][:, :0], *prompt, True)
+        pool.add_voice("golden", 0, c.mu, c.cond, c.spks)
     pool.start_stream(0, "golden")
     tokens = flow3_case["tokens"].long()
     tasks = _tasks(_schedule(flow3_case, hop=chunk // 2), prompt[0].size(1), tokens.size(1))
@@ -155,7 +161,7 @@ def test_past_its_window_a_stream_sees_the_voice_and_its_latest_own_frames_exact
         end = pf.size(1) + 2 * (task.token_end - (0 if task.finalize else flow3_case["pre_lookahead_len"]))
         kept = 0 if task.finalize else end // chunk * chunk - start
         first_own = max(0, own + kept - pool.stream_frames)
-        visible[start:end, shared:shared + first_own] = False  # what this call's context leaves out
+        visible[start:end, shared:shared + min(first_own, own)] = False  # kept frames this call does not see
         (new,) = _render(pool, flow3, [(0, prompt, tokens, task)])
         mel.append(new)
         if own + kept <= pool.stream_frames:

@@ -52,8 +52,9 @@ LEFT = POS_CONV_KERNEL - 1  # frames of left context each position convolution r
 class DiTRow:
     """One stream's share of a batched call: compute frames [start, end) (absolute, from the prompt's
     first frame) seeing `context` (pool frames of every earlier kept frame), keep frames
-    [start, start + len(keep)) at the pool frames `keep`, reading the position convolutions' left
-    context from `left` (LEFT pool frames: those of frames start-30 .. start-1, the zero frame before 0)."""
+    [start, start + len(keep)) at the pool frames `keep` (the trash frame for any beyond the window),
+    reading the position convolutions' left context from `left` (LEFT pool frames: those of frames
+    start-30 .. start-1, the zero frame before 0)."""
 
     start: int
     end: int
@@ -173,14 +174,16 @@ class DiTContextPool:
         if end <= start:
             raise ValueError(f"nothing to render: frames kept up to {start}, asked up to {end}")
         kept = (end // self.chunk * self.chunk - start) if keep else 0
-        if kept > self.stream_frames:
-            raise ValueError(f"one call keeps {kept} frames; the stream window holds {self.stream_frames}")
         first_own = max(0, own + kept - self.stream_frames)  # own frames this call's writes do not overwrite
         context = list(range(voice.offset, voice.offset + voice.frames))
         context += [self._own_frame(slot, j) for j in range(first_own, own)]
         # Read before this call writes anything (per step and convolution), so always the latest frames.
         left = [self._frame(slot, p) for p in range(start - LEFT, start)]
-        return DiTRow(start, end, context, [self._own_frame(slot, own + j) for j in range(kept)], left)
+        # A call keeping more than the window (a long prompt the voice pool could not hold) keeps its latest
+        # frames only: two frames of one call never share a ring place.
+        writes = [self._own_frame(slot, own + j) if j >= kept - self.stream_frames else self.trash
+                  for j in range(kept)]
+        return DiTRow(start, end, context, writes, left)
 
     def advance(self, slot: int, row: DiTRow) -> None:
         """The row's call succeeded: its kept frames are the stream's now."""
