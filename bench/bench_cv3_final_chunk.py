@@ -10,8 +10,13 @@ from the DiT context pool, and what the pool saves over today's re-render of eve
       frames not counted: rendered once per voice) with the chunk-masked final chunk, the official final
       call (full re-render), and the re-render of every chunk that dit_render.py did before the pool
       (prompt + all tokens per chunk, official final). Pool memory per stream slot and per voice.
+  wall (--parts wall): seconds of a whole segment's streaming render (flow + vocoder, every chunk) on
+      the tiny model, one CPU thread: the old path (`Token2Wav3Stream`, re-render and whole-mel HiFT)
+      against the runtime's `DiTChunkRenderer` (pool and HiFT windows), by length. Tiny widths make
+      the DiT cheap next to the per-call overheads, so this shows the growth, not the full-size ratio.
 
     python bench/bench_cv3_final_chunk.py --golden ../shared/golden_cv3 --out bench/results/cv3_final_chunk.json
+    python bench/bench_cv3_final_chunk.py --parts wall --out bench/results/cv3_stream_wall_cpu.json
 """
 
 from __future__ import annotations
@@ -166,16 +171,57 @@ def full_size(golden: Path, schedule: ChunkSchedule) -> dict:
             "chunk_frames": chunk, "rows": rows}
 
 
+def tiny_wall(golden: Path, schedule: ChunkSchedule) -> list[dict]:
+    from tts_core.hift.causal import load_causal_hift
+    from tts_core.runtime.chunk_render import FlowPoolSettings
+    from tts_core.runtime.dit_render import DiTChunkRenderer
+    from tts_core.streaming.token2wav3 import Token2Wav3Stream
+    from tts_core.voices import VoiceBank
+
+    torch.set_num_threads(1)
+    tiny = golden / "cosyvoice3_tiny"
+    flow, hift = load_dit_flow(tiny), load_causal_hift(tiny)
+    bank = VoiceBank.load(tiny)
+    voice = bank.get(bank.names()[0])
+    gen = torch.Generator().manual_seed(2)
+    out = []
+    for length in TINY_LENGTHS + (1000,):
+        tokens = torch.randint(0, flow.cfg.vocab_size, (length,), generator=gen).tolist()
+        plan = tasks(schedule, len(voice.flow_prompt_speech_token), length)
+        old = Token2Wav3Stream(flow, hift, torch.tensor([voice.flow_prompt_speech_token]),
+                               voice.prompt_speech_feat[None], voice.flow_embedding[None], chunk_masked_final=True)
+        started = time.perf_counter()
+        for task in plan:
+            old.render(tokens, task)
+        old_s = time.perf_counter() - started
+        renderer = DiTChunkRenderer(flow, hift, FlowPoolSettings(stream_slots=1, context_frames=2 * length + 100))
+        renderer.prepare([voice], schedule, graphs=False)
+        stream = renderer.stream(voice, schedule, None)
+        started = time.perf_counter()
+        for task in plan:
+            renderer.render([(stream, tokens, task)])
+        new_s = time.perf_counter() - started
+        out.append({"tokens": length, "calls": len(plan), "old_s": round(old_s, 2), "pooled_s": round(new_s, 2),
+                    "old_over_pooled": round(old_s / new_s, 1)})
+        print(out[-1], flush=True)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--golden", type=Path, default=GOLDEN3)
     parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--skip-tiny", action="store_true", help="only the full-size FLOP counts")
+    parser.add_argument("--parts", default="full,tiny", help="any of full (FLOPs), tiny (difference), wall")
     args = parser.parse_args()
+    parts = set(args.parts.split(","))
     schedule = ChunkSchedule()  # the runtime's default: first hop 25 (+ prompt pad), then 50
-    report = {"full_size": full_size(args.golden, schedule)}
-    if not args.skip_tiny:
+    report = {}
+    if "full" in parts:
+        report["full_size"] = full_size(args.golden, schedule)
+    if "tiny" in parts:
         report["tiny_difference"] = tiny_differences(args.golden, schedule)
+    if "wall" in parts:
+        report["tiny_wall"] = tiny_wall(args.golden, schedule)
     text = json.dumps(report, indent=1)
     if args.out:
         args.out.write_text(text + "\n")
