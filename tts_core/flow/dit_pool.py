@@ -36,7 +36,6 @@ batch bucket (rows, context keys, new frames) could be captured in one CUDA grap
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -284,7 +283,3 @@ class DiTContextPool:
             h = h + gate_mlp * block.ff(_norm(h) * (1 + scale_mlp) + shift_mlp)
         return est.proj_out(est.norm_out(h, t_emb)).transpose(1, 2)
 
-
-def pool_frames_for(seconds: float, chunk: int, frames_per_second: int = 50) -> int:
-    """Whole chunks covering `seconds` of mel."""
-    return max(1, math.ceil(seconds * frames_per_second / chunk)) * chunk
