@@ -1,5 +1,6 @@
-"""Fixtures shared by the tts_core tests: the tiny golden model's flow, its flow golden case and
-its speaker (module scope each, so a test module never sees another's state)."""
+"""Fixtures shared by the tts_core tests: the tiny golden models' flows, their flow golden cases and
+their speakers (CosyVoice2's, and CosyVoice3's with a 3; module scope each, so a test module never
+sees another's state)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 from tts_core.flow import FlowModel, load_flow
+from tts_core.flow.dit_flow import DiTFlowModel, load_dit_flow
 
 
 @pytest.fixture(scope="module")
@@ -40,3 +42,19 @@ def official_call(flow: FlowModel, speaker: dict):
         return mel
 
     return call
+
+
+@pytest.fixture(scope="module")
+def flow3(tiny3_model_dir: Path) -> DiTFlowModel:
+    torch.set_num_threads(1)
+    return load_dit_flow(tiny3_model_dir)
+
+
+@pytest.fixture(scope="module")
+def flow3_case(golden3_dir: Path) -> dict:
+    return torch.load(golden3_dir / "cases" / "flow.pt", weights_only=False)
+
+
+@pytest.fixture(scope="module")
+def speaker3(tiny3_model_dir: Path) -> dict:
+    return next(iter(torch.load(tiny3_model_dir / "spk2info.pt", weights_only=False).values()))

@@ -7,12 +7,11 @@ layout, chunk mask, modulation order, CFG sign) moves the mel by 1e-2 or more.
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 import torch
 
-from tts_core.flow.dit_flow import DiTFlowModel, load_dit_flow
+from tts_core.flow.dit_flow import DiTFlowModel
 from tts_core.flow.sampler import time_span
 
 LAYER_TOL = 1e-5
@@ -20,19 +19,8 @@ MEL_TOL = 1e-4
 
 
 @pytest.fixture(scope="module")
-def flow3(tiny3_model_dir: Path) -> DiTFlowModel:
-    torch.set_num_threads(1)
-    return load_dit_flow(tiny3_model_dir)
-
-
-@pytest.fixture(scope="module")
-def case(golden3_dir: Path) -> dict:
-    return torch.load(golden3_dir / "cases" / "flow.pt", weights_only=False)
-
-
-@pytest.fixture(scope="module")
-def speaker3(tiny3_model_dir: Path) -> dict:
-    return next(iter(torch.load(tiny3_model_dir / "spk2info.pt", weights_only=False).values()))
+def case(flow3_case: dict) -> dict:
+    return flow3_case
 
 
 def _diff(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -216,7 +216,7 @@ class DiTEstimator(nn.Module):
         """x, mu, cond (B, 80, T); mask (B, 1, T); t (B,); spks (B, 80); attn_mask (T, T) bool or None
         -> velocity (B, 80, T). `mask` is all ones at batch 1 (the official call never pads)."""
         if cache is not None:
-            raise ValueError("the DiT estimator keeps no frame cache: each call re-renders all frames")
+            raise ValueError("the DiT estimator takes no FrameCache: streaming chunks go through DiTContextPool")
         x, mu, cond = (y.transpose(1, 2) for y in (x, mu, cond))
         t_emb = self.time_embed(t.reshape(-1).expand(x.size(0)))
         h = self.input_embed(x, cond, mu, spks)

@@ -5,9 +5,10 @@ embeddings go through the pre-lookahead convolution (the same `PreLookahead` blo
 and out) and are repeated `token_mel_ratio` times along time; that is mu. The estimator is the DiT
 (`tts_core.flow.dit`), driven by the same `FlowSampler` (fixed noise, cosine schedule, CFG).
 
-Every call re-renders prompt + all tokens so far (no cache of any kind, as the official code does);
-in streaming mode the DiT's attention is chunk-causal, so earlier frames come out the same. A
-non-final call uses its last `pre_lookahead_len` tokens as lookahead only.
+`inference` re-renders prompt + all tokens so far (no cache of any kind, as the official code does);
+in streaming mode the DiT's attention is chunk-causal, so earlier frames come out the same, which is
+what lets the runtime render only new frames (`dit_pool.DiTContextPool`). A non-final call uses its
+last `pre_lookahead_len` tokens as lookahead only.
 """
 
 from __future__ import annotations

@@ -77,19 +77,33 @@ class CausalHarmonicSource(nn.Module):
 
     def forward(self, f0: torch.Tensor) -> torch.Tensor:
         """f0 per frame (B, T) -> source (B, 1, T * samples_per_frame)."""
+        return self.from_cycles(f0, torch.cumsum(self.increments(f0), dim=2), 0)
+
+    def increments(self, f0: torch.Tensor, start_frame: int = 0) -> torch.Tensor:
+        """Each harmonic's phase increment in cycles over every frame (B, H, T) of frames [start_frame,
+        start_frame + T): frame-local (the linear downsampling reads two samples inside the frame), so a
+        stream can keep them and sum them again; their running sum (`torch.cumsum` over dim 2, from the
+        utterance start) is the phase."""
         per_sample = f0[:, :, None].repeat_interleave(self.samples_per_frame, dim=1)  # (B, L, 1)
-        length = per_sample.size(1)
-        if length > self.sine_noise.size(1):
-            raise ValueError(f"hift: {length} samples exceed the {self.sine_noise.size(1)}-sample noise buffer")
         overtones = torch.arange(1, self.l_linear.in_features + 1, dtype=f0.dtype, device=f0.device)
         increments = (per_sample * overtones / self.sampling_rate) % 1
-        increments[:, 0, :] = increments[:, 0, :] + self.rand_ini.to(increments.dtype)
-        per_frame = F.interpolate(increments.transpose(1, 2), scale_factor=1 / self.samples_per_frame, mode="linear")
-        phase = torch.cumsum(per_frame, dim=2) * 2 * math.pi
-        phase = F.interpolate(phase * self.samples_per_frame, scale_factor=self.samples_per_frame, mode="nearest")
+        if start_frame == 0:
+            increments[:, 0, :] = increments[:, 0, :] + self.rand_ini.to(increments.dtype)
+        return F.interpolate(increments.transpose(1, 2), scale_factor=1 / self.samples_per_frame, mode="linear")
+
+    def from_cycles(self, f0: torch.Tensor, cycles: torch.Tensor, start_frame: int) -> torch.Tensor:
+        """The source of frames [start_frame, start_frame + T) (B, 1, T * samples_per_frame) from their f0
+        (B, T) and phase in cycles (B, H, T: the running sum of `increments`); the additive noise is the
+        fixed buffer's at those samples."""
+        per_sample = f0[:, :, None].repeat_interleave(self.samples_per_frame, dim=1)  # (B, L, 1)
+        first, length = start_frame * self.samples_per_frame, per_sample.size(1)
+        if first + length > self.sine_noise.size(1):
+            raise ValueError(f"hift: {first + length} samples exceed the {self.sine_noise.size(1)}-sample noise buffer")
+        phase = F.interpolate(cycles * 2 * math.pi * self.samples_per_frame, scale_factor=self.samples_per_frame,
+                              mode="nearest")
         sines = torch.sin(phase.transpose(1, 2)) * self.sine_amp  # (B, L, H)
 
         voiced = (per_sample > self.voiced_threshold).to(sines.dtype)
         noise_amp = voiced * self.noise_std + (1 - voiced) * self.sine_amp / 3
-        harmonics = sines * voiced + noise_amp * self.sine_noise[:, :length].to(sines.dtype)
+        harmonics = sines * voiced + noise_amp * self.sine_noise[:, first:first + length].to(sines.dtype)
         return torch.tanh(self.l_linear(harmonics)).transpose(1, 2)

@@ -55,6 +55,9 @@ class FlowPoolSettings:
     solve_parts: int = 1  # graphs per captured solve (accel/flow_pool_graphs.PooledFlowGraphs.capture)
     # Before ready only each lane's largest solve bucket and no final-chunk HiFT shapes (the rest in `capture_compiled`)
     defer_later: bool = False
+    # CosyVoice3 (runtime/dit_render.py): the final chunk as the official full-attention re-render of the
+    # whole segment instead of chunk-masked from the pool (docs/PERF_NOTES.md, "CosyVoice3's final chunk")
+    official_final: bool = False
 
 
 @dataclass

@@ -1,19 +1,21 @@
-"""Render the due chunks of CosyVoice3 jobs: the DiT flow and the causal HiFT, streamed exactly as the
-official `CosyVoice3Model.token2wav` (tts_core/streaming/token2wav3.py is the one-request reference).
+"""Render the due chunks of CosyVoice3 jobs: the DiT flow and the causal HiFT, streamed as the official
+`CosyVoice3Model.token2wav` (tts_core/streaming/token2wav3.py is the one-request reference) without its
+re-renders.
 
-CosyVoice3's per-stream state is small: the mel rendered so far and the samples already emitted.
-It lives in preallocated slots (`DiTSlots`, one row per stream slot, as long as the flow's fixed
-noise: an utterance cannot be longer), taken when a segment's rendering starts and given back at
-its final chunk or when its job leaves. Each chunk re-renders prompt + every token so far
-(chunk-masked; full attention for the final chunk, as the official loop does), appends the new
-frames to the slot and re-runs the causal HiFT over the slot's mel, emitting the samples past
-those already sent: no cache, no cross-fade, no seam.
+Per-stream state lives in preallocated slots, taken when a segment's rendering starts and given back
+at its final chunk or when its job leaves: the mel so far and the samples emitted (`DiTSlots`), the
+DiT keys/values of its kept frames (`DiTContextPool`, which also holds each voice's shared prompt
+frames) and the vocoder's F0 and phase increments (`HiftWindows`). A chunk renders only its new
+frames through the DiT (chunk-masked, from the kept frames: exact within the pool's window; the
+final chunk too unless `official_final`, which re-renders it with full attention as the official
+loop does) and runs the causal HiFT over a bounded window, emitting the samples past those already
+sent: no cross-fade, no seam.
 
 Same interface as `chunk_render.ChunkRenderer` (lanes, `stream`, `render`, `prepare`), so the
 scheduler and render lanes serve both families. A render call's chunks go through the DiT in one
-batched solve per attention kind (rows right-padded and masked), then each stream's vocoder runs
-alone. Eager on every device for now: no CUDA graphs, no compiled flow. Its cost grows with the
-utterance (every chunk re-renders it all), as the official's does.
+batched pooled solve (rows of different lengths and contexts), then each stream's vocoder runs alone.
+Eager on every device for now: no CUDA graphs, no compiled flow (docs/PERF_NOTES.md, "CosyVoice3:
+the pooled DiT", says what capture needs).
 """
 
 from __future__ import annotations
@@ -28,7 +30,10 @@ import structlog
 import torch
 
 from tts_core.flow.dit_flow import DiTFlowModel
+from tts_core.flow.dit_pool import DiTContextPool, DiTRow, frame_bytes, shared_prompt_frames
+from tts_core.flow.model import FlowConditioning
 from tts_core.hift.causal import CausalHiftGenerator
+from tts_core.hift.causal_window import HiftWindows
 from tts_core.runtime.chunk_render import FlowPoolSettings, RenderLane
 from tts_core.streaming.chunk_schedule import ChunkSchedule, ChunkTask
 from tts_core.streaming.token2wav import RenderedChunk
@@ -73,7 +78,7 @@ class DiTSlots:
         self.emitted[slot] += samples
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # by identity: the pool keys a voice's shared frames by this object
 class _VoicePrompt:
     token: torch.Tensor  # (1, N) long
     feat: torch.Tensor  # (1, 2N, 80) in the flow's dtype
@@ -105,6 +110,10 @@ class DiTChunkRenderer:
         self._device = next(flow.parameters()).device
         self.slots = DiTSlots(settings.stream_slots, flow.cfg.output_size, flow.decoder.rand_noise.size(2),
                               self._device)
+        chunk = flow.cfg.estimator.static_chunk_size
+        self.pool = DiTContextPool(flow.decoder, settings.stream_slots, -(-settings.context_frames // chunk) * chunk,
+                                   settings.voice_slots * settings.voice_frames, self._device, self.dtype)
+        self.vocoder = HiftWindows(hift, settings.stream_slots, flow.decoder.rand_noise.size(2), self._device)
         self.lanes = {name: RenderLane(name, max_batch=max(settings.first_batches)) for name in self.first_lanes}
         self.lanes["later"] = RenderLane("later", max_batch=max(settings.batches))
         self._voices: dict[str, tuple[Voice, _VoicePrompt]] = {}
@@ -112,7 +121,10 @@ class DiTChunkRenderer:
         self._streams_lock = threading.Lock()  # DiTChunkStream.closed / .rendering
         self.time_gpu = False  # the vocoder is not timed on the stream here (eager)
         log.info("dit_stream_slots_allocated", stream_slots=settings.stream_slots,
-                 gb=round(self.slots.mel.numel() * 4 / 2**30, 3))
+                 gb=round(self.slots.mel.numel() * 4 / 2**30, 3), pool_gb=round(self.pool.nbytes / 2**30, 3),
+                 context_frames=self.pool.stream_frames, voice_frames=self.pool.voice_capacity,
+                 frame_mb=round(frame_bytes(flow.decoder.estimator, self.pool.steps,
+                                            self.pool.kv.element_size()) / 2**20, 3))
 
     @property
     def first_lanes(self) -> list[str]:
@@ -135,16 +147,35 @@ class DiTChunkRenderer:
                     torch.tensor([voice.flow_prompt_speech_token], dtype=torch.long, device=self._device),
                     voice.prompt_speech_feat[None].to(self._device, dtype),
                     voice.flow_embedding[None].to(self._device, dtype))
+                self._add_to_pool(prompt)
                 if self._device.type == "cuda":
-                    # Copied on this thread's stream; another lane may use it next.
+                    # Copied and rendered on this thread's stream; another lane may use it next.
                     torch.cuda.current_stream(self._device).synchronize()
                 known = (voice, prompt)
                 self._voices[voice.name] = known
             return known[1]
 
+    def _add_to_pool(self, prompt: _VoicePrompt) -> None:
+        """Render the voice's shared prompt frames into the pool, once per voice object."""
+        cfg = self.flow.cfg
+        frames = shared_prompt_frames(prompt.feat.size(1), prompt.token.size(1), cfg.token_mel_ratio,
+                                      cfg.pre_lookahead_len, self.pool.chunk)
+        if frames > self.pool.voice_frames_left:
+            # Still exact: each stream then renders the whole prompt into its own slot (more work per first
+            # chunk, and the prompt counts against the stream's window).
+            log.warning("dit_voice_pool_full", voice_frames=frames, left=self.pool.voice_frames_left,
+                        capacity=self.pool.voice_capacity)
+            frames = 0
+        c = self.flow.condition(prompt.token[:, :0], prompt.token, prompt.feat, prompt.embedding, True)
+        self.pool.add_voice(prompt, frames, c.mu, c.cond, c.spks)
+
     def stream(self, voice: Voice, schedule: ChunkSchedule, generator: torch.Generator | None) -> DiTChunkStream:
         # `generator` is unused: CosyVoice3's flow and HiFT draw no random numbers (fixed noise buffers).
-        return DiTChunkStream(self, self.slots.take(), self._prompt(voice))
+        prompt = self._prompt(voice)
+        slot = self.slots.take()
+        self.pool.start_stream(slot, prompt)
+        self.vocoder.start(slot)
+        return DiTChunkStream(self, slot, prompt)
 
     def close(self, stream: DiTChunkStream) -> None:
         with self._streams_lock:
@@ -157,14 +188,16 @@ class DiTChunkRenderer:
         self.slots.give_back(stream.slot)
 
     def prepare(self, voices: Sequence[Voice], schedule: ChunkSchedule, graphs: bool) -> dict:
-        """The voices' prompts on the device; no graphs (the CosyVoice3 flow and vocoder run eagerly)."""
+        """The voices' prompts on the device and their shared frames in the pool; no graphs (the CosyVoice3
+        flow and vocoder run eagerly)."""
         started = time.perf_counter()
         for voice in voices:
             self._prompt(voice)
         if graphs:
             log.info("dit_render_eager", why="CUDA graphs and compile cover the CosyVoice3 LM only; "
                      "its DiT flow and causal HiFT run eagerly")
-        return {"flow_voices_s": time.perf_counter() - started, "flow_pool_gb": self.slots.mel.numel() * 4 / 2**30}
+        return {"flow_voices_s": time.perf_counter() - started,
+                "flow_pool_gb": (self.slots.mel.numel() * 4 + self.pool.nbytes) / 2**30}
 
     def capture_compiled(self, stop=lambda: False) -> dict:
         """Nothing to compile or capture (the flow and vocoder run eagerly). The scheduler's tts-compile thread
@@ -208,22 +241,37 @@ class DiTChunkRenderer:
     def _render(self, items: Sequence[tuple[DiTChunkStream, Sequence[int], ChunkTask]]) -> list[RenderedChunk]:
         started = time.perf_counter()
         news: list[torch.Tensor | None] = [None] * len(items)
-        for finalize in (False, True):
-            group = [i for i, (_, _, task) in enumerate(items) if task.finalize == finalize]
-            if group:
-                for i, new in zip(group, self._flow([items[i] for i in group], finalize)):
-                    news[i] = new
+        rows: list[DiTRow | None] = [None] * len(items)
+        official = self.settings.official_final
+        pooled = [i for i, (_, _, task) in enumerate(items) if not (official and task.finalize)]
+        if pooled:
+            for i, new, row in zip(pooled, *self._pooled([items[i] for i in pooled])):
+                news[i], rows[i] = new, row
+        final = [i for i in range(len(items)) if i not in pooled]
+        if final:
+            for i, new in zip(final, self._flow([items[i] for i in final], True)):
+                news[i] = new
         flow_s = _synchronized(self._device) - started
-        out = []
+        out, f0_frames = [], []
         for (stream, _, task), new in zip(items, news):
             t0 = time.perf_counter()
-            wav, _ = self.hift.inference(self.slots.staged(stream.slot, new), finalize=task.finalize)
-            audio = wav[0, self.slots.emitted[stream.slot]:].float().cpu().numpy()
+            wav, f0_known = self.vocoder.render(stream.slot, self.slots.staged(stream.slot, new),
+                                                self.slots.emitted[stream.slot], task.finalize)
+            audio = wav[0].float().cpu().numpy()
+            f0_frames.append(f0_known)
             out.append(RenderedChunk(audio=audio, mel=new, flow_s=flow_s, hift_s=time.perf_counter() - t0))
         # Every chunk made: only now does any stream move on (the render loop renders a failed call's
         # chunks again one by one, from the state they had).
-        for (stream, _, task), chunk in zip(items, out):
+        for (stream, _, task), chunk, row, f0_known in zip(items, out, rows, f0_frames):
             self.slots.commit(stream.slot, chunk.mel.size(2), chunk.audio.size)
+            self.vocoder.commit(stream.slot, f0_known)
+            if row is not None:
+                before = self.pool.own[stream.slot]
+                self.pool.advance(stream.slot, row)
+                if before <= self.pool.stream_frames < self.pool.own[stream.slot]:
+                    # From here on each chunk sees the voice prompt and the latest window of own frames only.
+                    log.warning("dit_context_slid", kept_frames=self.pool.stream_frames,
+                                own_frames=self.pool.own[stream.slot])
             stream.finished = task.finalize
             if task.finalize:
                 stream.close()
@@ -231,17 +279,11 @@ class DiTChunkRenderer:
 
     def _flow(self, items: Sequence[tuple[DiTChunkStream, Sequence[int], ChunkTask]],
               finalize: bool) -> list[torch.Tensor]:
-        """The official flow call of each item's chunk (prompt + tokens [0, token_end) re-rendered), all in
-        one solve: rows right-padded to the longest and masked (tts_core/flow/sampler.py). Returns each
-        item's new frames (1, 80, n) float32, from 2 x token_offset on."""
+        """The official full-attention final call of each item (prompt + all its tokens re-rendered), all
+        in one solve: rows right-padded to the longest and masked (tts_core/flow/sampler.py). Returns each
+        item's new frames (1, 80, n) float32, from 2 x token_offset on. Only with `official_final`."""
         flow, ratio = self.flow, self.flow.cfg.token_mel_ratio
-        conditions = []
-        for stream, tokens, task in items:
-            if len(tokens) < task.token_end:
-                raise ValueError(f"chunk {task.index} needs {task.token_end} tokens, {len(tokens)} exist")
-            token = torch.tensor([list(tokens[:task.token_end])], dtype=torch.long, device=self._device)
-            p = stream.prompt
-            conditions.append(flow.condition(token, p.token, p.feat, p.embedding, finalize))
+        conditions = [self._condition(stream, tokens, task) for stream, tokens, task in items]
         frames = max(c.mu.size(2) for c in conditions)
         rows = len(conditions)
         mu = torch.zeros(rows, flow.cfg.output_size, frames, device=self._device, dtype=self.dtype)
@@ -255,6 +297,33 @@ class DiTChunkRenderer:
         mel = sampler.solve(sampler.noise(frames, self.dtype), mu, mask, spks, cond, attn_mask)
         return [mel[row:row + 1, :, c.prompt_frames + ratio * task.token_offset:c.mu.size(2)]
                 for row, (c, (_, _, task)) in enumerate(zip(conditions, items))]
+
+    def _condition(self, stream: DiTChunkStream, tokens: Sequence[int], task: ChunkTask) -> FlowConditioning:
+        if len(tokens) < task.token_end:
+            raise ValueError(f"chunk {task.index} needs {task.token_end} tokens, {len(tokens)} exist")
+        token = torch.tensor([list(tokens[:task.token_end])], dtype=torch.long, device=self._device)
+        p = stream.prompt
+        return self.flow.condition(token, p.token, p.feat, p.embedding, task.finalize)
+
+    def _pooled(self, items: Sequence[tuple[DiTChunkStream, Sequence[int], ChunkTask]]
+                ) -> tuple[list[torch.Tensor], list[DiTRow]]:
+        """Each item's chunk, chunk-masked, from its stream's kept frames (`DiTContextPool`): only the
+        frames after the stream's last kept chunk go through the DiT, all items in one solve (rows
+        right-padded). Returns each item's new frames (1, 80, n) float32 and its pool row (kept frames
+        become the stream's at `DiTContextPool.advance`)."""
+        ratio = self.flow.cfg.token_mel_ratio
+        conditions = [self._condition(stream, tokens, task) for stream, tokens, task in items]
+        rows = [self.pool.row(stream.slot, c.mu.size(2), keep=not task.finalize)
+                for (stream, _, task), c in zip(items, conditions)]
+        n = max(r.end - r.start for r in rows)
+        mu = torch.zeros(len(rows), self.flow.cfg.output_size, n, device=self._device, dtype=self.dtype)
+        cond = torch.zeros_like(mu)
+        for i, (r, c) in enumerate(zip(rows, conditions)):
+            mu[i, :, :r.end - r.start], cond[i, :, :r.end - r.start] = c.mu[0, :, r.start:], c.cond[0, :, r.start:]
+        mel = self.pool.solve(rows, mu, cond, torch.cat([c.spks for c in conditions]))
+        news = [mel[i:i + 1, :, c.prompt_frames + ratio * task.token_offset - r.start:r.end - r.start]
+                for i, (r, c, (_, _, task)) in enumerate(zip(rows, conditions, items))]
+        return news, rows
 
 
 def _synchronized(device: torch.device) -> float:

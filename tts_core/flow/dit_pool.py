@@ -1,0 +1,285 @@
+"""DiTContextPool: CosyVoice3's DiT memory of earlier frames for many streams, so that a streaming
+chunk renders only its new frames (CosyVoice2's `context_pool.py` for the DiT estimator).
+
+In streaming mode the DiT's attention is chunk-causal (chunks of `static_chunk_size` frames counted
+from the prompt's first frame, all left chunks visible) and its position convolutions are causal, so
+a frame of a finished chunk comes out the same in every later streaming call (golden README:
+`stream_calls` chunks 1-2 equal `mel_stream_full`). A later call needs, per Euler step and guidance
+row, only:
+- per block, the rotated keys and the values of every earlier frame (kept here: K and V rather than
+  CosyVoice2's re-projected block inputs, because re-projecting a DiT context of C frames costs
+  ~4.2 MFLOP a frame per layer against ~17 for a new frame: more than the new frames once C > 4 N);
+- per position convolution (two, kernel 31), its input at the 30 frames before the call: the pool
+  keeps both convolutions' inputs for every kept frame (2 x dim, ~4 % of the K/V).
+
+One frame costs steps x 2 rows x (depth x 2 x heads x dim_head + 2 dim) values: 10 x 2 x (22 x 2048 +
+2048) x 2 bytes = 1.88 MB in bf16 at full size (`frame_bytes`).
+
+Frames live on one flat frame axis: per voice the prompt frames every stream of that voice shares
+(the complete chunks before the first frame whose mu the stream's own tokens reach through the
+pre-lookahead convolution; computed once when the voice is added), per stream slot a ring of
+`stream_frames` own frames, one all-zero frame (before the sequence start) and one trash frame
+(padding and unkept frames write there). A stream keeps its latest `stream_frames` own frames,
+those a call writes included: exact while a segment's own frames fit, beyond that each chunk sees
+the voice prompt and the segment's latest frames only (as CosyVoice2's `flow_context_frames`).
+
+Only complete chunks are kept: a call renders from the stream's last chunk boundary (recomputing an
+unfinished chunk's frames, which will see more keys once the chunk fills) and keeps frames up to the
+last boundary it reaches. The official schedule (prompt + first hop a multiple of the chunk, then
+multiples of it) starts and ends every non-final call on a boundary, so nothing is recomputed.
+
+Bookkeeping is host-side: a slot's counts belong to the thread rendering that slot's stream (a
+stream is rendered by one lane at a time), voices are added under the renderer's voice lock; calls
+of several lanes touch disjoint frames (all may write the trash frame, which nothing reads). A call's device work reads only index tensors built before it, so a
+batch bucket (rows, context keys, new frames) could be captured in one CUDA graph (docs/PERF_NOTES.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.nn import functional as F
+
+from tts_core.flow.dit import POS_CONV_KERNEL, DiTEstimator, _norm, apply_rotary
+from tts_core.flow.sampler import FlowSampler, euler_times
+
+LEFT = POS_CONV_KERNEL - 1  # frames of left context each position convolution reads
+
+
+@dataclass(frozen=True)
+class DiTRow:
+    """One stream's share of a batched call: compute frames [start, end) (absolute, from the prompt's
+    first frame) seeing `context` (pool frames of every earlier kept frame), keep frames
+    [start, start + len(keep)) at the pool frames `keep` (the trash frame for any beyond the window),
+    reading the position convolutions' left context from `left` (LEFT pool frames: those of frames
+    start-30 .. start-1, the zero frame before 0)."""
+
+    start: int
+    end: int
+    context: list[int]
+    keep: list[int]
+    left: list[int]
+
+
+@dataclass
+class _Voice:
+    offset: int  # first pool frame of its shared prompt frames
+    frames: int  # shared prompt frames (complete chunks)
+
+
+def frame_bytes(estimator: DiTEstimator, steps: int, element_bytes: int) -> int:
+    """Pool bytes one kept frame costs (all Euler steps, both guidance rows)."""
+    cfg = estimator.cfg
+    return steps * 2 * (cfg.depth * 2 * cfg.heads * cfg.dim_head + 2 * cfg.dim) * element_bytes
+
+
+def shared_prompt_frames(prompt_frames: int, prompt_tokens: int, token_mel_ratio: int, lookahead: int,
+                         chunk: int) -> int:
+    """Frames of a voice prompt that every stream renders the same: the complete chunks before the first
+    frame whose mu depends on the stream's tokens (the last `lookahead` prompt tokens see them)."""
+    if prompt_frames != prompt_tokens * token_mel_ratio:
+        raise ValueError(f"prompt mel has {prompt_frames} frames, its {prompt_tokens} tokens need "
+                         f"{prompt_tokens * token_mel_ratio}")
+    independent = max(0, prompt_frames - token_mel_ratio * lookahead)
+    return independent // chunk * chunk
+
+
+class DiTContextPool:
+    def __init__(self, sampler: FlowSampler, stream_slots: int, stream_frames: int, voice_frames: int,
+                 device: torch.device, dtype: torch.dtype) -> None:
+        est = sampler.estimator
+        if not isinstance(est, DiTEstimator):
+            raise TypeError("DiTContextPool needs a DiT estimator")
+        self.sampler, self.est = sampler, est
+        cfg = est.cfg
+        self.chunk = cfg.static_chunk_size
+        if self.chunk <= 0 or cfg.num_decoding_left_chunks >= 0:
+            raise ValueError("the DiT pool needs chunk-causal attention over all left chunks "
+                             f"(static_chunk_size {cfg.static_chunk_size}, left chunks {cfg.num_decoding_left_chunks})")
+        if stream_frames < self.chunk or stream_frames % self.chunk:
+            raise ValueError(f"stream_frames {stream_frames} must be a positive multiple of the chunk ({self.chunk})")
+        self.steps = sampler.n_timesteps
+        self.stream_slots, self.stream_frames, self.voice_capacity = stream_slots, stream_frames, voice_frames
+        self.inner = cfg.heads * cfg.dim_head
+        base = voice_frames
+        self._stream_base = base
+        self.zero = base + stream_slots * stream_frames
+        self.trash = self.zero + 1
+        self.total_frames = self.trash + 1
+        # (layer, step, guidance row, k|v, frame, channels) and (step, guidance row, conv 1|2, frame, dim)
+        self.kv = torch.zeros(cfg.depth, self.steps, 2, 2, self.total_frames, self.inner, device=device, dtype=dtype)
+        self.pos = torch.zeros(self.steps, 2, 2, self.total_frames, cfg.dim, device=device, dtype=dtype)
+        self.device, self.dtype = device, dtype
+        self._voices: dict[object, _Voice] = {}
+        self._voice_used = 0
+        self.own = [0] * stream_slots  # own frames kept so far (from the voice's shared frames on)
+        self.voice_of: list[_Voice | None] = [None] * stream_slots
+
+    @property
+    def nbytes(self) -> int:
+        return self.kv.numel() * self.kv.element_size() + self.pos.numel() * self.pos.element_size()
+
+    # --- voices -----------------------------------------------------------------------------------
+    def has_voice(self, key: object) -> bool:
+        return key in self._voices
+
+    def add_voice(self, key: object, frames: int, mu: torch.Tensor, cond: torch.Tensor, spks: torch.Tensor) -> None:
+        """Render and keep a voice's shared prompt frames [0, frames) (mu, cond (1, 80, >= frames), spks
+        (1, 80)); every stream of `key` then starts from them. Space is never given back: a changed voice
+        is added again under a new key (stale ones stay until the pool is rebuilt)."""
+        if frames % self.chunk:
+            raise ValueError(f"shared prompt frames {frames} must be whole chunks of {self.chunk}")
+        if self._voice_used + frames > self.voice_capacity:
+            raise ValueError(f"the DiT pool holds {self.voice_capacity} shared prompt frames; voice needs "
+                             f"{frames} more than the {self.voice_capacity - self._voice_used} left")
+        voice = _Voice(self._voice_used, frames)
+        if frames:
+            keep = list(range(voice.offset, voice.offset + frames))
+            row = DiTRow(0, frames, [], keep, [self.zero] * LEFT)
+            self.solve([row], mu[:, :, :frames], cond[:, :, :frames], spks)
+        self._voice_used += frames
+        self._voices[key] = voice
+
+    @property
+    def voice_frames_left(self) -> int:
+        return self.voice_capacity - self._voice_used
+
+    # --- stream slots -----------------------------------------------------------------------------
+    def start_stream(self, slot: int, voice_key: object) -> None:
+        self.own[slot] = 0
+        self.voice_of[slot] = self._voices[voice_key]
+
+    def kept_until(self, slot: int) -> int:
+        """Absolute frame up to which the stream's frames are kept (the next call starts there)."""
+        return self.voice_of[slot].frames + self.own[slot]
+
+    def _own_frame(self, slot: int, j: int) -> int:
+        return self._stream_base + slot * self.stream_frames + j % self.stream_frames
+
+    def _frame(self, slot: int, position: int) -> int:
+        voice = self.voice_of[slot]
+        if position < 0:
+            return self.zero
+        if position < voice.frames:
+            return voice.offset + position
+        return self._own_frame(slot, position - voice.frames)
+
+    def row(self, slot: int, end: int, keep: bool) -> DiTRow:
+        """The call row that renders the slot's frames from its last kept frame to `end`, keeping the
+        complete chunks it reaches when `keep` (the stream goes on)."""
+        voice, own = self.voice_of[slot], self.own[slot]
+        start = voice.frames + own
+        if end <= start:
+            raise ValueError(f"nothing to render: frames kept up to {start}, asked up to {end}")
+        kept = (end // self.chunk * self.chunk - start) if keep else 0
+        first_own = max(0, own + kept - self.stream_frames)  # own frames this call's writes do not overwrite
+        context = list(range(voice.offset, voice.offset + voice.frames))
+        context += [self._own_frame(slot, j) for j in range(first_own, own)]
+        # Read before this call writes anything (per step and convolution), so always the latest frames.
+        left = [self._frame(slot, p) for p in range(start - LEFT, start)]
+        # A call keeping more than the window (a long prompt the voice pool could not hold) keeps its latest
+        # frames only: two frames of one call never share a ring place.
+        writes = [self._own_frame(slot, own + j) if j >= kept - self.stream_frames else self.trash
+                  for j in range(kept)]
+        return DiTRow(start, end, context, writes, left)
+
+    def advance(self, slot: int, row: DiTRow) -> None:
+        """The row's call succeeded: its kept frames are the stream's now."""
+        self.own[slot] += len(row.keep)
+
+    @property
+    def slid(self) -> list[bool]:
+        return [own > self.stream_frames for own in self.own]
+
+    # --- the batched solve ------------------------------------------------------------------------
+    @torch.inference_mode()
+    def solve(self, rows: list[DiTRow], mu: torch.Tensor, cond: torch.Tensor, spks: torch.Tensor) -> torch.Tensor:
+        """Render each row's frames [start, end) through every Euler step: mu, cond (B, 80, N) (row b's
+        frames at [0, end - start), right-padded), spks (B, 80). Returns the mel (B, 80, N) float32;
+        keeps each row's `keep` frames' keys, values and convolution inputs in the pool."""
+        est, dev = self.est, self.device
+        b, n = len(rows), mu.size(2)
+        c = max((len(r.context) for r in rows), default=0)
+        # Checked on the host: nothing in the solve waits for the device.
+        if max(r.end - r.start for r in rows) != n:
+            raise ValueError(f"mu has {n} frames; the longest row needs {max(r.end - r.start for r in rows)}")
+        if max(r.end for r in rows) > self.sampler.rand_noise.size(2):
+            raise ValueError(f"utterance exceeds the flow's {self.sampler.rand_noise.size(2)}-frame noise buffer")
+        lengths = torch.tensor([r.end - r.start for r in rows]).to(dev)
+        ctx_idx = torch.full((b, c), self.zero, dtype=torch.long)
+        ctx_ok = torch.zeros(b, c, dtype=torch.bool)
+        write_idx = torch.full((b, n), self.trash, dtype=torch.long)
+        for i, r in enumerate(rows):
+            ctx_idx[i, :len(r.context)] = torch.tensor(r.context, dtype=torch.long)
+            ctx_ok[i, :len(r.context)] = True
+            write_idx[i, :len(r.keep)] = torch.tensor(r.keep, dtype=torch.long)
+        left_idx = torch.tensor([r.left for r in rows], dtype=torch.long).to(dev)
+        ctx_idx, ctx_ok, write_idx = ctx_idx.to(dev), ctx_ok.to(dev), write_idx.to(dev)
+        starts = torch.tensor([r.start for r in rows]).to(dev)
+        local = torch.arange(n, device=dev)
+        valid = local[None] < lengths[:, None]  # (B, N)
+        positions = torch.where(valid, starts[:, None] + local[None], 0)
+        # New keys: valid, in the query's chunk or before (rows start on a chunk boundary), or the query
+        # itself (a padded query must see a key: an all-masked row would make NaN values).
+        rel_chunk = torch.div(local, self.chunk, rounding_mode="floor")
+        see_new = (valid[:, None, :] & (rel_chunk[None, None, :] <= rel_chunk[None, :, None])) | torch.eye(
+            n, dtype=torch.bool, device=dev)[None]
+        attn_mask = torch.cat([ctx_ok[:, None, :].expand(-1, n, -1), see_new], dim=2)[:, None]  # (B, 1, N, C+N)
+        attn_mask = attn_mask.repeat(2, 1, 1, 1)
+        angles = (positions.to(est.rotary_embed.inv_freq.dtype)[..., None]
+                  * est.rotary_embed.inv_freq).repeat_interleave(2, dim=-1).repeat(2, 1, 1)  # (2B, N, dh)
+        x = self.sampler.rand_noise[0][:, positions].permute(1, 0, 2).to(self.dtype)  # noise (B, 80, N)
+
+        # Guidance rows: [0, B) conditioned, [B, 2B) with mu, cond and spks zeroed (as FlowSampler.solve).
+        zeros = torch.zeros_like(mu)
+        mu_in = torch.cat([mu, zeros]).to(self.dtype).transpose(1, 2)
+        cond_in = torch.cat([cond, zeros]).to(self.dtype).transpose(1, 2)
+        spks_in = torch.cat([spks, torch.zeros_like(spks)]).to(self.dtype)
+        flat_ctx = ctx_idx.reshape(-1)
+        flat_write = write_idx.reshape(-1)
+        cfg_rate = self.sampler.cfg_rate
+        for step, (t, dt) in enumerate(euler_times(self.steps, self.sampler.scheduler, dev, self.dtype)):
+            x_in = torch.cat([x, x]).transpose(1, 2)
+            v = self._estimate(step, x_in, mu_in, cond_in, spks_in, t.expand(2 * b), attn_mask, angles,
+                               flat_ctx, left_idx, flat_write, b, c, n)
+            v_cond, v_uncond = v.chunk(2)
+            x = x + dt * ((1.0 + cfg_rate) * v_cond - cfg_rate * v_uncond)
+        return x.float()
+
+    def _estimate(self, step: int, x: torch.Tensor, mu: torch.Tensor, cond: torch.Tensor, spks: torch.Tensor,
+                  t: torch.Tensor, attn_mask: torch.Tensor, angles: torch.Tensor, ctx: torch.Tensor,
+                  left: torch.Tensor, write: torch.Tensor, b: int, c: int, n: int) -> torch.Tensor:
+        """The DiT forward of the new frames (2B, N, C) at one Euler step -> velocity (2B, 80, N)."""
+        est = self.est
+        t_emb = est.time_embed(t)
+        emb = est.input_embed
+        h = emb.proj(torch.cat([x, cond, mu, spks[:, None, :].expand(-1, n, -1)], dim=-1))  # (2B, N, dim)
+        conv_in = h
+        for k, conv in enumerate((emb.conv_pos_embed.conv1, emb.conv_pos_embed.conv2)):
+            store = self.pos[step, :, k]  # (2, F, dim)
+            past = store[:, left.reshape(-1)].reshape(2 * b, LEFT, -1)
+            store.index_put_((torch.arange(2, device=self.device)[:, None], write[None]),
+                             conv_in.reshape(2, b * n, -1))
+            conv_in = conv(torch.cat([past, conv_in], dim=1).transpose(1, 2)).transpose(1, 2)
+        h = conv_in + h
+        halves = torch.arange(2, device=self.device)[:, None]
+        for layer, block in enumerate(est.transformer_blocks):
+            shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = block.attn_norm(t_emb)
+            xn = _norm(h) * (1 + scale_msa) + shift_msa
+            attn = block.attn
+            q = apply_rotary(attn.to_q(xn), angles)
+            k = apply_rotary(attn.to_k(xn), angles)
+            v = attn.to_v(xn)
+            kv = self.kv[layer, step]  # (2, 2, F, inner)
+            keys = torch.cat([kv[:, 0][:, ctx].reshape(2 * b, c, self.inner), k], dim=1)
+            values = torch.cat([kv[:, 1][:, ctx].reshape(2 * b, c, self.inner), v], dim=1)
+            kv[:, 0].index_put_((halves, write[None]), k.reshape(2, b * n, -1))
+            kv[:, 1].index_put_((halves, write[None]), v.reshape(2, b * n, -1))
+            q, keys, values = (y.unflatten(-1, (attn.heads, -1)).transpose(1, 2) for y in (q, keys, values))
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=attn_mask)
+            out = attn.to_out[0](out.transpose(1, 2).flatten(2))
+            h = h + gate_msa * out
+            h = h + gate_mlp * block.ff(_norm(h) * (1 + scale_mlp) + shift_mlp)
+        return est.proj_out(est.norm_out(h, t_emb)).transpose(1, 2)
+
