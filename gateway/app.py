@@ -226,7 +226,8 @@ def _engine_for(config):
     plans = config.worker_plans()
     if not plans:
         return engine, None
-    token = secrets.token_urlsafe(32)  # this gateway's own workers: a fresh secret per start
+    # this gateway's own workers: a fresh secret per start, unless other gateways of the host share them
+    token = engine_config.worker.token or secrets.token_urlsafe(32)
     links = {plan.name: engine.add_worker(plan.name, None, token=token) for plan in plans}
     try:
         supervisor = WorkerSupervisor(plans, token, on_listening=engine.worker_at,
