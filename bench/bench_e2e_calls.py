@@ -55,8 +55,8 @@ import numpy as np
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_calls import (cpu_seconds, free_port, gateway_config, histogram_of, late_share, metric, metric_of,  # noqa: E402
-                         scrape, wait_http)
+from bench_calls import (cpu_seconds, free_port, gateway_config, histogram_of, late_share,  # noqa: E402
+                         metric, metric_of, scrape, wait_http)
 from e2e_caller import PlannedCall, place_schedule  # noqa: E402
 from engine_log import job_events, serve_events  # noqa: E402
 
@@ -210,14 +210,14 @@ def mixed_schedule(cached: int, uncached: int, ramp_s: float, cached_user: str, 
     """`cached` calls to `cached_user` (a route whose prompt the cache holds) and `uncached` calls to `user`,
     each kind spread evenly over `ramp_s` seconds and interleaved (issue #32: cached calls beside uncached ones).
     With `also` (other gateway processes of the host, sharing the step's engine workers through engine.remote),
-    the calls go round-robin to the step's gateway (None) and those. With `hear_s`, every caller hangs up that
+    each kind's calls go round-robin to the step's gateway (None) and those. With `hear_s`, every caller hangs up that
     long after its first speech: calls last as long on every gateway, whatever length its engine made the prompt
     (and a caller that sends no RTP is not ended by the gateway's media.inactivity_timeout_s first)."""
-    planned = [(i * ramp_s / cached, cached_user) for i in range(cached)]
-    planned += [((j + 0.5) * ramp_s / uncached, user) for j in range(uncached)]
-    targets = [None, *also]
-    return [PlannedCall(index, at_s, who, hang_up_after_s=hear_s, sip=targets[index % len(targets)])
-            for index, (at_s, who) in enumerate(sorted(planned, key=lambda p: p[0]))]
+    targets = [None, *also]  # each kind round-robin on its own, so both kinds spread evenly
+    planned = [(i * ramp_s / cached, cached_user, targets[i % len(targets)]) for i in range(cached)]
+    planned += [((j + 0.5) * ramp_s / uncached, user, targets[j % len(targets)]) for j in range(uncached)]
+    return [PlannedCall(index, at_s, who, hang_up_after_s=hear_s, sip=sip)
+            for index, (at_s, who, sip) in enumerate(sorted(planned, key=lambda p: p[0]))]
 
 
 def clock_figures(before: str, after: str) -> dict:
@@ -295,7 +295,8 @@ async def run_step(schedule: list[PlannedCall], processes: int, rate: float, sip
     worker_cpu = sum(cpu_seconds(p) - wcpu0[p] for p in workers if Path(f"/proc/{p}").exists())
     body1 = await asyncio.to_thread(scrape, http_port)
     watched1 = [await asyncio.to_thread(w.read) for w in watch]
-    underruns = metric_of(body1, "gateway_playout_underruns_total") - metric_of(body0, "gateway_playout_underruns_total")
+    underruns = (metric_of(body1, "gateway_playout_underruns_total")
+                 - metric_of(body0, "gateway_playout_underruns_total"))
     jobs = engine_jobs(log_path, log_offset)
     answered = [c for c in results if c.status == 200]
     workers_row: dict = {}
