@@ -92,22 +92,22 @@ cache_dir=/tmp/product_cache
 rm -rf "$cache_dir"; mkdir -p "$cache_dir"
 if [ "$ENGINE" = cosyvoice2 ]; then
     engine_block="  name: cosyvoice2
-  worker: {port: $worker_port, token: $engine_token}
+  worker: {port: $worker_port, token: \"$engine_token\"}
 $(cosyvoice2_settings "$model")"
     # calls_multi's other gateways: the same engine block (so the same prompt cache keys) on the serve's worker
     shared_block="  name: cosyvoice2
   workers: 0
-  remote: {urls: [\"ws://127.0.0.1:$worker_port/v1/engine/stream\"], token: $engine_token}
+  remote: {urls: [\"ws://127.0.0.1:$worker_port/v1/engine/stream\"], token: \"$engine_token\"}
 $(cosyvoice2_settings "$model")"
     voice=bench_voice
 else
     engine_block="  name: instant
   workers: 1
-  worker: {port: $worker_port, slots: 256, token: $engine_token}
+  worker: {port: $worker_port, slots: 256, token: \"$engine_token\"}
   instant: {realtime: true, first_chunk_delay_ms: 70}"
     shared_block="  name: instant
   workers: 0
-  remote: {urls: [\"ws://127.0.0.1:$worker_port/v1/engine/stream\"], token: $engine_token}
+  remote: {urls: [\"ws://127.0.0.1:$worker_port/v1/engine/stream\"], token: \"$engine_token\"}
   instant: {realtime: true, first_chunk_delay_ms: 70}"
     voice=en
 fi
