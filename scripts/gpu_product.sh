@@ -254,6 +254,9 @@ if has_step calls_multi; then
     [ "${KAMAILIO:-auto}" != off ] && [ -x "$kamailio_bin" ] && front=kamailio
     say "calls_multi: $gateways gateway processes sharing the serve's engine worker, in front: $front"
     watch=("127.0.0.1:$sip_port,$http_port,$serve_pid"); also=("127.0.0.1:$sip_port"); extra_logs=()
+    # the serve's prompt on disk first, so the others' prerender is a hit, not a second render on the GPU
+    # shellcheck disable=SC2016  # $1 expands in the inner bash
+    timeout 300 bash -c 'until grep -qs "\"prerendered\"" "$1"; do sleep 0.5; done' _ "$out/serve.log"
     for ((i = 1; i < gateways; i++)); do
         read -r esip ehttp < <(free_ports udp tcp)
         low=$((10000 + (i - 1) * 3000))  # below the serve's 20000-30000 and the callers' ephemeral ports
