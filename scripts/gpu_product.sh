@@ -34,9 +34,9 @@
 # On the GPU host (the lead), about 450 s all told, estimated from earlier leases: wheels and model ~35 s, install
 # and doctor ~30, serve start-up ~70-120 (warm compiler cache), calls ~100 (its prompt prerendered first, real time),
 # calls_multi ~60, MRCP ~15, API ~80 (a play-URL miss is a whole render); each step has its own timeout. The curve
-# (~4 x 55 s) does not fit one 600-s command beside the rest: run it with calls alone (serve start-up + ~320 s):
+# (~4 x 55 s) does not fit one 600-s command beside the rest: run it alone (serve start-up and prerender + ~240 s):
 #   bash scripts/gpu_bench.sh bash scripts/gpu_product.sh "$OUT" install calls calls_multi latency
-#   bash scripts/gpu_bench.sh bash scripts/gpu_product.sh "$OUT" calls curve
+#   bash scripts/gpu_bench.sh bash scripts/gpu_product.sh "$OUT" curve
 # Dry run here on CPU (instant engine in a supervised worker, first chunk 70 ms; no model build, the
 # install script told the CUDA version; figures are the CPU box's, not the product's):
 #   ENGINE=instant CACHED_STEPS=40 UNCACHED=10 RAMP_S=4 HEAR_S=10 CURVE_STEPS="20 60" MRCP_ROUNDS=3 \
