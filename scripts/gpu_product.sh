@@ -217,7 +217,7 @@ fi
 # ended by the gateway's media.inactivity_timeout_s (60 s) first, since these callers send no RTP.
 calls_bench() {  # calls_bench OUT_JSON ARGS...: bench_e2e_calls.py against the serve
     local json="$1"; shift
-    timeout 330 $py bench/bench_e2e_calls.py --http-port "$http_port" --serve-pid "$serve_pid" \
+    timeout 420 $py bench/bench_e2e_calls.py --http-port "$http_port" --serve-pid "$serve_pid" \
         --serve-log "$out/serve.log" --start-timeout 240 --calls --user uncached --prompt-seconds 30 \
         --hear-s "${HEAR_S:-30}" --ramp-s "${RAMP_S:-15}" --out "$out/$json" "$@" > "$out/bench.stdout" 2>&1
     local code=$?; say "$json: exit $code"; [ "$code" = 0 ] || tail -20 "$out/bench.stdout"; rm -f "$out/bench.stdout"
