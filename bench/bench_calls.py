@@ -73,8 +73,13 @@ logging:
 """
 
 
-def metric(http_port: int, name: str) -> float:
-    body = urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=5).read().decode()
+def scrape(http_port: int) -> str:
+    """The gateway's /metrics page."""
+    return urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=5).read().decode()
+
+
+def metric_of(body: str, name: str) -> float:
+    """A metric's samples of a /metrics page, summed over their labels."""
     total = 0.0
     for line in body.splitlines():
         if line.startswith(name + " ") or line.startswith(name + "{"):
@@ -82,15 +87,23 @@ def metric(http_port: int, name: str) -> float:
     return total
 
 
-def histogram(http_port: int, name: str) -> dict[float, float]:
-    """Cumulative bucket counts of a Prometheus histogram: upper bound -> count."""
-    body = urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=5).read().decode()
+def metric(http_port: int, name: str) -> float:
+    return metric_of(scrape(http_port), name)
+
+
+def histogram_of(body: str, name: str, labels: str = "") -> dict[float, float]:
+    """Cumulative bucket counts of a Prometheus histogram on a /metrics page (of the series whose labels
+    include `labels`, e.g. 'generation="2"'): upper bound -> count."""
     buckets = {}
     for line in body.splitlines():
-        if line.startswith(name + "_bucket{"):
+        if line.startswith(name + "_bucket{") and labels in line:
             bound = line.split('le="', 1)[1].split('"', 1)[0]
             buckets[float(bound)] = float(line.rsplit(" ", 1)[1])
     return buckets
+
+
+def histogram(http_port: int, name: str) -> dict[float, float]:
+    return histogram_of(scrape(http_port), name)
 
 
 def late_share(before: dict[float, float], after: dict[float, float], bound: float) -> float:

@@ -10,7 +10,13 @@ later first speech than first packet), RTP arrival intervals, gaps over 60 ms, p
 gaps), 503 answers (with the reason the gateway gave), and beside first speech the engine's own first chunk
 (its workers' tts_job_done log lines; cosyvoice2 only). The gateway is started by the bench itself from a config
 (`--config`, or bench_calls' loopback config with `--engine` and `--workers`), with its CPU time read from
-/proc for the serve process and its engine workers separately.
+/proc for the serve process and its engine workers separately, and from its /metrics its packet clock's own
+lateness and skipped ticks and its full GC pauses (`clock_figures`): a stall the callers hear, named.
+
+Several gateway processes (`--also-sip`: round robin from the callers; or `--sip` a proxy in front, Kamailio):
+each answered call is put down to the gateway its 200's Contact names (`by_gateway`), with that process's CPU
+and /metrics figures for those given in `--watch`. Cached steps' callers can hang up `--hear-s` after their
+first speech, so calls last as long whatever length each engine made the prompt.
 
     python bench/bench_e2e_calls.py --engine instant --calls 1 50 100
     python bench/bench_e2e_calls.py --engine instant --first-chunk-delay-ms 70 --workers 1 --calls 1 1 1 1 1
@@ -41,6 +47,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -48,7 +55,8 @@ import numpy as np
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_calls import cpu_seconds, free_port, gateway_config, metric, wait_http  # noqa: E402
+from bench_calls import (cpu_seconds, free_port, gateway_config, histogram_of, late_share,  # noqa: E402
+                         metric, metric_of, scrape, wait_http)
 from e2e_caller import PlannedCall, place_schedule  # noqa: E402
 from engine_log import job_events, serve_events  # noqa: E402
 
@@ -198,31 +206,82 @@ def call_figures(results: list, jobs: list[dict]) -> dict:
 
 
 def mixed_schedule(cached: int, uncached: int, ramp_s: float, cached_user: str, user: str,
-                   also: list[tuple[str, int]] = ()) -> list[PlannedCall]:
+                   also: list[tuple[str, int]] = (), hear_s: float | None = None) -> list[PlannedCall]:
     """`cached` calls to `cached_user` (a route whose prompt the cache holds) and `uncached` calls to `user`,
     each kind spread evenly over `ramp_s` seconds and interleaved (issue #32: cached calls beside uncached ones).
-    With `also` (other gateway processes of the host), the cached calls go round-robin to the measured gateway
-    (None: the step's) and those; the uncached ones all to the measured gateway, which has the engine."""
-    targets = [None, *also]
+    With `also` (other gateway processes of the host, sharing the step's engine workers through engine.remote),
+    each kind's calls go round-robin to the step's gateway (None) and those. With `hear_s`, every caller hangs up that
+    long after its first speech: calls last as long on every gateway, whatever length its engine made the prompt
+    (and a caller that sends no RTP is not ended by the gateway's media.inactivity_timeout_s first)."""
+    targets = [None, *also]  # each kind round-robin on its own, so both kinds spread evenly
     planned = [(i * ramp_s / cached, cached_user, targets[i % len(targets)]) for i in range(cached)]
-    planned += [((j + 0.5) * ramp_s / uncached, user, None) for j in range(uncached)]
-    return [PlannedCall(index, at_s, who, sip=sip)
+    planned += [((j + 0.5) * ramp_s / uncached, user, targets[j % len(targets)]) for j in range(uncached)]
+    return [PlannedCall(index, at_s, who, hang_up_after_s=hear_s, sip=sip)
             for index, (at_s, who, sip) in enumerate(sorted(planned, key=lambda p: p[0]))]
+
+
+def clock_figures(before: str, after: str) -> dict:
+    """The gateway's own view of a step from two /metrics scrapes: its packet clock's slot ticks later than
+    2 / 10 / 20 ms (share), skipped ticks, and its cyclic GC's full collections (count, and how many held the
+    loop over 10 / 50 ms)."""
+    late0, late1 = (histogram_of(text, "gateway_packet_clock_lateness_seconds") for text in (before, after))
+    gc0, gc1 = (histogram_of(text, "gateway_gc_pause_seconds", 'generation="2"') for text in (before, after))
+    full = gc1.get(float("inf"), 0.0) - gc0.get(float("inf"), 0.0)
+    return {"clock_ticks": int(late1.get(float("inf"), 0.0) - late0.get(float("inf"), 0.0)),
+            **{f"clock_late_over_{ms}ms_pct": round(100 * late_share(late0, late1, ms / 1000), 3) if late1 else None
+               for ms in (2, 10, 20)},
+            "clock_skipped_ticks": int(metric_of(after, "gateway_packet_clock_skipped_ticks_total")
+                                       - metric_of(before, "gateway_packet_clock_skipped_ticks_total")),
+            "gc_full_collections": int(full),
+            **{f"gc_full_over_{ms}ms": int(full - (gc1.get(ms / 1000, 0.0) - gc0.get(ms / 1000, 0.0)))
+               for ms in (10, 50)}}
 
 
 CACHE_METRICS = ("gateway_prompt_cache_hits_total", "gateway_prompt_cache_misses_total")
 
 
+@dataclass(frozen=True)
+class Watched:
+    """A gateway process whose CPU time and /metrics a step reads (`--watch SIPHOST:PORT,HTTP_PORT,PID`)."""
+
+    sip: str
+    http_port: int
+    pid: int
+
+    @classmethod
+    def parse(cls, text: str) -> Watched:
+        sip, http_port, pid = text.split(",")
+        return cls(sip, int(http_port), int(pid))
+
+    def read(self) -> tuple[float, str]:
+        return cpu_seconds(self.pid), scrape(self.http_port)
+
+
+def gateway_row(calls: list, wall: float, before: tuple[float, str] | None, after: tuple[float, str] | None) -> dict:
+    """One gateway process over a step: what its callers heard and, when watched (`before`/`after` its CPU time
+    and /metrics), its CPU (seconds, share of one core, ms per answered call) and its clock and GC figures."""
+    if before is None or after is None:
+        return {"calls": len(calls), **call_figures(calls, [])}
+    answered = sum(1 for c in calls if c.status == 200)
+    cpu = after[0] - before[0]
+    return {"calls": len(calls), **call_figures(calls, []), "cpu_s": round(cpu, 2),
+            "cpu_core_share": round(cpu / wall, 3) if wall else None,
+            "cpu_ms_per_call": round(1000 * cpu / max(answered, 1), 1), **clock_figures(before[1], after[1])}
+
+
 async def run_step(schedule: list[PlannedCall], processes: int, rate: float, sip: tuple[str, int], gateway_pid: int,
-                   timeout_s: float, http_port: int, log_path: Path, kill: tuple[float, str] | None = None) -> dict:
+                   timeout_s: float, http_port: int, log_path: Path, kill: tuple[float, str] | None = None,
+                   watch: list[Watched] = ()) -> dict:
     """One step of the `schedule`d calls; with `kill` (seconds after the step began, worker name), that worker is
     killed with SIGKILL meanwhile and the row says how its calls and the others' fared (`by_worker`). A schedule
     calling several users has a row per user too (`by_user`), with the engine jobs of that user's calls (zero
-    for a cached prompt) and the prompt cache's hit and miss counts over the step."""
+    for a cached prompt); a step with cached calls has the prompt cache's hit and miss counts over the step.
+    Calls answered by several gateways (other processes, or behind a proxy) have a row per gateway
+    (`by_gateway`, keyed by the 200's Contact), with the CPU and /metrics figures of those in `watch`."""
     calls = len(schedule)
     workers = _children(gateway_pid)
-    underruns0 = await asyncio.to_thread(metric, http_port, "gateway_playout_underruns_total")
-    cache0 = {name: await asyncio.to_thread(metric, http_port, name) for name in CACHE_METRICS}
+    body0 = await asyncio.to_thread(scrape, http_port)
+    watched0 = [await asyncio.to_thread(w.read) for w in watch]
     cpu0, wcpu0 = cpu_seconds(gateway_pid), {p: cpu_seconds(p) for p in workers}
     log_offset = log_path.stat().st_size
     killer = None
@@ -234,7 +293,10 @@ async def run_step(schedule: list[PlannedCall], processes: int, rate: float, sip
     cpu = cpu_seconds(gateway_pid) - cpu0
     # The workers alive at the step's start that still are (a killed worker's CPU time leaves with it).
     worker_cpu = sum(cpu_seconds(p) - wcpu0[p] for p in workers if Path(f"/proc/{p}").exists())
-    underruns = await asyncio.to_thread(metric, http_port, "gateway_playout_underruns_total") - underruns0
+    body1 = await asyncio.to_thread(scrape, http_port)
+    watched1 = [await asyncio.to_thread(w.read) for w in watch]
+    underruns = (metric_of(body1, "gateway_playout_underruns_total")
+                 - metric_of(body0, "gateway_playout_underruns_total"))
     jobs = engine_jobs(log_path, log_offset)
     answered = [c for c in results if c.status == 200]
     workers_row: dict = {}
@@ -247,15 +309,15 @@ async def run_step(schedule: list[PlannedCall], processes: int, rate: float, sip
             group_jobs = [job for job in jobs if job["call_id"] in ids]
             workers_row["by_user"][user] = {"calls": len(group), "engine_jobs": len(group_jobs),
                                             **call_figures(group, group_jobs)}
-        workers_row["prompt_cache"] = {name.removeprefix("gateway_prompt_cache_"): int(
-            await asyncio.to_thread(metric, http_port, name) - cache0[name]) for name in CACHE_METRICS}
-    targets = {planned.index: planned.sip for planned in schedule}
-    if len(set(targets.values())) > 1:  # several gateway processes: what each one's callers heard
+    workers_row["prompt_cache"] = {name.removeprefix("gateway_prompt_cache_"): int(
+        metric_of(body1, name) - metric_of(body0, name)) for name in CACHE_METRICS}
+    by_gateway = {c.answered_by for c in answered}
+    if len(by_gateway) > 1 or watch:  # several gateway processes: what each one's callers heard
+        figures = {w.sip: (before, after) for w, before, after in zip(watch, watched0, watched1)}
         workers_row["by_gateway"] = {
-            "measured" if target is None else f"{target[0]}:{target[1]}": {
-                "calls": sum(1 for t in targets.values() if t == target),
-                **call_figures([c for c in results if targets[c.index] == target], [])}
-            for target in dict.fromkeys(targets.values())}
+            gateway: gateway_row([c for c in answered if c.answered_by == gateway], wall,
+                                 *figures.get(gateway, (None, None)))
+            for gateway in sorted(by_gateway | set(figures))}
     if kill is not None:
         assert killer is not None
         killed = await killer  # also waits for the worker to be back (for the next step)
@@ -268,6 +330,7 @@ async def run_step(schedule: list[PlannedCall], processes: int, rate: float, sip
     return {"calls": calls, "rate_per_s": rate, "wall_s": round(wall, 2), **call_figures(results, jobs),
             "underruns": int(underruns),
             "gateway_cpu_s": round(cpu, 2), "gateway_cpu_ms_per_call": round(1000 * cpu / max(len(answered), 1), 1),
+            "gateway_cpu_core_share": round(cpu / wall, 3), **clock_figures(body0, body1),
             "worker_cpu_s": round(worker_cpu, 2), "engine_workers": len(workers),
             "caller_processes": processes, "clock": "kernel SO_TIMESTAMPNS", **workers_row}
 
@@ -373,12 +436,14 @@ async def run_steps(args, sip: tuple[str, int], http_port: int, pid: int, log_pa
     steps = [([PlannedCall(i, i / rate, args.user) for i in range(calls)], rate) for calls, rate in zip(args.calls, rates)]
     for cached in args.cached_calls:
         also = [(host, int(port)) for host, port in (address.rsplit(":", 1) for address in args.also_sip)]
-        schedule = mixed_schedule(cached, args.uncached_calls, args.ramp_s, args.cached_user, args.user, also)
+        schedule = mixed_schedule(cached, args.uncached_calls, args.ramp_s, args.cached_user, args.user, also,
+                                  args.hear_s)
         steps.append((schedule, round(len(schedule) / args.ramp_s, 1)))
     for step, (schedule, rate) in enumerate(steps, start=1):
         processes = args.caller_processes or max(1, math.ceil(len(schedule) / CALLS_PER_CALLER))
         step_kill = kill if args.kill_steps is None or step in args.kill_steps else None
-        row = await run_step(schedule, processes, rate, sip, pid, timeout_s, http_port, log_path, step_kill)
+        row = await run_step(schedule, processes, rate, sip, pid, timeout_s, http_port, log_path, step_kill,
+                             [Watched.parse(text) for text in args.watch])
         print(json.dumps({k: v for k, v in row.items() if k != "per_call"}), flush=True)
         rows.append(row)
     return rows
@@ -433,8 +498,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sip", help="HOST:PORT of a gateway already serving (with --http-port, --serve-pid, "
                                       "--serve-log): measure it instead of starting one")
     parser.add_argument("--also-sip", nargs="*", default=[], metavar="HOST:PORT",
-                        help="other gateway processes of the host serving --cached-user's prompt too: a cached "
-                             "step's cached calls go round-robin to the measured gateway and these")
+                        help="other gateway processes of the host with the same routes and engine workers "
+                             "(engine.remote): a cached step's calls go round-robin to --sip and these")
+    parser.add_argument("--watch", nargs="*", default=[], metavar="SIPHOST:PORT,HTTP_PORT,PID",
+                        help="gateway processes whose CPU and /metrics (clock lateness, GC) each step's by_gateway "
+                             "row reports, by the SIP address their 200s' Contact names")
+    parser.add_argument("--hear-s", type=float, default=None,
+                        help="in cached steps, every caller hangs up this long after its first speech")
     parser.add_argument("--http-port", type=int, help="with --sip: its /metrics port")
     parser.add_argument("--serve-pid", type=int, help="with --sip: its pid (CPU time)")
     parser.add_argument("--rate", type=float, default=10.0, help="new calls per second")

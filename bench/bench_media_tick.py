@@ -109,6 +109,7 @@ def components() -> dict:
     buffer = PlayoutBuffer()
     buffer.push(np.tile(frame, 10_000), now=0.0)
     buffer.end_of_stream()
+    prompt = np.tile(frame, 1500)  # 30 s at 8 kHz
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sink.bind(("127.0.0.1", 0))
@@ -123,6 +124,8 @@ def components() -> dict:
         "float_to_pcm16_off_tick_us": timeit.timeit(lambda: g711.float_to_pcm16(float_frame), number=n) / n * 1e6,
         "rtp_pack_us": timeit.timeit(lambda: pack_header(0, 1, 2, 3, False) + packet[12:], number=n) / n * 1e6,
         "sendto_us": timeit.timeit(lambda: sock.sendto(packet, addr), number=n) / n * 1e6,
+        # Once per call, not per frame: a prompt cache hit (30 s, the whole prompt at once) into a call's buffer.
+        "cache_hit_push_30s_us": timeit.timeit(lambda: PlayoutBuffer().push(prompt, now=0.0), number=200) / 200 * 1e6,
     }
     sock.close()
     sink.close()

@@ -45,6 +45,7 @@ class CallResult:
     lost: int = 0  # packets missing from the RTP sequence numbers
     call_id: str = ""  # the SIP Call-ID (the engine's job logs carry it as call_id)
     bye_ns: int | None = None  # when the gateway's BYE arrived (time.time_ns(), as read)
+    answered_by: str = ""  # HOST:PORT of the 200's Contact: which gateway took the call (behind a proxy too)
 
 
 class RtpReceiver:
@@ -108,6 +109,25 @@ def _headers(message: bytes) -> dict[str, str]:
     return {line.split(":", 1)[0].strip().lower(): line.split(":", 1)[1].strip() for line in lines[1:] if ":" in line}
 
 
+def _host_port(contact: str) -> str:
+    """HOST:PORT of a Contact header's SIP URI (`<sip:user@host:port;params>`)."""
+    uri = contact[contact.find("<") + 1:contact.find(">")] if "<" in contact else contact
+    return uri.split(":", 1)[-1].split("@")[-1].split(";", 1)[0]
+
+
+def _dialog_target(answer: dict[str, str], target: str) -> tuple[str, str]:
+    """The Request-URI and Route header of the dialog's requests from its 2xx (RFC 3261 §12.1.2): the remote
+    Contact, and the Record-Route set reversed. Without Record-Route (no proxy, or one that did not record),
+    the requests go where the INVITE went, as before."""
+    record_route = answer.get("record-route", "")
+    if not record_route:
+        return target, ""
+    contact = answer.get("contact", "")
+    uri = contact[contact.find("<") + 1:contact.find(">")] if "<" in contact else contact.split(";", 1)[0]
+    routes = ", ".join(reversed([r.strip() for r in record_route.split(",")]))
+    return uri or target, f"Route: {routes}\r\n"
+
+
 async def place_call(index: int, sip: tuple[str, int], user: str, timeout_s: float,
                      hang_up_after_s: float | None = None) -> CallResult:
     """INVITE, ACK the final answer, then hear the prompt until the gateway's BYE (answered with 200);
@@ -125,6 +145,7 @@ async def place_call(index: int, sip: tuple[str, int], user: str, timeout_s: flo
     invite = (f"INVITE sip:{user}@{sip[0]}:{sip[1]} SIP/2.0\r\nVia: SIP/2.0/UDP 127.0.0.1:{port};branch={branch};rport\r\n"
               f"{common}To: <sip:{user}@{sip[0]}>\r\nCSeq: 1 INVITE\r\nContact: <sip:e2e@127.0.0.1:{port}>\r\n"
               f"Content-Type: application/sdp\r\nContent-Length: {len(sdp)}\r\n\r\n{sdp}").encode()
+    target, route = f"sip:{user}@{sip[0]}:{sip[1]}", ""  # the in-dialog Request-URI and Route header
     try:
         deadline = time.monotonic() + timeout_s
         call.invite_ns = time.time_ns()  # the kernel's receive timestamps are CLOCK_REALTIME
@@ -137,10 +158,14 @@ async def place_call(index: int, sip: tuple[str, int], user: str, timeout_s: flo
             if code < 200:
                 continue
             call.status, call.reason = code, data.split(b"\r\n", 1)[0][12:].decode(errors="replace")
-            to_header = _headers(data).get("to", "")
+            answer = _headers(data)
+            to_header = answer.get("to", "")
+            if code < 300:  # the dialog's requests follow its route set (a proxy that recorded its route)
+                target, route = _dialog_target(answer, target)
+                call.answered_by = _host_port(answer.get("contact", ""))
             ack_branch = branch if code >= 300 else branch + "-ack"  # RFC 3261 §17.1.1.3 / §13.2.2.4
-            sip_transport.sendto((f"ACK sip:{user}@{sip[0]}:{sip[1]} SIP/2.0\r\nVia: SIP/2.0/UDP 127.0.0.1:{port};"
-                                  f"branch={ack_branch};rport\r\n{common}To: {to_header}\r\nCSeq: 1 ACK\r\n"
+            sip_transport.sendto((f"ACK {target} SIP/2.0\r\nVia: SIP/2.0/UDP 127.0.0.1:{port};"
+                                  f"branch={ack_branch};rport\r\n{common}To: {to_header}\r\n{route}CSeq: 1 ACK\r\n"
                                   f"Content-Length: 0\r\n\r\n").encode(), sip)
             break
         if call.status != 200:
@@ -148,8 +173,8 @@ async def place_call(index: int, sip: tuple[str, int], user: str, timeout_s: flo
         while True:  # the gateway hangs up after its prompt (or this caller does, with hang_up_after_s)
             if (hang_up_after_s is not None and call.first_speech_ns is not None
                     and time.time_ns() - call.first_speech_ns >= hang_up_after_s * 1e9):
-                sip_transport.sendto((f"BYE sip:{user}@{sip[0]}:{sip[1]} SIP/2.0\r\nVia: SIP/2.0/UDP 127.0.0.1:{port};"
-                                      f"branch={branch}-bye;rport\r\n{common}To: {to_header}\r\nCSeq: 2 BYE\r\n"
+                sip_transport.sendto((f"BYE {target} SIP/2.0\r\nVia: SIP/2.0/UDP 127.0.0.1:{port};"
+                                      f"branch={branch}-bye;rport\r\n{common}To: {to_header}\r\n{route}CSeq: 2 BYE\r\n"
                                       f"Content-Length: 0\r\n\r\n").encode(), sip)
                 return call
             wait = max(deadline - time.monotonic(), 0.01)

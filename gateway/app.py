@@ -24,7 +24,7 @@ import structlog
 
 from connection_caps.budget import DescriptorBudget
 from engines.base import EngineSettingsError, EngineUnavailable, NoCapacity, SpeechEngine, SynthesisRequest
-from gateway import metrics
+from gateway import gc_pauses, metrics
 from gateway.call import CallSession
 from gateway.config import ConfigError, GatewayConfig
 from gateway.engine_watchdog import EngineWatchdog, WatchdogSettings
@@ -226,7 +226,8 @@ def _engine_for(config):
     plans = config.worker_plans()
     if not plans:
         return engine, None
-    token = secrets.token_urlsafe(32)  # this gateway's own workers: a fresh secret per start
+    # this gateway's own workers: a fresh secret per start, unless other gateways of the host share them
+    token = engine_config.worker.token or secrets.token_urlsafe(32)
     links = {plan.name: engine.add_worker(plan.name, None, token=token) for plan in plans}
     try:
         supervisor = WorkerSupervisor(plans, token, on_listening=engine.worker_at,
@@ -324,6 +325,7 @@ async def run(config, load_again: Callable[[], GatewayConfig] | None = None) -> 
         # view so a full collection mid-call has less to walk (a pause there is a late packet for every call).
         gc.collect()
         gc.freeze()
+        gc_pauses.watch()
         # engines that discover their voices at start (cosyvoice2, workers): refuse routes naming a missing one
         if not stop.is_set():
             config.check_voices(engine.voices())

@@ -62,6 +62,10 @@ class EngineWorkerSection(HttpCapsSection):
     # Connections past the caps kept for the gateways' links: admitted on probation, kept only if their request
     # head carries the engine token, so a flood of idle connections never locks a gateway out.
     link_reserve: int = Field(8, ge=1, le=1024)
+    # The engine token the supervised workers accept. Empty: a fresh secret per start, so only this gateway can
+    # use them. Set (with `port`): the other gateway processes of the host can share them, each with
+    # engine.remote.urls naming these ports and this token (README, "Several gateway processes on one host").
+    token: str = ""
 
     def listener_options(self) -> dict[str, Any]:
         """The worker's --http-limits (its listener's caps)."""
@@ -149,6 +153,9 @@ class EngineSection(Section):
         if port is not None and port + count - 1 > 65535:
             raise FieldProblem("worker.port", f"{count} workers listen on {port} to {port + count - 1}; "
                                               "the last must be at most 65535")
+        if self.worker.token and count and port is None:
+            raise FieldProblem("worker.token", "other gateways can share the supervised workers only at known "
+                                               "ports: set engine.worker.port too")
         if self.name == "remote" and not self.remote.urls:
             raise FieldProblem("remote.urls", "engine remote needs at least one worker URL")
         if self.name == "cosyvoice2":

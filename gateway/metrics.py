@@ -142,6 +142,20 @@ packet_clock_lateness_seconds = Histogram(
     buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05),
     registry=registry,
 )
+packet_clock_skipped_ticks_total = Counter(
+    "gateway_packet_clock_skipped_ticks_total",
+    "Packet clock slot ticks (2 ms each) skipped because the loop stalled past the catch-up bound: late packets "
+    "for the calls of those slots",
+    registry=registry,
+)
+gc_pause_seconds = Histogram(
+    "gateway_gc_pause_seconds",
+    "How long each cyclic garbage collection held the event loop, by generation (a full one walks every call's "
+    "objects: a stall for every call's packets)",
+    ["generation"],
+    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2),
+    registry=registry,
+)
 engine_first_chunk_seconds = Histogram(
     "tts_first_chunk_latency_seconds",
     "Time from opening an engine stream to its first audio chunk (the engine's share of first-packet latency)",

@@ -136,6 +136,7 @@ class PacketClock:
         slots, skipped = due_ticks(now, self._t0, self._next, self.max_catch_up * self.phases, self._slot_period)
         if skipped:
             self.skipped_ticks += skipped
+            metrics.packet_clock_skipped_ticks_total.inc(skipped)
             log.warning("packet_clock_skipped", slot_ticks=skipped,
                         behind_ms=round((now - self._t0 - self._next * self._slot_period) * 1000))
         for slot in slots:

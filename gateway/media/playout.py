@@ -97,7 +97,9 @@ class PlayoutBuffer:
         self._received += samples.size
         if samples.size:
             pcm = samples if samples.dtype == np.int16 else float_to_pcm16(samples)
-            self._buffer = np.concatenate((self._buffer[self._read :], pcm))
+            # Nothing left to play: keep the chunk itself. A cache hit is one array shared by every call playing
+            # that prompt (read only here), so a thousand hits of a 30-s prompt hold one copy, not 480 MB.
+            self._buffer = pcm if self.buffered == 0 else np.concatenate((self._buffer[self._read :], pcm))
             self._read = 0
         self._maybe_start()
 

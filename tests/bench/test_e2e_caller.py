@@ -14,8 +14,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
 
-from bench_e2e_calls import engine_jobs, first_chunk_stages  # noqa: E402
-from e2e_caller import CallResult, RtpReceiver  # noqa: E402
+from bench_e2e_calls import engine_jobs, first_chunk_stages, mixed_schedule  # noqa: E402
+from e2e_caller import CallResult, RtpReceiver, _dialog_target, _host_port  # noqa: E402
 
 PACE_S = 0.020
 
@@ -90,6 +90,38 @@ def test_the_bench_places_calls_from_two_caller_processes_and_merges_them(tmp_pa
     assert step["clock"] == "kernel SO_TIMESTAMPNS"
     assert 18.0 <= step["rtp_interval_p50_ms"] <= 22.0
     assert step["engine_first_chunk_p50_ms"] is None  # the instant engine logs no tts_job_done
+
+
+def test_a_cached_step_hangs_up_after_hear_s_and_reads_the_gateways_clock_and_gc(tmp_path: Path) -> None:
+    """The prompt is 3 s; every caller hangs up 1 s after its first speech, whatever the engine made."""
+    out = tmp_path / "e2e.json"
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_e2e_calls.py"), "--engine", "instant",
+                           "--calls", "--cached-calls", "4", "--uncached-calls", "0", "--ramp-s", "1", "--hear-s", "1",
+                           "--prompt-seconds", "3", "--start-timeout", "60", "--out", str(out)],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    step = json.loads(out.read_text())["steps"][0]
+    assert (step["answered"], step["prompt_cache"]["hits_total"]) == (4, 4)
+    assert 0.9 <= step["heard_s_p50"] <= 1.3
+    assert step["clock_ticks"] > 0 and step["clock_skipped_ticks"] >= 0 and step["gc_full_collections"] >= 0
+
+
+def test_a_mixed_step_spreads_every_call_round_robin_over_the_gateways() -> None:
+    other = ("127.0.0.1", 5070)
+    schedule = mixed_schedule(6, 2, 4.0, "cached", "uncached", [other], hear_s=30.0)
+    assert [p.sip for p in schedule].count(other) == 4
+    assert all(p.hang_up_after_s == 30.0 for p in schedule)
+    assert [p.user for p in schedule].count("uncached") == 2
+    assert {p.user for p in schedule if p.sip == other} == {"cached", "uncached"}  # both gateways use the engine
+
+
+def test_in_dialog_requests_follow_the_route_a_proxy_recorded() -> None:
+    answer = {"contact": "<sip:gw@127.0.0.1:5080;transport=udp>",
+              "record-route": "<sip:127.0.0.1:5060;lr;ftag=a>, <sip:10.0.0.1;lr>"}
+    assert _dialog_target(answer, "sip:cached@127.0.0.1:5060") == (
+        "sip:gw@127.0.0.1:5080;transport=udp", "Route: <sip:10.0.0.1;lr>, <sip:127.0.0.1:5060;lr;ftag=a>\r\n")
+    assert _dialog_target({"contact": "<sip:gw@127.0.0.1:5080>"}, "sip:x@h:1") == ("sip:x@h:1", "")
+    assert _host_port(answer["contact"]) == "127.0.0.1:5080"
 
 
 def test_killing_one_of_two_workers_mid_step_ends_only_its_calls_and_times_its_return(tmp_path: Path) -> None:

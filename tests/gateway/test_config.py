@@ -247,6 +247,8 @@ def test_a_speech_api_supervised_workers_cannot_serve_is_a_config_error_naming_b
     ({"engine.workers": 1, "engine.worker.api_port": 8090},
      "engine.worker.api_port: unknown field; the worker's one port is engine.worker.port"),
     ({"engine.workers": 3, "engine.worker.port": 65534}, "engine.worker.port: 3 workers listen on 65534 to 65536"),
+    ({"engine.workers": 1, "engine.worker.token": "shared"},
+     "engine.worker.token: other gateways can share the supervised workers only at known ports"),
 ])
 def test_worker_port_mistakes_name_their_key(overrides, expected):
     with pytest.raises(ConfigError) as caught:

@@ -1,7 +1,12 @@
-"""Failover behind Kamailio (sip_config/kamailio/): three `cosyvoice-gateway serve` processes in one
-dispatcher set, probed with OPTIONS every second, SIPp callers through Kamailio. When a gateway is full,
-killed or draining, new calls go to the others; with none left the caller gets 503 from Kamailio. Every
-call that is answered is spoken to (RTP arrives) and ended with BYE: none is answered and left silent.
+"""Gateways behind Kamailio (sip_config/kamailio/), SIPp callers through it.
+
+Failover: three `cosyvoice-gateway serve` processes in one dispatcher set, probed with OPTIONS every second.
+When a gateway is full, killed or draining, new calls go to the others; with none left the caller gets 503 from
+Kamailio. Every call that is answered is spoken to (RTP arrives) and ended with BYE: none is answered and left
+silent.
+
+One host, several gateway processes: one gateway owns the engine worker (engine.worker.port + token), the
+other speaks through that same worker (engine.remote), and Kamailio spreads the calls over both.
 """
 
 from __future__ import annotations
@@ -95,16 +100,57 @@ class HeldCall:
         self.sock.close()
 
 
-async def _call_through(proxy: tuple[str, int], workdir: Path, name: str) -> int:
+async def _call_through(proxy: tuple[str, int], workdir: Path, name: str, text: str = "short prompt") -> int:
     """One SIPp call through Kamailio; asserts it was answered, spoken to and ended with BYE."""
     recorder = await rtp_recorder()
     (workdir / name).mkdir()
     rc, errors = await run_sipp(SCENARIOS / "gw_listen.xml", proxy, workdir / name, service="1000", keys={
-        "text": "short prompt", "rtp_rx": str(recorder.port), "codec_pt": "0", "codec_name": "PCMU"})
+        "text": text, "rtp_rx": str(recorder.port), "codec_pt": "0", "codec_name": "PCMU"})
     recorder.transport.close()
     assert rc == 0, errors
     assert len(recorder.packets) >= 20, "answered but silent"
     return len(recorder.packets)
+
+
+async def _worker_metric(port: int, name: str) -> float:
+    def scrape() -> float:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+        return sum(sample.value for family in text_string_to_metric_families(text)
+                   for sample in family.samples if sample.name == name)
+    return await asyncio.to_thread(scrape)
+
+
+async def test_gateways_of_one_host_share_the_owners_engine_worker_behind_kamailio(tmp_path):
+    worker_port, token = free_port(socket.SOCK_STREAM), "host-shared-engine-token"
+    common = ("engine.instant.ms_per_char=40", "media.inactivity_timeout_s=0")
+    owner = await start_serve(tmp_path, None, *common, "engine.workers=1", f"engine.worker.port={worker_port}",
+                              f"engine.worker.token={token}", "media.rtp_port_range=44000-44499", engine="instant",
+                              log_name="owner.log")
+    other = None
+    kamailio = None
+    try:
+        await owner.wait_healthy()
+        # no engine of its own: everything it speaks comes from the owner's worker
+        other = await start_serve(tmp_path, None, *common, "engine.workers=0", f"engine.remote.token={token}",
+                                  f"engine.remote.urls=[ws://127.0.0.1:{worker_port}/v1/engine/stream]",
+                                  "media.rtp_port_range=44500-44999", engine="instant", log_name="other.log")
+        await other.wait_healthy()
+        assert await _worker_metric(worker_port, "tts_worker_links_open") == 2
+        kamailio, port = await _start_kamailio(tmp_path, [owner, other])
+        proxy = ("127.0.0.1", port)
+        await _until(lambda: _options_answered(proxy), "kamailio to listen")
+        opened = await _worker_metric(worker_port, "tts_worker_streams_opened_total")
+        for i in range(4):  # texts of their own: each call asks the engine (no prompt cache hit)
+            await _call_through(proxy, tmp_path, f"shared{i}", text=f"call number {i}")
+        assert [await _completed_calls(g) for g in (owner, other)] == [2, 2]
+        assert await _worker_metric(worker_port, "tts_worker_streams_opened_total") == opened + 4
+    finally:
+        if kamailio is not None and kamailio.returncode is None:
+            kamailio.send_signal(signal.SIGTERM)
+            await asyncio.wait_for(kamailio.wait(), 10)
+        for gateway in (other, owner):
+            if gateway is not None:
+                await gateway.stop()
 
 
 async def _start_kamailio(workdir: Path, gateways: list[ServeProcess]) -> tuple[asyncio.subprocess.Process, int]:

@@ -127,3 +127,28 @@ def test_at_16khz_frames_are_320_samples_and_delays_count_in_time() -> None:
     buffer.end_of_stream()
     frames = drain(buffer)
     assert [f.size for f in frames] == [320, 320, 320] and buffer.finished  # 680 left: the last 40 padded
+
+
+def test_a_cache_hit_plays_from_the_shared_prompt_not_a_copy_per_call() -> None:
+    """A thousand calls playing one cached 30-s prompt must not hold a thousand copies of it (480 MB)."""
+    prompt = ramp(16000)  # 2 s, the whole prompt at once as a hit hands it over
+    calls = [PlayoutBuffer(PlayoutSettings(initial_delay_ms=20)) for _ in range(3)]
+    for buffer in calls:
+        buffer.push(prompt, now=0.0)
+        buffer.end_of_stream()
+    for buffer in calls:
+        frames = drain(buffer)
+        assert np.shares_memory(frames[0], prompt)
+        assert np.array_equal(np.concatenate(frames), prompt)
+    assert (prompt == ramp(16000)).all()  # played, never written
+
+
+def test_a_chunk_arriving_while_audio_waits_is_appended_in_order() -> None:
+    buffer = PlayoutBuffer(PlayoutSettings(initial_delay_ms=20))
+    first = ramp(400)
+    buffer.push(first, now=0.0)
+    head = buffer.pop_frame()
+    buffer.push(ramp(400, 400), now=0.01)
+    buffer.end_of_stream()
+    assert np.array_equal(np.concatenate([head, *drain(buffer)])[:800], ramp(800))
+    assert np.array_equal(first, ramp(400))
