@@ -29,6 +29,15 @@ which worker served each call (the pid in the engine's tts_job_queued/_done line
 engine_worker_started), the killed worker's calls apart from the others' (early BYEs, gaps over 60 ms, RTP
 p99/max), and how long until /healthz (and the gateway's log) had that worker back.
 
+How long a call lasts: its route's text is sized to `--prompt-seconds` as the engine speaks it (`--prompt-length
+spoken`, bench/spoken_prompt.py). The instant engine speaks 60 ms a character. The full-size random CosyVoice
+model never stops on its own, so a text segment runs to 20 x its text tokens: a 30-s prompt is a one-segment text
+of 59 characters (39 tokens with the bench model's tokenizer) that every call speaks for 31.2 s (780 tokens), and
+the served config's `max_len` is raised to 1024 to hold its prefill and tokens (the start-up line `prompts` says
+what was sized and raised). So at `--rate 10` about 300 calls play at once. `--prompt-length chars` is the old
+sizing (60 ms a character for every engine): 500 characters, a 481-position prefill in max_len 768, and the KV room
+ended each 30-s cosyvoice2 call at 11.5 s (~115 playing at 10 calls/s).
+
 Results: bench/results/e2e_calls.json (one row per step).
 """
 
@@ -59,6 +68,7 @@ from bench_calls import (cpu_seconds, free_port, gateway_config, histogram_of, l
                          metric, metric_of, scrape, wait_http)
 from e2e_caller import PlannedCall, place_schedule  # noqa: E402
 from engine_log import job_events, serve_events  # noqa: E402
+from spoken_prompt import PROMPT_LENGTHS, BenchPrompts  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -381,14 +391,16 @@ def wait_serving(serve: subprocess.Popen, http_port: int, timeout_s: float, log_
     raise RuntimeError(f"serve not serving (exit code {serve.poll()}); its log ends:\n{tail}")
 
 
-def config_text(args, sip_port: int, http_port: int, prompt_chars: int, max_calls: int) -> str:
+def base_config(args, sip_port: int, http_port: int, max_calls: int) -> dict:
+    """The gateway config a bench serves, before its routes: `--config` (listen addresses and trunks replaced) or
+    bench_calls' loopback config, with the engine options of the arguments."""
     if args.config:
         config = yaml.safe_load(Path(args.config).read_text())
         config.setdefault("sip", {})["listen"] = f"127.0.0.1:{sip_port}"
         config.setdefault("http", {})["listen"] = f"127.0.0.1:{http_port}"
         config["trunks"] = [{"name": "bench", "allow": ["127.0.0.0/8"]}]
     else:
-        config = yaml.safe_load(gateway_config(sip_port, http_port, prompt_chars, max_calls, args.engine))
+        config = yaml.safe_load(gateway_config(sip_port, http_port, 1, max_calls, args.engine))
         if args.workers is not None:
             config["engine"]["workers"] = args.workers
         config["engine"].setdefault(args.engine, {})
@@ -401,21 +413,30 @@ def config_text(args, sip_port: int, http_port: int, prompt_chars: int, max_call
         config["engine"].pop("workers", None)
     if args.max_first_audio_ms:
         config["engine"].setdefault("admission", {})["max_first_audio_ms"] = args.max_first_audio_ms
+    return config
+
+
+def config_text(args, sip_port: int, http_port: int, prompt_s: float, max_calls: int) -> tuple[str, dict]:
+    """(the YAML a bench serves: `base_config` with the bench's routes, whose texts last `prompt_s` as the engine
+    speaks them (`--prompt-length`, spoken_prompt.py), what that sizing gave)."""
+    config = base_config(args, sip_port, http_port, max_calls)
+    prompts = BenchPrompts(config, args.prompt_length)
     # Every call of the bench route asks the engine: route texts are cached unless they say not, and with the
     # cache every call after the first would be a hit (an H100 open-loop run measured 3 ms first audio, GPU idle).
     # A cached step's route is rendered into the prompt cache at start.
-    config.setdefault("routes", []).insert(0, {"match": args.user, "text": ("bench prompt " * 200)[:prompt_chars],
+    config.setdefault("routes", []).insert(0, {"match": args.user, "text": prompts.text(prompt_s, "bench prompt "),
                                                "cache": False})
     if args.cached_calls:
         config["routes"].insert(0, {"match": args.cached_user, "prerender": True,
-                                    "text": ("cached prompt " * 200)[:prompt_chars]})
+                                    "text": prompts.text(prompt_s, "cached prompt ")})
         config["sip"]["flood"] = {"max_requests_per_s_per_source": 100000, "max_requests_per_s": 100000}
     # A supervised engine worker logs at info whatever this says (the supervisor passes no --log-level), but an
     # in-process cosyvoice2 (workers: 0) follows it, and its tts_job_done lines are info.
     # --kill-worker-at reads the supervisor's engine_worker_* lines (info) too.
     info = config["engine"].get("name") == "cosyvoice2" or args.kill_worker_at is not None or bool(args.cached_calls)
     config["logging"] = {"level": "info" if info else "warning"}
-    return yaml.safe_dump(config, allow_unicode=True)
+    sizing = prompts.fit(config)
+    return yaml.safe_dump(config, allow_unicode=True), sizing
 
 
 async def run_steps(args, sip: tuple[str, int], http_port: int, pid: int, log_path: Path,
@@ -459,7 +480,9 @@ async def main_async(args) -> dict:
         sip_port, http_port = free_port(), free_port(socket.SOCK_STREAM)
         cfg = Path(tmp) / "gateway.yaml"
         max_calls = max(args.calls + [c + args.uncached_calls for c in args.cached_calls]) + 50
-        cfg.write_text(config_text(args, sip_port, http_port, int(args.prompt_seconds / 0.06), max_calls))
+        text, sizing = config_text(args, sip_port, http_port, args.prompt_seconds, max_calls)
+        cfg.write_text(text)
+        print(json.dumps({"prompts": sizing}), flush=True)
         log_path = args.serve_log or Path(tmp) / "serve.log"
         serve = start_serve(cfg, log_path)
         try:
@@ -483,7 +506,8 @@ async def main_async(args) -> dict:
             stop_serve(serve)
     delay = f", first chunk delay {args.first_chunk_delay_ms:g} ms" if args.engine == "instant" and not args.config else ""
     return {"config": args.config or f"bench_calls loopback config, engine {args.engine}, workers {args.workers}{delay}",
-            "prompt_seconds": args.prompt_seconds, "machine": f"{os.cpu_count()} cores", "steps": rows}
+            "prompt_seconds": args.prompt_seconds, "prompts": sizing, "machine": f"{os.cpu_count()} cores",
+            "steps": rows}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -510,7 +534,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=10.0, help="new calls per second")
     parser.add_argument("--rates", type=float, nargs="+", default=None,
                         help="new calls per second for each step of --calls (instead of one --rate for all)")
-    parser.add_argument("--prompt-seconds", type=float, default=6.0)
+    parser.add_argument("--prompt-seconds", type=float, default=6.0, help="how long a call's prompt is spoken")
+    parser.add_argument("--prompt-length", choices=PROMPT_LENGTHS, default="spoken",
+                        help="spoken: the text lasts --prompt-seconds as the engine speaks it (cosyvoice2: the "
+                             "full-size random model, max_len raised to fit; spoken_prompt.py); chars: 60 ms a "
+                             "character for every engine (the benches before: a 30-s cosyvoice2 call ended at 11.5 s)")
     parser.add_argument("--engine", default="instant", help="without --config: instant, espeak or cosyvoice2")
     parser.add_argument("--workers", type=int, default=None, help="without --config: engine.workers")
     parser.add_argument("--first-chunk-delay-ms", type=float, default=0.0,

@@ -56,12 +56,13 @@ def official_final(flow: FlowModel, prompt: tuple, tokens: torch.Tensor) -> torc
     return mel
 
 
-def stream_calls(flow: FlowModel, prompt: tuple, tokens: torch.Tensor,
-                 schedule: ChunkSchedule) -> list[tuple[int, bool, torch.Tensor, float, float]]:
+def stream_calls(flow: FlowModel, prompt: tuple, tokens: torch.Tensor, schedule: ChunkSchedule,
+                 planner_class: type[ChunkPlanner] = ChunkPlanner,
+                 ) -> list[tuple[int, bool, torch.Tensor, float, float]]:
     """Our chunk calls for `tokens` (all of them known: the schedule as the LM would trigger it):
     (tokens read, finalize, new mel, seconds, FLOPs) per call."""
     renderer = IncrementalFlow(flow, *prompt)
-    planner = ChunkPlanner(schedule, prompt[0].size(1))
+    planner = planner_class(schedule, prompt[0].size(1))
     out = []
     while (task := planner.next_chunk(tokens.size(1), lm_finished=True)) is not None:
         started = time.perf_counter()

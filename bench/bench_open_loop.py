@@ -6,8 +6,10 @@ rate x prompt length), then a `--window` whose every arrival is measured to its 
 load until the window's requests are done (tail requests hang up at its end). Arrivals never wait for answers
 (arrivals.py), so a server that falls behind faces a growing queue instead of a politely slowing client, as it
 would in service. Each request's text is drawn (seeded) from `--prompt-seconds` (SIP) or `--api-prompt-seconds`
-(texts that long at the instant engine's 60 ms a character). One `serve` (bench_e2e_calls' config helpers:
-`--config`, or the loopback config with `--engine`/`--workers`) serves the whole sweep, two ways in:
+(texts that long as the engine speaks them: `--prompt-length`, spoken_prompt.py; at 30 s the full-size random
+CosyVoice model gets a 52-character text it speaks for 30.4 s, with max_len raised to 1024). One `serve`
+(bench_e2e_calls' config helpers: `--config`, or the loopback config with `--engine`/`--workers`) serves the whole
+sweep, two ways in:
 
   sip  raw-SIP calls from spawned callers (e2e_caller.py, RTP timed by the kernel): first audible audio (INVITE
        -> first RTP payload at or over -40 dBFS once G.711-decoded, audible.py), RTP intervals, gaps over 60 ms,
@@ -51,32 +53,33 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from api_stream import ApiResult, PlannedRequest, stream_requests  # noqa: E402
 from arrivals import TAIL, WINDOW, Arrival, plan_arrivals  # noqa: E402
 from bench_calls import free_port, metric  # noqa: E402
-from bench_e2e_calls import (compiled_graph_sets, config_text, first_chunk_stages, start_serve,  # noqa: E402
+from bench_e2e_calls import (base_config, compiled_graph_sets, first_chunk_stages, start_serve,  # noqa: E402
                              stop_serve, wait_serving, worker_names)
 from engine_log import job_events, serve_events  # noqa: E402
 from e2e_caller import CallResult, PlannedCall, place_schedule  # noqa: E402
 from open_loop_gate import GAP_MS, Outcome, highest_passing_rate, playback_underruns, run_figures  # noqa: E402
+from spoken_prompt import PROMPT_LENGTHS, BenchPrompts  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
-MS_PER_CHAR = 60.0  # the instant engine's default: a text of N characters is N x 60 ms of its audio
 CALLS_PER_CALLER = 100  # as bench_e2e_calls
 TAIL_SLACK_S = 5.0  # the tail outlasts the longest prompt by this: the window's last request's first audio
-
-
-def prompt_text(seconds: float) -> str:
-    return ("open loop prompt " * 400)[:int(seconds * 1000 / MS_PER_CHAR)]
 
 
 def route_user(seconds: float) -> str:
     return f"ol{round(seconds * 1000)}"
 
 
-def serve_config(args, sip_port: int, http_port: int, api_port: int, key: str) -> dict:
-    """bench_e2e_calls' config, plus a route per prompt length, the workers' speech API on `api_port` and
-    logging at info (the gateway's media_closed lines carry each call's underruns)."""
-    config = yaml.safe_load(config_text(args, sip_port, http_port, 1, args.max_calls))
+def serve_config(args, sip_port: int, http_port: int, api_port: int, key: str) -> tuple[dict, dict[float, str], dict]:
+    """(bench_e2e_calls' base config, plus a route per SIP prompt length, the workers' speech API on `api_port` and
+    logging at info (the gateway's media_closed lines carry each call's underruns); the speech API's text per
+    length; what the prompt sizing gave (spoken_prompt.BenchPrompts.fit))."""
+    config = base_config(args, sip_port, http_port, args.max_calls)
+    prompts = BenchPrompts(config, args.prompt_length)
+    words = "open loop prompt "
     # cache: false: every call asks the engine (route texts are kept by the prompt cache unless they say not)
-    config["routes"] = [{"match": route_user(s), "text": prompt_text(s), "cache": False} for s in args.prompt_seconds]
+    config["routes"] = [{"match": route_user(s), "text": prompts.text(s, words), "cache": False}
+                        for s in args.prompt_seconds]
+    api_texts = {s: prompts.text(s, words) for s in args.api_prompt_seconds}
     config.setdefault("sip", {}).setdefault("max_calls", args.max_calls)
     config["sip"]["flood"] = {"max_requests_per_s_per_source": 100000, "max_requests_per_s": 100000}
     if worker_names(config):
@@ -87,7 +90,7 @@ def serve_config(args, sip_port: int, http_port: int, api_port: int, key: str) -
         config["tts_api"] = {**config.get("tts_api", {}), "api_keys": [
             {"name": "openloop", "key": key, "max_streams": 100000}]}
     config["logging"] = {"level": "info"}
-    return config
+    return config, api_texts, prompts.fit(config)
 
 
 class MetricSampler:
@@ -180,8 +183,9 @@ async def run_sip(args, arrivals: list[Arrival], phases: tuple[float, float], si
             "calls_without_media_closed_line": sum(1 for c in measured if c.status == 200 and c.call_id not in closed)}
 
 
-async def run_api(args, arrivals: list[Arrival], end_s: float, urls: list[str], key: str) -> dict:
-    schedule = [PlannedRequest(a.index, a.at_s, prompt_text(a.prompt_s), end_s - a.at_s if a.phase == TAIL else None)
+async def run_api(args, arrivals: list[Arrival], end_s: float, urls: list[str], key: str,
+                  texts: dict[float, str]) -> dict:
+    schedule = [PlannedRequest(a.index, a.at_s, texts[a.prompt_s], end_s - a.at_s if a.phase == TAIL else None)
                 for a in arrivals]
     start_at = time.time() + 0.2
     shares = [stream_requests(url, key, schedule[i::len(urls)], start_at, args.api_sample_rate,
@@ -204,7 +208,8 @@ async def main_async(args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         sip_port, http_port, api_port = free_port(), free_port(socket.SOCK_STREAM), free_port(socket.SOCK_STREAM)
         key = secrets.token_hex(16)
-        config = serve_config(args, sip_port, http_port, api_port, key)
+        config, api_texts, report["prompts"] = serve_config(args, sip_port, http_port, api_port, key)
+        print(json.dumps({"prompts": report["prompts"]}), flush=True)
         report["engine"] = config["engine"].get("name")
         report["config"] = args.config or (f"bench_calls loopback config, engine {args.engine}, workers "
                                            f"{args.workers}, first chunk delay {args.first_chunk_delay_ms:g} ms")
@@ -233,7 +238,7 @@ async def main_async(args) -> dict:
                             figures = await run_sip(args, arrivals, (warmup, end_s), ("127.0.0.1", sip_port),
                                                     http_port, log_path)
                         else:
-                            figures = await run_api(args, arrivals, end_s, urls, key)
+                            figures = await run_api(args, arrivals, end_s, urls, key, api_texts)
                         row = {"rate_per_s": rate, "seed": seed, "warmup_s": warmup, "arrivals": len(arrivals),
                                **figures}
                         print(json.dumps({"mode": mode, **row}), flush=True)
@@ -254,9 +259,13 @@ def main(argv: list[str] | None = None) -> int:
                              "starts at the steady state's concurrency, rate x prompt length)")
     parser.add_argument("--window", type=float, default=300.0, help="seconds whose arrivals are measured")
     parser.add_argument("--prompt-seconds", type=float, nargs="+", default=[30.0],
-                        help="SIP: prompt lengths to draw from (seconds of audio at 60 ms a character)")
+                        help="SIP: prompt lengths to draw from (seconds of speech, sized by --prompt-length)")
     parser.add_argument("--api-prompt-seconds", type=float, nargs="+", default=[3.0, 10.0, 30.0],
                         help="speech API: text lengths to draw from (a mix: replies and announcements)")
+    parser.add_argument("--prompt-length", choices=PROMPT_LENGTHS, default="spoken",
+                        help="spoken: texts last their seconds as the engine speaks them (cosyvoice2: the full-size "
+                             "random model, max_len raised to fit); chars: 60 ms a character (before: a 30-s "
+                             "cosyvoice2 call ended at 11.5 s)")
     parser.add_argument("--max-first-audio-p95-ms", type=float, default=300.0)
     parser.add_argument("--api-sample-rate", type=int, default=24000, choices=[8000, 16000, 24000])
     parser.add_argument("--engine", default="instant", help="without --config: instant, espeak or cosyvoice2")
@@ -273,7 +282,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--start-timeout", type=float, default=900.0)
     parser.add_argument("--serve-log", type=Path, default=None, help="keep the gateway's log here")
     parser.add_argument("--out", type=Path, default=None, help="default bench/results/open_loop_<engine>.json")
-    parser.set_defaults(kill_worker_at=None, user="bench", cached_calls=[])  # bench_e2e_calls.config_text reads them
     args = parser.parse_args(argv)
     report = asyncio.run(main_async(args))
     out = args.out or RESULTS / f"open_loop_{report['engine']}.json"

@@ -29,11 +29,16 @@
 # carried compiler cache serves both; MAX_BATCH (slots, default 128) and FLOW_CONTEXT_S (default 13) change them
 # for every arrangement (300 calls of 30 s need ~300 slots: docs/PERF_NOTES.md "What a slot costs"; another
 # context length compiles other flow graphs, so the carried cache misses).
+# Prompts last as long as the random model speaks them (bench/spoken_prompt.py): a 30-s prompt is a text of 52-59
+# characters (38-39 tokens) that it speaks for 30.4-31.2 s, and the benches raise max_len from 768 to 1024 to hold
+# it (other decode graphs: the carried compiler cache misses them). PROMPT_LENGTH=chars sizes texts at 60 ms a
+# character as before (500 characters for 30 s in max_len 768: the KV room ended every call at 11.5 s).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck disable=SC1091  # scripts/gpu_engine.sh, from the repository root (the cd above)
 source scripts/gpu_engine.sh
 arrangement="$1"; out="$2"; shift 2
+prompt_length="${PROMPT_LENGTH:-spoken}"
 # FAMILY=3 (e.g. FAMILY=3 bash scripts/gpu_bench.sh bash scripts/gpu_e2e.sh workers "$OUT" 1 100): full-size random
 # CosyVoice3 weights instead (bench/full_model.py --family 3 from $COSYVOICE3_GOLDEN_DIR, default
 # ../shared/golden_cv3); the workers and in_process files are then named *_cv3, so a CosyVoice2 run keeps its own.
@@ -63,7 +68,7 @@ case "$arrangement" in
     workers2|openloop) workers_line="  worker: {port: 8090}" ;;
     instant)
         exec python3 bench/bench_e2e_calls.py --engine instant --calls "$@" --prompt-seconds 20 \
-            --out "$out/e2e_instant.json" ;;
+            --prompt-length "$prompt_length" --out "$out/e2e_instant.json" ;;
     *) echo "unknown arrangement $arrangement (workers, in_process, instant, workers2, openloop)" >&2; exit 2 ;;
 esac
 cat > "$config" <<YAML
@@ -79,6 +84,7 @@ if [ "$arrangement" = openloop ]; then
     # shellcheck disable=SC2086  # SEEDS and MODES are word lists
     exec python3 bench/bench_open_loop.py --config "$config" --rates "$@" --seeds ${SEEDS:-1 2 3} \
         --modes ${MODES:-sip api} --window "${WINDOW:-300}" --prompt-seconds 30 --api-prompt-seconds 3 10 30 \
+        --prompt-length "$prompt_length" \
         --out "$out/open_loop_cosyvoice2.json" --serve-log "$out/serve_openloop.log"
 fi
 if [ "$arrangement" = workers2 ]; then
@@ -95,11 +101,13 @@ if [ "$arrangement" = workers2 ]; then
             # shellcheck disable=SC2086  # FP16_CALLS is a word list
             timeout "${FP16_TIMEOUT_S:-420}" python3 bench/bench_e2e_calls.py --config "$out/e2e_fp16.yaml" --devices 1 \
                 --calls $FP16_CALLS --rate 10 \
-                --prompt-seconds 30 --out "$out/e2e_fp16.json" --serve-log "$out/serve_fp16.log" &
+                --prompt-seconds 30 --prompt-length "$prompt_length" \
+                --out "$out/e2e_fp16.json" --serve-log "$out/serve_fp16.log" &
             fp16_pid=$!
         fi
         python3 bench/bench_e2e_calls.py --config "$config" --devices 0 --calls "${@:1:$n1}" --rates "${rates[@]:0:$n1}" \
-            --prompt-seconds 30 --out "$out/e2e_gpu1.json" --serve-log "$out/serve_gpu1.log"
+            --prompt-seconds 30 --prompt-length "$prompt_length" \
+            --out "$out/e2e_gpu1.json" --serve-log "$out/serve_gpu1.log"
         [ -z "$fp16_pid" ] || wait "$fp16_pid" || echo "gpu_e2e: the fp16 run failed or ran out of time" >&2
     fi
     [ "$part" != gpu1 ] || exit 0
@@ -108,7 +116,9 @@ if [ "$arrangement" = workers2 ]; then
     # shellcheck disable=SC2206  # KILL_STEPS is a word list
     [ -n "${KILL_WORKER_AT:-}" ] && [ -n "${KILL_STEPS:-}" ] && kill+=(--kill-steps $KILL_STEPS)
     exec python3 bench/bench_e2e_calls.py --config "$config" --devices 0 1 --calls "$@" --rates "${rates[@]}" \
-        --prompt-seconds 30 --out "$out/e2e_gpu2.json" --serve-log "$out/serve_gpu2.log" "${kill[@]}"
+        --prompt-seconds 30 --prompt-length "$prompt_length" \
+        --out "$out/e2e_gpu2.json" --serve-log "$out/serve_gpu2.log" "${kill[@]}"
 fi
 exec python3 bench/bench_e2e_calls.py --config "$config" --calls "$@" --prompt-seconds 20 --rate 10 \
+    --prompt-length "$prompt_length" \
     --out "$out/e2e_$arrangement$tag.json" --serve-log "$out/serve_$arrangement$tag.log" "${then[@]}"

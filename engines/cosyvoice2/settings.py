@@ -34,6 +34,9 @@ class CosyVoice2Settings:
     # None: 50 for CosyVoice2 (measured: docs/PERF_NOTES.md), the official 100 for CosyVoice3, whose every
     # chunk re-renders the utterance so far (a larger hop means fewer re-renders).
     max_hop_tokens: int | None = None
+    # None: the official first hop (hop_tokens + the prompt's pad to a 25-token chunk; 28 decode steps to the
+    # first audio with the lookahead). Fewer: the first audio N + 3 steps in, its chunk rendered from a partial
+    # attention chunk (later frames unchanged); measured in docs/PERF_NOTES.md ("A shorter first hop").
     first_hop_tokens: int | None = None
     # Fixed: every request's flow and vocoder noise is the same (tests; the token draws are batched on
     # the device and do not follow it); None: random per request.
@@ -88,7 +91,7 @@ class CosyVoice2Settings:
                                               or not 0 <= values["first_chunk_lanes"] <= 8):
             raise ValueError(f"engine.cosyvoice2.first_chunk_lanes: {values['first_chunk_lanes']!r}; "
                              "a whole number from 0 (one lane renders everything) to 8")
-        for key in ("max_batch", "max_len", "hop_tokens", "max_hop_tokens"):
+        for key in ("max_batch", "max_len", "hop_tokens", "max_hop_tokens", "first_hop_tokens"):
             if values.get(key) is not None and int(values[key]) <= 0:
                 raise ValueError(f"engine.cosyvoice2.{key}: must be positive")
         return cls(**values)

@@ -266,7 +266,9 @@ def test_a_typo_in_the_cosyvoice2_block_is_a_one_line_error_at_load():
 
     for block, expected in [({"model_dir": "/m", "compile_flw": True}, "engine.cosyvoice2: unknown key(s) compile_flw"),
                             ({"model_dir": "/m", "dtype": "fp64"}, "engine.cosyvoice2.dtype: 'fp64'"),
-                            ({"compile_flow": True}, "engine.cosyvoice2.model_dir: required")]:
+                            ({"compile_flow": True}, "engine.cosyvoice2.model_dir: required"),
+                            ({"model_dir": "/m", "first_hop_tokens": 0},
+                             "engine.cosyvoice2.first_hop_tokens: must be")]:
         with pytest.raises(ConfigError) as caught:
             load_config(None, {"engine.name": "cosyvoice2", "engine.cosyvoice2": block})
         assert str(caught.value).startswith(expected), str(caught.value)

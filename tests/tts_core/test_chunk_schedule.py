@@ -1,5 +1,7 @@
 """The streaming chunk schedule: the official token counts per chunk, and per-request state."""
 
+import pytest
+
 from tts_core.streaming.chunk_schedule import ChunkPlanner, ChunkSchedule
 
 
@@ -51,3 +53,15 @@ def test_low_latency_first_hop():
     planner = ChunkPlanner(ChunkSchedule(first_hop_tokens=10), prompt_tokens=150)
     assert planner.tokens_needed() == 13
     assert planner.next_chunk(13, False).token_end == 13
+
+
+@pytest.mark.parametrize(("first_hop", "prompt_tokens"), [(8, 150), (10, 150), (12, 50), (15, 137), (30, 150)])
+def test_after_a_first_hop_off_the_chunk_grid_every_chunk_ends_on_it(first_hop: int, prompt_tokens: int):
+    # The flow attends in 25-token chunks from the prompt's start: the second chunk is cut (never beyond the
+    # usual 50-token hop) so that it and every later one end on a chunk, as the official schedule's do.
+    planner = ChunkPlanner(ChunkSchedule(first_hop_tokens=first_hop), prompt_tokens=prompt_tokens)
+    chunks = _drain(planner, 400)
+    offsets = [c.token_offset for c in chunks]
+    assert offsets[1] == first_hop
+    assert all((prompt_tokens + offset) % 25 == 0 for offset in offsets[2:])
+    assert 0 < offsets[2] - offsets[1] <= 50 and all(b - a == 50 for a, b in zip(offsets[2:-1], offsets[3:]))

@@ -7,11 +7,12 @@ rounding only (measured <= 3e-5 against the golden, <= 2e-5 against our own full
 
 from __future__ import annotations
 
-
 import pytest
+import torch
 
 from tts_core.flow import FlowModel
 from tts_core.flow.incremental import IncrementalFlow
+from tts_core.streaming.chunk_schedule import ChunkPlanner, ChunkSchedule
 
 TOL = 1e-4
 
@@ -70,3 +71,29 @@ def test_incremental_refuses_calls_after_the_final_one(flow: FlowModel, flow_cas
     renderer.render(flow_case["tokens"][:, :10], finalize=True)
     with pytest.raises(RuntimeError):
         renderer.render(flow_case["tokens"], finalize=True)
+
+
+def _streamed(flow: FlowModel, speaker: dict, tokens: torch.Tensor, schedule: ChunkSchedule) -> list[torch.Tensor]:
+    """Each chunk's new frames as the schedule renders `tokens` arriving one by one."""
+    renderer, chunks = _incremental(flow, speaker), []
+    planner = ChunkPlanner(schedule, speaker["flow_prompt_speech_token"].size(1))
+    for have in range(1, tokens.size(1) + 1):
+        while (task := planner.next_chunk(have, lm_finished=have == tokens.size(1))) is not None:
+            chunks.append(renderer.render(tokens[:, :task.token_end], task.finalize))
+    return chunks
+
+
+@pytest.mark.parametrize("first_hop", [8, 10, 15])
+def test_a_shorter_first_hop_changes_only_the_first_chunk(flow: FlowModel, flow_case: dict, speaker: dict,
+                                                          first_hop: int) -> None:
+    """`first_hop_tokens`: the first chunk ends inside an attention chunk, so its frames differ from the
+    official schedule's; every frame after it is the official schedule's (the second chunk ends on the grid)."""
+    tokens = flow_case["tokens"]
+    official = torch.cat(_streamed(flow, speaker, tokens, ChunkSchedule()), dim=2)
+    short = _streamed(flow, speaker, tokens, ChunkSchedule(first_hop_tokens=first_hop))
+    first = short[0].size(2)
+    assert first == first_hop * flow.cfg.token_mel_ratio
+    assert (short[0] - official[:, :, :first]).abs().max().item() > 10 * TOL
+    later = torch.cat(short[1:], dim=2)
+    assert later.shape == official[:, :, first:].shape
+    assert (later - official[:, :, first:]).abs().max().item() <= TOL

@@ -22,6 +22,7 @@ STEPS: list = []  # StepTiming of every decode iteration of the module's pipelin
 
 VOICE = "golden_speaker"
 SAMPLES_PER_TOKEN = 960
+YIELD_LEAD_S = 3.0  # a stream this far ahead of its listener yields decode steps (tests that set it)
 
 
 @pytest.fixture(scope="module")
@@ -384,11 +385,11 @@ def test_fast_path_renders_deferred_chunks_when_their_slack_runs_low(tiny_model_
 
 
 class _Launches:
-    """Records every decode step the runner launches: (its jobs, each job's lead then, whether a job
-    was waiting for its first chunk)."""
+    """Records every decode step the runner launches: (its jobs, each job's lead then, whether a live
+    job was waiting for its first chunk, the jobs with no first chunk yet)."""
 
     def __init__(self, pipeline: CosyVoice2Pipeline, monkeypatch) -> None:
-        self.steps: list[tuple[set[int], dict[int, float], bool]] = []
+        self.steps: list[tuple[set[int], dict[int, float], bool, set[int]]] = []
         scheduler = pipeline.scheduler
         runner, launch = scheduler.runner, scheduler.runner.launch
         token_s = SAMPLES_PER_TOKEN / 24_000
@@ -397,9 +398,10 @@ class _Launches:
             now = time.perf_counter()
             with scheduler._cond:
                 active = list(scheduler._active)
-                pressing = any(j.timings.first_chunk is None for j in active)
+                unheard = {id(j) for j in active if j.timings.first_chunk is None}
+                pressing = any(j.options.paced and id(j) in unheard for j in active)
                 leads = {id(j): j.lead_s(now, token_s) for j in active if j.generating}
-            self.steps.append(({id(job) for job, _ in batch}, leads, pressing))
+            self.steps.append(({id(job) for job, _ in batch}, leads, pressing, unheard))
             launch(batch, allow_stop)
 
         monkeypatch.setattr(runner, "launch", recording_launch)
@@ -411,40 +413,50 @@ def _played_in_time(job: SynthesisJob) -> bool:
     return all(c.at_s <= chunks[0].at_s + sum(x.audio_s for x in chunks[:i]) for i, c in enumerate(chunks[1:], 1))
 
 
+def _far_stream(pipeline: CosyVoice2Pipeline) -> tuple[SynthesisJob, CollectingSink]:
+    """A live stream submitted and now far ahead of its listener, still generating: its first chunk out
+    (1 s of audio) and 6 s more of tokens drawn. (12 s in all: the tiny model's CPU flow re-reads every
+    token, and a longer stream's later chunks take ~0.7 s, near the 0.8 s they are rendered ahead.)"""
+    sink = CollectingSink()
+    far = pipeline.make_job("A long request.", pipeline.voices.get(VOICE), sink, _forced(300))
+    ahead = _wait_for(far, lambda j: j.timings.first_chunk is not None and len(j.tokens) - j.tokens_rendered > 150)
+    pipeline.scheduler.submit(far)
+    assert ahead.wait(60)
+    assert not far.lm_finished  # still generating: it could step
+    return far, sink
+
+
+def _far_stream_recorded(pipeline: CosyVoice2Pipeline,
+                         monkeypatch) -> tuple[_Launches, SynthesisJob, CollectingSink]:
+    """`_far_stream` under `yield_lead_s` = YIELD_LEAD_S, every decode step recorded from its start."""
+    monkeypatch.setattr(pipeline.scheduler, "settings",
+                        dataclasses.replace(pipeline.scheduler.settings, yield_lead_s=YIELD_LEAD_S))
+    launches = _Launches(pipeline, monkeypatch)
+    return (launches, *_far_stream(pipeline))
+
+
 def test_streams_far_ahead_yield_decode_steps_to_a_first_chunk(pipeline: CosyVoice2Pipeline, monkeypatch) -> None:
     """Deadline-aware decoding (yield_lead_s): while a new call waits for its first chunk, a stream
     whose speech runs more than yield_lead_s ahead of its listener is left out of the decode steps,
     and only then; it is never starved: every chunk of both reaches its sink before the audio before
     it has played out."""
-    yield_lead_s = 3.0
-    monkeypatch.setattr(pipeline.scheduler, "settings",
-                        dataclasses.replace(pipeline.scheduler.settings, yield_lead_s=yield_lead_s))
-    launches = _Launches(pipeline, monkeypatch)
-    voice = pipeline.voices.get(VOICE)
-    far_sink, new_sink = CollectingSink(), _FirstChunkSink()
-    far = pipeline.make_job("A long request.", voice, far_sink, _forced(300))
-    # Far ahead: its first chunk out (1 s of audio) and 6 s more of tokens drawn. (12 s in all: the
-    # tiny model's CPU flow re-reads every token, and a longer stream's later chunks take ~0.7 s,
-    # near the 0.8 s they are rendered ahead.)
-    ahead = _wait_for(far, lambda j: j.timings.first_chunk is not None and len(j.tokens) - j.tokens_rendered > 150)
-    pipeline.scheduler.submit(far)
-    assert ahead.wait(60)
-    assert not far.lm_finished  # still generating: it could step
-    new = pipeline.make_job("A short one.", voice, new_sink, _forced(60))
+    launches, far, far_sink = _far_stream_recorded(pipeline, monkeypatch)
+    new_sink = _FirstChunkSink()
+    new = pipeline.make_job("A short one.", pipeline.voices.get(VOICE), new_sink, _forced(60))
     pipeline.scheduler.submit(new)
     assert new_sink.first_chunk.wait(60)
     assert sum(map(len, new_sink.wait(60))) == 60 * SAMPLES_PER_TOKEN
     assert sum(map(len, far_sink.wait(60))) == 300 * SAMPLES_PER_TOKEN
-    new_first = [(jobs, leads) for jobs, leads, pressing in launches.steps if id(new) in jobs and pressing]
+    new_first = [(jobs, leads) for jobs, leads, pressing, _ in launches.steps if id(new) in jobs and pressing]
     assert new_first, "the new call's first-chunk tokens were stepped"
     yielded = [leads[id(far)] for jobs, leads in new_first if id(far) in leads and id(far) not in jobs]
     assert yielded, "the far stream skipped the new call's first-chunk steps"
     # It yielded only while far ahead (a step's worth of slack for the time between choosing the
     # rows and launching them), and stepped beside the new call again once its lead ran low.
-    assert min(yielded) > yield_lead_s - 0.1
-    skipped = [leads[id(far)] for jobs, leads, pressing in launches.steps
+    assert min(yielded) > YIELD_LEAD_S - 0.1
+    skipped = [leads[id(far)] for jobs, leads, pressing, _ in launches.steps
                if pressing and id(far) in leads and id(far) not in jobs]
-    assert min(skipped) > yield_lead_s - 0.1
+    assert min(skipped) > YIELD_LEAD_S - 0.1
     assert _played_in_time(far) and _played_in_time(new)
 
 
@@ -454,18 +466,14 @@ def test_a_first_chunk_renders_with_no_step_beside_it_while_the_others_are_far_a
     and the only other stream is far ahead of its listener, no decode step runs beside that render;
     both still speak all their tokens."""
     monkeypatch.setattr(pipeline.scheduler, "settings", dataclasses.replace(
-        pipeline.scheduler.settings, yield_lead_s=3.0, first_chunk_hold_s=60.0))
+        pipeline.scheduler.settings, yield_lead_s=YIELD_LEAD_S, first_chunk_hold_s=60.0))
     armed = threading.Event()
     renders = _HeldRenders(pipeline, monkeypatch, lambda lane: lane.startswith("first-") and armed.is_set())
-    voice = pipeline.voices.get(VOICE)
-    far_sink, new_sink = CollectingSink(), CollectingSink()
-    far = pipeline.make_job("A long request.", voice, far_sink, _forced(300))
-    ahead = _wait_for(far, lambda j: j.timings.first_chunk is not None and len(j.tokens) - j.tokens_rendered > 150)
-    pipeline.scheduler.submit(far)
+    far, far_sink = _far_stream(pipeline)
+    new_sink = CollectingSink()
     try:
-        assert ahead.wait(60)
         armed.set()
-        new = pipeline.make_job("A short one.", voice, new_sink, _forced(60))
+        new = pipeline.make_job("A short one.", pipeline.voices.get(VOICE), new_sink, _forced(60))
         pipeline.scheduler.submit(new)
         assert renders.held.wait(60)  # the new call's first chunk is rendering (held), its tokens drawn
         time.sleep(0.1)  # the decoder runs one step ahead: let the step already in flight land
@@ -537,3 +545,73 @@ def _name_streams(job: SynthesisJob, name: str, streams: dict[int, str]) -> None
         start(planner, stream)
 
     job.start_rendering = start_and_record
+
+
+def test_an_unpaced_job_waiting_for_its_first_chunk_makes_no_stream_yield(pipeline: CosyVoice2Pipeline,
+                                                                         monkeypatch) -> None:
+    """Nobody hears a file's first chunk as it comes (`paced=False`): while only a file waits for its
+    first chunk, a live stream far ahead of its listener keeps stepping (beside the file's steps);
+    both speak all their tokens, the live stream in time."""
+    launches, far, far_sink = _far_stream_recorded(pipeline, monkeypatch)
+    file_sink = CollectingSink()
+    file = pipeline.make_job("A file to download.", pipeline.voices.get(VOICE), file_sink, _unpaced(60))
+    pipeline.scheduler.submit(file)
+    assert sum(map(len, file_sink.wait(60))) == 60 * SAMPLES_PER_TOKEN
+    assert sum(map(len, far_sink.wait(60))) == 300 * SAMPLES_PER_TOKEN
+    file_first = [(jobs, leads) for jobs, leads, _, unheard in launches.steps
+                  if id(file) in jobs and id(file) in unheard and id(far) in leads]
+    assert file_first, "the far stream was generating during the file's first-chunk steps"
+    assert max(leads[id(far)] for _, leads in file_first) > YIELD_LEAD_S  # it would have yielded to a live call
+    assert all(id(far) in jobs for jobs, _ in file_first)
+    assert _played_in_time(far)
+
+
+def test_a_file_s_decoding_is_not_paused_for_its_own_first_chunk(pipeline: CosyVoice2Pipeline,
+                                                                  monkeypatch) -> None:
+    """The first-chunk hold is for a caller waiting in silence: an unpaced job (a file) whose first
+    chunk renders (held here) goes on decoding to its end meanwhile; a hold of a minute would
+    otherwise stop it."""
+    monkeypatch.setattr(pipeline.scheduler, "settings",
+                        dataclasses.replace(pipeline.scheduler.settings, first_chunk_hold_s=60.0))
+    renders = _HeldRenders(pipeline, monkeypatch, lambda lane: lane.startswith("first-"))
+    sink = CollectingSink()
+    try:
+        file = pipeline.make_job("A file to download.", pipeline.voices.get(VOICE), sink, _unpaced(150))
+        lm_done = _wait_lm_finished(file)
+        pipeline.scheduler.submit(file)
+        assert renders.held.wait(60)
+        assert lm_done.wait(60)  # while its first chunk's render is still held
+        assert sink.chunks == [] and not renders.release.is_set()
+    finally:
+        renders.release.set()
+    assert sum(map(len, sink.wait(60))) == 150 * SAMPLES_PER_TOKEN
+
+
+def test_a_file_waits_while_a_live_call_s_first_chunk_renders(pipeline: CosyVoice2Pipeline, monkeypatch) -> None:
+    """A live call never waits for a file: while a new call's first chunk renders (held here) and it
+    needs no step, a file still decoding takes no step beside that render; once it is out, the file
+    goes on, and both speak all their tokens."""
+    monkeypatch.setattr(pipeline.scheduler, "settings", dataclasses.replace(
+        pipeline.scheduler.settings, yield_lead_s=0.0, first_chunk_hold_s=60.0))  # only the hold at work
+    armed = threading.Event()
+    renders = _HeldRenders(pipeline, monkeypatch, lambda lane: lane.startswith("first-") and armed.is_set())
+    voice = pipeline.voices.get(VOICE)
+    file_sink, live_sink = CollectingSink(), CollectingSink()
+    file = pipeline.make_job("A file to download.", voice, file_sink, _unpaced(600))
+    started = _wait_for(file, lambda j: j.timings.first_chunk is not None)
+    pipeline.scheduler.submit(file)
+    try:
+        assert started.wait(60)
+        armed.set()  # the next first chunk held is the live call's
+        live = pipeline.make_job("A live call.", voice, live_sink, _forced(60))
+        pipeline.scheduler.submit(live)
+        assert renders.held.wait(60)
+        time.sleep(0.1)  # the decoder runs one step ahead: let the step already in flight land
+        counts = len(file.tokens), len(live.tokens)
+        assert not file.lm_finished and counts[1] < 60
+        time.sleep(0.3)
+        assert (len(file.tokens), len(live.tokens)) == counts  # no step beside the live first chunk's render
+    finally:
+        renders.release.set()
+    assert sum(map(len, live_sink.wait(60))) == 60 * SAMPLES_PER_TOKEN
+    assert sum(map(len, file_sink.wait(60))) == 600 * SAMPLES_PER_TOKEN

@@ -179,9 +179,10 @@ class SynthesisJob:
         every generating job is held). Held while its first chunk's tokens are all drawn and that
         chunk is not handed off yet, for at most `hold_s`: the next tokens are not needed until that
         chunk has played for a while, and decode steps drawn for them would share the GPU with the
-        chunk's render, which a caller is waiting on."""
+        chunk's render, which a caller is waiting on. An unpaced job is never held: nobody waits on
+        its first chunk, and the file needs its next tokens at once."""
         due = self.timings.first_chunk_due
-        if due is None or self.timings.first_chunk is not None:
+        if not self.options.paced or due is None or self.timings.first_chunk is not None:
             return 0.0
         return max(0.0, due + hold_s - now)
 

@@ -53,12 +53,12 @@ class SchedulerSettings:
     # Decode and render threads on CUDA streams of their own (decode at the highest priority), so a
     # decode step never queues behind a flow call. False: all on the default stream.
     separate_streams: bool = True
-    # While every generating job waits for its first chunk, decoding pauses, at most this long per
-    # job (0: never), so those renders have the GPU ("decoding paused for a lone first chunk").
+    # While every generating live (paced) job waits for its first chunk, decoding pauses, at most this
+    # long per job (0: never), so those renders have the GPU ("decoding paused for a lone first chunk").
     first_chunk_hold_s: float = 0.3
-    # While a call waits for its first chunk, a stream more than this many seconds of speech ahead of
-    # its listener skips decode steps (0: never), so that call's steps and render have the GPU
-    # (runtime/step_rows.py). It must exceed `defer_slack_s` + a hop + lookahead (2.9 s by default),
+    # While a live (paced) call waits for its first chunk, a stream more than this many seconds of
+    # speech ahead of its listener skips decode steps (0: never), so that call's steps and render have
+    # the GPU (runtime/step_rows.py). It must exceed `defer_slack_s` + a hop + lookahead (2.9 s by default),
     # or a stream's next chunk could find its tokens missing.
     yield_lead_s: float = 4.0
     # Decode steps launched and not yet read when an iteration ends (0: each read at once); a row

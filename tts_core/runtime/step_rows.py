@@ -4,14 +4,18 @@ Every job knows how far its speech runs ahead of its listener (`SynthesisJob.lea
 and not yet played, plus its decoded tokens not yet rendered). The LM decodes many times faster than
 real time, so a stream a second or two past its first chunk is soon tens of seconds ahead; stepping it
 then buys nothing, while its rows and steps share the GPU with a new call that waits in silence. So,
-while some job still waits for its first chunk (a caller hears nothing yet):
+while some live job (`JobOptions.paced`) still waits for its first chunk (a caller hears nothing yet):
 - a stream more than `yield_lead_s` ahead skips the step; it steps again once its lead has fallen to
   that bound, whatever else is waiting, so it is never starved (its lead falls at one second per second,
   and a step adds a token's worth);
-- a job whose first chunk's tokens are all drawn is held while that chunk renders
-  (`SynthesisJob.held_for_first_chunk`, `first_chunk_hold_s`); if every job left to step is held, no
-  step runs and the render has the GPU.
-With no first chunk pending, every generating job steps (big batches: the cheapest way to get ahead).
+- a live job whose first chunk's tokens are all drawn is held while that chunk renders
+  (`SynthesisJob.held_for_first_chunk`, `first_chunk_hold_s`); if every live job left to step is held
+  (or none is left and one is held), no step runs and the render has the GPU. Unpaced jobs left to step
+  wait with them (for at most `first_chunk_hold_s`): a live call never waits for a file.
+With no live first chunk pending, every generating job steps (big batches: the cheapest way to get
+ahead). An unpaced job (audio collected whole: a play-URL miss, a prerender, a level calibration) never
+makes others yield or pause, nor is it held for its own first chunk: nobody hears that chunk as it
+comes, and the file needs its next tokens at once.
 
 Pure logic on the jobs' state, called under the scheduler's lock; it never touches the device.
 """
@@ -30,8 +34,10 @@ def step_rows(jobs: Sequence[SynthesisJob], now: float, hold_s: float, yield_lea
     generating = [job for job in jobs if job.generating]
     if not generating:
         return [], None
-    pressing = any(job.timings.first_chunk is None and job.slot is not None and not job.cancelled for job in jobs)
-    if not pressing:
+    waiting = [job for job in jobs
+               if job.options.paced and job.timings.first_chunk is None and job.slot is not None
+               and not job.cancelled]
+    if not waiting:
         return generating, None
     rows, resume = [], []
     for job in generating:
@@ -42,8 +48,9 @@ def step_rows(jobs: Sequence[SynthesisJob], now: float, hold_s: float, yield_lea
                 continue
         rows.append(job)
     if hold_s > 0 and rows:
-        held = [job.held_for_first_chunk(now, hold_s) for job in rows]
-        if all(left > 0 for left in held):
-            resume.extend(held)
+        held = {job: job.held_for_first_chunk(now, hold_s) for job in waiting}
+        live_rows = [job for job in rows if job.options.paced]
+        if any(left > 0 for left in held.values()) and all(held.get(job, 0.0) > 0 for job in live_rows):
+            resume.extend(left for left in held.values() if left > 0)
             rows = []
     return rows, (min(resume) if not rows and resume else None)

@@ -12,9 +12,11 @@ requests change each other's hop), every request owns its `ChunkPlanner`.
 
 Latency/quality trade-off of the knobs (all per-request):
 - `first_hop_tokens` (default: the official `hop_tokens` + prompt pad). Fewer tokens -> the first audio
-  needs fewer LLM decode steps (each ~40 ms of audio per token pair) and a shorter flow pass, so it
-  arrives sooner; but the flow's chunk masks then see a chunk boundary that the model was not trained
-  with at that offset, which can blur the first syllable. Keep it aligned (pad) unless you measured.
+  needs fewer LLM decode steps (N + lookahead instead of 28), so it arrives sooner; but the first chunk
+  then ends inside one of the flow's 25-token attention chunks, and its frames are rendered from that
+  partial chunk (tiny golden model: mean |log-mel| difference ~0.06 over the first chunk against the
+  official schedule's, bench/bench_first_hop.py, docs/PERF_NOTES.md). The second hop is cut so that it
+  ends on the chunk grid again, so every later frame is the official schedule's.
 - `hop_tokens`/`max_hop_tokens`: after the first chunk the playout buffer already holds >= 1 s, so the
   default grows the hop for quality and efficiency.
 """
@@ -61,13 +63,23 @@ class ChunkPlanner:
         pad = math.ceil(prompt_tokens / schedule.hop_tokens) * schedule.hop_tokens - prompt_tokens
         self._first_hop = schedule.first_hop_tokens or schedule.hop_tokens + pad
         self._hop = schedule.hop_tokens
+        self._prompt_tokens = prompt_tokens
         self.token_offset = 0
         self.chunks_emitted = 0
         self.done = False
 
     @property
     def next_hop(self) -> int:
-        return self._first_hop if self.chunks_emitted == 0 else self._hop
+        if self.chunks_emitted == 0:
+            return self._first_hop
+        if self.chunks_emitted == 1:
+            # After a first hop off the chunk grid (`first_hop_tokens`), end the second chunk on it again
+            # (at most the usual hop), so that no later call ends inside a chunk: the frames after the
+            # first chunk are then the official schedule's. On the grid already, this is the usual hop.
+            grid = self.schedule.hop_tokens
+            end = (self._prompt_tokens + self.token_offset + self._hop) // grid * grid - self._prompt_tokens
+            return end - self.token_offset
+        return self._hop
 
     def tokens_needed(self) -> int:
         """How many tokens must exist before the next non-final chunk can be rendered."""
