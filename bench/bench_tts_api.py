@@ -258,7 +258,10 @@ async def beside_engine(row: dict, name: str, engine_log: EngineLog | None, samp
 
 async def run(args: argparse.Namespace) -> dict:
     engine_settings = json.loads(args.engine_settings)
-    report: dict = {"engine": args.engine, "text_chars": len(TEXT), "host": platform.node(),
+    # Against --url the server's own engine answers, whatever --engine says (it only names the engine whose
+    # first chunk is timed alone here, when given).
+    engine_name = args.engine if args.url is None else f"the server at {args.url}"
+    report: dict = {"engine": engine_name, "text_chars": len(TEXT), "host": platform.node(),
                     "cpu_count": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M"), "scenarios": {}}
     child = None
     url, key = args.url, args.key
