@@ -332,7 +332,8 @@ class PooledFlow:
         ctx_len = min(own, ring)
         if ctx_len < own and not stream.slid:
             stream.slid = True
-            log.warning("flow_context_slid", kept_frames=ring, own_frames=own)
+            # The configured trade (flow_context_s), not a fault: every segment longer than it passes here.
+            log.info("flow_context_slid", kept_frames=ring, own_frames=own)
         left_src = stream.slot if own > 0 else (
             pool.voice_conv_slot(voice.slot) if voice.prefix_frames else pool.zero_slot)
         left_dst = stream.slot if commit > start else pool.trash_slot
