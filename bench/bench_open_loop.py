@@ -52,9 +52,9 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from api_stream import ApiResult, PlannedRequest, stream_requests  # noqa: E402
 from arrivals import TAIL, WINDOW, Arrival, plan_arrivals  # noqa: E402
-from bench_calls import free_port, metric  # noqa: E402
-from bench_e2e_calls import (base_config, compiled_graph_sets, first_chunk_stages, start_serve,  # noqa: E402
-                             stop_serve, wait_serving, worker_names)
+from bench_calls import free_port, metric, scrape  # noqa: E402
+from bench_e2e_calls import (base_config, clock_figures, compiled_graph_sets, first_chunk_stages,  # noqa: E402
+                             start_serve, stop_serve, wait_serving, worker_names)
 from engine_log import job_events, serve_events  # noqa: E402
 from e2e_caller import CallResult, PlannedCall, place_schedule  # noqa: E402
 from open_loop_gate import GAP_MS, Outcome, highest_passing_rate, playback_underruns, run_figures  # noqa: E402
@@ -161,8 +161,10 @@ async def run_sip(args, arrivals: list[Arrival], phases: tuple[float, float], si
     sampler, stop = MetricSampler(http_port), asyncio.Event()
     sampling = asyncio.create_task(sampler.run(stop))
     offset = log_path.stat().st_size
+    body0 = await asyncio.to_thread(scrape, http_port)
     started, results = await asyncio.to_thread(place_schedule, schedule, processes, sip,
                                                max(args.prompt_seconds) * 2 + 30)
+    body1 = await asyncio.to_thread(scrape, http_port)
     stop.set()
     await sampling
     closed = {e.get("call_id"): e.get("underruns") for e in serve_events(log_path, ("media_closed",), offset)}
@@ -179,7 +181,9 @@ async def run_sip(args, arrivals: list[Arrival], phases: tuple[float, float], si
         engine = {"engine_first_chunk_ms": {"p50": round(float(np.percentile(first, 50)), 1),
                                             "p95": round(float(np.percentile(first, 95)), 1), "jobs": len(jobs)},
                   "engine_first_chunk_stages_ms": first_chunk_stages(jobs)}
-    return {**figures, "caller_processes": processes, **engine,
+    # The gateway's own view over the whole run (warm-up to tail): a gap at the caller with the packet clock on
+    # time is the network's or the caller's; with the clock late or a long GC, the gateway's.
+    return {**figures, "caller_processes": processes, **engine, "gateway": clock_figures(body0, body1),
             "calls_without_media_closed_line": sum(1 for c in measured if c.status == 200 and c.call_id not in closed)}
 
 

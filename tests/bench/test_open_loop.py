@@ -164,3 +164,5 @@ def test_a_short_sweep_against_a_supervised_instant_serve_writes_a_valid_result_
         assert report[mode]["highest_passing_rate_per_s"] in (None, 2.0)
     assert report["sip"]["runs"][0]["calls_without_media_closed_line"] == 0  # each call's underruns were read
     assert report["sip"]["runs"][0]["window_underruns_server"] is not None
+    gateway = report["sip"]["runs"][0]["gateway"]  # the packet clock's own view, to tell whose a gap was
+    assert gateway["clock_ticks"] > 0 and 0 <= gateway["clock_late_over_20ms_pct"] <= 100
