@@ -87,6 +87,7 @@ class CosyVoice2Engine(SpeechEngine):
         from tts_core.runtime.pipeline import startup_stages
         from tts_core.streaming.chunk_schedule import ChunkSchedule
 
+        from tts_core.accel.device_memory import DeviceMemoryShort
         from tts_core.model_dir import ModelDir
 
         s = self.settings
@@ -97,15 +98,20 @@ class CosyVoice2Engine(SpeechEngine):
         device, dtype = s.resolve()
         graphs, encoder_tokens = s.fast_path(device)
         started = time.perf_counter()
-        pipeline = CosyVoice2Pipeline.load(
-            s.model_dir, device=device, dtype=dtype, voices_dir=s.voices_dir, max_batch=s.max_batch, max_len=s.max_len,
-            schedule=ChunkSchedule(hop_tokens=s.hop_tokens, max_hop_tokens=s.max_hop_for(family),
-                                   first_hop_tokens=s.first_hop_tokens),
-            fast=SchedulerSettings(graphs=graphs, flow_encoder_tokens=encoder_tokens,
-                                   flow_context_frames=s.flow_context_frames, compile_flow=s.compile_flow,
-                                   compile_hift=s.compile_hift, slot_attention=s.slot_attention,
-                                   first_chunk_lanes=s.first_chunk_lanes),
-            llm_fp8=s.llm_fp8)
+        try:
+            pipeline = CosyVoice2Pipeline.load(
+                s.model_dir, device=device, dtype=dtype, voices_dir=s.voices_dir, max_batch=s.max_batch, max_len=s.max_len,
+                schedule=ChunkSchedule(hop_tokens=s.hop_tokens, max_hop_tokens=s.max_hop_for(family),
+                                       first_hop_tokens=s.first_hop_tokens),
+                fast=SchedulerSettings(graphs=graphs, flow_encoder_tokens=encoder_tokens,
+                                       flow_context_frames=s.flow_context_frames, compile_flow=s.compile_flow,
+                                       compile_hift=s.compile_hift, slot_attention=s.slot_attention,
+                                       first_chunk_lanes=s.first_chunk_lanes),
+                llm_fp8=s.llm_fp8)
+        except DeviceMemoryShort as exc:  # refused before the pool's allocation: one line naming the keys, exit 2
+            raise EngineSettingsError("engine.cosyvoice2.max_batch", s.max_batch,
+                                      f"with flow_context_s {s.flow_context_s}: {exc}; lower max_batch or "
+                                      "flow_context_s") from None
         try:
             if not pipeline.voices.names():
                 raise ValueError(f"engine.cosyvoice2: no voices in {s.model_dir} (add one with `voice add`)")

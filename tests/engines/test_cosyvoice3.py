@@ -91,3 +91,14 @@ def test_a_directory_that_is_not_a_usable_model_is_refused_in_one_line(tiny3_mod
     with pytest.raises(EngineSettingsError, match=expected) as refused:
         asyncio.run(engine.start())
     assert refused.value.key == "engine.cosyvoice2.model_dir" and "\n" not in str(refused.value)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA only: host memory is not checked")
+def test_slots_and_context_too_large_for_the_gpu_are_refused_in_one_line_naming_the_keys(tiny3_model_dir: Path) -> None:
+    # 1,000 slots x 300 s of kept frames: the tiny model's DiT pool alone ~225 GB, past any GPU (its LM's KV
+    # rows stay ~0.1 GB), refused before the pool is allocated
+    engine = CosyVoice2Engine(model_dir=str(tiny3_model_dir), device="cuda", max_batch=1000,
+                              flow_context_s=300.0, warmup=False)
+    with pytest.raises(EngineSettingsError, match=r"needs .* GiB but the device has .* GiB free") as refused:
+        asyncio.run(engine.start())
+    assert refused.value.key == "engine.cosyvoice2.max_batch" and "\n" not in str(refused.value)

@@ -188,3 +188,4 @@ def test_a_kept_frame_costs_frame_bytes(flow3: DiTFlowModel) -> None:
     pool = _pool(flow3, slots=2, stream_frames=100)
     assert pool.total_frames == 400 + 2 * 100 + 2  # voices, stream rings, the zero and trash frames
     assert pool.nbytes == pool.total_frames * frame_bytes(flow3.decoder.estimator, pool.steps, 4)
+    assert pool.planned_bytes == pool.nbytes  # what the start-up check asked the device for

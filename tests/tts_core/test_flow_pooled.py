@@ -229,3 +229,10 @@ def test_a_compiled_estimator_step_serves_every_euler_step_and_changes_nothing(f
                 pool = node.args[0]
                 assert not [n for n in nodes[position:] if n.target in reads and n.args[0] is pool], \
                     f"{pool} is read after it is written in\n{graph}"
+
+
+def test_the_pool_asks_the_device_for_exactly_what_it_allocates(flow: FlowModel, speaker: dict) -> None:
+    """The start-up check (tts_core/accel/device_memory.py) is made of the pool's own plan: a GPU refuses a
+    pool too large for it before torch fails the allocation with sizes that name neither slots nor context."""
+    pooled, _ = _pooled(flow, speaker)
+    assert pooled.pool.planned_bytes == pooled.pool.nbytes()

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from tts_core.accel.device_memory import check_device_fits
 from tts_core.flow.estimator import CausalConv1d, FlowEstimator, SelfAttention
 from tts_core.flow.frame_cache import KeysValues
 
@@ -102,6 +103,12 @@ class FlowContextPool:
         attention = [m for m in estimator.modules() if isinstance(m, SelfAttention)]
         convs = [m for m in estimator.modules() if isinstance(m, CausalConv1d)]
         self.slots = slots
+        element = torch.empty(0, dtype=dtype).element_size()
+        self.planned_bytes = element * (
+            sum(steps * 2 * self.frames * m.to_q.in_features for m in attention)
+            + sum(steps * 2 * slots * m.in_channels * (m.kernel_size[0] - 1) for m in convs)
+            + (shape.voice_slots * shape.prompt_frames + 1 + shape.voice_slots) * mel_bins)
+        check_device_fits("the CosyVoice2 flow context pool", self.planned_bytes, device)
         self.conv_widths = sorted({m.kernel_size[0] - 1 for m in convs})
         # Per SelfAttention: block inputs, rows (step, g, frame); per CausalConv1d: input states,
         # rows (step, g, slot). Step k's rows start at k * 2 * frames (slots): CallIndex.at_step.

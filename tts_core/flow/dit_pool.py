@@ -39,6 +39,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from tts_core.accel.device_memory import check_device_fits
 from torch.nn import functional as F
 
 from tts_core.flow.dit import POS_CONV_KERNEL, DiTEstimator, _norm, apply_rotary
@@ -107,6 +109,8 @@ class DiTContextPool:
         self.zero = base + stream_slots * stream_frames
         self.trash = self.zero + 1
         self.total_frames = self.trash + 1
+        self.planned_bytes = self.total_frames * frame_bytes(est, self.steps, torch.empty(0, dtype=dtype).element_size())
+        check_device_fits("the CosyVoice3 DiT context pool", self.planned_bytes, device)
         # (layer, step, guidance row, k|v, frame, channels) and (step, guidance row, conv 1|2, frame, dim)
         self.kv = torch.zeros(cfg.depth, self.steps, 2, 2, self.total_frames, self.inner, device=device, dtype=dtype)
         self.pos = torch.zeros(self.steps, 2, 2, self.total_frames, cfg.dim, device=device, dtype=dtype)
