@@ -45,6 +45,9 @@ prompt_length="${PROMPT_LENGTH:-spoken}"
 family="${FAMILY:-2}"
 if [ "$family" = 3 ]; then
     model=/tmp/cosyvoice3_full_bench; tag=_cv3
+    # A CosyVoice3 slot keeps 1.8 MiB a frame of DiT keys/values (README): 128 slots x 13 s would be ~150 GiB, so
+    # fewer slots and a shorter kept context unless given (64 x 5 s: ~28 GiB, the voices' ~7 GiB beside it).
+    export MAX_BATCH="${MAX_BATCH:-64}" FLOW_CONTEXT_S="${FLOW_CONTEXT_S:-5}"
     if [ "$arrangement" != instant ] && [ ! -f "$model/spk2info.pt" ]; then
         python3 bench/full_model.py --family 3 --out "$model" --golden "${COSYVOICE3_GOLDEN_DIR:-../shared/golden_cv3}"
     fi
