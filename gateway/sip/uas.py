@@ -35,18 +35,7 @@ from gateway.sip.edge_replies import (
     stamp_via,
     warning,
 )
-from gateway.sip.inbound_call import (
-    ALLOW,
-    SDP_TYPE,
-    SUPPORTED,
-    CallEvent,
-    Confirmed,
-    Ended,
-    InboundCall,
-    UasServices,
-    contact_value,
-    offer_refusal,
-)
+from gateway.sip.inbound_call import CallEvent, Confirmed, Ended, InboundCall
 from gateway.sip.log_budget import LogBudget
 from gateway.sip.message import (
     ParseError,
@@ -70,6 +59,8 @@ from gateway.sip.transaction import (
     server_key,
 )
 from gateway.sip.transport import Peer, SipTransport, StreamLimits, advertised_host_for, resolve
+from gateway.sip.uas_headers import ALLOW, SDP_TYPE, SUPPORTED, contact_value, offer_refusal
+from gateway.sip.uas_services import UasServices
 
 ClientT = TypeVar("ClientT", bound=ClientTransaction)
 
