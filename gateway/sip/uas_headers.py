@@ -1,6 +1,6 @@
 """What the UAS says about itself and reads from a request's headers and body, as pure values: the methods we
-Allow and extensions we support (RFC 3261 §20.5, §20.37), our Contact URI (§8.1.1.8), the Request-URI's user,
-and whether a body is an SDP offer we can take (RFC 3264; 415/488 otherwise).
+Allow and extensions we support (RFC 3261 §20.5, §20.37) or lack (§8.2.2.3: 420), our Contact URI (§8.1.1.8),
+the Request-URI's user, and whether a body is an SDP offer we can take (RFC 3264; 415/488 otherwise).
 
 Pure protocol code: no sockets, no clocks, no dialog state. inbound_call.py and uas.py build their responses
 with these; the SDP itself is checked by gateway/media/sdp.py.
@@ -14,11 +14,18 @@ from gateway.sip.message import SipRequest
 ALLOW = "INVITE, ACK, CANCEL, BYE, OPTIONS, INFO, UPDATE, PRACK"
 SUPPORTED = "100rel, timer"  # the extensions we implement (RFC 3262, RFC 4028): a Require of these is served
 SDP_TYPE = "application/sdp"
+_EXTENSIONS = frozenset(item.strip() for item in SUPPORTED.split(","))  # a Require of these is served
 
 
 def allowed_methods(request: SipRequest) -> set[str]:
     """The methods the peer's Allow headers list, upper-cased (RFC 4028 §7.4 refreshes with UPDATE if allowed)."""
     return {item.strip().upper() for line in request.header_lines("Allow") for item in line.split(",")}
+
+
+def unsupported_extensions(request: SipRequest) -> list[str]:
+    """The option tags of the request's Require that we do not implement (§8.2.2.3)."""
+    return [tag for line in request.header_lines("Require") for tag in (t.strip() for t in line.split(","))
+            if tag and tag.lower() not in _EXTENSIONS]
 
 
 def contact_value(host: str, port: int, transport: str) -> str:
