@@ -26,7 +26,7 @@ from engines.segmented import speech_request
 from engines.ssml import Segment, Speech, SsmlError
 
 if TYPE_CHECKING:
-    from gateway.config import PromptSection, Route
+    from gateway.config_sections import PromptSection, Route
     from gateway.sip.inbound_call import InboundCall
 
 

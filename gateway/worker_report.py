@@ -1,6 +1,6 @@
 """What /healthz says of the engine workers: how many serve ("n of m"), and for each that does not, why.
 
-A worker serves when the gateway's link to it is up and its engine ready (engines.remote.WorkerLink.usable);
+A worker serves when the gateway's link to it is up and its engine ready (engines.worker_link.WorkerLink.usable);
 why one does not comes from its supervisor (starting, restarting after an exit, settings refused, hung; see
 gateway/worker_supervisor.py) or, for a remote worker, from its link. Some workers down is "degraded": still
 200, since calls are served; none ready is the engine warming, 503 (gateway.app decides health). A ready worker
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from engines.remote import WorkerLink
+from engines.worker_link import WorkerLink
 from gateway import metrics
 from gateway.worker_supervisor import WorkerSupervisor
 

@@ -7,40 +7,39 @@ PRACK when the INVITE requires or supports 100rel, RFC 3262: provisional.py), th
 (§13.3.1.4), answering re-INVITE/UPDATE offers (491/500 when they overlap, §14), session timers
 (RFC 4028, numbers in session_timer.py, timers in session_refresh.py), CANCEL and BYE from the peer,
 and our own BYE. The `SipServer` (uas.py) owns transports and transactions and
-lends each call the few things it needs as a `UasServices` given at construction; this module never
-imports uas.py.
+lends each call the few things it needs as a `UasServices` (uas_services.py) given at construction; this
+module never imports uas.py. The header values and SDP checks it shares with uas.py are in uas_headers.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import structlog
 
-from gateway.media.sdp import SdpError, check_offer
 from gateway.sip.dialog import Dialog, new_tag
 from gateway.sip.message import SipRequest, SipResponse, make_response
 from gateway.sip.provisional import Provisionals
 from gateway.sip.session_refresh import SessionRefresh
 from gateway.sip.session_timer import Agreement, SessionTimerSettings, TooSmall, negotiate
-from gateway.sip.transaction import (
-    AnswerRetransmission,
-    InviteClientTransaction,
-    InviteServerTransaction,
-    ServerTransaction,
-    Timers,
-)
+from gateway.sip.transaction import AnswerRetransmission, InviteServerTransaction, ServerTransaction
 from gateway.sip.transport import Peer
+from gateway.sip.uas_headers import (
+    ALLOW,
+    SDP_TYPE,
+    SUPPORTED,
+    allowed_methods,
+    contact_value,
+    offer_refusal,
+    request_user,
+    sdp_of,
+)
+from gateway.sip.uas_services import UasServices
 
 log = structlog.get_logger(__name__)
-
-ALLOW = "INVITE, ACK, CANCEL, BYE, OPTIONS, INFO, UPDATE, PRACK"
-SUPPORTED = "100rel, timer"  # the extensions we implement (RFC 3262, RFC 4028): a Require of these is served
-SDP_TYPE = "application/sdp"
 
 
 @dataclass(frozen=True)
@@ -57,24 +56,6 @@ class Ended:
 CallEvent = Confirmed | Ended
 
 
-@dataclass(frozen=True)
-class UasServices:
-    """What the UAS core lends every call: its identity, its timers and the few operations a
-    dialog needs from the server that owns the transports and transaction table."""
-
-    user_agent: str
-    retry_after_s: int
-    timers: Timers
-    contact_address: Callable[[Peer], tuple[str, int]]  # (host, port) we take requests at, per peer
-    # A request inside the dialog (our BYE) -> its final response, None on timeout (§17.1.2).
-    send_request: Callable[[SipRequest, str, str, int, Peer], Awaitable[SipResponse | None]]
-    # Our re-INVITE inside the dialog (a session refresh) -> its started client transaction (§17.1.1).
-    send_invite: Callable[[SipRequest, str, str, int, Peer], Awaitable[InviteClientTransaction]]
-    spawn: Callable[[Coroutine[Any, Any, None]], None]  # a task the server cancels when it stops
-    forget: Callable[[InboundCall], None]  # the dialog is over: in-dialog requests now get 481
-    session_timers: SessionTimerSettings = SessionTimerSettings()
-
-
 class InboundCall:
     """One INVITE and the dialog it creates, as seen by the call layer."""
 
@@ -82,7 +63,7 @@ class InboundCall:
                  peer: Peer, received_at: float) -> None:
         self.call_id: str = invite.call_id or ""
         self.invite = invite
-        self.request_user: str = _request_user(invite)
+        self.request_user: str = request_user(invite)
         self.remote_sdp: str | None = sdp_of(invite)
         self.source: tuple[str, int] = peer.address
         self.transport: str = peer.transport
@@ -354,7 +335,7 @@ class InboundCall:
         services = self._services
         headers = (*self._contact(), *agreement.request_headers(services.session_timers.min_se_s),
                    ("Allow", ALLOW))
-        if "UPDATE" in _allowed_methods(self.invite):
+        if "UPDATE" in allowed_methods(self.invite):
             request, hop = self.dialog.make_request("UPDATE", self._via_sent_by(), self.transport,
                                                     services.user_agent, headers)
             try:
@@ -452,44 +433,3 @@ def _agreement(invite: SipRequest, settings: SessionTimerSettings) -> Agreement 
     except ValueError:
         return None
     return timer if isinstance(timer, Agreement) else None
-
-
-def _allowed_methods(request: SipRequest) -> set[str]:
-    return {item.strip().upper() for line in request.header_lines("Allow") for item in line.split(",")}
-
-
-def contact_value(host: str, port: int, transport: str) -> str:
-    """The Contact URI for where we take requests (§8.1.1.8), IPv6 bracketed (RFC 3261 §25.1)."""
-    host = f"[{host}]" if ":" in host else host
-    suffix = ";transport=tcp" if transport == "tcp" else ""
-    return f"<sip:{host}:{port}{suffix}>"
-
-
-def _request_user(invite: SipRequest) -> str:
-    try:
-        return invite.request_user
-    except ValueError:  # tel: or another scheme: the part before '@' or ';' is the number
-        return invite.uri.partition(":")[2].split("@", 1)[0].split(";", 1)[0]
-
-
-def sdp_of(request: SipRequest) -> str | None:
-    content_type = (request.header("Content-Type") or "").split(";", 1)[0].strip().lower()
-    if not request.body or content_type != SDP_TYPE:
-        return None
-    return request.body.decode("utf-8", "replace")
-
-
-def offer_refusal(request: SipRequest) -> tuple[int, str] | None:
-    """(status, reason) when the request's body is an offer we must refuse, else None."""
-    if not request.body:
-        return None
-    content_type = (request.header("Content-Type") or "").split(";", 1)[0].strip().lower()
-    if content_type != SDP_TYPE:
-        return 415, f"body type {content_type[:40] or 'missing'!r} is not {SDP_TYPE}"
-    try:
-        check_offer(request.body.decode("utf-8"))
-    except UnicodeDecodeError:
-        return 488, "SDP is not valid UTF-8"
-    except SdpError as exc:  # the reason goes into a Warning's quoted-string (§20.43)
-        return 488, "".join(ch if ch.isprintable() and ch not in '"\\' else "?" for ch in str(exc))
-    return None

@@ -4,7 +4,8 @@
 gate of gate.py: a source outside the allow-list -> a few cheap 403s, the rest dropped; the flood budgets
 of rate_limit.py -> cheap 503 or drop, requests of live calls exempt; then parse errors -> 400/505,
 Max-Forwards 0 -> 483, unknown URI scheme -> 416, merged request -> 482, bad SDP offer -> 488/415,
-capacity and draining -> 503), hands requests to transactions and answers each method. Each new INVITE becomes an `InboundCall` (inbound_call.py) that
+capacity and draining -> 503), hands requests to transactions (bound to the transport by
+transaction_sender.py) and answers each method. Each new INVITE becomes an `InboundCall` (inbound_call.py) that
 the call layer drives; every name the call layer uses is importable from this module.
 
 This module never touches media or speech: SDP is only checked (media/sdp.py) so a malformed offer
@@ -22,31 +23,14 @@ import ipaddress
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 import structlog
 
 from gateway import metrics
 from gateway.config_errors import ConfigError
 from gateway.sip.dialog import DialogKey, new_tag
-from gateway.sip.edge_replies import (
-    malformed_reply,
-    response_address,
-    stamp_via,
-    warning,
-)
-from gateway.sip.inbound_call import (
-    ALLOW,
-    SDP_TYPE,
-    SUPPORTED,
-    CallEvent,
-    Confirmed,
-    Ended,
-    InboundCall,
-    UasServices,
-    contact_value,
-    offer_refusal,
-)
+from gateway.sip.edge_replies import malformed_reply, stamp_via, warning
+from gateway.sip.inbound_call import CallEvent, Confirmed, Ended, InboundCall
 from gateway.sip.log_budget import LogBudget
 from gateway.sip.message import (
     ParseError,
@@ -59,19 +43,23 @@ from gateway.sip.gate import PreParseGate
 from gateway.sip.rate_limit import FloodLimits
 from gateway.sip.session_timer import SessionTimerSettings, TooSmall, negotiate
 from gateway.sip.transaction import (
-    ClientTransaction,
-    InviteClientTransaction,
     InviteServerTransaction,
-    NonInviteClientTransaction,
-    NonInviteServerTransaction,
     ServerTransaction,
     Timers,
     TransactionTable,
     server_key,
 )
-from gateway.sip.transport import Peer, SipTransport, StreamLimits, advertised_host_for, resolve
-
-ClientT = TypeVar("ClientT", bound=ClientTransaction)
+from gateway.sip.transaction_sender import TransactionSender
+from gateway.sip.transport import Peer, SipTransport, StreamLimits, advertised_host_for
+from gateway.sip.uas_headers import (
+    ALLOW,
+    SDP_TYPE,
+    SUPPORTED,
+    contact_value,
+    offer_refusal,
+    unsupported_extensions,
+)
+from gateway.sip.uas_services import UasServices
 
 __all__ = ["CallEvent", "Confirmed", "Ended", "InboundCall", "SipServer", "SipSettings"]
 
@@ -79,7 +67,6 @@ log = structlog.get_logger(__name__)
 
 _NOT_ALLOWED = frozenset({"REGISTER", "SUBSCRIBE", "MESSAGE", "PUBLISH", "NOTIFY", "REFER"})
 _IMPLEMENTED = frozenset({"INVITE", "ACK", "CANCEL", "BYE", "OPTIONS", "INFO", "UPDATE", "PRACK"})
-_EXTENSIONS = frozenset(item.strip() for item in SUPPORTED.split(","))  # a Require of these is served
 _URI_SCHEMES = ("sip:", "sips:", "tel:")  # §8.2.2.1: anything else is 416
 _LOG_FIELD_CHARS = 64  # Call-IDs, reasons and addresses a peer chose, as they appear in logs
 _SWEEP_S = 1.0  # how often ended flood episodes and suppressed log lines are reported
@@ -125,6 +112,7 @@ class SipServer:
                                        self._on_message, self._on_stream_error, settings.stream_limits,
                                        self._connection_allowed, self._within_budget)
         self._transactions = TransactionTable()
+        self._sender = TransactionSender(self._transport, self._transactions, self._timers)
         self._gate = PreParseGate(settings.flood, settings.retry_after_s, self._address_allowed,
                                   self._transactions.has_branch, self._send_cheap)
         self._calls: dict[DialogKey, InboundCall] = {}
@@ -134,8 +122,8 @@ class SipServer:
         self._sweeper: asyncio.TimerHandle | None = None
         self._sparse_log = LogBudget(log)
         self._services = UasServices(settings.user_agent, settings.retry_after_s, self._timers,
-                                     self._contact_address, self._send_request, self._send_invite, self._spawn,
-                                     self._forget, settings.session_timers)
+                                     self._contact_address, self._sender.send_request, self._sender.send_invite,
+                                     self._spawn, self._forget, settings.session_timers)
 
     @property
     def active_calls(self) -> int:
@@ -194,7 +182,7 @@ class SipServer:
         response = malformed_reply(error.partial, peer.address, error.status, error.reason, self.settings.user_agent)
         if response is not None:
             metrics.sip_responses_total.labels(code=str(response.status)).inc()
-            self._response_sender(response, peer)()
+            self._sender.response_sender(response, peer)()
 
     def _on_stream_error(self, head: bytes, peer: Peer, status: int, reason: str) -> None:
         """TCP framing failed (§18.3): answer what the header block allows, then the connection closes."""
@@ -207,7 +195,7 @@ class SipServer:
         response = malformed_reply(request, peer.address, status, reason, self.settings.user_agent)
         if response is not None:
             metrics.sip_responses_total.labels(code=str(status)).inc()
-            self._response_sender(response, peer)()
+            self._sender.response_sender(response, peer)()
 
     def _on_request(self, request: SipRequest, peer: Peer) -> None:
         request = stamp_via(request, peer.address)
@@ -216,13 +204,13 @@ class SipServer:
             return
         if not self._address_allowed(peer.address[0]) and not self._in_live_dialog(request):
             if request.method != "ACK":
-                self._new_transaction(request, peer).respond(self._simple(request, 403, "Forbidden"))
+                self._sender.new_server(request, peer).respond(self._simple(request, 403, "Forbidden"))
             return
         metrics.sip_requests_total.labels(method=metrics.sip_method_label(request.method)).inc()
         if request.method == "ACK":
             self._on_ack(request)
             return
-        transaction = self._new_transaction(request, peer)
+        transaction = self._sender.new_server(request, peer)
         try:
             self._dispatch(request, transaction, peer)
         except Exception:  # a bug in one request's handling must not stop the server
@@ -257,9 +245,9 @@ class SipServer:
                 transaction.respond(self._simple(request, 503, "Service Unavailable", (*headers, *retry)))
             else:
                 transaction.respond(self._simple(request, 200, "OK", headers))
-        elif _unsupported(request) and method != "BYE":
+        elif unsupported_extensions(request) and method != "BYE":
             # §8.2.2.3: 420 naming what we lack; 100rel and timer we serve; BYE is exempt so a call can always end.
-            unsupported = ", ".join(_unsupported(request))
+            unsupported = ", ".join(unsupported_extensions(request))
             transaction.respond(self._simple(request, 420, "Bad Extension", (("Unsupported", unsupported),)))
         elif request.to_tag is not None:
             self._on_in_dialog(request, transaction)
@@ -403,52 +391,11 @@ class SipServer:
 
     # --- sending --------------------------------------------------------------------------------
 
-    def _new_transaction(self, request: SipRequest, peer: Peer) -> ServerTransaction:
-        kind = InviteServerTransaction if request.method == "INVITE" else NonInviteServerTransaction
-        transaction = kind(request, lambda response: self._response_sender(response, peer)(),
-                           peer.transport == "tcp", self._timers, self._transactions.forget_server)
-        self._transactions.add_server(transaction)
-        return transaction
-
     def _simple(self, request: SipRequest, status: int, reason: str,
                 headers: tuple[tuple[str, str], ...] = ()) -> SipResponse:
         to_tag = None if status == 100 else new_tag()
         return make_response(request, status, reason, to_tag=to_tag,
                              headers=(*headers, ("Server", self.settings.user_agent)))
-
-    def _response_sender(self, response: SipResponse, peer: Peer) -> Callable[[], None]:
-        """§18.2.2: reliable -> the request's connection; UDP -> the address edge_replies names."""
-        data = response.serialize()
-        address = response_address(response, reliable=peer.transport == "tcp")
-        if peer.transport == "tcp":
-            return lambda: self._transport.send(data, "tcp", address, peer.connection)
-        return lambda: self._transport.send(data, "udp", address)
-
-    async def _send_request(self, request: SipRequest, transport: str, host: str, port: int,
-                            peer: Peer) -> SipResponse | None:
-        """A request inside a dialog (our BYE or UPDATE) -> its final response, None on timeout."""
-        transaction = await self._start_client(NonInviteClientTransaction, request, transport, host, port, peer)
-        return await transaction.result
-
-    async def _send_invite(self, request: SipRequest, transport: str, host: str, port: int,
-                           peer: Peer) -> InviteClientTransaction:
-        """Start our re-INVITE inside a dialog (§17.1.1); the caller awaits its `result` and ACKs a 2xx."""
-        return await self._start_client(InviteClientTransaction, request, transport, host, port, peer)
-
-    async def _start_client(self, kind: type[ClientT], request: SipRequest, transport: str, host: str, port: int,
-                            peer: Peer) -> ClientT:
-        address = await resolve(host, port)
-        # Keep the dialog on the connection it arrived on while it is open (clients behind NAT and
-        # SIPp's single-socket TCP mode only listen there); else §18.1.1 opens a new one.
-        connection = peer.connection if transport == "tcp" else None
-
-        def send(data: bytes) -> None:
-            self._transport.send(data, transport, address, connection)
-
-        transaction = kind(request, send, transport == "tcp", self._timers, self._transactions.forget_client)
-        self._transactions.add_client(transaction)
-        transaction.start()
-        return transaction
 
     def _contact_address(self, peer: Peer) -> tuple[str, int]:
         bound = self.tcp_address if peer.transport == "tcp" else self.udp_address
@@ -472,12 +419,6 @@ class SipServer:
         task = asyncio.get_running_loop().create_task(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-
-def _unsupported(request: SipRequest) -> list[str]:
-    """The option tags of the request's Require that we do not implement (§8.2.2.3)."""
-    return [tag for line in request.header_lines("Require") for tag in (t.strip() for t in line.split(","))
-            if tag and tag.lower() not in _EXTENSIONS]
 
 
 def _short(value: str | None) -> str | None:

@@ -225,7 +225,7 @@ async def test_a_failed_compile_shows_in_the_workers_metrics_and_the_gateways_he
     try:
         # The tts-compile thread's body on a CPU model: its CUDA device cannot be entered, so it fails as a
         # compile that raises does, and the worker serves on.
-        compile_thread = threading.Thread(target=engine.pipeline.scheduler._capture_compiled)
+        compile_thread = threading.Thread(target=engine.pipeline.scheduler.graph_compile.run)
         compile_thread.start()
         compile_thread.join(30)
         samples, workers = await _served_graphs(engine)

@@ -26,7 +26,8 @@ from engine_service.server import WORKER, WorkerSettings, make_app
 from engines.base import BadText, EngineUnavailable, NoCapacity, SynthesisRequest
 from engines.channel import ChunkChannel
 from engines.instant import InstantEngine
-from engines.remote import RemoteEngine, WorkerLink
+from engines.remote import RemoteEngine
+from engines.worker_link import WorkerLink
 
 TOKEN = "placement-token"
 REPO = Path(__file__).resolve().parents[2]

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import LOOPBACK_SOURCES, ConfigError, load_config
+from gateway.config import ConfigError, load_config
+from gateway.config_sections import LOOPBACK_SOURCES
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -157,7 +158,7 @@ def test_sections_become_the_sip_and_media_settings():
 def test_rtp_latching_accepts_unquoted_yaml_off_and_the_media_layers_modes(tmp_path):
     from typing import get_args
 
-    from gateway.config import MediaSection
+    from gateway.config_sections import MediaSection
     from gateway.media.rtp_peer import Latching
 
     assert get_args(MediaSection.model_fields["rtp_latching"].annotation) == get_args(Latching)

@@ -19,8 +19,8 @@ One decode iteration:
    their rows to it), then read the oldest steps until `decode_steps_ahead` are unread, appending
    the tokens under the lock and waking the render threads when a chunk may be due.
 
-With graphs, a `tts-compile` thread runs once the loops serve: it compiles and captures the compiled graphs
-and publishes them; the decode thread and each render lane swap them in at their own swap point
+With graphs, a `tts-compile` thread (graph_compile.py) runs once the loops serve: it compiles and captures the
+compiled graphs and publishes them; the decode thread and each render lane swap them in at their own swap point
 (tts_core/accel/graph_swap.py). Until then they replay graphs of the eager modules.
 
 All shared state (the job lists, slots, the hand-over flags of `request.SynthesisJob`) is guarded
@@ -48,6 +48,7 @@ from tts_core.llm.sampling import RasSampler
 from tts_core.llm.speech_lm import SpeechTokenLM
 from tts_core.runtime.chunk_render import FlowPoolSettings
 from tts_core.runtime.family import COSYVOICE2, RuntimeFamily
+from tts_core.runtime.graph_compile import GraphCompile
 from tts_core.runtime.lm_runner import LMRunner
 from tts_core.runtime.render_loop import SAMPLE_RATE, RenderLoop, RenderTiming, device_stream
 from tts_core.runtime.request import SynthesisError, SynthesisJob
@@ -61,7 +62,6 @@ log = structlog.get_logger(__name__)
 _PID = os.getpid()
 
 GIL_SWITCH_INTERVAL_S = 0.001  # as the gateway's packet clock sets it (gateway/app.py)
-COMPILE_SWITCH_INTERVAL_S = 0.0002  # while the tts-compile thread traces (`_capture_compiled`)
 FIRST_TOKEN_POLL_S = 0.0005  # how often an idle decode thread looks for a prefill's first token
 
 
@@ -102,10 +102,7 @@ class SynthesisScheduler:
         # Seconds of speech per token (40 ms for CosyVoice2): how far a stream's decoded tokens reach.
         self._token_s = flow.cfg.token_mel_ratio * hift.cfg.samples_per_frame / SAMPLE_RATE
         self.capture_report: dict = {}
-        self._capture_thread: threading.Thread | None = None  # the compiled graphs, once serving (`start`)
-        # What the engine's health says of the graphs (engines.base.GraphsState), a plain attribute the tts-compile
-        # thread sets and the event loop reads: compiled (also with nothing to compile), compiling, failed.
-        self.graphs_state = "compiled"
+        self.graph_compile = GraphCompile(self.runner, self.renderer, self.cache.device, self._is_stopping)
         # Re-entrant: a job failed by the render thread while it holds the lock releases under it too.
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)  # the decode thread waits on it
@@ -162,52 +159,25 @@ class SynthesisScheduler:
         self._thread = threading.Thread(target=self._run, name="tts-decode", daemon=True)
         self._thread.start()
         if self.settings.graphs:
-            self.graphs_state = "compiling"
-            self._capture_thread = threading.Thread(target=self._capture_compiled, name="tts-compile", daemon=True)
-            self._capture_thread.start()
+            self.graph_compile.start()  # the compiled graphs, once serving
 
     def _is_stopping(self) -> bool:
         return self._stopping
 
     @property
+    def graphs_state(self) -> str:
+        """What the engine's health says of the graphs (engines.base.GraphsState): compiled, compiling, failed."""
+        return self.graph_compile.state
+
+    @property
     def capturing(self) -> bool:
         """Whether the compiled graphs are still being captured: serving on eager-module graphs."""
-        return self._capture_thread is not None and self._capture_thread.is_alive()
+        return self.graph_compile.running
 
     def wait_compiled(self, timeout: float | None = None) -> bool:
         """Wait until the compiled graphs are captured and published (benchmarks that time the
         compiled graphs); False if still capturing after `timeout`."""
-        if self._capture_thread is not None:
-            self._capture_thread.join(timeout)
-        return not self.capturing
-
-    def _capture_compiled(self) -> None:
-        """The tts-compile thread, once serving: compile and capture the decoder's graphs, then each
-        render lane's (and the later lane's deferred flow buckets), publishing each group as it is
-        done; the decode thread and each lane swap it in at their own swap point (GraphSwap).
-        Dynamo's tracing is Python holding the GIL for seconds: a shorter switch interval
-        meanwhile lets the serving threads have it back sooner. Logs compiled_graphs_complete (or
-        the failure: serving goes on, on the graphs it has)."""
-        started = time.perf_counter()
-        interval = sys.getswitchinterval()
-        sys.setswitchinterval(COMPILE_SWITCH_INTERVAL_S)
-        report: dict = {}
-        try:
-            torch.set_grad_enabled(False)  # thread-local
-            with torch.cuda.device(self.cache.device):
-                if not self._stopping:
-                    report["decode"] = self.runner.capture_compiled()
-                report.update(self.renderer.capture_compiled(self._is_stopping))
-        except Exception:  # noqa: BLE001 - serving goes on from the graphs it has; say so
-            self.graphs_state = "failed"
-            log.exception("compiled_graphs_failed", seconds=round(time.perf_counter() - started, 2))
-            return
-        finally:
-            sys.setswitchinterval(interval)
-        if not self._stopping:  # stopped part-way: still not compiled
-            self.graphs_state = "compiled"
-        log.info("compiled_graphs_complete" if not self._stopping else "compiled_graphs_stopped",
-                 seconds=round(time.perf_counter() - started, 2), parts=report)
+        return self.graph_compile.wait(timeout)
 
     def submit(self, job: SynthesisJob) -> None:
         with self._cond:
@@ -229,11 +199,7 @@ class SynthesisScheduler:
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
-        if self._capture_thread is not None:
-            # It stops after the part in hand; a compile in progress cannot be cut short and is not
-            # waited for long (a daemon thread: a closing worker's exit ends it).
-            self._capture_thread.join(min(timeout, 1.0) if timeout is not None else 1.0)
-            self._capture_thread = None
+        self.graph_compile.stop(timeout)
         with self._cond:
             left = list(self._waiting) + self._active
             self._waiting.clear()
