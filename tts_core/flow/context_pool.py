@@ -26,6 +26,7 @@ the one thread that renders.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -103,20 +104,20 @@ class FlowContextPool:
         attention = [m for m in estimator.modules() if isinstance(m, SelfAttention)]
         convs = [m for m in estimator.modules() if isinstance(m, CausalConv1d)]
         self.slots = slots
-        element = torch.empty(0, dtype=dtype).element_size()
-        self.planned_bytes = element * (
-            sum(steps * 2 * self.frames * m.to_q.in_features for m in attention)
-            + sum(steps * 2 * slots * m.in_channels * (m.kernel_size[0] - 1) for m in convs)
-            + (shape.voice_slots * shape.prompt_frames + 1 + shape.voice_slots) * mel_bins)
-        check_device_fits("the CosyVoice2 flow context pool", self.planned_bytes, device)
         self.conv_widths = sorted({m.kernel_size[0] - 1 for m in convs})
         # Per SelfAttention: block inputs, rows (step, g, frame); per CausalConv1d: input states,
         # rows (step, g, slot). Step k's rows start at k * 2 * frames (slots): CallIndex.at_step.
-        self.hidden = {m: torch.zeros(steps * 2 * self.frames, m.to_q.in_features, **z) for m in attention}
-        self.left = {m: torch.zeros(steps * 2 * slots, m.in_channels, m.kernel_size[0] - 1, **z) for m in convs}
+        hidden = {m: (steps * 2 * self.frames, m.to_q.in_features) for m in attention}
+        left = {m: (steps * 2 * slots, m.in_channels, m.kernel_size[0] - 1) for m in convs}
         # Per voice: prompt mel rows (the last row stays zero: frames past the prompt) and speaker.
-        self.cond = torch.zeros(shape.voice_slots * shape.prompt_frames + 1, mel_bins, **z)
-        self.spks = torch.zeros(shape.voice_slots, mel_bins, **z)
+        cond, spks = (shape.voice_slots * shape.prompt_frames + 1, mel_bins), (shape.voice_slots, mel_bins)
+        element = torch.empty(0, dtype=dtype).element_size()
+        self.planned_bytes = element * sum(math.prod(size) for size in (*hidden.values(), *left.values(), cond, spks))
+        check_device_fits("the CosyVoice2 flow context pool", self.planned_bytes, device)
+        self.hidden = {m: torch.zeros(size, **z) for m, size in hidden.items()}
+        self.left = {m: torch.zeros(size, **z) for m, size in left.items()}
+        self.cond = torch.zeros(cond, **z)
+        self.spks = torch.zeros(spks, **z)
         self._free_streams = list(range(shape.stream_slots))
         self._free_voices = list(range(shape.voice_slots))
 
