@@ -46,16 +46,11 @@ class RandomModelPrompts:
         from tts_core.model_dir import ModelDir
         from tts_core.text.frontend import TextFrontend
         from tts_core.text.normalize import TextNormalizer
-        from tts_core.text.tokenizer import TextTokenizer
+        from tts_core.voice_files import text_tokenizer
         from tts_core.voices import VoiceBank
 
         md = ModelDir.open(model_dir)
-        if md.family.version == 3:
-            from tts_core.text.cosyvoice3 import cosyvoice3_tokenizer
-
-            tokenizer = cosyvoice3_tokenizer(md.qwen_dir)
-        else:
-            tokenizer = TextTokenizer(md.qwen_dir)
+        tokenizer = text_tokenizer(md)
         self._frontend = TextFrontend(tokenizer, TextNormalizer(tokenizer))
         bank = VoiceBank.load(md.root)
         spoken = bank.get(voice or bank.names()[0])
