@@ -22,7 +22,6 @@ frames' F0 is known. Nothing is kept until `commit` (a failed render leaves the 
 from __future__ import annotations
 
 import math
-from math import prod
 
 import torch
 
@@ -51,7 +50,7 @@ def left_context_frames(hift: CausalHiftGenerator) -> int:
         stage = (k - 1) + max(block(kk, ds) for kk, ds in zip(cfg.resblock_kernel_sizes, cfg.resblock_dilation_sizes))
         stage += block(cfg.source_resblock_kernel_sizes[i], cfg.source_resblock_dilation_sizes[i])
         reach += stage / rate
-        s = prod(cfg.upsample_rates[i + 1:])
+        s = math.prod(cfg.upsample_rates[i + 1:])
         reach += (2 * s - 1) / stft_rate  # the source's downsampling convolution (kernel 2 s at the STFT rate)
     reach += (6 + 1 + 2 * cfg.n_fft // cfg.hop_len) / stft_rate  # conv_post (7), reflection, STFT + ISTFT
     return math.ceil(reach) + 1

@@ -272,7 +272,7 @@ class DiTChunkRenderer:
                     # From here on each chunk sees the voice prompt and the latest window of own frames only.
                     # The configured trade (flow_context_s), not a fault: info, like CosyVoice2's.
                     log.info("dit_context_slid", kept_frames=self.pool.stream_frames,
-                                own_frames=self.pool.own[stream.slot])
+                             own_frames=self.pool.own[stream.slot])
             stream.finished = task.finalize
             if task.finalize:
                 stream.close()
