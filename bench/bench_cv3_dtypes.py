@@ -60,13 +60,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tts_core.accel import resolve_dtype
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from audible import AUDIBLE_DBFS  # noqa: E402
 from cv3_golden_parity import golden_parity  # noqa: E402
 from edge_click import edge_jumps  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = ("float32", "bfloat16", "float16")  # --dtype choices, resolved by tts_core.accel.resolve_dtype
 SAMPLE_RATE = 24_000
 SILENCE_FLOOR_DBFS = AUDIBLE_DBFS
 CLICK_RATIO_MAX = 0.5  # as tests/engine_service/api/test_http_tts_cv3.py
@@ -207,7 +209,7 @@ def streams(model_dir: Path, device: torch.device, dtype: str, tokens: int, args
     started = time.perf_counter()
     # normalize=False: the texts need no normalising, and the lent GPU hosts may lack its FST data.
     # The engine's CosyVoice3 schedule (engines/cosyvoice2/settings.py max_hop_for: hops 25, 50, 100).
-    pipeline = CosyVoice2Pipeline.load(model_dir, device, DTYPES[dtype], max_batch=1, max_len=args.max_len,
+    pipeline = CosyVoice2Pipeline.load(model_dir, device, resolve_dtype(dtype), max_batch=1, max_len=args.max_len,
                                        schedule=ChunkSchedule(hop_tokens=25, max_hop_tokens=100),
                                        fast=SchedulerSettings(graphs=graphs), normalize=False)
     report: dict = {"graphs": graphs, "compiled": bool(graphs and args.compiled)}
@@ -233,7 +235,7 @@ def streams(model_dir: Path, device: torch.device, dtype: str, tokens: int, args
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--dtypes", nargs="+", choices=sorted(DTYPES), default=["float32", "bfloat16", "float16"])
+    p.add_argument("--dtypes", nargs="+", choices=DTYPES, default=["float32", "bfloat16", "float16"])
     p.add_argument("--golden", type=Path, default=None,
                    help="the CosyVoice3 golden set (default $COSYVOICE3_GOLDEN_DIR or ../shared/golden_cv3)")
     p.add_argument("--model-dir", type=Path, default=None,
@@ -281,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     for dtype in args.dtypes:
         t0 = time.perf_counter()
         parts = [] if args.skip_golden else [
-            ("golden_tiny", lambda: golden_parity(golden, device, DTYPES[dtype])),
+            ("golden_tiny", lambda: golden_parity(golden, device, resolve_dtype(dtype))),
             ("tiny_streams", lambda: streams(tiny, device, dtype, args.tiny_tokens, args))]
         parts.append(("full_streams", lambda: streams(model_dir, device, dtype, args.tokens, args)))
         entry: dict = {}

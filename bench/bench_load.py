@@ -40,6 +40,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tts_core.accel import resolve_dtype
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_trace
 from host_waits import HostWaits
@@ -47,7 +49,7 @@ from host_waits import HostWaits
 REPO = Path(__file__).resolve().parents[1]
 # The decode thread's iterations (tts_core.runtime.scheduler.StepTiming), from the hook main installs.
 STEPS: collections.deque = collections.deque(maxlen=10_000)
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = ("float32", "bfloat16", "float16")  # --dtype choices, resolved by tts_core.accel.resolve_dtype
 ZH = "您好欢迎致电客服中心请问有什么可以帮您的我们将尽快为您处理订单查询退款预约服务时间地址电话谢谢再见稍等正在转接人工"
 EN = ("hello thank you for calling your order has shipped please hold the line we will be with you shortly "
       "press one for billing two for support your appointment is confirmed for tomorrow at nine").split()
@@ -361,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--golden", type=Path, default=None,
                    help="default ../shared/golden (family 2) or ../shared/golden_cv3 (family 3)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default bfloat16 on CUDA")
+    p.add_argument("--dtype", choices=DTYPES, default=None, help="default bfloat16 on CUDA")
     p.add_argument("--rates", type=float, nargs="+", default=[1, 5, 10, 15, 20, 25])
     p.add_argument("--duration", type=float, default=15.0, help="seconds of arrivals per rate")
     p.add_argument("--settle-s", type=float, default=0.0,
@@ -458,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
                              flow_solve_parts=args.solve_parts,
                              flow_batches=tuple(args.flow_batches or SchedulerSettings.flow_batches))
     t0 = time.perf_counter()
-    pipeline = CosyVoice2Pipeline.load(model_dir, args.device, DTYPES[dtype], max_batch=args.max_batch,
+    pipeline = CosyVoice2Pipeline.load(model_dir, args.device, resolve_dtype(dtype), max_batch=args.max_batch,
                                        max_len=args.max_len, schedule=ChunkSchedule(first_hop_tokens=args.first_hop),
                                        fast=fast, normalize=False, llm_fp8=args.llm_fp8)
     pipeline.scheduler.wait_compiled()  # ready on eager-module graphs; time the compiled ones

@@ -28,8 +28,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tts_core.accel import resolve_dtype
+
 REPO = Path(__file__).resolve().parents[1]
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = ("float32", "bfloat16", "float16")  # --dtype choices, resolved by tts_core.accel.resolve_dtype
 TEXT = "Thank you for calling. Your call is important to us, please stay on the line."
 
 
@@ -46,7 +48,7 @@ def run(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", help="model directory (default: full-size random weights in /tmp)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default=None,
+    parser.add_argument("--dtype", choices=DTYPES, default=None,
                         help="default bfloat16 on CUDA, float32 on CPU")
     parser.add_argument("--voice", default="bench_voice", help="voice name (falls back to the only/first voice)")
     parser.add_argument("--tokens", type=int, default=150, help="speech tokens to generate (forced)")
@@ -63,7 +65,7 @@ def run(argv: list[str] | None = None) -> dict:
 
     model_dir = _model_dir(args.model_dir)
     started = time.perf_counter()
-    pipeline = CosyVoice2Pipeline.load(model_dir, device=args.device, dtype=DTYPES[dtype_name], max_batch=1)
+    pipeline = CosyVoice2Pipeline.load(model_dir, device=args.device, dtype=resolve_dtype(dtype_name), max_batch=1)
     load_s = time.perf_counter() - started
     try:
         names = pipeline.voices.names()
