@@ -315,9 +315,10 @@ def one_stream(pipeline, voice: str, requests: int, rng: random.Random, lo: int,
 
 
 def eager_flow_calls(pipeline) -> dict:
-    """Per lane, flow solves and encoder calls so far that found no captured graph (graphs only)."""
+    """Per lane, flow solves and encoder calls so far that found no captured graph (graphs only;
+    CosyVoice3's DiT lanes capture solves only, their flow encoder always runs eagerly)."""
     lanes = pipeline.scheduler.renderer.lanes
-    return {name: {"solve": lane.graphs.eager_calls, "encoder": lane.graphs.eager_encodes}
+    return {name: {"solve": lane.graphs.eager_calls, "encoder": getattr(lane.graphs, "eager_encodes", None)}
             for name, lane in lanes.items() if lane.graphs is not None}
 
 
@@ -506,7 +507,9 @@ def main(argv: list[str] | None = None) -> int:
             p.error("--paced-later needs --host-waits")
         if args.parts_ahead and min(args.parts_ahead) < 1:
             p.error("--parts-ahead: at least 1 (the part being launched)")
-        flow_graphs = [lane.graphs for lane in pipeline.scheduler.renderer.lanes.values() if lane.graphs is not None]
+        # CosyVoice2's solves launch in parts (`parts_ahead`); CosyVoice3's DiT solve is one graph.
+        flow_graphs = [lane.graphs for lane in pipeline.scheduler.renderer.lanes.values()
+                       if hasattr(lane.graphs, "parts_ahead")]
         parts_ahead = args.parts_ahead or sorted({g.parts_ahead for g in flow_graphs}) or [0]
         leads = args.yield_lead_s or [pipeline.scheduler.settings.yield_lead_s]
         variants = [(d, h, i, a, n, pl, pa, y) for y in leads for d in args.defer_slack_s for h in holds

@@ -11,13 +11,14 @@ keys] where a re-render attends over all frames at once, so results agree to rou
 
 from __future__ import annotations
 
+import copy
 
 import pytest
 import torch
 
 from tts_core.flow.chunk_mask import chunk_attention_mask
 from tts_core.flow.dit_flow import DiTFlowModel
-from tts_core.flow.dit_pool import DiTContextPool, frame_bytes, shared_prompt_frames
+from tts_core.flow.dit_pool import DiTContextPool, DiTRow, DiTTables, frame_bytes, shared_prompt_frames
 from tts_core.streaming.chunk_schedule import ChunkPlanner, ChunkSchedule
 from tts_core.streaming.token2wav3 import chunk_mel
 
@@ -37,7 +38,7 @@ def _schedule(flow3_case: dict, hop: int | None = None) -> ChunkSchedule:
 
 
 def _pool(flow3: DiTFlowModel, slots: int = 3, stream_frames: int = 1000) -> DiTContextPool:
-    return DiTContextPool(flow3.decoder, slots, stream_frames, 400, torch.device("cpu"), torch.float32)
+    return DiTContextPool(flow3.decoder, slots, stream_frames, 400, next(flow3.parameters()).device, torch.float32)
 
 
 def _add_voice(pool: DiTContextPool, flow3: DiTFlowModel, key: str, prompt: tuple) -> None:
@@ -48,24 +49,39 @@ def _add_voice(pool: DiTContextPool, flow3: DiTFlowModel, key: str, prompt: tupl
     pool.add_voice(key, frames, c.mu, c.cond, c.spks)
 
 
-def _render(pool: DiTContextPool, flow3: DiTFlowModel, calls: list[tuple[int, tuple, torch.Tensor, object]]
-            ) -> list[torch.Tensor]:
-    """One batched pool call: per (slot, prompt, tokens, task) the chunk's new frames (1, 80, n)."""
+def _render(pool: DiTContextPool, flow3: DiTFlowModel, calls: list[tuple[int, tuple, torch.Tensor, object]],
+            solve=None) -> list[torch.Tensor]:
+    """One batched pool call: per (slot, prompt, tokens, task) the chunk's new frames (1, 80, n). `solve`:
+    what runs it (default `pool.solve`; a padded bucket's solve, or captured graphs' `solve`)."""
     conds = []
     for _, (pt, pf, emb), tokens, task in calls:
         conds.append(flow3.condition(tokens[:, :task.token_end], pt, pf, emb, task.finalize))
     rows = [pool.row(slot, c.mu.size(2), keep=not task.finalize) for (slot, _, _, task), c in zip(calls, conds)]
     n = max(r.end - r.start for r in rows)
-    mu = torch.zeros(len(rows), 80, n)
+    mu = torch.zeros(len(rows), 80, n, device=conds[0].mu.device)
     cond = torch.zeros_like(mu)
     for i, (r, c) in enumerate(zip(rows, conds)):
         mu[i, :, :r.end - r.start], cond[i, :, :r.end - r.start] = c.mu[0, :, r.start:], c.cond[0, :, r.start:]
-    mel = pool.solve(rows, mu, cond, torch.cat([c.spks for c in conds]))
+    mel = (solve or pool.solve)(rows, mu, cond, torch.cat([c.spks for c in conds]))
     for (slot, _, _, _), r in zip(calls, rows):
         pool.advance(slot, r)
     ratio = flow3.cfg.token_mel_ratio
     return [mel[i:i + 1, :, c.prompt_frames + ratio * task.token_offset - r.start:r.end - r.start]
             for i, (r, c, (_, _, _, task)) in enumerate(zip(rows, conds, calls))]
+
+
+def _padded_solve(pool: DiTContextPool, pad_rows: int, pad_ctx: int, pad_new: int):
+    """`pool.solve` run as a captured graph bucket runs it: the call padded with `pad_rows` padding rows,
+    `pad_ctx` more context and `pad_new` more new frames (zero inputs there), the real rows read back."""
+    def solve(rows: list[DiTRow], mu: torch.Tensor, cond: torch.Tensor, spks: torch.Tensor) -> torch.Tensor:
+        b, n = len(rows), mu.size(2)
+        c = max(len(r.context) for r in rows)
+        big = (b + pad_rows, c + pad_ctx, n + pad_new)
+        tables = DiTTables(pool.table(rows, *big), *big)
+        mu_p, cond_p = (torch.nn.functional.pad(y, (0, pad_new, 0, 0, 0, pad_rows)) for y in (mu, cond))
+        spks_p = torch.nn.functional.pad(spks, (0, 0, 0, pad_rows))
+        return pool.solve_tables(tables, mu_p, cond_p, spks_p)[:b, :, :n]
+    return solve
 
 
 def _tasks(schedule: ChunkSchedule, prompt_tokens: int, tokens: int) -> list:
@@ -103,15 +119,20 @@ def test_each_golden_streaming_chunk_renders_only_its_new_frames_as_the_official
         assert (new - official).abs().max().item() <= MEL_TOL
 
 
+@pytest.mark.parametrize("padded", [False, True], ids=["exact_call", "padded_as_a_graph_bucket"])
 @pytest.mark.parametrize("prompt_tokens, hop", [(None, None), (37, None), (37, 7), (21, 12)],
                          ids=["golden", "prompt_ends_mid_chunk", "hops_end_mid_chunk", "short_prompt"])
 def test_batched_streams_of_two_voices_equal_the_re_render_chunk_by_chunk(
-        flow3: DiTFlowModel, flow3_case: dict, speaker3: dict, prompt_tokens: int | None, hop: int | None) -> None:
+        flow3: DiTFlowModel, flow3_case: dict, speaker3: dict, prompt_tokens: int | None, hop: int | None,
+        padded: bool) -> None:
     """Three streams (two voices: the golden prompt and a cut one) of different lengths, every round's
     due chunks in one pooled solve: each chunk equals our re-render (`chunk_mel`, chunk-masked final),
     whether prompt and hops end on chunk boundaries (the official schedule) or not (an unfinished
-    chunk's frames are recomputed by the next call, never kept)."""
+    chunk's frames are recomputed by the next call, never kept). Also when each call is padded as a
+    CUDA-graph bucket pads it (padding rows, more context and new frames than any row has): what
+    the padding computes is neither seen by the real rows nor kept."""
     pool = _pool(flow3)
+    solve = _padded_solve(pool, 2, flow3_case["static_chunk_size"] + 3, 11) if padded else None
     prompts = [_prompt(speaker3), _prompt(speaker3, prompt_tokens)]
     for key, prompt in zip(("a", "b"), prompts):
         _add_voice(pool, flow3, key, prompt)
@@ -125,7 +146,7 @@ def test_batched_streams_of_two_voices_equal_the_re_render_chunk_by_chunk(
         plans.append(_tasks(_schedule(flow3_case, hop), prompt[0].size(1), length))
     for round_ in range(max(len(p) for p in plans)):
         due = [(s, p[round_]) for s, p in zip(streams, plans) if round_ < len(p)]
-        news = _render(pool, flow3, [(slot, prompt, tokens, task) for (slot, _, prompt), task in due])
+        news = _render(pool, flow3, [(slot, prompt, tokens, task) for (slot, _, prompt), task in due], solve)
         for ((_, _, (pt, pf, emb)), task), new in zip(due, news):
             reference = chunk_mel(flow3, tokens[0], task, pt, pf, emb, streaming=True)
             assert new.shape == reference.shape
@@ -189,3 +210,57 @@ def test_a_kept_frame_costs_frame_bytes(flow3: DiTFlowModel) -> None:
     assert pool.total_frames == 400 + 2 * 100 + 2  # voices, stream rings, the zero and trash frames
     assert pool.nbytes == pool.total_frames * frame_bytes(flow3.decoder.estimator, pool.steps, 4)
     assert pool.planned_bytes == pool.nbytes  # what the start-up check asked the device for
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_captured_solves_replay_the_eager_solve_and_a_call_fitting_no_bucket_runs_eagerly(
+        flow3: DiTFlowModel, flow3_case: dict, speaker3: dict) -> None:
+    """The batched rounds of three streams (two voices), once through `pool.solve` and once through a
+    lane's captured graphs (`DiTSolveGraphs`: buckets of one and two rows, sized from the first pass):
+    every chunk the same; the calls of three streams fit no bucket, run eagerly and are counted."""
+    from tts_core.accel.dit_graphs import DiTSolveGraphs
+
+    flow = copy.deepcopy(flow3).cuda()
+    cuda = torch.device("cuda")
+    prompts = [tuple(t.to(cuda) for t in _prompt(speaker3, n)) for n in (None, 37)]
+    tokens = torch.randint(0, flow.cfg.vocab_size, (1, 200), generator=torch.Generator().manual_seed(5)).to(cuda)
+    lengths = (int(flow3_case["tokens"].size(1)), 61, 143)
+    streams = [(0, "a", prompts[0]), (1, "b", prompts[1]), (2, "b", prompts[1])]
+    calls_seen: list[tuple[int, int, int]] = []  # (rows, context, new frames) of each eager call
+
+    def run(graphs_of) -> tuple[list[torch.Tensor], DiTSolveGraphs | None]:
+        pool = _pool(flow)
+        for key, prompt in zip(("a", "b"), prompts):
+            _add_voice(pool, flow, key, prompt)
+        graphs = graphs_of(pool)
+
+        def recording(rows, mu, cond, spks):
+            calls_seen.append((len(rows), max(len(r.context) for r in rows), mu.size(2)))
+            return pool.solve(rows, mu, cond, spks)
+
+        plans = []
+        for (slot, key, prompt), length in zip(streams, lengths):
+            pool.start_stream(slot, key)
+            plans.append(_tasks(_schedule(flow3_case), prompt[0].size(1), length))
+        out = []
+        for round_ in range(max(len(p) for p in plans)):
+            due = [(s, p[round_]) for s, p in zip(streams, plans) if round_ < len(p)]
+            calls = [(slot, prompt, tokens, task) for (slot, _, prompt), task in due]
+            out += _render(pool, flow, calls, graphs.solve if graphs is not None else recording)
+        return out, graphs
+
+    eager, _ = run(lambda pool: None)
+    ctx_cap = max(c for _, c, _ in calls_seen) + 8  # padded: the replays also pad context and frames
+    new_cap = max(n for _, _, n in calls_seen) + 8
+
+    def captured(pool: DiTContextPool) -> DiTSolveGraphs:
+        graphs = DiTSolveGraphs(pool)
+        graphs.capture((1, 2), [ctx_cap], [new_cap])
+        return graphs
+
+    replayed, graphs = run(captured)
+    assert len(replayed) == len(eager)
+    for a, b in zip(eager, replayed):
+        assert a.shape == b.shape
+        assert (a - b).abs().max().item() <= MEL_TOL
+    assert graphs.eager_calls == sum(1 for rows, _, _ in calls_seen if rows > 2) > 0

@@ -30,8 +30,9 @@ multiples of it) starts and ends every non-final call on a boundary, so nothing 
 
 Bookkeeping is host-side: a slot's counts belong to the thread rendering that slot's stream (a
 stream is rendered by one lane at a time), voices are added under the renderer's voice lock; calls
-of several lanes touch disjoint frames (all may write the trash frame, which nothing reads). A call's device work reads only index tensors built before it, so a
-batch bucket (rows, context keys, new frames) could be captured in one CUDA graph (docs/PERF_NOTES.md).
+of several lanes touch disjoint frames (all may write the trash frame, which nothing reads). A call's
+device work reads only index tables built on the host before it (`table`, one copy over), so each
+batch bucket (rows, context frames, new frames) is one CUDA graph (tts_core/accel/dit_graphs.py).
 """
 
 from __future__ import annotations
@@ -62,6 +63,22 @@ class DiTRow:
     context: list[int]
     keep: list[int]
     left: list[int]
+
+
+@dataclass(frozen=True)
+class DiTTables:
+    """A solve's index tables on the device, packed as `DiTContextPool.table` packs them."""
+
+    packed: torch.Tensor  # int64, flat
+    rows: int
+    ctx_frames: int
+    new_frames: int
+
+    def unpack(self) -> tuple[torch.Tensor, ...]:
+        """(context (B, C), context valid (B, C) bool, write (B, N), left (B, LEFT), starts (B), lengths (B))."""
+        b, c, n = self.rows, self.ctx_frames, self.new_frames
+        ctx, ok, write, left, starts, lengths = self.packed.split([b * c, b * c, b * n, b * LEFT, b, b])
+        return ctx.view(b, c), ok.view(b, c).bool(), write.view(b, n), left.view(b, LEFT), starts, lengths
 
 
 @dataclass
@@ -127,6 +144,10 @@ class DiTContextPool:
     # --- voices -----------------------------------------------------------------------------------
     def has_voice(self, key: object) -> bool:
         return key in self._voices
+
+    def shared_frames(self, key: object) -> int:
+        """The voice's shared prompt frames (the context of its streams' first calls)."""
+        return self._voices[key].frames
 
     def add_voice(self, key: object, frames: int, mu: torch.Tensor, cond: torch.Tensor, spks: torch.Tensor) -> None:
         """Render and keep a voice's shared prompt frames [0, frames) (mu, cond (1, 80, >= frames), spks
@@ -197,30 +218,55 @@ class DiTContextPool:
         return [own > self.stream_frames for own in self.own]
 
     # --- the batched solve ------------------------------------------------------------------------
+    def padding_row(self) -> DiTRow:
+        """A row that renders nothing real: no context, its frames written to the trash frame (the rows
+        a CUDA-graph bucket holds beyond a call's)."""
+        return DiTRow(0, 0, [], [], [self.zero] * LEFT)
+
+    def table(self, rows: list[DiTRow], b: int, c: int, n: int) -> torch.Tensor:
+        """The rows' index tables for a solve of `b` rows (rows beyond `rows` pad), `c` context and `n` new
+        frames, packed into one host int64 tensor (pinned where a CUDA device will read it, so it goes
+        over in one asynchronous copy): context frames (b, c) with their validity (b, c), write frames
+        (b, n), the convolutions' left frames (b, LEFT), starts (b), lengths (b). `DiTTables` unpacks it."""
+        if len(rows) > b or any(len(r.context) > c for r in rows) or any(r.end - r.start > n for r in rows):
+            raise ValueError(f"rows exceed the solve's {b} rows, {c} context or {n} new frames")
+        if max((r.end for r in rows), default=0) > self.sampler.rand_noise.size(2):
+            raise ValueError(f"utterance exceeds the flow's {self.sampler.rand_noise.size(2)}-frame noise buffer")
+        ctx = torch.full((b, c), self.zero, dtype=torch.long)
+        ctx_ok = torch.zeros(b, c, dtype=torch.long)
+        write = torch.full((b, n), self.trash, dtype=torch.long)
+        left = torch.full((b, LEFT), self.zero, dtype=torch.long)
+        starts = torch.zeros(b, dtype=torch.long)
+        lengths = torch.zeros(b, dtype=torch.long)
+        for i, r in enumerate(rows):
+            ctx[i, :len(r.context)] = torch.tensor(r.context, dtype=torch.long)
+            ctx_ok[i, :len(r.context)] = 1
+            write[i, :len(r.keep)] = torch.tensor(r.keep, dtype=torch.long)
+            left[i] = torch.tensor(r.left, dtype=torch.long)
+            starts[i], lengths[i] = r.start, r.end - r.start
+        packed = torch.cat([ctx.flatten(), ctx_ok.flatten(), write.flatten(), left.flatten(), starts, lengths])
+        return packed.pin_memory() if self.device.type == "cuda" else packed
+
     @torch.inference_mode()
     def solve(self, rows: list[DiTRow], mu: torch.Tensor, cond: torch.Tensor, spks: torch.Tensor) -> torch.Tensor:
         """Render each row's frames [start, end) through every Euler step: mu, cond (B, 80, N) (row b's
         frames at [0, end - start), right-padded), spks (B, 80). Returns the mel (B, 80, N) float32;
         keeps each row's `keep` frames' keys, values and convolution inputs in the pool."""
-        est, dev = self.est, self.device
         b, n = len(rows), mu.size(2)
         c = max((len(r.context) for r in rows), default=0)
         # Checked on the host: nothing in the solve waits for the device.
         if max(r.end - r.start for r in rows) != n:
             raise ValueError(f"mu has {n} frames; the longest row needs {max(r.end - r.start for r in rows)}")
-        if max(r.end for r in rows) > self.sampler.rand_noise.size(2):
-            raise ValueError(f"utterance exceeds the flow's {self.sampler.rand_noise.size(2)}-frame noise buffer")
-        lengths = torch.tensor([r.end - r.start for r in rows]).to(dev)
-        ctx_idx = torch.full((b, c), self.zero, dtype=torch.long)
-        ctx_ok = torch.zeros(b, c, dtype=torch.bool)
-        write_idx = torch.full((b, n), self.trash, dtype=torch.long)
-        for i, r in enumerate(rows):
-            ctx_idx[i, :len(r.context)] = torch.tensor(r.context, dtype=torch.long)
-            ctx_ok[i, :len(r.context)] = True
-            write_idx[i, :len(r.keep)] = torch.tensor(r.keep, dtype=torch.long)
-        left_idx = torch.tensor([r.left for r in rows], dtype=torch.long).to(dev)
-        ctx_idx, ctx_ok, write_idx = ctx_idx.to(dev), ctx_ok.to(dev), write_idx.to(dev)
-        starts = torch.tensor([r.start for r in rows]).to(dev)
+        tables = DiTTables(self.table(rows, b, c, n).to(self.device, non_blocking=True), b, c, n)
+        return self.solve_tables(tables, mu, cond, spks)
+
+    def solve_tables(self, t: DiTTables, mu: torch.Tensor, cond: torch.Tensor, spks: torch.Tensor) -> torch.Tensor:
+        """`solve` from index tables already on the device: device work only, no host sync and no host
+        data, so a CUDA graph can record it (tts_core/accel/dit_graphs.py) with `t`, mu, cond and spks
+        as its static inputs."""
+        est, dev = self.est, self.device
+        b, c, n = t.rows, t.ctx_frames, t.new_frames
+        ctx_idx, ctx_ok, write_idx, left_idx, starts, lengths = t.unpack()
         local = torch.arange(n, device=dev)
         valid = local[None] < lengths[:, None]  # (B, N)
         positions = torch.where(valid, starts[:, None] + local[None], 0)
@@ -243,9 +289,9 @@ class DiTContextPool:
         flat_ctx = ctx_idx.reshape(-1)
         flat_write = write_idx.reshape(-1)
         cfg_rate = self.sampler.cfg_rate
-        for step, (t, dt) in enumerate(euler_times(self.steps, self.sampler.scheduler, dev, self.dtype)):
+        for step, (time, dt) in enumerate(euler_times(self.steps, self.sampler.scheduler, dev, self.dtype)):
             x_in = torch.cat([x, x]).transpose(1, 2)
-            v = self._estimate(step, x_in, mu_in, cond_in, spks_in, t.expand(2 * b), attn_mask, angles,
+            v = self._estimate(step, x_in, mu_in, cond_in, spks_in, time.expand(2 * b), attn_mask, angles,
                                flat_ctx, left_idx, flat_write, b, c, n)
             v_cond, v_uncond = v.chunk(2)
             x = x + dt * ((1.0 + cfg_rate) * v_cond - cfg_rate * v_uncond)

@@ -14,8 +14,8 @@ sent: no cross-fade, no seam.
 Same interface as `chunk_render.ChunkRenderer` (lanes, `stream`, `render`, `prepare`), so the
 scheduler and render lanes serve both families. A render call's chunks go through the DiT in one
 batched pooled solve (rows of different lengths and contexts), then each stream's vocoder runs alone.
-Eager on every device for now: no CUDA graphs, no compiled flow (docs/PERF_NOTES.md, "CosyVoice3:
-the pooled DiT", says what capture needs).
+On CUDA each lane replays that solve from CUDA graphs of its own, captured at `prepare`
+(tts_core/accel/dit_graphs.py); nothing is torch.compile'd.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from tts_core.flow.model import FlowConditioning
 from tts_core.hift.causal import CausalHiftGenerator
 from tts_core.hift.causal_window import HiftWindows
 from tts_core.runtime.chunk_render import FlowPoolSettings, RenderLane
-from tts_core.streaming.chunk_schedule import ChunkSchedule, ChunkTask
+from tts_core.streaming.chunk_schedule import ChunkPlanner, ChunkSchedule, ChunkTask
 from tts_core.streaming.token2wav import RenderedChunk
 from tts_core.voices import Voice
 
@@ -188,16 +188,53 @@ class DiTChunkRenderer:
         self.slots.give_back(stream.slot)
 
     def prepare(self, voices: Sequence[Voice], schedule: ChunkSchedule, graphs: bool) -> dict:
-        """The voices' prompts on the device and their shared frames in the pool; no graphs (the CosyVoice3
-        flow and vocoder run eagerly)."""
+        """The voices' prompts on the device and their shared frames in the pool; with `graphs` (CUDA),
+        each lane's DiT solves captured as CUDA graphs over the buckets `solve_buckets` gives (the causal
+        HiFT runs eagerly)."""
         started = time.perf_counter()
         for voice in voices:
             self._prompt(voice)
-        if graphs:
-            log.info("dit_render_eager", why="CUDA graphs and compile cover the CosyVoice3 LM only; "
-                     "its DiT flow and causal HiFT run eagerly")
-        return {"flow_voices_s": time.perf_counter() - started,
-                "flow_pool_gb": (self.slots.mel.numel() * 4 + self.pool.nbytes) / 2**30}
+        report = {"flow_voices_s": time.perf_counter() - started,
+                  "flow_pool_gb": (self.slots.mel.numel() * 4 + self.pool.nbytes) / 2**30}
+        if not graphs or self._device.type != "cuda":
+            return report
+        from tts_core.accel.dit_graphs import DiTSolveGraphs
+
+        t0 = time.perf_counter()
+        buckets = self.solve_buckets(schedule)
+        for name, lane in self.lanes.items():
+            rows = self.settings.batches if name == "later" else self.settings.first_batches
+            lane.graphs = DiTSolveGraphs(self.pool)
+            lane.graphs.capture(rows, *buckets["later" if name == "later" else "first"])
+        report.update({"flow_capture_s": time.perf_counter() - t0,
+                       "flow_graphs": sum(len(lane.graphs.graphs) for lane in self.lanes.values()),
+                       "flow_buckets": buckets})
+        return report
+
+    def solve_buckets(self, schedule: ChunkSchedule) -> dict[str, tuple[list[int], list[int]]]:
+        """(context caps, new-frame caps) of the DiT solve graphs: "first" for a first chunk (context:
+        its voice's shared frames; new: the prompt's unshared tail and the first hop), "later" for the
+        rest (context: shared + own frames, in `context_buckets` steps up to the window; new: a hop, or
+        a final hop with its lookahead, plus a chunk where the first hop is off the chunk grid).
+        Frame counts rounded up to 8. Voices added after start-up whose calls fit none run eagerly."""
+        ratio, chunk = self.flow.cfg.token_mel_ratio, self.pool.chunk
+        extra = chunk if schedule.first_hop_tokens else 0
+        shared, first_news = set(), set()
+        with self._voices_lock:
+            prompts = [prompt for _, prompt in self._voices.values()]
+        for prompt in prompts:
+            frames = self.pool.shared_frames(prompt)
+            hop = ChunkPlanner(schedule, prompt.token.size(1)).next_hop
+            shared.add(frames)
+            first_news.add(_round8(prompt.feat.size(1) - frames + hop * ratio + extra))
+        prefix = max(shared, default=0)
+        own = self.pool.stream_frames
+        step = -(-own // self.settings.context_buckets // chunk) * chunk
+        later_ctx = sorted({prefix} | {min(prefix + own, prefix + step * k)
+                                       for k in range(1, self.settings.context_buckets + 1)})
+        later_new = sorted({_round8(schedule.max_hop_tokens * ratio + extra),
+                            _round8((schedule.max_hop_tokens + schedule.lookahead_tokens) * ratio + extra)})
+        return {"first": (sorted(shared) or [0], sorted(first_news) or later_new), "later": (later_ctx, later_new)}
 
     def capture_compiled(self, stop=lambda: False) -> dict:
         """Nothing to compile or capture (the flow and vocoder run eagerly). The scheduler's tts-compile thread
@@ -227,7 +264,7 @@ class DiTChunkRenderer:
         out = [RenderedChunk(audio=np.zeros(0, np.float32), mel=torch.zeros(1, 0, 0), flow_s=0.0, hift_s=0.0)
                for _ in items]
         try:
-            for i, chunk in zip(live, self._render([items[i] for i in live]) if live else []):
+            for i, chunk in zip(live, self._render([items[i] for i in live], lane) if live else []):
                 out[i] = chunk
         finally:
             with self._streams_lock:
@@ -238,14 +275,15 @@ class DiTChunkRenderer:
                 self.slots.give_back(stream.slot)
         return out
 
-    def _render(self, items: Sequence[tuple[DiTChunkStream, Sequence[int], ChunkTask]]) -> list[RenderedChunk]:
+    def _render(self, items: Sequence[tuple[DiTChunkStream, Sequence[int], ChunkTask]],
+                lane: str) -> list[RenderedChunk]:
         started = time.perf_counter()
         news: list[torch.Tensor | None] = [None] * len(items)
         rows: list[DiTRow | None] = [None] * len(items)
         official = self.settings.official_final
         pooled = [i for i, (_, _, task) in enumerate(items) if not (official and task.finalize)]
         if pooled:
-            for i, new, row in zip(pooled, *self._pooled([items[i] for i in pooled])):
+            for i, new, row in zip(pooled, *self._pooled([items[i] for i in pooled], lane)):
                 news[i], rows[i] = new, row
         final = [i for i in range(len(items)) if i not in pooled]
         if final:
@@ -306,12 +344,13 @@ class DiTChunkRenderer:
         p = stream.prompt
         return self.flow.condition(token, p.token, p.feat, p.embedding, task.finalize)
 
-    def _pooled(self, items: Sequence[tuple[DiTChunkStream, Sequence[int], ChunkTask]]
-                ) -> tuple[list[torch.Tensor], list[DiTRow]]:
+    def _pooled(self, items: Sequence[tuple[DiTChunkStream, Sequence[int], ChunkTask]],
+                lane: str) -> tuple[list[torch.Tensor], list[DiTRow]]:
         """Each item's chunk, chunk-masked, from its stream's kept frames (`DiTContextPool`): only the
         frames after the stream's last kept chunk go through the DiT, all items in one solve (rows
-        right-padded). Returns each item's new frames (1, 80, n) float32 and its pool row (kept frames
-        become the stream's at `DiTContextPool.advance`)."""
+        right-padded; the lane's captured graph of the smallest bucket it fits, if any). Returns each
+        item's new frames (1, 80, n) float32 and its pool row (kept frames become the stream's at
+        `DiTContextPool.advance`)."""
         ratio = self.flow.cfg.token_mel_ratio
         conditions = [self._condition(stream, tokens, task) for stream, tokens, task in items]
         rows = [self.pool.row(stream.slot, c.mu.size(2), keep=not task.finalize)
@@ -321,10 +360,16 @@ class DiTChunkRenderer:
         cond = torch.zeros_like(mu)
         for i, (r, c) in enumerate(zip(rows, conditions)):
             mu[i, :, :r.end - r.start], cond[i, :, :r.end - r.start] = c.mu[0, :, r.start:], c.cond[0, :, r.start:]
-        mel = self.pool.solve(rows, mu, cond, torch.cat([c.spks for c in conditions]))
+        graphs = self.lanes[lane].graphs
+        solve = graphs.solve if graphs is not None else self.pool.solve
+        mel = solve(rows, mu, cond, torch.cat([c.spks for c in conditions]))
         news = [mel[i:i + 1, :, c.prompt_frames + ratio * task.token_offset - r.start:r.end - r.start]
                 for i, (r, c, (_, _, task)) in enumerate(zip(rows, conditions, items))]
         return news, rows
+
+
+def _round8(frames: int) -> int:
+    return -(-frames // 8) * 8
 
 
 def _synchronized(device: torch.device) -> float:

@@ -1,0 +1,97 @@
+"""Replay CosyVoice3's pooled DiT solve (tts_core/flow/dit_pool.py) from CUDA graphs, one per batch
+bucket (rows, context frames, new frames).
+
+Eagerly a solve launches ~4,400 kernels (22 blocks x 10 Euler steps x ~20 ops) and the host's launch
+cost set its time: 273 ms for one stream's first chunk on the H100, ~1 s for a batched call
+(docs/PERF_NOTES.md). `DiTContextPool.solve_tables` does only device work from index tables copied over
+before it, so a bucket's whole solve records into one graph: padding rows read the pool's zero frame
+and write its trash frame, padded context frames are masked out, padded new frames are neither seen
+by real ones (the mask) nor kept (their writes go to the trash frame). A call takes the smallest
+bucket it fits; one that fits none runs eagerly and is counted (`eager_calls`).
+
+Each render lane replays its own `DiTSolveGraphs` (own memory pool and capture stream: graphs of one
+pool share scratch memory and must not run at once); the context pool itself is shared.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import structlog
+import torch
+
+from tts_core.accel.graph_capture import WARMUP_RUNS, capture_graph
+from tts_core.flow.dit_pool import DiTContextPool, DiTRow, DiTTables
+
+log = structlog.get_logger(__name__)
+
+
+class _SolveGraph:
+    def __init__(self, pool: DiTContextPool, rows: int, ctx_cap: int, new_cap: int, mempool,
+                 stream: torch.cuda.Stream) -> None:
+        cfg, dev = pool.est.cfg, pool.device
+        # Static inputs: index tables (all padding rows while capturing: the warm-up and the recording
+        # touch only the zero and trash frames, so a lane may capture while others serve).
+        self.tables = DiTTables(pool.table([], rows, ctx_cap, new_cap).to(dev), rows, ctx_cap, new_cap)
+        self.mu = torch.zeros(rows, cfg.mu_dim, new_cap, device=dev, dtype=pool.dtype)
+        self.cond = torch.zeros(rows, cfg.mel_dim, new_cap, device=dev, dtype=pool.dtype)
+        self.spks = torch.zeros(rows, cfg.spk_dim, device=dev, dtype=pool.dtype)
+        self.graph = torch.cuda.CUDAGraph()
+        self.out = capture_graph(self.graph, lambda: pool.solve_tables(self.tables, self.mu, self.cond, self.spks),
+                                 warmup=WARMUP_RUNS, pool=mempool, stream=stream)
+
+    def replay(self, table: torch.Tensor, mu: torch.Tensor, cond: torch.Tensor, spks: torch.Tensor) -> torch.Tensor:
+        """Copy a call's inputs in (zeros beyond its rows and frames) and replay; the graph's output
+        (rows, 80, new_cap) float32, overwritten by the next replay."""
+        self.tables.packed.copy_(table, non_blocking=True)
+        r, n = mu.size(0), mu.size(2)
+        for static, given in ((self.mu, mu), (self.cond, cond)):
+            static.zero_()
+            static[:r, :, :n].copy_(given)
+        self.spks.zero_()
+        self.spks[:r].copy_(spks)
+        self.graph.replay()
+        return self.out
+
+
+class DiTSolveGraphs:
+    """One render lane's captured DiT solves."""
+
+    def __init__(self, pool: DiTContextPool) -> None:
+        if pool.device.type != "cuda":
+            raise RuntimeError("DiT solve graphs need the flow on a CUDA device")
+        self.pool = pool
+        self.graphs: dict[tuple[int, int, int], _SolveGraph] = {}
+        self._mempool = torch.cuda.graph_pool_handle()
+        self._stream = torch.cuda.Stream(pool.device)
+        self.eager_calls = 0  # solves that fit no bucket (each costs the eager launch time)
+
+    def capture(self, rows: Sequence[int], ctx_caps: Sequence[int], new_caps: Sequence[int]) -> float:
+        """Capture every (rows, ctx_cap, new_cap) bucket; returns the seconds it took. Largest first:
+        the later ones reuse its blocks of the lane's memory pool."""
+        started = time.perf_counter()
+        keys = sorted(((r, c, n) for r in rows for c in ctx_caps for n in new_caps),
+                      key=lambda k: (k[0] * (k[1] + k[2]), k), reverse=True)
+        with torch.cuda.device(self.pool.device):
+            for key in keys:
+                if key not in self.graphs:
+                    self.graphs[key] = _SolveGraph(self.pool, *key, self._mempool, self._stream)
+        seconds = time.perf_counter() - started
+        log.info("dit_graphs_captured", graphs=len(self.graphs), rows=list(rows), ctx_caps=list(ctx_caps),
+                 new_caps=list(new_caps), seconds=round(seconds, 2))
+        return seconds
+
+    def solve(self, rows: list[DiTRow], mu: torch.Tensor, cond: torch.Tensor, spks: torch.Tensor) -> torch.Tensor:
+        """`DiTContextPool.solve` (mel (B, 80, N) float32 for mu (B, 80, N)), replaying the smallest
+        bucket the call fits."""
+        b, n = len(rows), mu.size(2)
+        c = max((len(r.context) for r in rows), default=0)
+        fits = [k for k in self.graphs if k[0] >= b and k[1] >= c and k[2] >= n]
+        if not fits:
+            self.eager_calls += 1
+            return self.pool.solve(rows, mu, cond, spks)
+        key = min(fits, key=lambda k: (k[0] * (k[1] + k[2]), k))
+        table = self.pool.table(rows, *key)
+        out = self.graphs[key].replay(table, mu, cond, spks)
+        return out[:b, :, :n].clone()
