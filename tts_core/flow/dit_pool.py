@@ -132,6 +132,7 @@ class DiTContextPool:
         self.kv = torch.zeros(cfg.depth, self.steps, 2, 2, self.total_frames, self.inner, device=device, dtype=dtype)
         self.pos = torch.zeros(self.steps, 2, 2, self.total_frames, cfg.dim, device=device, dtype=dtype)
         self.device, self.dtype = device, dtype
+        self._constants = _StepConstants.of(sampler, est, device, dtype)
         self._voices: dict[object, _Voice] = {}
         self._voice_used = 0
         self.own = [0] * stream_slots  # own frames kept so far (from the voice's shared frames on)
@@ -260,6 +261,7 @@ class DiTContextPool:
         tables = DiTTables(self.table(rows, b, c, n).to(self.device, non_blocking=True), b, c, n)
         return self.solve_tables(tables, mu, cond, spks)
 
+    @torch.inference_mode()
     def solve_tables(self, t: DiTTables, mu: torch.Tensor, cond: torch.Tensor, spks: torch.Tensor) -> torch.Tensor:
         """`solve` from index tables already on the device: device work only, no host sync and no host
         data, so a CUDA graph can record it (tts_core/accel/dit_graphs.py) with `t`, mu, cond and spks
@@ -275,10 +277,15 @@ class DiTContextPool:
         rel_chunk = torch.div(local, self.chunk, rounding_mode="floor")
         see_new = (valid[:, None, :] & (rel_chunk[None, None, :] <= rel_chunk[None, :, None])) | torch.eye(
             n, dtype=torch.bool, device=dev)[None]
-        attn_mask = torch.cat([ctx_ok[:, None, :].expand(-1, n, -1), see_new], dim=2)[:, None]  # (B, 1, N, C+N)
-        attn_mask = attn_mask.repeat(2, 1, 1, 1)
+        visible = torch.cat([ctx_ok[:, None, :].expand(-1, n, -1), see_new], dim=2)[:, None]  # (B, 1, N, C+N)
+        # Additive, in the compute dtype, made once per call: SDPA would convert a bool mask every layer.
+        bias = torch.zeros(visible.shape, device=dev, dtype=self.dtype).masked_fill_(~visible, float("-inf"))
+        bias = bias.repeat(2, 1, 1, 1)
         angles = (positions.to(est.rotary_embed.inv_freq.dtype)[..., None]
                   * est.rotary_embed.inv_freq).repeat_interleave(2, dim=-1).repeat(2, 1, 1)  # (2B, N, dh)
+        # For q and k of every layer: x * cos + x[pair swapped] * (sin with the pair's sign), as apply_rotary.
+        cos = angles.cos().to(self.dtype)[:, :, None]
+        sin = (angles.sin() * self._constants.rotary_sign).to(self.dtype)[:, :, None]
         x = self.sampler.rand_noise[0][:, positions].permute(1, 0, 2).to(self.dtype)  # noise (B, 80, N)
 
         # Guidance rows: [0, B) conditioned, [B, 2B) with mu, cond and spks zeroed (as FlowSampler.solve).
@@ -289,20 +296,25 @@ class DiTContextPool:
         flat_ctx = ctx_idx.reshape(-1)
         flat_write = write_idx.reshape(-1)
         cfg_rate = self.sampler.cfg_rate
-        for step, (time, dt) in enumerate(euler_times(self.steps, self.sampler.scheduler, dev, self.dtype)):
+        for step, dt in enumerate(self._constants.dts):
             x_in = torch.cat([x, x]).transpose(1, 2)
-            v = self._estimate(step, x_in, mu_in, cond_in, spks_in, time.expand(2 * b), attn_mask, angles,
-                               flat_ctx, left_idx, flat_write, b, c, n)
+            v = self._estimate(step, x_in, mu_in, cond_in, spks_in, bias, cos, sin, flat_ctx, left_idx, flat_write,
+                               b, c, n)
             v_cond, v_uncond = v.chunk(2)
             x = x + dt * ((1.0 + cfg_rate) * v_cond - cfg_rate * v_uncond)
         return x.float()
 
     def _estimate(self, step: int, x: torch.Tensor, mu: torch.Tensor, cond: torch.Tensor, spks: torch.Tensor,
-                  t: torch.Tensor, attn_mask: torch.Tensor, angles: torch.Tensor, ctx: torch.Tensor,
-                  left: torch.Tensor, write: torch.Tensor, b: int, c: int, n: int) -> torch.Tensor:
-        """The DiT forward of the new frames (2B, N, C) at one Euler step -> velocity (2B, 80, N)."""
-        est = self.est
-        t_emb = est.time_embed(t)
+                  bias: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: torch.Tensor, left: torch.Tensor,
+                  write: torch.Tensor, b: int, c: int, n: int) -> torch.Tensor:
+        """The DiT forward of the new frames (2B, N, C) at one Euler step -> velocity (2B, 80, N). The
+        official block's arithmetic with fewer kernels (a solve replays ~220 blocks, and at a few rows
+        its time is their count): q, k and v from one matmul (`_StepConstants`), rotary on q and k at
+        once with its tables made once per solve, an additive mask made once per solve. The official
+        op order otherwise: on the tiny golden model torch.addcmul's single rounding, or modulations
+        precomputed from a one-row t, moved the streamed audio from 1.2e-4 to 2.1-3.3e-4 mean off the
+        official, past the test's 2e-4 (its random HiFT amplifies mel rounding ~100x)."""
+        est, consts = self.est, self._constants
         emb = est.input_embed
         h = emb.proj(torch.cat([x, cond, mu, spks[:, None, :].expand(-1, n, -1)], dim=-1))  # (2B, N, dim)
         conv_in = h
@@ -314,22 +326,52 @@ class DiTContextPool:
             conv_in = conv(torch.cat([past, conv_in], dim=1).transpose(1, 2)).transpose(1, 2)
         h = conv_in + h
         halves = torch.arange(2, device=self.device)[:, None]
+        inner, rot = self.inner, cos.size(-1)
+        # The time modulations as the official block computes them, per call (see the docstring).
+        t_act = F.silu(est.time_embed(consts.times[step].expand(2 * b)))
         for layer, block in enumerate(est.transformer_blocks):
-            shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = block.attn_norm(t_emb)
-            xn = _norm(h) * (1 + scale_msa) + shift_msa
-            attn = block.attn
-            q = apply_rotary(attn.to_q(xn), angles)
-            k = apply_rotary(attn.to_k(xn), angles)
-            v = attn.to_v(xn)
+            shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = (
+                m[:, None, :] for m in block.attn_norm.linear(t_act).chunk(6, dim=1))
+            qkv = F.linear(_norm(h) * (1 + scale_msa) + shift_msa, consts.qkv_weight[layer], consts.qkv_bias[layer])
+            qkv = qkv.view(2 * b, n, 3, inner)
+            head = qkv[:, :, :2, :rot]  # the rotated channels of q and k (the first dim_head: head 0)
+            head.copy_(head * cos + head[..., consts.rotary_swap] * sin)
+            q, k, v = qkv.unbind(2)
             kv = self.kv[layer, step]  # (2, 2, F, inner)
-            keys = torch.cat([kv[:, 0][:, ctx].reshape(2 * b, c, self.inner), k], dim=1)
-            values = torch.cat([kv[:, 1][:, ctx].reshape(2 * b, c, self.inner), v], dim=1)
+            keys = torch.cat([kv[:, 0][:, ctx].reshape(2 * b, c, inner), k], dim=1)
+            values = torch.cat([kv[:, 1][:, ctx].reshape(2 * b, c, inner), v], dim=1)
             kv[:, 0].index_put_((halves, write[None]), k.reshape(2, b * n, -1))
             kv[:, 1].index_put_((halves, write[None]), v.reshape(2, b * n, -1))
-            q, keys, values = (y.unflatten(-1, (attn.heads, -1)).transpose(1, 2) for y in (q, keys, values))
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=attn_mask)
-            out = attn.to_out[0](out.transpose(1, 2).flatten(2))
-            h = h + gate_msa * out
+            heads = block.attn.heads
+            q, keys, values = (y.unflatten(-1, (heads, -1)).transpose(1, 2) for y in (q, keys, values))
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias)
+            h = h + gate_msa * block.attn.to_out[0](out.transpose(1, 2).flatten(2))
             h = h + gate_mlp * block.ff(_norm(h) * (1 + scale_mlp) + shift_mlp)
-        return est.proj_out(est.norm_out(h, t_emb)).transpose(1, 2)
+        scale, shift = est.norm_out.linear(t_act).chunk(2, dim=1)  # scale first: the checkpoint's order
+        return est.proj_out(_norm(h) * (1 + scale[:, None, :]) + shift[:, None, :]).transpose(1, 2)
 
+
+@dataclass(frozen=True)
+class _StepConstants:
+    """What the pooled DiT uses the same in every solve, made once: each Euler step's t and dt (the
+    official accumulation order, `euler_times`), each block's q/k/v weights stacked for one matmul (a
+    copy: ~6 MB a block in bf16 at full size), and the rotary's pair swap and signs."""
+
+    times: list[torch.Tensor]  # (1,) each
+    dts: list[torch.Tensor]  # 0-d each
+    qkv_weight: list[torch.Tensor]
+    qkv_bias: list[torch.Tensor]
+    rotary_swap: torch.Tensor  # (dim_head,) long: 1, 0, 3, 2, ...
+    rotary_sign: torch.Tensor  # (dim_head,) float: -1, +1, ... (rotated_half = x[swap] * sign)
+
+    @classmethod
+    @torch.inference_mode()
+    def of(cls, sampler: FlowSampler, est: DiTEstimator, device: torch.device, dtype: torch.dtype) -> _StepConstants:
+        times = euler_times(sampler.n_timesteps, sampler.scheduler, device, dtype)
+        attns = [block.attn for block in est.transformer_blocks]
+        dim_head = est.cfg.dim_head
+        swap = torch.arange(dim_head, device=device).view(-1, 2).flip(-1).reshape(-1)
+        sign = torch.tensor([-1.0, 1.0], device=device).repeat(dim_head // 2)
+        return cls([t for t, _ in times], [dt for _, dt in times],
+                   [torch.cat([a.to_q.weight, a.to_k.weight, a.to_v.weight]) for a in attns],
+                   [torch.cat([a.to_q.bias, a.to_k.bias, a.to_v.bias]) for a in attns], swap, sign)
