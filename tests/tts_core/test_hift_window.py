@@ -113,7 +113,8 @@ def _schedules(hift: CausalHiftGenerator) -> list[dict]:
 
 
 @pytest.mark.parametrize(("dtype", "tol"), [(torch.float64, EXACT_TOL), (torch.float32, WAV_TOL)])
-def test_batched_windows_equal_each_stream_rendered_alone(tiny3_model_dir: Path, dtype: torch.dtype, tol: float) -> None:
+def test_batched_windows_equal_each_stream_rendered_alone(tiny3_model_dir: Path, dtype: torch.dtype,
+                                                          tol: float) -> None:
     """render_many over streams at different stages (first, steady and final chunks, different lengths)
     gives each stream the samples, F0 and phase state that rendering it alone gives, while calls with
     equal decoder windows share one decode of stacked rows (and non-final windows are those

@@ -161,6 +161,7 @@ class HiftWindows:
         m = hift.m_source
         for group in _groups(plans, lambda p: (p.f0_end - p.known, p.known == 0, p.mel.dtype)):
             f0 = _rows([self.f0[p.slot:p.slot + 1, p.known:p.f0_end] for p in group]).to(group[0].mel.dtype)
+            # the start frame matters only as the utterance's first or not, one answer per group
             fresh = m.increments(f0, group[0].known).to(self.increments.dtype)
             for row, p in enumerate(group):
                 self.increments[p.slot, :, p.known:p.f0_end] = fresh[row]
@@ -171,8 +172,8 @@ class HiftWindows:
             f0 = _rows([self.f0[p.slot:p.slot + 1, p.start:p.f0_end] for p in group]).to(dtype)
             # The phase is the running sum of the increments from the start, summed again over all frames so
             # far (H values a frame) exactly as one whole-mel run sums them; per row, as each row's length.
-            cycles = _rows([torch.cumsum(self.increments[p.slot:p.slot + 1, :, :p.f0_end].to(dtype), dim=2)[:, :, p.start:]
-                            for p in group])
+            sums = [torch.cumsum(self.increments[p.slot:p.slot + 1, :, :p.f0_end].to(dtype), dim=2) for p in group]
+            cycles = _rows([s[:, :, p.start:] for s, p in zip(sums, group)])
             source = m.from_cycles(f0, cycles, [p.start for p in group])
             window = _rows([p.mel[:, :, p.start:p.f0_end] for p in group])
             wav = (hift if graphs is None else graphs).decode(window, source, finalize)
