@@ -13,7 +13,9 @@ sent: no cross-fade, no seam.
 
 Same interface as `chunk_render.ChunkRenderer` (lanes, `stream`, `render`, `prepare`), so the
 scheduler and render lanes serve both families. A render call's chunks go through the DiT in one
-batched pooled solve (rows of different lengths and contexts), then each stream's vocoder runs alone.
+batched pooled solve (rows of different lengths and contexts), then through the vocoder in batched passes
+(`HiftWindows.render_many`: one decode per group of equal windows, from the lane's graphs in
+`vocoder_graphs` where it has them).
 Eager on every device for now: no CUDA graphs, no compiled flow (docs/PERF_NOTES.md, "CosyVoice3:
 the pooled DiT", says what capture needs).
 """
@@ -33,7 +35,7 @@ from tts_core.flow.dit_flow import DiTFlowModel
 from tts_core.flow.dit_pool import DiTContextPool, DiTRow, frame_bytes, shared_prompt_frames
 from tts_core.flow.model import FlowConditioning
 from tts_core.hift.causal import CausalHiftGenerator
-from tts_core.hift.causal_window import HiftWindows
+from tts_core.hift.causal_window import HiftWindows, WindowDecoder
 from tts_core.runtime.chunk_render import FlowPoolSettings, RenderLane
 from tts_core.streaming.chunk_schedule import ChunkSchedule, ChunkTask
 from tts_core.streaming.token2wav import RenderedChunk
@@ -114,6 +116,9 @@ class DiTChunkRenderer:
         self.pool = DiTContextPool(flow.decoder, settings.stream_slots, -(-settings.context_frames // chunk) * chunk,
                                    settings.voice_slots * settings.voice_frames, self._device, self.dtype)
         self.vocoder = HiftWindows(hift, settings.stream_slots, flow.decoder.rand_noise.size(2), self._device)
+        # Per render lane: the vocoder decode's CUDA graphs (tts_core.accel.causal_hift_graphs.CausalHiftGraphs,
+        # captured for that lane's row counts and windows); a lane without any decodes eagerly.
+        self.vocoder_graphs: dict[str, WindowDecoder] = {}
         self.lanes = {name: RenderLane(name, max_batch=max(settings.first_batches)) for name in self.first_lanes}
         self.lanes["later"] = RenderLane("later", max_batch=max(settings.batches))
         self._voices: dict[str, tuple[Voice, _VoicePrompt]] = {}
@@ -216,8 +221,8 @@ class DiTChunkRenderer:
                lane: str = "later") -> list[RenderedChunk]:
         """One chunk per item (stream, the segment's flow tokens so far, its task), in order. The flow
         renders the items' chunks in one batched call per attention kind (chunk-masked, and full for
-        final chunks); each stream's vocoder then runs on its own mel. A stream whose final chunk this is
-        gives its slot back."""
+        final chunks); the vocoder then renders them in batched passes (`HiftWindows.render_many`). A
+        stream whose final chunk this is gives its slot back."""
         with self._streams_lock:
             # A stream closed since its lane took the chunk (its job cancelled) is not rendered: its slot
             # may be another stream's already. Its job hears nothing more, so an empty chunk stands in.
@@ -227,7 +232,7 @@ class DiTChunkRenderer:
         out = [RenderedChunk(audio=np.zeros(0, np.float32), mel=torch.zeros(1, 0, 0), flow_s=0.0, hift_s=0.0)
                for _ in items]
         try:
-            for i, chunk in zip(live, self._render([items[i] for i in live]) if live else []):
+            for i, chunk in zip(live, self._render([items[i] for i in live], lane) if live else []):
                 out[i] = chunk
         finally:
             with self._streams_lock:
@@ -238,7 +243,8 @@ class DiTChunkRenderer:
                 self.slots.give_back(stream.slot)
         return out
 
-    def _render(self, items: Sequence[tuple[DiTChunkStream, Sequence[int], ChunkTask]]) -> list[RenderedChunk]:
+    def _render(self, items: Sequence[tuple[DiTChunkStream, Sequence[int], ChunkTask]],
+                lane: str = "later") -> list[RenderedChunk]:
         started = time.perf_counter()
         news: list[torch.Tensor | None] = [None] * len(items)
         rows: list[DiTRow | None] = [None] * len(items)
@@ -252,14 +258,16 @@ class DiTChunkRenderer:
             for i, new in zip(final, self._flow([items[i] for i in final], True)):
                 news[i] = new
         flow_s = _synchronized(self._device) - started
-        out, f0_frames = [], []
-        for (stream, _, task), new in zip(items, news):
-            t0 = time.perf_counter()
-            wav, f0_known = self.vocoder.render(stream.slot, self.slots.staged(stream.slot, new),
-                                                self.slots.emitted[stream.slot], task.finalize)
-            audio = wav[0].float().cpu().numpy()
-            f0_frames.append(f0_known)
-            out.append(RenderedChunk(audio=audio, mel=new, flow_s=flow_s, hift_s=time.perf_counter() - t0))
+        t0 = time.perf_counter()
+        rendered = self.vocoder.render_many(
+            [(stream.slot, self.slots.staged(stream.slot, new), self.slots.emitted[stream.slot], task.finalize)
+             for (stream, _, task), new in zip(items, news)], graphs=self.vocoder_graphs.get(lane))
+        # One copy to the host for the call's chunks (each .cpu() waits for the stream).
+        flat = torch.cat([wav[0] for wav, _ in rendered]).float().cpu().numpy()
+        audios = np.split(flat, np.cumsum([wav.size(1) for wav, _ in rendered])[:-1])
+        f0_frames = [f0_known for _, f0_known in rendered]
+        hift_s = time.perf_counter() - t0  # the call's batched vocoder, shared by its chunks (as CosyVoice2's)
+        out = [RenderedChunk(audio=audio, mel=new, flow_s=flow_s, hift_s=hift_s) for audio, new in zip(audios, news)]
         # Every chunk made: only now does any stream move on (the render loop renders a failed call's
         # chunks again one by one, from the state they had).
         for (stream, _, task), chunk, row, f0_known in zip(items, out, rows, f0_frames):
