@@ -22,6 +22,8 @@ the pooled DiT", says what capture needs).
 
 from __future__ import annotations
 
+import math
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -35,9 +37,9 @@ from tts_core.flow.dit_flow import DiTFlowModel
 from tts_core.flow.dit_pool import DiTContextPool, DiTRow, frame_bytes, shared_prompt_frames
 from tts_core.flow.model import FlowConditioning
 from tts_core.hift.causal import CausalHiftGenerator
-from tts_core.hift.causal_window import HiftWindows, WindowDecoder
+from tts_core.hift.causal_window import HiftWindows, WindowDecoder, decode_windows
 from tts_core.runtime.chunk_render import FlowPoolSettings, RenderLane
-from tts_core.streaming.chunk_schedule import ChunkSchedule, ChunkTask
+from tts_core.streaming.chunk_schedule import ChunkPlanner, ChunkSchedule, ChunkTask
 from tts_core.streaming.token2wav import RenderedChunk
 from tts_core.voices import Voice
 
@@ -215,6 +217,21 @@ class DiTChunkRenderer:
 
     def capture_deferred(self, stop=lambda: False) -> None:
         """Nothing is deferred (no graphs)."""
+
+    def vocoder_windows(self, schedule: ChunkSchedule, voices: Sequence[Voice]) -> list[int]:
+        """The decoder windows (mel frames, ascending) of every non-final chunk the schedule makes for these
+        voices: what each lane's `CausalHiftGraphs.capture(frames=...)` needs. A voice's prompt sets its
+        first hop; past the first chunk a window is the chunk's new frames + a fixed reach
+        (`decode_windows`), the same for every voice once the hop stops growing."""
+        ratio, look = self.flow.cfg.token_mel_ratio, schedule.lookahead_tokens
+        growths = 0 if schedule.hop_scale == 1 else math.ceil(math.log(schedule.max_hop_tokens / schedule.hop_tokens,
+                                                                        schedule.hop_scale))
+        windows: set[int] = set()
+        for prompt_tokens in {len(voice.flow_prompt_speech_token) for voice in voices}:
+            planner = ChunkPlanner(schedule, prompt_tokens)
+            tasks = [planner.next_chunk(sys.maxsize, lm_finished=False) for _ in range(growths + 3)]
+            windows.update(decode_windows(self.hift, [ratio * (task.token_end - look) for task in tasks]))
+        return sorted(windows)
 
     @torch.inference_mode()
     def render(self, items: Sequence[tuple[DiTChunkStream, Sequence[int], ChunkTask]],
