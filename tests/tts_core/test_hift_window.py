@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tts_core.hift.causal import CausalHiftGenerator, load_causal_hift
-from tts_core.hift.causal_window import HiftWindows
+from tts_core.hift.causal_window import HiftWindows, decode_windows
 
 # float32: a decoder run over another length rounds differently (measured <= 3e-4 on this random tiny HiFT,
 # spread over the whole signal wherever the window starts, so rounding, not reach); float64 shows the rest.
@@ -92,3 +92,71 @@ def test_many_chunks_are_exact_and_each_decodes_a_bounded_window(tiny3_model_dir
         assert read <= end - previous + left + 8
         previous = end
     assert max(read for _, _, read in got) < 900 // 3
+
+
+def _schedules(hift: CausalHiftGenerator) -> list[dict]:
+    """Five streams at different stages, sizes from the model's reach: three of one schedule (two in step,
+    one two rounds behind), one of another hop ending in a short final chunk, one a single final chunk."""
+    left, look = HiftWindows(hift, 1, 1, torch.device("cpu")).left, hift.look_ahead_frames
+    first, hop, other = look + left // 2, left, left + left // 2 + 1
+
+    def ends(first: int, hop: int, total: int) -> list[int]:
+        out = [first]
+        while out[-1] < total:
+            out.append(min(total, out[-1] + hop))
+        return out
+
+    steady = ends(first, hop, first + 6 * hop)
+    return [{"ends": steady, "round": 0}, {"ends": steady, "round": 0}, {"ends": steady, "round": 2},
+            {"ends": ends(first + 1, other, first + 3 * other + left // 3), "round": 1},
+            {"ends": [2 * look + left // 2], "round": 3}]
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float64, EXACT_TOL), (torch.float32, WAV_TOL)])
+def test_batched_windows_equal_each_stream_rendered_alone(tiny3_model_dir: Path, dtype: torch.dtype,
+                                                          tol: float) -> None:
+    """render_many over streams at different stages (first, steady and final chunks, different lengths)
+    gives each stream the samples, F0 and phase state that rendering it alone gives, while calls with
+    equal decoder windows share one decode of stacked rows (and non-final windows are those
+    `decode_windows` lists for the schedule)."""
+    hift = _hift(tiny3_model_dir, dtype)
+    streams = _schedules(hift)
+    gen = torch.Generator().manual_seed(1)
+    mels = [torch.randn(1, hift.cfg.in_channels, s["ends"][-1], generator=gen, dtype=dtype) * 2 for s in streams]
+    alone, batched = (HiftWindows(hift, len(streams), 1000, torch.device("cpu")) for _ in range(2))
+    batched.decode_rows = 2  # the three steady streams' group splits too
+    emitted = [0] * len(streams)
+    decode, rows = hift.decode, []
+
+    def counting(m, source, finalize):
+        rows.append((m.size(0), m.size(2), finalize))
+        return decode(m, source, finalize)
+
+    rounds = max(s["round"] + len(s["ends"]) for s in streams)
+    shared = []
+    for r in range(rounds):
+        calls = [(i, mels[i][:, :, :s["ends"][r - s["round"]]], emitted[i], r - s["round"] == len(s["ends"]) - 1)
+                 for i, s in enumerate(streams) if 0 <= r - s["round"] < len(s["ends"])]
+        expected = [alone.render(*call) for call in calls]
+        hift.decode, rows[:] = counting, []
+        try:
+            got = batched.render_many(calls)
+        finally:
+            del hift.decode
+        shared += [n for n, _, _ in rows if n > 1]
+        assert sum(n for n, _, _ in rows) == len(calls)
+        for (slot, mel, _, finalize), (wav, known), (want, want_known) in zip(calls, got, expected, strict=True):
+            assert wav.shape == want.shape and known == want_known
+            assert (wav - want).abs().max().item() <= tol
+            alone.commit(slot, known)
+            batched.commit(slot, known)
+            emitted[slot] += wav.size(1)
+        for n, frames, finalize in rows:
+            assert finalize or frames in {w for s in streams for w in decode_windows(hift, s["ends"][:-1])}
+    assert len(shared) >= 3  # first chunks in step, steady chunks of streams rounds apart, finals in step
+    assert max(shared) == 2
+    assert all(emitted[i] == s["ends"][-1] * hift.cfg.samples_per_frame for i, s in enumerate(streams))
+    # the kept F0 and phase increments: equal but for rounding (the float64 F0 predictor's batched
+    # convolution rounds at 1e-13 Hz)
+    torch.testing.assert_close(batched.f0, alone.f0)
+    torch.testing.assert_close(batched.increments, alone.increments)

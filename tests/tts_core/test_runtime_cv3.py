@@ -318,17 +318,46 @@ def test_a_stream_closed_while_rendering_frees_its_slot_once_and_a_closed_one_is
 def test_a_failed_render_call_leaves_every_stream_as_it_was(two_streams, stream_case: dict,
                                                              schedule: ChunkSchedule) -> None:
     """The render loop renders a failed call's chunks again one by one (so one bad job fails alone): the
-    vocoder failing on the second stream must not have moved the first on, or its retry would repeat audio."""
+    vocoder failing in the call (its one batched decode of both streams' equal windows, after their F0 and
+    phase increments were worked out) must not have moved the first on, or its retry would repeat audio."""
     renderer, tokens, task, first, second = two_streams
-    calls = []
+    rows = []
 
-    def failing_second(mel):
-        calls.append(mel.size(2))
-        if len(calls) == 2:
-            raise RuntimeError("vocoder failed")
+    def failing(mel):
+        rows.append(mel.size(0))
+        raise RuntimeError("vocoder failed")
 
-    with vocoder_hook(renderer, failing_second), pytest.raises(RuntimeError, match="vocoder failed"):
+    with vocoder_hook(renderer, failing), pytest.raises(RuntimeError, match="vocoder failed"):
         renderer.render([(first, tokens, task), (second, tokens, task)])
+    assert rows == [2]
     (again,) = renderer.render([(first, tokens, task)])  # the retry, alone
     _close(again.audio, stream_case["chunks"][0])
     assert renderer.slots.frames[first.slot] == 2 * task.token_end - 2 * schedule.lookahead_tokens
+
+
+def test_the_vocoder_windows_listed_for_graphs_are_those_a_long_segment_decodes(
+        pipeline: CosyVoice2Pipeline, schedule: ChunkSchedule) -> None:
+    """`vocoder_windows` (what each lane's vocoder graphs are captured for) lists every non-final decoder
+    window a segment decodes, through the hop's growth to its steady size, and nothing it does not."""
+    scheduler = pipeline.scheduler
+    renderer = DiTChunkRenderer(scheduler.flow, scheduler.hift, FlowPoolSettings(stream_slots=1))
+    voice = pipeline.voices.get(VOICE)
+    listed = renderer.vocoder_windows(schedule, [voice])
+    stream = renderer.stream(voice, schedule, None)
+    planner = ChunkPlanner(schedule, len(voice.flow_prompt_speech_token))
+    gen = torch.Generator().manual_seed(3)
+    # the hop's growth to max_hop, then two chunks at it and a final one
+    tokens = planner.tokens_needed() + 2 * schedule.hop_tokens + 4 * schedule.max_hop_tokens
+    tokens = torch.randint(0, scheduler.flow.cfg.vocab_size, (tokens,), generator=gen).tolist()
+    decoded = []
+
+    def before(mel):
+        decoded.append(mel.size(2))
+
+    with vocoder_hook(renderer, before):
+        while (task := planner.next_chunk(len(tokens), lm_finished=True)) is not None:
+            renderer.render([(stream, tokens, task)])
+            if task.finalize:
+                decoded.pop()
+    assert sorted(set(decoded)) == listed
+    assert len(decoded) > len(listed)  # the steady window repeats

@@ -13,6 +13,7 @@ and repeated back to the sample rate ("nearest"; CosyVoice2's SineGen2 interpola
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -91,19 +92,24 @@ class CausalHarmonicSource(nn.Module):
             increments[:, 0, :] = increments[:, 0, :] + self.rand_ini.to(increments.dtype)
         return F.interpolate(increments.transpose(1, 2), scale_factor=1 / self.samples_per_frame, mode="linear")
 
-    def from_cycles(self, f0: torch.Tensor, cycles: torch.Tensor, start_frame: int) -> torch.Tensor:
+    def from_cycles(self, f0: torch.Tensor, cycles: torch.Tensor, start_frame: int | Sequence[int]) -> torch.Tensor:
         """The source of frames [start_frame, start_frame + T) (B, 1, T * samples_per_frame) from their f0
         (B, T) and phase in cycles (B, H, T: the running sum of `increments`); the additive noise is the
-        fixed buffer's at those samples."""
-        per_sample = f0[:, :, None].repeat_interleave(self.samples_per_frame, dim=1)  # (B, L, 1)
-        first, length = start_frame * self.samples_per_frame, per_sample.size(1)
-        if first + length > self.sine_noise.size(1):
-            raise ValueError(f"hift: {first + length} samples exceed the {self.sine_noise.size(1)}-sample noise buffer")
+        fixed buffer's at those samples. `start_frame` per row (B of them) where the rows are different
+        streams' windows (the batched vocoder)."""
+        spf = self.samples_per_frame
+        per_sample = f0[:, :, None].repeat_interleave(spf, dim=1)  # (B, L, 1)
+        starts = [start_frame] if isinstance(start_frame, int) else list(start_frame)
+        length = per_sample.size(1)
+        if max(starts) * spf + length > self.sine_noise.size(1):
+            raise ValueError(f"hift: {max(starts) * spf + length} samples exceed the "
+                             f"{self.sine_noise.size(1)}-sample noise buffer")
+        noise = torch.cat([self.sine_noise[:, s * spf:s * spf + length] for s in starts])  # (B, L, H)
         phase = F.interpolate(cycles * 2 * math.pi * self.samples_per_frame, scale_factor=self.samples_per_frame,
                               mode="nearest")
         sines = torch.sin(phase.transpose(1, 2)) * self.sine_amp  # (B, L, H)
 
         voiced = (per_sample > self.voiced_threshold).to(sines.dtype)
         noise_amp = voiced * self.noise_std + (1 - voiced) * self.sine_amp / 3
-        harmonics = sines * voiced + noise_amp * self.sine_noise[:, first:first + length].to(sines.dtype)
+        harmonics = sines * voiced + noise_amp * noise.to(sines.dtype)
         return torch.tanh(self.l_linear(harmonics)).transpose(1, 2)

@@ -13,13 +13,16 @@ sent: no cross-fade, no seam.
 
 Same interface as `chunk_render.ChunkRenderer` (lanes, `stream`, `render`, `prepare`), so the
 scheduler and render lanes serve both families. A render call's chunks go through the DiT in one
-batched pooled solve (rows of different lengths and contexts), then each stream's vocoder runs alone.
-On CUDA each lane replays that solve from CUDA graphs of its own, captured at `prepare`
-(tts_core/accel/dit_graphs.py); nothing is torch.compile'd.
+batched pooled solve (rows of different lengths and contexts), then through the vocoder in batched passes
+(`HiftWindows.render_many`: one decode per group of equal windows). On CUDA each lane replays the solve
+and the decodes from CUDA graphs of its own, captured at `prepare` (tts_core/accel/dit_graphs.py,
+tts_core/accel/causal_hift_graphs.py); nothing is torch.compile'd.
 """
 
 from __future__ import annotations
 
+import math
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -33,7 +36,7 @@ from tts_core.flow.dit_flow import DiTFlowModel
 from tts_core.flow.dit_pool import DiTContextPool, DiTRow, frame_bytes, shared_prompt_frames
 from tts_core.flow.model import FlowConditioning
 from tts_core.hift.causal import CausalHiftGenerator
-from tts_core.hift.causal_window import HiftWindows
+from tts_core.hift.causal_window import HiftWindows, WindowDecoder, decode_windows
 from tts_core.runtime.chunk_render import FlowPoolSettings, RenderLane
 from tts_core.streaming.chunk_schedule import ChunkPlanner, ChunkSchedule, ChunkTask
 from tts_core.streaming.token2wav import RenderedChunk
@@ -114,6 +117,9 @@ class DiTChunkRenderer:
         self.pool = DiTContextPool(flow.decoder, settings.stream_slots, -(-settings.context_frames // chunk) * chunk,
                                    settings.voice_slots * settings.voice_frames, self._device, self.dtype)
         self.vocoder = HiftWindows(hift, settings.stream_slots, flow.decoder.rand_noise.size(2), self._device)
+        # Per render lane: the vocoder decode's CUDA graphs (tts_core.accel.causal_hift_graphs.CausalHiftGraphs,
+        # captured for that lane's row counts and windows); a lane without any decodes eagerly.
+        self.vocoder_graphs: dict[str, WindowDecoder] = {}
         self.lanes = {name: RenderLane(name, max_batch=max(settings.first_batches)) for name in self.first_lanes}
         self.lanes["later"] = RenderLane("later", max_batch=max(settings.batches))
         self._voices: dict[str, tuple[Voice, _VoicePrompt]] = {}
@@ -189,8 +195,8 @@ class DiTChunkRenderer:
 
     def prepare(self, voices: Sequence[Voice], schedule: ChunkSchedule, graphs: bool) -> dict:
         """The voices' prompts on the device and their shared frames in the pool; with `graphs` (CUDA),
-        each lane's DiT solves captured as CUDA graphs over the buckets `solve_buckets` gives (the causal
-        HiFT runs eagerly)."""
+        each lane's DiT solves captured as CUDA graphs over the buckets `solve_buckets` gives, and its
+        vocoder decodes over the windows `vocoder_windows` gives (rows as the lane's solve buckets)."""
         started = time.perf_counter()
         for voice in voices:
             self._prompt(voice)
@@ -198,6 +204,7 @@ class DiTChunkRenderer:
                   "flow_pool_gb": (self.slots.mel.numel() * 4 + self.pool.nbytes) / 2**30}
         if not graphs or self._device.type != "cuda":
             return report
+        from tts_core.accel.causal_hift_graphs import CausalHiftGraphs
         from tts_core.accel.dit_graphs import DiTSolveGraphs
 
         t0 = time.perf_counter()
@@ -206,9 +213,16 @@ class DiTChunkRenderer:
             rows = self.settings.batches if name == "later" else self.settings.first_batches
             lane.graphs = DiTSolveGraphs(self.pool)
             lane.graphs.capture(rows, *buckets["later" if name == "later" else "first"])
-        report.update({"flow_capture_s": time.perf_counter() - t0,
+        report["flow_capture_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        windows = self.vocoder_windows(schedule, voices)
+        for name, lane in self.lanes.items():
+            rows = self.settings.batches if name == "later" else self.settings.first_batches
+            self.vocoder_graphs[name] = CausalHiftGraphs(self.hift, self._device)
+            self.vocoder_graphs[name].capture(rows=rows, frames=windows)
+        report.update({"hift_capture_s": time.perf_counter() - t0,
                        "flow_graphs": sum(len(lane.graphs.graphs) for lane in self.lanes.values()),
-                       "flow_buckets": buckets})
+                       "flow_buckets": buckets, "hift_windows": windows})
         return report
 
     def solve_buckets(self, schedule: ChunkSchedule) -> dict[str, tuple[list[int], list[int]]]:
@@ -248,13 +262,28 @@ class DiTChunkRenderer:
     def capture_deferred(self, stop=lambda: False) -> None:
         """Nothing is deferred (no graphs)."""
 
+    def vocoder_windows(self, schedule: ChunkSchedule, voices: Sequence[Voice]) -> list[int]:
+        """The decoder windows (mel frames, ascending) of every non-final chunk the schedule makes for these
+        voices: what each lane's `CausalHiftGraphs.capture(frames=...)` needs. A voice's prompt sets its
+        first hop; past the first chunk a window is the chunk's new frames + a fixed reach
+        (`decode_windows`), the same for every voice once the hop stops growing."""
+        ratio, look = self.flow.cfg.token_mel_ratio, schedule.lookahead_tokens
+        growths = 0 if schedule.hop_scale == 1 else math.ceil(math.log(schedule.max_hop_tokens / schedule.hop_tokens,
+                                                                        schedule.hop_scale))
+        windows: set[int] = set()
+        for prompt_tokens in {len(voice.flow_prompt_speech_token) for voice in voices}:
+            planner = ChunkPlanner(schedule, prompt_tokens)
+            tasks = [planner.next_chunk(sys.maxsize, lm_finished=False) for _ in range(growths + 3)]
+            windows.update(decode_windows(self.hift, [ratio * (task.token_end - look) for task in tasks]))
+        return sorted(windows)
+
     @torch.inference_mode()
     def render(self, items: Sequence[tuple[DiTChunkStream, Sequence[int], ChunkTask]],
                lane: str = "later") -> list[RenderedChunk]:
         """One chunk per item (stream, the segment's flow tokens so far, its task), in order. The flow
         renders the items' chunks in one batched call per attention kind (chunk-masked, and full for
-        final chunks); each stream's vocoder then runs on its own mel. A stream whose final chunk this is
-        gives its slot back."""
+        final chunks); the vocoder then renders them in batched passes (`HiftWindows.render_many`). A
+        stream whose final chunk this is gives its slot back."""
         with self._streams_lock:
             # A stream closed since its lane took the chunk (its job cancelled) is not rendered: its slot
             # may be another stream's already. Its job hears nothing more, so an empty chunk stands in.
@@ -290,14 +319,16 @@ class DiTChunkRenderer:
             for i, new in zip(final, self._flow([items[i] for i in final], True)):
                 news[i] = new
         flow_s = _synchronized(self._device) - started
-        out, f0_frames = [], []
-        for (stream, _, task), new in zip(items, news):
-            t0 = time.perf_counter()
-            wav, f0_known = self.vocoder.render(stream.slot, self.slots.staged(stream.slot, new),
-                                                self.slots.emitted[stream.slot], task.finalize)
-            audio = wav[0].float().cpu().numpy()
-            f0_frames.append(f0_known)
-            out.append(RenderedChunk(audio=audio, mel=new, flow_s=flow_s, hift_s=time.perf_counter() - t0))
+        t0 = time.perf_counter()
+        rendered = self.vocoder.render_many(
+            [(stream.slot, self.slots.staged(stream.slot, new), self.slots.emitted[stream.slot], task.finalize)
+             for (stream, _, task), new in zip(items, news)], graphs=self.vocoder_graphs.get(lane))
+        # One copy to the host for the call's chunks (each .cpu() waits for the stream).
+        flat = torch.cat([wav[0] for wav, _ in rendered]).float().cpu().numpy()
+        audios = np.split(flat, np.cumsum([wav.size(1) for wav, _ in rendered])[:-1])
+        f0_frames = [f0_known for _, f0_known in rendered]
+        hift_s = time.perf_counter() - t0  # the call's batched vocoder, shared by its chunks (as CosyVoice2's)
+        out = [RenderedChunk(audio=audio, mel=new, flow_s=flow_s, hift_s=hift_s) for audio, new in zip(audios, news)]
         # Every chunk made: only now does any stream move on (the render loop renders a failed call's
         # chunks again one by one, from the state they had).
         for (stream, _, task), chunk, row, f0_known in zip(items, out, rows, f0_frames):
