@@ -20,6 +20,13 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 WAV_TOL = 1e-3
 
 
+@pytest.fixture(autouse=True)
+def float32_convolutions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """cuDNN's default TF32 convolutions round at ~1e-3, and this random HiFT amplifies that past any
+    useful tolerance (0.29 between a 3-row eager call and its 4-row replay on the H100)."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+
+
 @pytest.fixture(scope="module")
 def hift(tiny3_model_dir: Path) -> CausalHiftGenerator:
     return load_causal_hift(tiny3_model_dir, "cuda")
