@@ -213,12 +213,14 @@ def test_a_kept_frame_costs_frame_bytes(flow3: DiTFlowModel) -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("compiled", [False, True], ids=["block_code", "compiled_set_swapped_in"])
 def test_captured_solves_replay_the_eager_solve_and_a_call_fitting_no_bucket_runs_eagerly(
-        flow3: DiTFlowModel, flow3_case: dict, speaker3: dict) -> None:
+        flow3: DiTFlowModel, flow3_case: dict, speaker3: dict, compiled: bool) -> None:
     """The batched rounds of three streams (two voices), once through `pool.solve` and once through a
-    lane's captured graphs (`DiTSolveGraphs`: buckets of one and two rows, sized from the first pass):
-    every chunk the same; the calls of three streams fit no bucket, run eagerly and are counted."""
-    from tts_core.accel.dit_graphs import DiTSolveGraphs
+    lane's captured graphs (`DiTSolveGraphs`: buckets of one and two rows, sized from the first pass;
+    or the set recorded again with the blocks' work torch.compile'd, as the tts-compile thread makes
+    it): every chunk the same; the calls of three streams fit no bucket, run eagerly and are counted."""
+    from tts_core.accel.dit_graphs import DiTSolveGraphs, compiled_regions
 
     flow = copy.deepcopy(flow3).cuda()
     cuda = torch.device("cuda")
@@ -256,6 +258,8 @@ def test_captured_solves_replay_the_eager_solve_and_a_call_fitting_no_bucket_run
     def captured(pool: DiTContextPool) -> DiTSolveGraphs:
         graphs = DiTSolveGraphs(pool)
         graphs.capture((1, 2), [ctx_cap], [new_cap])
+        if compiled:
+            graphs.solve_graphs = graphs.capture_set(compiled_regions())
         return graphs
 
     replayed, graphs = run(captured)

@@ -11,25 +11,30 @@ bucket it fits; one that fits none runs eagerly and is counted (`eager_calls`).
 
 Each render lane replays its own `DiTSolveGraphs` (own memory pool and capture stream: graphs of one
 pool share scratch memory and must not run at once); the context pool itself is shared.
+
+As CosyVoice2's flow (flow_pool_graphs.py): a lane is ready on graphs of the plain block code, then
+the tts-compile thread records the same buckets with each block's work around its attention
+torch.compile'd (`compiled_regions`: the elementwise work fused into few kernels) into a set of their
+own (`capture_set`), which the lane adopts at its swap point (RenderLane.adopt).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import structlog
 import torch
 
-from tts_core.accel.graph_capture import WARMUP_RUNS, capture_graph
-from tts_core.flow.dit_pool import DiTContextPool, DiTRow, DiTTables
+from tts_core.accel.graph_capture import WARMUP_RUNS, capture_graph, compiling_at_start_up
+from tts_core.flow.dit_pool import DiTContextPool, DiTRegions, DiTRow, DiTTables, post_attention, pre_attention
 
 log = structlog.get_logger(__name__)
 
 
 class _SolveGraph:
     def __init__(self, pool: DiTContextPool, rows: int, ctx_cap: int, new_cap: int, mempool,
-                 stream: torch.cuda.Stream) -> None:
+                 stream: torch.cuda.Stream, regions: DiTRegions | None) -> None:
         cfg, dev = pool.est.cfg, pool.device
         # Static inputs: index tables (all padding rows while capturing: the warm-up and the recording
         # touch only the zero and trash frames, so a lane may capture while others serve).
@@ -38,7 +43,8 @@ class _SolveGraph:
         self.cond = torch.zeros(rows, cfg.mel_dim, new_cap, device=dev, dtype=pool.dtype)
         self.spks = torch.zeros(rows, cfg.spk_dim, device=dev, dtype=pool.dtype)
         self.graph = torch.cuda.CUDAGraph()
-        self.out = capture_graph(self.graph, lambda: pool.solve_tables(self.tables, self.mu, self.cond, self.spks),
+        self.out = capture_graph(self.graph,
+                                 lambda: pool.solve_tables(self.tables, self.mu, self.cond, self.spks, regions),
                                  warmup=WARMUP_RUNS, pool=mempool, stream=stream)
 
     def replay(self, table: torch.Tensor, mu: torch.Tensor, cond: torch.Tensor, spks: torch.Tensor) -> torch.Tensor:
@@ -55,6 +61,14 @@ class _SolveGraph:
         return self.out
 
 
+def compiled_regions() -> DiTRegions:
+    """Each block's work before and after its attention, torch.compile'd (inductor): ~30 kernels a block
+    eagerly, most of them elementwise work around the matmuls. Sizes symbolic from the start, no graph
+    break allowed; compiled in a capture's warm-up (`DiTSolveGraphs.capture_set`), never on a request."""
+    return DiTRegions(torch.compile(pre_attention, fullgraph=True, dynamic=True),
+                      torch.compile(post_attention, fullgraph=True, dynamic=True))
+
+
 class DiTSolveGraphs:
     """One render lane's captured DiT solves."""
 
@@ -62,36 +76,56 @@ class DiTSolveGraphs:
         if pool.device.type != "cuda":
             raise RuntimeError("DiT solve graphs need the flow on a CUDA device")
         self.pool = pool
-        self.graphs: dict[tuple[int, int, int], _SolveGraph] = {}
+        # (rows, ctx_cap, new_cap) -> graph, replayed by the lane's thread; replaced whole by the lane
+        # at its swap point with a set `capture_set` made on another thread.
+        self.solve_graphs: dict[tuple[int, int, int], _SolveGraph] = {}
+        self.keys: list[tuple[int, int, int]] = []  # every bucket `capture` was asked for, largest first
         self._mempool = torch.cuda.graph_pool_handle()
         self._stream = torch.cuda.Stream(pool.device)
         self.eager_calls = 0  # solves that fit no bucket (each costs the eager launch time)
 
     def capture(self, rows: Sequence[int], ctx_caps: Sequence[int], new_caps: Sequence[int]) -> float:
-        """Capture every (rows, ctx_cap, new_cap) bucket; returns the seconds it took. Largest first:
-        the later ones reuse its blocks of the lane's memory pool."""
+        """Capture every (rows, ctx_cap, new_cap) bucket with the plain block code; returns the seconds
+        it took. Largest first: the later ones reuse its blocks of the lane's memory pool."""
         started = time.perf_counter()
-        keys = sorted(((r, c, n) for r in rows for c in ctx_caps for n in new_caps),
-                      key=lambda k: (k[0] * (k[1] + k[2]), k), reverse=True)
+        self.keys = sorted(((r, c, n) for r in rows for c in ctx_caps for n in new_caps),
+                           key=lambda k: (k[0] * (k[1] + k[2]), k), reverse=True)
         with torch.cuda.device(self.pool.device):
-            for key in keys:
-                if key not in self.graphs:
-                    self.graphs[key] = _SolveGraph(self.pool, *key, self._mempool, self._stream)
+            for key in self.keys:
+                if key not in self.solve_graphs:
+                    self.solve_graphs[key] = _SolveGraph(self.pool, *key, self._mempool, self._stream, None)
         seconds = time.perf_counter() - started
-        log.info("dit_graphs_captured", graphs=len(self.graphs), rows=list(rows), ctx_caps=list(ctx_caps),
+        log.info("dit_graphs_captured", graphs=len(self.solve_graphs), rows=list(rows), ctx_caps=list(ctx_caps),
                  new_caps=list(new_caps), seconds=round(seconds, 2))
         return seconds
+
+    def capture_set(self, regions: DiTRegions, stop: Callable[[], bool] = lambda: False
+                    ) -> dict[tuple[int, int, int], _SolveGraph] | None:
+        """Every bucket `capture` was asked for, with `regions`, into a memory pool and capture stream of
+        their own; returned, not put in (the lane adopts it at its swap point). Any thread, while the
+        lane replays the current set: the warm-ups and recordings touch only the pool's zero and trash
+        frames. None if `stop()` ended it early."""
+        mempool = torch.cuda.graph_pool_handle()
+        stream = torch.cuda.Stream(self.pool.device)
+        graphs = {}
+        with compiling_at_start_up(), torch.cuda.device(self.pool.device), torch.cuda.stream(stream):
+            for key in self.keys:
+                if stop():
+                    return None
+                graphs[key] = _SolveGraph(self.pool, *key, mempool, stream, regions)
+        return graphs
 
     def solve(self, rows: list[DiTRow], mu: torch.Tensor, cond: torch.Tensor, spks: torch.Tensor) -> torch.Tensor:
         """`DiTContextPool.solve` (mel (B, 80, N) float32 for mu (B, 80, N)), replaying the smallest
         bucket the call fits."""
         b, n = len(rows), mu.size(2)
         c = max((len(r.context) for r in rows), default=0)
-        fits = [k for k in self.graphs if k[0] >= b and k[1] >= c and k[2] >= n]
+        graphs = self.solve_graphs  # one read
+        fits = [k for k in graphs if k[0] >= b and k[1] >= c and k[2] >= n]
         if not fits:
             self.eager_calls += 1
             return self.pool.solve(rows, mu, cond, spks)
         key = min(fits, key=lambda k: (k[0] * (k[1] + k[2]), k))
         table = self.pool.table(rows, *key)
-        out = self.graphs[key].replay(table, mu, cond, spks)
+        out = graphs[key].replay(table, mu, cond, spks)
         return out[:b, :, :n].clone()

@@ -37,6 +37,7 @@ batch bucket (rows, context frames, new frames) is one CUDA graph (tts_core/acce
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -262,10 +263,13 @@ class DiTContextPool:
         return self.solve_tables(tables, mu, cond, spks)
 
     @torch.inference_mode()
-    def solve_tables(self, t: DiTTables, mu: torch.Tensor, cond: torch.Tensor, spks: torch.Tensor) -> torch.Tensor:
+    def solve_tables(self, t: DiTTables, mu: torch.Tensor, cond: torch.Tensor, spks: torch.Tensor,
+                     regions: DiTRegions | None = None) -> torch.Tensor:
         """`solve` from index tables already on the device: device work only, no host sync and no host
         data, so a CUDA graph can record it (tts_core/accel/dit_graphs.py) with `t`, mu, cond and spks
-        as its static inputs."""
+        as its static inputs. `regions`: each block's work before and after its attention (default
+        `pre_attention` / `post_attention`; tts_core.accel.dit_graphs.compiled_regions fuses them)."""
+        regions = regions or EAGER_REGIONS
         est, dev = self.est, self.device
         b, c, n = t.rows, t.ctx_frames, t.new_frames
         ctx_idx, ctx_ok, write_idx, left_idx, starts, lengths = t.unpack()
@@ -299,14 +303,14 @@ class DiTContextPool:
         for step, dt in enumerate(self._constants.dts):
             x_in = torch.cat([x, x]).transpose(1, 2)
             v = self._estimate(step, x_in, mu_in, cond_in, spks_in, bias, cos, sin, flat_ctx, left_idx, flat_write,
-                               b, c, n)
+                               b, c, n, regions)
             v_cond, v_uncond = v.chunk(2)
             x = x + dt * ((1.0 + cfg_rate) * v_cond - cfg_rate * v_uncond)
         return x.float()
 
     def _estimate(self, step: int, x: torch.Tensor, mu: torch.Tensor, cond: torch.Tensor, spks: torch.Tensor,
                   bias: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: torch.Tensor, left: torch.Tensor,
-                  write: torch.Tensor, b: int, c: int, n: int) -> torch.Tensor:
+                  write: torch.Tensor, b: int, c: int, n: int, regions: DiTRegions) -> torch.Tensor:
         """The DiT forward of the new frames (2B, N, C) at one Euler step -> velocity (2B, 80, N). The
         official block's arithmetic with fewer kernels (a solve replays ~220 blocks, and at a few rows
         its time is their count): q, k and v from one matmul (`_StepConstants`), rotary on q and k at
@@ -326,17 +330,13 @@ class DiTContextPool:
             conv_in = conv(torch.cat([past, conv_in], dim=1).transpose(1, 2)).transpose(1, 2)
         h = conv_in + h
         halves = torch.arange(2, device=self.device)[:, None]
-        inner, rot = self.inner, cos.size(-1)
+        inner = self.inner
         # The time modulations as the official block computes them, per call (see the docstring).
         t_act = F.silu(est.time_embed(consts.times[step].expand(2 * b)))
         for layer, block in enumerate(est.transformer_blocks):
-            shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = (
-                m[:, None, :] for m in block.attn_norm.linear(t_act).chunk(6, dim=1))
-            qkv = F.linear(_norm(h) * (1 + scale_msa) + shift_msa, consts.qkv_weight[layer], consts.qkv_bias[layer])
-            qkv = qkv.view(2 * b, n, 3, inner)
-            head = qkv[:, :, :2, :rot]  # the rotated channels of q and k (the first dim_head: head 0)
-            head.copy_(head * cos + head[..., consts.rotary_swap] * sin)
-            q, k, v = qkv.unbind(2)
+            q, k, v, mods = regions.pre(h, t_act, block.attn_norm.linear.weight, block.attn_norm.linear.bias,
+                                        consts.qkv_weight[layer], consts.qkv_bias[layer], cos, sin,
+                                        consts.rotary_swap)
             kv = self.kv[layer, step]  # (2, 2, F, inner)
             keys = torch.cat([kv[:, 0][:, ctx].reshape(2 * b, c, inner), k], dim=1)
             values = torch.cat([kv[:, 1][:, ctx].reshape(2 * b, c, inner), v], dim=1)
@@ -344,11 +344,51 @@ class DiTContextPool:
             kv[:, 1].index_put_((halves, write[None]), v.reshape(2, b * n, -1))
             heads = block.attn.heads
             q, keys, values = (y.unflatten(-1, (heads, -1)).transpose(1, 2) for y in (q, keys, values))
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias)
-            h = h + gate_msa * block.attn.to_out[0](out.transpose(1, 2).flatten(2))
-            h = h + gate_mlp * block.ff(_norm(h) * (1 + scale_mlp) + shift_mlp)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias).transpose(1, 2).flatten(2)
+            first, second = block.ff.ff[0][0], block.ff.ff[2]
+            h = regions.post(h, out, mods, block.attn.to_out[0].weight, block.attn.to_out[0].bias,
+                             first.weight, first.bias, second.weight, second.bias)
         scale, shift = est.norm_out.linear(t_act).chunk(2, dim=1)  # scale first: the checkpoint's order
         return est.proj_out(_norm(h) * (1 + scale[:, None, :]) + shift[:, None, :]).transpose(1, 2)
+
+
+def pre_attention(h: torch.Tensor, t_act: torch.Tensor, mod_weight: torch.Tensor, mod_bias: torch.Tensor,
+                  qkv_weight: torch.Tensor, qkv_bias: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                  swap: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """A DiT block up to its attention, on the pooled path: its six time modulations (official order),
+    the modulated norm, q/k/v in one matmul, rotary on the first channels of q and k (x cos + x[pair
+    swapped] x signed sin, as `apply_rotary`). -> q, k, v (2B, N, inner), modulations (2B, 6 dim)."""
+    mods = F.linear(t_act, mod_weight, mod_bias)
+    shift_msa, scale_msa = (m[:, None, :] for m in mods.chunk(6, dim=1)[:2])
+    qkv = F.linear(_norm(h) * (1 + scale_msa) + shift_msa, qkv_weight, qkv_bias)
+    qkv = qkv.view(h.size(0), h.size(1), 3, -1)
+    head = qkv[:, :, :2, :cos.size(-1)]
+    qk = torch.cat([head * cos + head[..., swap] * sin, qkv[:, :, :2, cos.size(-1):]], dim=-1)
+    return qk[:, :, 0], qk[:, :, 1], qkv[:, :, 2], mods
+
+
+def post_attention(h: torch.Tensor, attn: torch.Tensor, mods: torch.Tensor, out_weight: torch.Tensor,
+                   out_bias: torch.Tensor, ff1_weight: torch.Tensor, ff1_bias: torch.Tensor,
+                   ff2_weight: torch.Tensor, ff2_bias: torch.Tensor) -> torch.Tensor:
+    """A DiT block after its attention (heads flattened, (2B, N, inner)): output projection and gate,
+    then the modulated tanh-GELU feed-forward and its gate."""
+    _, _, gate_msa, shift_mlp, scale_mlp, gate_mlp = (m[:, None, :] for m in mods.chunk(6, dim=1))
+    h = h + gate_msa * F.linear(attn, out_weight, out_bias)
+    x = _norm(h) * (1 + scale_mlp) + shift_mlp
+    return h + gate_mlp * F.linear(F.gelu(F.linear(x, ff1_weight, ff1_bias), approximate="tanh"), ff2_weight,
+                                   ff2_bias)
+
+
+@dataclass(frozen=True)
+class DiTRegions:
+    """What the pooled solve runs of each block around its attention (the pool's reads and writes and
+    the attention itself stay outside): the plain functions, or their torch.compile'd forms."""
+
+    pre: Callable[..., tuple[torch.Tensor, ...]] = pre_attention
+    post: Callable[..., torch.Tensor] = post_attention
+
+
+EAGER_REGIONS = DiTRegions()
 
 
 @dataclass(frozen=True)

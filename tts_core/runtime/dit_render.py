@@ -16,7 +16,8 @@ scheduler and render lanes serve both families. A render call's chunks go throug
 batched pooled solve (rows of different lengths and contexts), then through the vocoder in batched passes
 (`HiftWindows.render_many`: one decode per group of equal windows). On CUDA each lane replays the solve
 and the decodes from CUDA graphs of its own, captured at `prepare` (tts_core/accel/dit_graphs.py,
-tts_core/accel/causal_hift_graphs.py); nothing is torch.compile'd.
+tts_core/accel/causal_hift_graphs.py); with `compile` the tts-compile thread then records the solves
+again with each DiT block's elementwise work torch.compile'd, which the lane adopts at its swap point.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from tts_core.flow.dit_pool import DiTContextPool, DiTRow, frame_bytes, shared_p
 from tts_core.flow.model import FlowConditioning
 from tts_core.hift.causal import CausalHiftGenerator
 from tts_core.hift.causal_window import HiftWindows, WindowDecoder, decode_windows
+from tts_core.accel.graph_swap import GraphSwap
 from tts_core.runtime.chunk_render import FlowPoolSettings, RenderLane
 from tts_core.streaming.chunk_schedule import ChunkPlanner, ChunkSchedule, ChunkTask
 from tts_core.streaming.token2wav import RenderedChunk
@@ -213,6 +215,8 @@ class DiTChunkRenderer:
             rows = self.settings.batches if name == "later" else self.settings.first_batches
             lane.graphs = DiTSolveGraphs(self.pool)
             lane.graphs.capture(rows, *buckets["later" if name == "later" else "first"])
+            # The compiled set replaces the lane's solves at its swap point (`capture_compiled`).
+            lane.swap = GraphSwap((lane.graphs.solve_graphs, lane.hift_graphs), lane.name)
         report["flow_capture_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         windows = self.vocoder_windows(schedule, voices)
@@ -221,7 +225,7 @@ class DiTChunkRenderer:
             self.vocoder_graphs[name] = CausalHiftGraphs(self.hift, self._device)
             self.vocoder_graphs[name].capture(rows=rows, frames=windows)
         report.update({"hift_capture_s": time.perf_counter() - t0,
-                       "flow_graphs": sum(len(lane.graphs.graphs) for lane in self.lanes.values()),
+                       "flow_graphs": sum(len(lane.graphs.solve_graphs) for lane in self.lanes.values()),
                        "flow_buckets": buckets, "hift_windows": windows})
         return report
 
@@ -251,16 +255,30 @@ class DiTChunkRenderer:
         return {"first": (sorted(shared) or [0], sorted(first_news) or later_new), "later": (later_ctx, later_new)}
 
     def capture_compiled(self, stop=lambda: False) -> dict:
-        """Nothing to compile or capture (the flow and vocoder run eagerly). The scheduler's tts-compile thread
-        calls it after the LM's compiled decode graphs; without it that thread failed (compiled_graphs_failed,
-        graphs "failed" in the health) on every CosyVoice3 GPU start."""
-        return {}
+        """On the tts-compile thread, while the lanes serve on the graphs `prepare` captured: with
+        `compile`, each lane's DiT solves recorded again with each block's work around its attention
+        torch.compile'd (`dit_graphs.compiled_regions`), published lane by lane, first lanes first; each
+        lane adopts its set at its next render call. The vocoder's graphs stay as captured. Returns the
+        seconds and compile / warm-up / record split (`stop()` ends early)."""
+        if not self.settings.compile or any(lane.graphs is None for lane in self.lanes.values()):
+            return {}
+        from tts_core.accel.dit_graphs import compiled_regions
+        from tts_core.accel.graph_capture import CaptureClock
+
+        t0, clock = time.perf_counter(), CaptureClock.now()
+        regions = compiled_regions()
+        for lane in [self.lanes[name] for name in self.first_lanes] + [self.lanes["later"]]:
+            solves = lane.graphs.capture_set(regions, stop)
+            if solves is None:
+                break
+            lane.swap.publish((solves, lane.hift_graphs))
+        return {"flow": {"s": round(time.perf_counter() - t0, 2), **CaptureClock.now().since(clock)}}
 
     def has_deferred(self) -> bool:
         return False
 
     def capture_deferred(self, stop=lambda: False) -> None:
-        """Nothing is deferred (no graphs)."""
+        """Nothing is deferred: `prepare` captures every bucket."""
 
     def vocoder_windows(self, schedule: ChunkSchedule, voices: Sequence[Voice]) -> list[int]:
         """The decoder windows (mel frames, ascending) of every non-final chunk the schedule makes for these
@@ -284,6 +302,7 @@ class DiTChunkRenderer:
         renders the items' chunks in one batched call per attention kind (chunk-masked, and full for
         final chunks); the vocoder then renders them in batched passes (`HiftWindows.render_many`). A
         stream whose final chunk this is gives its slot back."""
+        self.lanes[lane].adopt()  # the swap point: none of this lane's graphs is running
         with self._streams_lock:
             # A stream closed since its lane took the chunk (its job cancelled) is not rendered: its slot
             # may be another stream's already. Its job hears nothing more, so an empty chunk stands in.
