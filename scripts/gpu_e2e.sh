@@ -65,8 +65,9 @@ case "$arrangement" in
     workers)
         workers_line="  worker: {port: 8090}"
         api_lines="tts_api: {api_keys: [{name: bench, key: \"$key\", max_streams: 200}]}"
-        then=(--then "python3 bench/bench_tts_api.py --url http://127.0.0.1:8090 --key $key --clients 1 10 50 \
---jambonz-clients 10 --samples 20 --engine-log $out/serve_workers$tag.log --out $out/tts_api$tag.json") ;;
+        # The OpenAI route names its voice: the config's default (gpu_engine.sh), not the bench's "en".
+        then=(--then "python3 bench/bench_tts_api.py --url http://127.0.0.1:8090 --key $key --voice bench_voice \
+--clients 1 10 50 --jambonz-clients 10 --samples 20 --engine-log $out/serve_workers$tag.log --out $out/tts_api$tag.json") ;;
     in_process) workers_line="  workers: 0" ;;
     workers2|openloop) workers_line="  worker: {port: 8090}" ;;
     instant)
