@@ -7,7 +7,8 @@ cost set its time: 273 ms for one stream's first chunk on the H100, ~1 s for a b
 before it, so a bucket's whole solve records into one graph: padding rows read the pool's zero frame
 and write its trash frame, padded context frames are masked out, padded new frames are neither seen
 by real ones (the mask) nor kept (their writes go to the trash frame). A call takes the smallest
-bucket it fits; one that fits none runs eagerly and is counted (`eager_calls`).
+bucket it fits; one that fits none runs eagerly and is counted (`eager_calls`). One stream's first chunk
+on the H100: DiT 273 ms eager, 44.5 ms replayed, 29 ms with the compiled blocks (load_cv3_h100.json).
 
 Each render lane replays its own `DiTSolveGraphs` (own memory pool and capture stream: graphs of one
 pool share scratch memory and must not run at once); the context pool itself is shared.

@@ -127,7 +127,7 @@ class DiTChunkRenderer:
         self._voices: dict[str, tuple[Voice, _VoicePrompt]] = {}
         self._voices_lock = threading.Lock()
         self._streams_lock = threading.Lock()  # DiTChunkStream.closed / .rendering
-        self.time_gpu = False  # the vocoder is not timed on the stream here (eager)
+        self.time_gpu = False  # no CUDA events here: flow_s and hift_s are host times around synchronized work
         log.info("dit_stream_slots_allocated", stream_slots=settings.stream_slots,
                  gb=round(self.slots.mel.numel() * 4 / 2**30, 3), pool_gb=round(self.pool.nbytes / 2**30, 3),
                  context_frames=self.pool.stream_frames, voice_frames=self.pool.voice_capacity,
