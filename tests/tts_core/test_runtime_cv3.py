@@ -207,8 +207,8 @@ def test_the_engine_streams_what_the_official_streaming_path_makes_of_its_tokens
 
 
 def test_the_compile_thread_finds_nothing_to_compile_in_the_dit_renderer(pipeline: CosyVoice2Pipeline) -> None:
-    """With graphs (CUDA) the tts-compile thread asks the renderer for its compiled graphs after the LM's: the
-    DiT renderer has none, and says so instead of failing that thread."""
+    """The tts-compile thread asks the renderer for its compiled graphs after the LM's: without captured DiT
+    graphs (here, on the CPU) there is nothing to record again, and it says so instead of failing that thread."""
     assert pipeline.scheduler.renderer.capture_compiled(lambda: False) == {}
 
 
@@ -361,3 +361,34 @@ def test_the_vocoder_windows_listed_for_graphs_are_those_a_long_segment_decodes(
                 decoded.pop()
     assert sorted(set(decoded)) == listed
     assert len(decoded) > len(listed)  # the steady window repeats
+
+
+@pytest.mark.parametrize("first_hop", [None, 7], ids=["official_schedule", "first_hop_off_the_chunk_grid"])
+def test_every_dit_call_of_a_long_segment_fits_a_captured_solve_bucket(
+        pipeline: CosyVoice2Pipeline, schedule: ChunkSchedule, first_hop: int | None) -> None:
+    """`solve_buckets` (what each lane's DiT solve graphs are captured for): every call of a segment long
+    enough to slide past its kept window, through the hop's growth and its final chunk, fits a bucket of
+    its lane kind (a first chunk the first lanes', the rest the later lane's), so none runs eagerly."""
+    scheduler = pipeline.scheduler
+    chunk = scheduler.flow.cfg.estimator.static_chunk_size
+    renderer = DiTChunkRenderer(scheduler.flow, scheduler.hift, FlowPoolSettings(stream_slots=1,
+                                                                                 context_frames=3 * chunk))
+    schedule = ChunkSchedule(schedule.hop_tokens, schedule.max_hop_tokens, schedule.hop_scale,
+                             schedule.lookahead_tokens, first_hop)
+    voice = pipeline.voices.get(VOICE)
+    stream = renderer.stream(voice, schedule, None)
+    buckets = renderer.solve_buckets(schedule)
+    planner = ChunkPlanner(schedule, len(voice.flow_prompt_speech_token))
+    tokens = planner.tokens_needed() + 3 * schedule.hop_tokens + 6 * schedule.max_hop_tokens + 5
+    tokens = torch.randint(0, scheduler.flow.cfg.vocab_size, (tokens,), generator=torch.Generator().manual_seed(4))
+    tokens = tokens.tolist()
+    calls = []
+    while (task := planner.next_chunk(len(tokens), lm_finished=True)) is not None:
+        end = renderer._condition(stream, tokens, task).mu.size(2)
+        row = renderer.pool.row(stream.slot, end, keep=not task.finalize)
+        calls.append((task.index, len(row.context), row.end - row.start))
+        renderer.pool.advance(stream.slot, row)
+    assert any(renderer.pool.slid) and calls[-1][0] >= 4  # slid past its window, through the hop's growth
+    for index, ctx, new in calls:
+        ctx_caps, new_caps = buckets["first" if index == 0 else "later"]
+        assert ctx <= max(ctx_caps) and new <= max(new_caps), (index, ctx, new, buckets)
