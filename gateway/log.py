@@ -56,7 +56,10 @@ def configure_logging(level: str = "info", json: bool = True, file: str | None =
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(file=_sink),
+        # One write per line (message + newline): print() writes them separately, and where the gateway and
+        # its workers share one stream unbuffered (PYTHONUNBUFFERED, a journald socket) another process's
+        # line could land between them (CI saw two events on one line of a supervised serve's log).
+        logger_factory=structlog.WriteLoggerFactory(file=_sink),
         cache_logger_on_first_use=False,
     )
 
