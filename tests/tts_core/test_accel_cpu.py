@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from tts_core.accel import resolve_dtype, select_bucket
+from tts_core.accel.buckets import smallest_solve_bucket, solve_keys_largest_first
 from tts_core.accel.batched_sampler import BatchedRasSampler
 from tts_core.accel.buckets import power_of_two_buckets
 from tts_core.accel.hift_graphs import overlap_add_istft
@@ -28,6 +29,18 @@ def test_a_batch_beyond_the_largest_bucket_is_refused() -> None:
         select_bucket(129, (1, 64, 128))
     with pytest.raises(ValueError):
         select_bucket(0, (1, 2))
+
+
+def test_a_flow_solve_takes_the_cheapest_bucket_it_fits_and_none_when_it_fits_none() -> None:
+    """The flow graphs' buckets (rows, context, new frames): captured costliest first (the first graph's memory
+    serves the rest); a call replays the cheapest one holding all its rows and frames, or runs eagerly."""
+    keys = solve_keys_largest_first((1, 4), (100, 300), (50,))
+    assert keys == [(4, 300, 50), (4, 100, 50), (1, 300, 50), (1, 100, 50)]
+    assert smallest_solve_bucket(keys, 1, 80, 50) == (1, 100, 50)
+    assert smallest_solve_bucket(keys, 2, 80, 50) == (4, 100, 50)
+    assert smallest_solve_bucket(keys, 1, 120, 40) == (1, 300, 50)
+    assert smallest_solve_bucket(keys, 5, 80, 50) is None
+    assert smallest_solve_bucket(keys, 1, 80, 51) is None
 
 
 def test_dtype_names() -> None:

@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 import structlog
 import torch
 
+from tts_core.accel.buckets import SolveKey, smallest_solve_bucket, solve_keys_largest_first
 from tts_core.accel.graph_capture import WARMUP_RUNS, capture_graph, compiling_at_start_up
 from tts_core.flow.dit_pool import DiTContextPool, DiTRegions, DiTRow, DiTTables, post_attention, pre_attention
 
@@ -79,37 +80,36 @@ class DiTSolveGraphs:
         self.pool = pool
         # (rows, ctx_cap, new_cap) -> graph, replayed by the lane's thread; replaced whole by the lane
         # at its swap point with a set `capture_set` made on another thread.
-        self.solve_graphs: dict[tuple[int, int, int], _SolveGraph] = {}
-        self.keys: list[tuple[int, int, int]] = []  # every bucket `capture` was asked for, largest first
-        self._mempool = torch.cuda.graph_pool_handle()
-        self._stream = torch.cuda.Stream(pool.device)
+        self.solve_graphs: dict[SolveKey, _SolveGraph] = {}
+        self.keys: list[SolveKey] = []  # every bucket `capture` was asked for, largest first
         self.eager_calls = 0  # solves that fit no bucket (each costs the eager launch time)
 
     def capture(self, rows: Sequence[int], ctx_caps: Sequence[int], new_caps: Sequence[int]) -> float:
         """Capture every (rows, ctx_cap, new_cap) bucket with the plain block code; returns the seconds
-        it took. Largest first: the later ones reuse its blocks of the lane's memory pool."""
+        it took."""
         started = time.perf_counter()
-        self.keys = sorted(((r, c, n) for r in rows for c in ctx_caps for n in new_caps),
-                           key=lambda k: (k[0] * (k[1] + k[2]), k), reverse=True)
-        with torch.cuda.device(self.pool.device):
-            for key in self.keys:
-                if key not in self.solve_graphs:
-                    self.solve_graphs[key] = _SolveGraph(self.pool, *key, self._mempool, self._stream, None)
+        self.keys = solve_keys_largest_first(rows, ctx_caps, new_caps)
+        self.solve_graphs = self._record(None, lambda: False)
         seconds = time.perf_counter() - started
         log.info("dit_graphs_captured", graphs=len(self.solve_graphs), rows=list(rows), ctx_caps=list(ctx_caps),
                  new_caps=list(new_caps), seconds=round(seconds, 2))
         return seconds
 
     def capture_set(self, regions: DiTRegions, stop: Callable[[], bool] = lambda: False
-                    ) -> dict[tuple[int, int, int], _SolveGraph] | None:
-        """Every bucket `capture` was asked for, with `regions`, into a memory pool and capture stream of
-        their own; returned, not put in (the lane adopts it at its swap point). Any thread, while the
-        lane replays the current set: the warm-ups and recordings touch only the pool's zero and trash
-        frames. None if `stop()` ended it early."""
+                    ) -> dict[SolveKey, _SolveGraph] | None:
+        """Every bucket `capture` was asked for, with `regions`, as a set of their own; returned, not put in
+        (the lane adopts it at its swap point). Any thread, while the lane replays the current set: the
+        warm-ups and recordings touch only the pool's zero and trash frames. None if `stop()` ended it early."""
+        return self._record(regions, stop)
+
+    def _record(self, regions: DiTRegions | None, stop: Callable[[], bool]) -> dict[SolveKey, _SolveGraph] | None:
+        """A graph per bucket of `keys` (largest first: the later ones reuse its blocks of the set's memory
+        pool), in a memory pool and capture stream of the set's own; None if `stop()` ended it early."""
         mempool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream(self.pool.device)
         graphs = {}
-        with compiling_at_start_up(), torch.cuda.device(self.pool.device), torch.cuda.stream(stream):
+        with compiling_at_start_up(regions is not None), torch.cuda.device(self.pool.device), \
+                torch.cuda.stream(stream):
             for key in self.keys:
                 if stop():
                     return None
@@ -122,11 +122,10 @@ class DiTSolveGraphs:
         b, n = len(rows), mu.size(2)
         c = max((len(r.context) for r in rows), default=0)
         graphs = self.solve_graphs  # one read
-        fits = [k for k in graphs if k[0] >= b and k[1] >= c and k[2] >= n]
-        if not fits:
+        key = smallest_solve_bucket(graphs, b, c, n)
+        if key is None:
             self.eager_calls += 1
             return self.pool.solve(rows, mu, cond, spks)
-        key = min(fits, key=lambda k: (k[0] * (k[1] + k[2]), k))
         table = self.pool.table(rows, *key)
         out = graphs[key].replay(table, mu, cond, spks)
         return out[:b, :, :n].clone()

@@ -27,6 +27,7 @@ import structlog
 import torch
 from torch import nn
 
+from tts_core.accel.buckets import smallest_solve_bucket, solve_keys_largest_first
 from tts_core.accel.graph_capture import (
     WARMUP_RUNS,
     capture_chain,
@@ -206,8 +207,7 @@ class PooledFlowGraphs:
         self._parts = parts
         # Largest first: later captures reuse its blocks of the shared graph memory pool. The
         # largest holds the most rows, context and new frames of all (max of each), so it fits all.
-        keys = sorted(((r, c, n) for r in rows for c in ctx_caps for n in new_caps),
-                      key=lambda k: (k[0] * (k[1] + k[2]), k), reverse=True)
+        keys = solve_keys_largest_first(rows, ctx_caps, new_caps)
         self.keys = keys
         keys = [k for k in keys if k not in self.solve_graphs]
         if defer:
@@ -313,10 +313,9 @@ class PooledFlowGraphs:
         ctx = max(p.ctx_frames for p in plans)
         new = max(p.new_frames for p in plans)
         graphs = self.solve_graphs  # one read
-        fits = [k for k in graphs if k[0] >= rows and k[1] >= ctx and k[2] >= new]
-        if not fits:
+        key = smallest_solve_bucket(graphs, rows, ctx, new)
+        if key is None:
             self.eager_calls += 1
             return pooled.solve(plans, mus)
-        key = min(fits, key=lambda k: (k[0] * (k[1] + k[2]), k[0]))
         table = pooled.table([p.row for p in plans] + [pooled.padding_row()] * (key[0] - rows))
         return graphs[key].replay(table, pooled.stack_mu(mus, key[0], key[2]), self.parts_ahead)
