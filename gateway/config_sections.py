@@ -17,6 +17,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from gateway.config_errors import FieldProblem
 from gateway.config_types import (
+    ConnectionCapsSection,
     HostPort,
     HttpCapsSection,
     IPNetwork,
@@ -35,7 +36,7 @@ SUPPORTED_CODECS = ("PCMU", "PCMA", "G722")  # gateway/media/codecs.py
 WILDCARD_HOSTS = ("0.0.0.0", "::")
 
 
-class SipTcpSection(Section):
+class SipTcpSection(ConnectionCapsSection):
     """What one TCP peer may cost (sip.tcp); the total is also kept below the process's descriptor limit."""
 
     max_connections: int = Field(500, ge=1)
@@ -43,12 +44,6 @@ class SipTcpSection(Section):
     idle_timeout_s: float = Field(60.0, gt=0)  # no byte at all for this long: close
     read_timeout_s: float = Field(10.0, gt=0)  # a message begun must arrive whole within this
     max_unsent_bytes: int = Field(262144, ge=4096)  # queued for a peer that does not read: over it, close
-
-    @model_validator(mode="after")
-    def _per_source_within_total(self) -> SipTcpSection:
-        if self.max_connections_per_source > self.max_connections:
-            raise FieldProblem("max_connections_per_source", "must not exceed max_connections")
-        return self
 
 
 class SipFloodSection(Section):

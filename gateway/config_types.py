@@ -22,7 +22,18 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class HttpCapsSection(Section):
+class ConnectionCapsSection(Section):
+    """A listener's connection caps: `max_connections` in total and `max_connections_per_source` from one IP
+    address (each subclass declares both, with its own defaults); the per-source cap within the total."""
+
+    @model_validator(mode="after")
+    def _per_source_within_total(self) -> ConnectionCapsSection:
+        if self.max_connections_per_source > self.max_connections:
+            raise FieldProblem("max_connections_per_source", "must not exceed max_connections")
+        return self
+
+
+class HttpCapsSection(ConnectionCapsSection):
     """What an HTTP listener holds (the gateway's `http`, a worker's `engine.worker`); connection_caps applies it."""
 
     max_connections: int = Field(256, ge=1)  # open at once; more are refused at accept
@@ -38,12 +49,6 @@ class HttpCapsSection(Section):
                 isinstance(data.get("max_connections"), int) and not isinstance(data["max_connections"], bool):
             data = {**data, "max_connections_per_source": max(1, min(64, data["max_connections"]))}
         return data
-
-    @model_validator(mode="after")
-    def _per_source_within_total(self) -> HttpCapsSection:
-        if self.max_connections_per_source > self.max_connections:
-            raise FieldProblem("max_connections_per_source", "must not exceed max_connections")
-        return self
 
     def http_limits(self):
         from connection_caps.listener import HttpLimits
