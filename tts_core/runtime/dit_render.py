@@ -211,19 +211,18 @@ class DiTChunkRenderer:
 
         t0 = time.perf_counter()
         buckets = self.solve_buckets(schedule)
+        rows = {name: self.settings.batches if name == "later" else self.settings.first_batches for name in self.lanes}
         for name, lane in self.lanes.items():
-            rows = self.settings.batches if name == "later" else self.settings.first_batches
             lane.graphs = DiTSolveGraphs(self.pool)
-            lane.graphs.capture(rows, *buckets["later" if name == "later" else "first"])
+            lane.graphs.capture(rows[name], *buckets["later" if name == "later" else "first"])
             # The compiled set replaces the lane's solves at its swap point (`capture_compiled`).
             lane.swap = GraphSwap((lane.graphs.solve_graphs, lane.hift_graphs), lane.name)
         report["flow_capture_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         windows = self.vocoder_windows(schedule, voices)
-        for name, lane in self.lanes.items():
-            rows = self.settings.batches if name == "later" else self.settings.first_batches
+        for name in self.lanes:
             self.vocoder_graphs[name] = CausalHiftGraphs(self.hift, self._device)
-            self.vocoder_graphs[name].capture(rows=rows, frames=windows)
+            self.vocoder_graphs[name].capture(rows=rows[name], frames=windows)
         report.update({"hift_capture_s": time.perf_counter() - t0,
                        "flow_graphs": sum(len(lane.graphs.solve_graphs) for lane in self.lanes.values()),
                        "flow_buckets": buckets, "hift_windows": windows})
