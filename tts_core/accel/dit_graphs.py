@@ -28,7 +28,7 @@ import structlog
 import torch
 
 from tts_core.accel.buckets import SolveKey, smallest_solve_bucket, solve_keys_largest_first
-from tts_core.accel.graph_capture import WARMUP_RUNS, capture_graph, compiling_at_start_up
+from tts_core.accel.graph_capture import WARMUP_RUNS, capture_graph, record_set
 from tts_core.flow.dit_pool import DiTContextPool, DiTRegions, DiTRow, DiTTables, post_attention, pre_attention
 
 log = structlog.get_logger(__name__)
@@ -105,16 +105,8 @@ class DiTSolveGraphs:
     def _record(self, regions: DiTRegions | None, stop: Callable[[], bool]) -> dict[SolveKey, _SolveGraph] | None:
         """A graph per bucket of `keys` (largest first: the later ones reuse its blocks of the set's memory
         pool), in a memory pool and capture stream of the set's own; None if `stop()` ended it early."""
-        mempool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream(self.pool.device)
-        graphs = {}
-        with compiling_at_start_up(regions is not None), torch.cuda.device(self.pool.device), \
-                torch.cuda.stream(stream):
-            for key in self.keys:
-                if stop():
-                    return None
-                graphs[key] = _SolveGraph(self.pool, *key, mempool, stream, regions)
-        return graphs
+        return record_set(self.keys, self.pool.device, regions is not None,
+                          lambda key, mempool, stream: _SolveGraph(self.pool, *key, mempool, stream, regions), stop)
 
     def solve(self, rows: list[DiTRow], mu: torch.Tensor, cond: torch.Tensor, spks: torch.Tensor) -> torch.Tensor:
         """`DiTContextPool.solve` (mel (B, 80, N) float32 for mu (B, 80, N)), replaying the smallest

@@ -33,6 +33,7 @@ from tts_core.accel.graph_capture import (
     capture_chain,
     capture_graph,
     compiling_at_start_up,
+    record_set,
 )
 from tts_core.flow import token_encoder
 from tts_core.flow.encoder_window import encode_grouped, encode_new_frames
@@ -229,16 +230,9 @@ class PooledFlowGraphs:
         current set: recording launches nothing; the warm-up runs write only padding rows (the
         pool's trash); capture errors are this thread's own (thread-local capture mode), so the
         serving threads' host syncs meanwhile are allowed. None if `stop()` ended it early."""
-        pool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream(self.pooled.device)
-        graphs = {}
-        with compiling_at_start_up(estimator is not None), torch.cuda.device(self.pooled.device), \
-                torch.cuda.stream(stream):
-            for key in self.keys:
-                if stop():
-                    return None
-                graphs[key] = _SolveGraph(self.pooled, *key, pool, stream, estimator, self._parts)
-        return graphs
+        return record_set(self.keys, self.pooled.device, estimator is not None,
+                          lambda key, pool, stream: _SolveGraph(self.pooled, *key, pool, stream, estimator, self._parts),
+                          stop)
 
     def capture_encoder(self, rows: Sequence[int], tokens: int, new_frames: int, finalize: bool) -> None:
         pool = self._graph_pool()

@@ -23,6 +23,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from typing import TypeVar
 
+K = TypeVar("K")
+G = TypeVar("G")
+
 import torch
 import torch.fx.experimental._config as fx_config
 
@@ -140,3 +143,21 @@ def capture_chain(graphs: Sequence[torch.cuda.CUDAGraph], calls: Sequence[Callab
             outs.append(call())
     charge(started, recording, len(graphs))
     return outs
+
+
+def record_set(keys: Sequence[K], device: torch.device, compiling: bool,
+               record: Callable[[K, object, torch.cuda.Stream], G], stop: Callable[[], bool]) -> dict[K, G] | None:
+    """A set of graphs, one `record(key, memory pool, stream)` per key in order, in a memory pool and capture
+    stream of the set's own (a render lane's set, captured beside the set it replays now, adopted at its swap
+    point); `compiling`: the calls run torch.compile'd code (`compiling_at_start_up`). None if `stop()` ended
+    it early."""
+    pool = torch.cuda.graph_pool_handle()
+    stream = torch.cuda.Stream(device)
+    graphs = {}
+    with compiling_at_start_up(compiling), torch.cuda.device(device), torch.cuda.stream(stream):
+        for key in keys:
+            if stop():
+                return None
+            graphs[key] = record(key, pool, stream)
+    return graphs
+
