@@ -220,7 +220,7 @@ def test_captured_solves_replay_the_eager_solve_and_a_call_fitting_no_bucket_run
     lane's captured graphs (`DiTSolveGraphs`: buckets of one and two rows, sized from the first pass;
     or the set recorded again with the blocks' work torch.compile'd, as the tts-compile thread makes
     it): every chunk the same; the calls of three streams fit no bucket, run eagerly and are counted."""
-    from tts_core.accel.dit_graphs import DiTSolveGraphs, compiled_regions
+    from tts_core.accel.dit_graphs import DiTSolveGraphs, graph_regions
 
     flow = copy.deepcopy(flow3).cuda()
     cuda = torch.device("cuda")
@@ -259,7 +259,7 @@ def test_captured_solves_replay_the_eager_solve_and_a_call_fitting_no_bucket_run
         graphs = DiTSolveGraphs(pool)
         graphs.capture((1, 2), [ctx_cap], [new_cap])
         if compiled:
-            graphs.solve_graphs = graphs.capture_set(compiled_regions())
+            graphs.solve_graphs = graphs.capture_set(graph_regions(compiled=True))
         return graphs
 
     replayed, graphs = run(captured)

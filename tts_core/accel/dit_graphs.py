@@ -15,8 +15,9 @@ pool share scratch memory and must not run at once); the context pool itself is 
 
 As CosyVoice2's flow (flow_pool_graphs.py): a lane is ready on graphs of the plain block code, then
 the tts-compile thread records the same buckets with each block's work around its attention
-torch.compile'd (`compiled_regions`: the elementwise work fused into few kernels) into a set of their
-own (`capture_set`), which the lane adopts at its swap point (RenderLane.adopt).
+torch.compile'd (`graph_regions`: the elementwise work fused into few kernels) into a set of their
+own (`capture_set`), which the lane adopts at its swap point (RenderLane.adopt). In both sets the
+attention with the pool's reads and writes is one Triton kernel a block and step (dit_attention.py).
 """
 
 from __future__ import annotations
@@ -29,14 +30,16 @@ import torch
 
 from tts_core.accel.buckets import SolveKey, smallest_solve_bucket, solve_keys_largest_first
 from tts_core.accel.graph_capture import WARMUP_RUNS, capture_graph, record_set
-from tts_core.flow.dit_pool import DiTContextPool, DiTRegions, DiTRow, DiTTables, post_attention, pre_attention
+from tts_core.accel import dit_attention
+from tts_core.flow.dit_pool import (DiTContextPool, DiTRegions, DiTRow, DiTTables, SolveIndex, post_attention,
+                                    pre_attention, pooled_sdpa)
 
 log = structlog.get_logger(__name__)
 
 
 class _SolveGraph:
     def __init__(self, pool: DiTContextPool, rows: int, ctx_cap: int, new_cap: int, mempool,
-                 stream: torch.cuda.Stream, regions: DiTRegions | None) -> None:
+                 stream: torch.cuda.Stream, regions: DiTRegions) -> None:
         cfg, dev = pool.est.cfg, pool.device
         # Static inputs: index tables (all padding rows while capturing: the warm-up and the recording
         # touch only the zero and trash frames, so a lane may capture while others serve).
@@ -63,12 +66,23 @@ class _SolveGraph:
         return self.out
 
 
-def compiled_regions() -> DiTRegions:
-    """Each block's work before and after its attention, torch.compile'd (inductor): ~30 kernels a block
-    eagerly, most of them elementwise work around the matmuls. Sizes symbolic from the start, no graph
-    break allowed; compiled in a capture's warm-up (`DiTSolveGraphs.capture_set`), never on a request."""
+def fused_attention(qkv: torch.Tensor, kv: torch.Tensor, index: SolveIndex, heads: int) -> torch.Tensor:
+    """`pooled_sdpa` in one Triton kernel (tts_core/accel/dit_attention.py): the rotary applied as q and k
+    load, the context read from the pool where it lies, the new keys and values written there."""
+    return dit_attention.pooled_attention(qkv, index.cos, index.sin, kv, index.ctx, index.ctx_len, index.write,
+                                          index.lengths, heads, index.chunk)
+
+
+def graph_regions(compiled: bool) -> DiTRegions:
+    """What a captured solve runs of each block: the attention as one kernel where Triton is there (else
+    `pooled_sdpa`); `compiled`: the work before and after it torch.compile'd (inductor: ~30 kernels a block
+    eagerly, most of them elementwise work around the matmuls; sizes symbolic from the start, no graph
+    break allowed; compiled in a capture's warm-up, `DiTSolveGraphs.capture_set`, never on a request)."""
+    attention = fused_attention if dit_attention.available() else pooled_sdpa
+    if not compiled:
+        return DiTRegions(attention=attention)
     return DiTRegions(torch.compile(pre_attention, fullgraph=True, dynamic=True),
-                      torch.compile(post_attention, fullgraph=True, dynamic=True))
+                      torch.compile(post_attention, fullgraph=True, dynamic=True), attention)
 
 
 class DiTSolveGraphs:
@@ -89,7 +103,7 @@ class DiTSolveGraphs:
         it took."""
         started = time.perf_counter()
         self.keys = solve_keys_largest_first(rows, ctx_caps, new_caps)
-        self.solve_graphs = self._record(None, lambda: False)
+        self.solve_graphs = self._record(graph_regions(compiled=False), lambda: False)
         seconds = time.perf_counter() - started
         log.info("dit_graphs_captured", graphs=len(self.solve_graphs), rows=list(rows), ctx_caps=list(ctx_caps),
                  new_caps=list(new_caps), seconds=round(seconds, 2))
@@ -102,10 +116,10 @@ class DiTSolveGraphs:
         warm-ups and recordings touch only the pool's zero and trash frames. None if `stop()` ended it early."""
         return self._record(regions, stop)
 
-    def _record(self, regions: DiTRegions | None, stop: Callable[[], bool]) -> dict[SolveKey, _SolveGraph] | None:
+    def _record(self, regions: DiTRegions, stop: Callable[[], bool]) -> dict[SolveKey, _SolveGraph] | None:
         """A graph per bucket of `keys` (largest first: the later ones reuse its blocks of the set's memory
         pool), in a memory pool and capture stream of the set's own; None if `stop()` ended it early."""
-        return record_set(self.keys, self.pool.device, regions is not None,
+        return record_set(self.keys, self.pool.device, regions.pre is not pre_attention,
                           lambda key, mempool, stream: _SolveGraph(self.pool, *key, mempool, stream, regions), stop)
 
     def solve(self, rows: list[DiTRow], mu: torch.Tensor, cond: torch.Tensor, spks: torch.Tensor) -> torch.Tensor:

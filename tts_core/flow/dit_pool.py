@@ -45,7 +45,7 @@ import torch
 from tts_core.accel.device_memory import check_device_fits
 from torch.nn import functional as F
 
-from tts_core.flow.dit import POS_CONV_KERNEL, DiTEstimator, _norm, apply_rotary
+from tts_core.flow.dit import POS_CONV_KERNEL, DiTEstimator, _norm
 from tts_core.flow.sampler import FlowSampler, euler_times
 
 LEFT = POS_CONV_KERNEL - 1  # frames of left context each position convolution reads
@@ -267,29 +267,25 @@ class DiTContextPool:
                      regions: DiTRegions | None = None) -> torch.Tensor:
         """`solve` from index tables already on the device: device work only, no host sync and no host
         data, so a CUDA graph can record it (tts_core/accel/dit_graphs.py) with `t`, mu, cond and spks
-        as its static inputs. `regions`: each block's work before and after its attention (default
-        `pre_attention` / `post_attention`; tts_core.accel.dit_graphs.compiled_regions fuses them)."""
+        as its static inputs. `regions`: each block's work before, at and after its attention (default
+        `pre_attention`, `pooled_sdpa`, `post_attention`; tts_core.accel.dit_graphs.graph_regions gives the
+        CUDA kernel for the attention and, compiled, fuses the rest)."""
         regions = regions or EAGER_REGIONS
         est, dev = self.est, self.device
-        b, c, n = t.rows, t.ctx_frames, t.new_frames
+        n = t.new_frames
         ctx_idx, ctx_ok, write_idx, left_idx, starts, lengths = t.unpack()
         local = torch.arange(n, device=dev)
         valid = local[None] < lengths[:, None]  # (B, N)
         positions = torch.where(valid, starts[:, None] + local[None], 0)
-        # New keys: valid, in the query's chunk or before (rows start on a chunk boundary), or the query
-        # itself (a padded query must see a key: an all-masked row would make NaN values).
-        rel_chunk = torch.div(local, self.chunk, rounding_mode="floor")
-        see_new = (valid[:, None, :] & (rel_chunk[None, None, :] <= rel_chunk[None, :, None])) | torch.eye(
-            n, dtype=torch.bool, device=dev)[None]
-        visible = torch.cat([ctx_ok[:, None, :].expand(-1, n, -1), see_new], dim=2)[:, None]  # (B, 1, N, C+N)
-        # Additive, in the compute dtype, made once per call: SDPA would convert a bool mask every layer.
-        bias = torch.zeros(visible.shape, device=dev, dtype=self.dtype).masked_fill_(~visible, float("-inf"))
-        bias = bias.repeat(2, 1, 1, 1)
         angles = (positions.to(est.rotary_embed.inv_freq.dtype)[..., None]
                   * est.rotary_embed.inv_freq).repeat_interleave(2, dim=-1).repeat(2, 1, 1)  # (2B, N, dh)
         # For q and k of every layer: x * cos + x[pair swapped] * (sin with the pair's sign), as apply_rotary.
         cos = angles.cos().to(self.dtype)[:, :, None]
         sin = (angles.sin() * self._constants.rotary_sign).to(self.dtype)[:, :, None]
+        # Each row's real context frames are a prefix of its context columns: the fused kernel reads ctx_len.
+        index = SolveIndex(ctx_idx, ctx_ok.sum(1), write_idx, lengths, self.chunk, cos, sin,
+                           self._constants.rotary_swap,
+                           self._mask(ctx_ok, valid, n) if regions.attention is pooled_sdpa else None)
         x = self.sampler.rand_noise[0][:, positions].permute(1, 0, 2).to(self.dtype)  # noise (B, 80, N)
 
         # Guidance rows: [0, B) conditioned, [B, 2B) with mu, cond and spks zeroed (as FlowSampler.solve).
@@ -297,20 +293,30 @@ class DiTContextPool:
         mu_in = torch.cat([mu, zeros]).to(self.dtype).transpose(1, 2)
         cond_in = torch.cat([cond, zeros]).to(self.dtype).transpose(1, 2)
         spks_in = torch.cat([spks, torch.zeros_like(spks)]).to(self.dtype)
-        flat_ctx = ctx_idx.reshape(-1)
-        flat_write = write_idx.reshape(-1)
         cfg_rate = self.sampler.cfg_rate
         for step, dt in enumerate(self._constants.dts):
             x_in = torch.cat([x, x]).transpose(1, 2)
-            v = self._estimate(step, x_in, mu_in, cond_in, spks_in, bias, cos, sin, flat_ctx, left_idx, flat_write,
-                               b, c, n, regions)
+            v = self._estimate(step, x_in, mu_in, cond_in, spks_in, index, left_idx, regions)
             v_cond, v_uncond = v.chunk(2)
             x = x + dt * ((1.0 + cfg_rate) * v_cond - cfg_rate * v_uncond)
         return x.float()
 
+    def _mask(self, ctx_ok: torch.Tensor, valid: torch.Tensor, n: int) -> torch.Tensor:
+        """The additive mask (2B, 1, N, C + N) of `pooled_sdpa`: context columns where valid; new keys valid,
+        in the query's chunk or before (rows start on a chunk boundary), or the query itself (a padded query
+        must see a key: an all-masked row would make NaN values). In the compute dtype, made once per solve:
+        SDPA would convert a bool mask every layer."""
+        dev = ctx_ok.device
+        local = torch.arange(n, device=dev)
+        rel_chunk = torch.div(local, self.chunk, rounding_mode="floor")
+        see_new = (valid[:, None, :] & (rel_chunk[None, None, :] <= rel_chunk[None, :, None])) | torch.eye(
+            n, dtype=torch.bool, device=dev)[None]
+        visible = torch.cat([ctx_ok[:, None, :].expand(-1, n, -1), see_new], dim=2)[:, None]  # (B, 1, N, C+N)
+        bias = torch.zeros(visible.shape, device=dev, dtype=self.dtype).masked_fill_(~visible, float("-inf"))
+        return bias.repeat(2, 1, 1, 1)
+
     def _estimate(self, step: int, x: torch.Tensor, mu: torch.Tensor, cond: torch.Tensor, spks: torch.Tensor,
-                  bias: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: torch.Tensor, left: torch.Tensor,
-                  write: torch.Tensor, b: int, c: int, n: int, regions: DiTRegions) -> torch.Tensor:
+                  index: SolveIndex, left: torch.Tensor, regions: DiTRegions) -> torch.Tensor:
         """The DiT forward of the new frames (2B, N, C) at one Euler step -> velocity (2B, 80, N). The
         official block's arithmetic with fewer kernels (a solve replays ~220 blocks, and at a few rows
         its time is their count): q, k and v from one matmul (`_StepConstants`), rotary on q and k at
@@ -319,6 +325,8 @@ class DiTContextPool:
         precomputed from a one-row t, moved the streamed audio from 1.2e-4 to 2.1-3.3e-4 mean off the
         official, past the test's 2e-4 (its random HiFT amplifies mel rounding ~100x)."""
         est, consts = self.est, self._constants
+        b, n = index.write.shape
+        write = index.write.reshape(-1)
         emb = est.input_embed
         h = emb.proj(torch.cat([x, cond, mu, spks[:, None, :].expand(-1, n, -1)], dim=-1))  # (2B, N, dim)
         conv_in = h
@@ -329,22 +337,12 @@ class DiTContextPool:
                              conv_in.reshape(2, b * n, -1))
             conv_in = conv(torch.cat([past, conv_in], dim=1).transpose(1, 2)).transpose(1, 2)
         h = conv_in + h
-        halves = torch.arange(2, device=self.device)[:, None]
-        inner = self.inner
         # The time modulations as the official block computes them, per call (see the docstring).
         t_act = F.silu(est.time_embed(consts.times[step].expand(2 * b)))
         for layer, block in enumerate(est.transformer_blocks):
-            q, k, v, mods = regions.pre(h, t_act, block.attn_norm.linear.weight, block.attn_norm.linear.bias,
-                                        consts.qkv_weight[layer], consts.qkv_bias[layer], cos, sin,
-                                        consts.rotary_swap)
-            kv = self.kv[layer, step]  # (2, 2, F, inner)
-            keys = torch.cat([kv[:, 0][:, ctx].reshape(2 * b, c, inner), k], dim=1)
-            values = torch.cat([kv[:, 1][:, ctx].reshape(2 * b, c, inner), v], dim=1)
-            kv[:, 0].index_put_((halves, write[None]), k.reshape(2, b * n, -1))
-            kv[:, 1].index_put_((halves, write[None]), v.reshape(2, b * n, -1))
-            heads = block.attn.heads
-            q, keys, values = (y.unflatten(-1, (heads, -1)).transpose(1, 2) for y in (q, keys, values))
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias).transpose(1, 2).flatten(2)
+            qkv, mods = regions.pre(h, t_act, block.attn_norm.linear.weight, block.attn_norm.linear.bias,
+                                    consts.qkv_weight[layer], consts.qkv_bias[layer])
+            out = regions.attention(qkv, self.kv[layer, step], index, block.attn.heads)
             first, second = block.ff.ff[0][0], block.ff.ff[2]
             h = regions.post(h, out, mods, block.attn.to_out[0].weight, block.attn.to_out[0].bias,
                              first.weight, first.bias, second.weight, second.bias)
@@ -352,19 +350,52 @@ class DiTContextPool:
         return est.proj_out(_norm(h) * (1 + scale[:, None, :]) + shift[:, None, :]).transpose(1, 2)
 
 
+@dataclass(frozen=True)
+class SolveIndex:
+    """A solve's index tables as its blocks' attention reads them (made once per solve)."""
+
+    ctx: torch.Tensor  # (B, C) pool frames of each row's context
+    ctx_len: torch.Tensor  # (B,) how many of them are real (the first ones)
+    write: torch.Tensor  # (B, N) pool frames the new frames' keys and values go to (trash: not kept)
+    lengths: torch.Tensor  # (B,) each row's real new frames
+    chunk: int  # frames of a chunk-causal attention chunk
+    cos: torch.Tensor  # (2B, N, 1, dh) the rotary's tables at the new frames' positions (compute dtype)
+    sin: torch.Tensor  # (2B, N, 1, dh) with each pair's sign (rotated = x cos + x[swap] sin)
+    swap: torch.Tensor  # (dh,) the pair swap 1, 0, 3, 2, ...
+    bias: torch.Tensor | None  # (2B, 1, N, C + N) additive mask, for `pooled_sdpa` only
+
+
+def pooled_sdpa(qkv: torch.Tensor, kv: torch.Tensor, index: SolveIndex, heads: int) -> torch.Tensor:
+    """A block's attention at one Euler step, generic: rotary on the first channels of q and k (x cos + x[pair
+    swapped] x signed sin, as `apply_rotary`), the rows' context keys and values gathered from the pool (kv:
+    this block's and step's, (2 guidance rows, 2 k|v, frames, inner)) before the new frames' are written into
+    it, then SDPA with the additive mask. qkv (2B, N, 3, inner) -> (2B, N, inner). On CUDA
+    tts_core/accel/dit_attention.py does the same in one kernel."""
+    two_b, n, _, inner = qkv.shape
+    b, c = index.ctx.shape
+    rot = index.cos.size(-1)
+    head = qkv[:, :, :2, :rot]
+    qk = torch.cat([head * index.cos + head[..., index.swap] * index.sin, qkv[:, :, :2, rot:]], dim=-1)
+    q, k, v = qk[:, :, 0], qk[:, :, 1], qkv[:, :, 2]
+    flat_ctx, write = index.ctx.reshape(-1), index.write.reshape(-1)
+    halves = torch.arange(2, device=qkv.device)[:, None]
+    keys = torch.cat([kv[:, 0][:, flat_ctx].reshape(two_b, c, inner), k], dim=1)
+    values = torch.cat([kv[:, 1][:, flat_ctx].reshape(two_b, c, inner), v], dim=1)
+    kv[:, 0].index_put_((halves, write[None]), k.reshape(2, b * n, -1))
+    kv[:, 1].index_put_((halves, write[None]), v.reshape(2, b * n, -1))
+    q, keys, values = (y.unflatten(-1, (heads, -1)).transpose(1, 2) for y in (q, keys, values))
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=index.bias).transpose(1, 2).flatten(2)
+
+
 def pre_attention(h: torch.Tensor, t_act: torch.Tensor, mod_weight: torch.Tensor, mod_bias: torch.Tensor,
-                  qkv_weight: torch.Tensor, qkv_bias: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                  swap: torch.Tensor) -> tuple[torch.Tensor, ...]:
+                  qkv_weight: torch.Tensor, qkv_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A DiT block up to its attention, on the pooled path: its six time modulations (official order),
-    the modulated norm, q/k/v in one matmul, rotary on the first channels of q and k (x cos + x[pair
-    swapped] x signed sin, as `apply_rotary`). -> q, k, v (2B, N, inner), modulations (2B, 6 dim)."""
+    the modulated norm, q/k/v in one matmul (not yet rotated: the attention does it). -> q/k/v
+    (2B, N, 3, inner), modulations (2B, 6 dim)."""
     mods = F.linear(t_act, mod_weight, mod_bias)
     shift_msa, scale_msa = (m[:, None, :] for m in mods.chunk(6, dim=1)[:2])
     qkv = F.linear(_norm(h) * (1 + scale_msa) + shift_msa, qkv_weight, qkv_bias)
-    qkv = qkv.view(h.size(0), h.size(1), 3, -1)
-    head = qkv[:, :, :2, :cos.size(-1)]
-    qk = torch.cat([head * cos + head[..., swap] * sin, qkv[:, :, :2, cos.size(-1):]], dim=-1)
-    return qk[:, :, 0], qk[:, :, 1], qkv[:, :, 2], mods
+    return qkv.view(h.size(0), h.size(1), 3, -1), mods
 
 
 def post_attention(h: torch.Tensor, attn: torch.Tensor, mods: torch.Tensor, out_weight: torch.Tensor,
@@ -381,11 +412,13 @@ def post_attention(h: torch.Tensor, attn: torch.Tensor, mods: torch.Tensor, out_
 
 @dataclass(frozen=True)
 class DiTRegions:
-    """What the pooled solve runs of each block around its attention (the pool's reads and writes and
-    the attention itself stay outside): the plain functions, or their torch.compile'd forms."""
+    """What the pooled solve runs of each block: its work before and after the attention (the plain
+    functions, or their torch.compile'd forms) and the attention with the pool's reads and writes
+    (`pooled_sdpa`, or on CUDA tts_core.accel.dit_attention's kernel in its signature)."""
 
     pre: Callable[..., tuple[torch.Tensor, ...]] = pre_attention
     post: Callable[..., torch.Tensor] = post_attention
+    attention: Callable[..., torch.Tensor] = pooled_sdpa
 
 
 EAGER_REGIONS = DiTRegions()

@@ -256,16 +256,16 @@ class DiTChunkRenderer:
     def capture_compiled(self, stop=lambda: False) -> dict:
         """On the tts-compile thread, while the lanes serve on the graphs `prepare` captured: with
         `compile`, each lane's DiT solves recorded again with each block's work around its attention
-        torch.compile'd (`dit_graphs.compiled_regions`), published lane by lane, first lanes first; each
+        torch.compile'd (`dit_graphs.graph_regions`), published lane by lane, first lanes first; each
         lane adopts its set at its next render call. The vocoder's graphs stay as captured. Returns the
         seconds and compile / warm-up / record split (`stop()` ends early)."""
         if not self.settings.compile or any(lane.graphs is None for lane in self.lanes.values()):
             return {}
-        from tts_core.accel.dit_graphs import compiled_regions
+        from tts_core.accel.dit_graphs import graph_regions
         from tts_core.accel.graph_capture import CaptureClock
 
         t0, clock = time.perf_counter(), CaptureClock.now()
-        regions = compiled_regions()
+        regions = graph_regions(compiled=True)
         for lane in [self.lanes[name] for name in self.first_lanes] + [self.lanes["later"]]:
             solves = lane.graphs.capture_set(regions, stop)
             if solves is None:
