@@ -11,7 +11,7 @@ import torch
 
 from tts_core.accel.causal_hift_graphs import CausalHiftGraphs
 from tts_core.hift.causal import CausalHiftGenerator, load_causal_hift
-from tts_core.hift.causal_window import HiftWindows, decode_windows, left_context_frames
+from tts_core.hift.causal_window import HiftWindows, decode_windows, final_window, left_context_frames
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -65,13 +65,16 @@ def test_replays_equal_the_eager_batched_decode(hift: CausalHiftGenerator) -> No
     assert graphs.eager_calls == 2
 
 
-def test_streams_rendered_through_graphs_equal_eager_streams(hift: CausalHiftGenerator) -> None:
+@pytest.mark.parametrize("finals", [False, True], ids=["final_windows_eager", "final_windows_captured"])
+def test_streams_rendered_through_graphs_equal_eager_streams(hift: CausalHiftGenerator, finals: bool) -> None:
     """Three streams (two in step, one a chunk behind) through `render_many` with and without the graphs:
-    the same samples chunk by chunk; only the final chunks decode eagerly."""
+    the same samples chunk by chunk; the final chunks decode eagerly unless their window (`final_window`) was
+    captured too, then nothing does (two final streams in step replay the one-row final graph twice)."""
     left, look = left_context_frames(hift), hift.look_ahead_frames
     ends = [look + left // 2 + k * left for k in range(6)]
     graphs = CausalHiftGraphs(hift, "cuda")
-    graphs.capture(rows=(1, 2, 4), frames=decode_windows(hift, ends[:-1]))
+    graphs.capture(rows=(1, 2, 4), frames=decode_windows(hift, ends[:-1]),
+                   final_frames=[final_window(hift, ends[-2], ends[-1])] if finals else ())
     gen = torch.Generator(device="cuda").manual_seed(1)
     mels = [torch.randn(1, hift.cfg.in_channels, ends[-1], generator=gen, device="cuda") for _ in range(3)]
     starts = [0, 0, 1]
@@ -88,4 +91,5 @@ def test_streams_rendered_through_graphs_equal_eager_streams(hift: CausalHiftGen
             eager.commit(slot, known)
             graphed.commit(slot, known)
             emitted[slot] += wav.size(1)
-    assert graphs.eager_calls == 2  # the final chunks: the two in step together, then the one behind
+    # Eager: the final chunks, the two in step together, then the one behind.
+    assert graphs.eager_calls == (0 if finals else 2)

@@ -12,6 +12,8 @@ would move whole chunks by the signal's own level (~1e-1 mean).
 
 from __future__ import annotations
 
+import sys
+
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -359,8 +361,46 @@ def test_the_vocoder_windows_listed_for_graphs_are_those_a_long_segment_decodes(
             renderer.render([(stream, tokens, task)])
             if task.finalize:
                 decoded.pop()
-    assert sorted(set(decoded)) == listed
-    assert len(decoded) > len(listed)  # the steady window repeats
+    assert sorted(set(decoded)) == listed.chunks
+    assert len(decoded) > len(listed.chunks)  # the steady window repeats
+
+
+def test_the_final_vocoder_windows_listed_for_graphs_are_those_segments_of_any_length_end_with(
+        pipeline: CosyVoice2Pipeline, schedule: ChunkSchedule) -> None:
+    """`vocoder_windows`' final windows: segments that end at token counts spread from one token through the
+    hop's growth to its steady size (the LM may stop anywhere; the counts at each hop's edges included) end on
+    a window listed for the lane that renders that final chunk: the first lanes' when it is the segment's
+    first, else the later lane's (but for windows too short to capture: a token or two, decoded eagerly)."""
+    scheduler = pipeline.scheduler
+    renderer = DiTChunkRenderer(scheduler.flow, scheduler.hift, FlowPoolSettings(stream_slots=1))
+    voice = pipeline.voices.get(VOICE)
+    listed = renderer.vocoder_windows(schedule, [voice])
+    prompt_tokens = len(voice.flow_prompt_speech_token)
+    planner = ChunkPlanner(schedule, prompt_tokens)
+    edges = []  # where the final chunk's kind or length range changes: each non-final chunk's token_end
+    for _ in range(5):
+        edges.append(planner.tokens_needed())
+        planner.next_chunk(sys.maxsize, lm_finished=False)
+    lengths = sorted({1, *range(2, edges[-1] + 2, 17)} | {e + d for e in edges for d in (-1, 0, 1)})
+    tokens = torch.randint(0, scheduler.flow.cfg.vocab_size, (max(lengths),),
+                           generator=torch.Generator().manual_seed(4)).tolist()
+    seen = {"first": set(), "later": set()}
+    for length in lengths:
+        planner = ChunkPlanner(schedule, prompt_tokens)
+        stream = renderer.stream(voice, schedule, None)
+        decoded = []
+        with vocoder_hook(renderer, lambda mel: decoded.append(mel.size(2))):
+            chunks = 0
+            while (task := planner.next_chunk(length, lm_finished=True)) is not None:
+                renderer.render([(stream, tokens[:length], task)])
+                chunks += 1
+        kind = "first" if chunks == 1 else "later"
+        if decoded[-1] <= scheduler.hift.conv_pre_look_right + 1:
+            assert length <= 2
+            continue
+        assert decoded[-1] in (listed.first_finals if kind == "first" else listed.later_finals), (length, kind)
+        seen[kind].add(decoded[-1])
+    assert seen["first"] and len(seen["later"]) > 3
 
 
 @pytest.mark.parametrize("first_hop", [None, 7], ids=["official_schedule", "first_hop_off_the_chunk_grid"])

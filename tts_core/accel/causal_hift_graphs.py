@@ -8,11 +8,15 @@ captured `decode` runs with `capturable_istft` (torch.istft's NOLA check syncs w
 cannot be recorded); the rest of it is shape-static tensor work (its slicing depends on shapes only,
 fixed per bucket) and draws no random numbers.
 
-Captured for non-final windows only, the lengths a chunk schedule produces (`decode_windows`): a final
-window's length is the utterance's tail. A call replays the smallest bucket with enough rows (spare
-rows keep an earlier call's inputs, their outputs ignored: every row is independent); more rows than
-the largest bucket replay it several times. Final windows, uncaptured lengths and other dtypes run
-eagerly, counted in `eager_calls`.
+Captured for the windows a chunk schedule produces: non-final ones (`decode_windows`), with the rows of the
+lane's batches, and final ones (`final_window`: an utterance's tail, one length per tail length), one row
+each. Eagerly a final window costs ~20 ms a stream (hundreds of kernels), each its own group: with 100 calls
+arriving at 10/s whose random-weight utterances ended after 2-3 chunks, the later lane's calls were mostly
+final chunks and 77 of the calls heard silence mid-speech, in groups whose silences ended together every
+1-1.8 s (docs/PERF_NOTES.md, session 6). A call replays
+the smallest bucket with enough rows (spare rows keep an earlier call's inputs, their outputs ignored: every
+row is independent); more rows than the largest bucket replay it several times. Uncaptured lengths and other
+dtypes run eagerly, counted in `eager_calls`.
 
 One memory pool and one capture stream per instance: each render lane captures and replays its own,
 possibly while another lane replays its graphs.
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import structlog
 import torch
 
 from tts_core.accel.graph_capture import WARMUP_RUNS, capture_graph, compiling_at_start_up
@@ -29,19 +34,21 @@ from tts_core.accel.hift_graphs import capturable_istft
 from tts_core.hift.causal import CausalHiftGenerator
 from tts_core.hift.generator import Mix
 
+log = structlog.get_logger(__name__)
+
 DEFAULT_ROWS = (1, 2, 4, 8, 16, 32)
 
 
 class _Bucket:
     """One graph: `rows` windows of `frames` mel frames in static buffers, their waveforms out."""
 
-    def __init__(self, hift: CausalHiftGenerator, rows: int, frames: int, dtype: torch.dtype, device: torch.device,
-                 mix: Mix | None, warmup: int, pool, stream: torch.cuda.Stream) -> None:
+    def __init__(self, hift: CausalHiftGenerator, rows: int, frames: int, finalize: bool, dtype: torch.dtype,
+                 device: torch.device, mix: Mix | None, warmup: int, pool, stream: torch.cuda.Stream) -> None:
         cfg = hift.cfg
         self.mel = torch.zeros(rows, cfg.in_channels, frames, dtype=dtype, device=device)
         self.source = torch.zeros(rows, 1, frames * cfg.samples_per_frame, dtype=dtype, device=device)
         self.graph = torch.cuda.CUDAGraph()
-        self.wav = capture_graph(self.graph, lambda: hift.decode(self.mel, self.source, False, mix), warmup,
+        self.wav = capture_graph(self.graph, lambda: hift.decode(self.mel, self.source, finalize, mix), warmup,
                                  pool=pool, stream=stream)
 
     def decode(self, mel: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
@@ -63,44 +70,54 @@ class CausalHiftGraphs:
             raise RuntimeError(f"CausalHiftGraphs needs a CUDA device, got {self.device}")
         self.hift, self.mix = hift, mix
         self.dtype = hift.stft_window.dtype  # the decoder's (the F0 predictor alone runs in float64)
-        self._buckets: dict[tuple[int, int], _Bucket] = {}
+        self._buckets: dict[tuple[int, int, bool], _Bucket] = {}  # (rows, window frames, final)
         self.eager_calls = 0
         self._pool = None
         self._stream: torch.cuda.Stream | None = None
 
     @property
     def frames(self) -> list[int]:
-        """The captured window lengths (mel frames), ascending."""
-        return sorted({frames for _, frames in self._buckets})
+        """The captured non-final window lengths (mel frames), ascending."""
+        return sorted({frames for _, frames, final in self._buckets if not final})
+
+    @property
+    def final_frames(self) -> list[int]:
+        """The captured final window lengths (mel frames), ascending."""
+        return sorted({frames for _, frames, final in self._buckets if final})
 
     @torch.inference_mode()
-    def capture(self, rows: Iterable[int] = DEFAULT_ROWS, frames: Iterable[int] = (), warmup: int = WARMUP_RUNS) -> int:
-        """Capture a graph per (row count, window frames) not captured yet; returns how many it captured.
-        `frames`: the non-final decoder windows of the caller's schedule (`decode_windows`)."""
+    def capture(self, rows: Iterable[int] = DEFAULT_ROWS, frames: Iterable[int] = (), final_frames: Iterable[int] = (),
+                warmup: int = WARMUP_RUNS) -> int:
+        """Capture a graph per (row count, window frames) not captured yet, and one of one row per final window;
+        returns how many it captured. `frames`: the non-final decoder windows of the caller's schedule
+        (`decode_windows`); `final_frames`: its final ones (`final_window`)."""
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
             self._stream = torch.cuda.Stream(self.device)
+        keys = {(r, f, False) for r in set(rows) for f in set(frames)} | {(1, f, True) for f in set(final_frames)}
         # Largest first: the later captures reuse its blocks of the instance's memory pool.
-        wanted = sorted(((r, f) for r in set(rows) for f in set(frames) if (r, f) not in self._buckets),
-                        key=lambda k: (k[0] * k[1], k), reverse=True)
-        if any(r < 1 for r, _ in wanted) or any(f <= self.hift.conv_pre_look_right + 1 for _, f in wanted):
+        wanted = sorted((k for k in keys if k not in self._buckets), key=lambda k: (k[0] * k[1], k), reverse=True)
+        if any(r < 1 for r, _, _ in wanted) or any(f <= self.hift.conv_pre_look_right + 1 for _, f, _ in wanted):
             raise ValueError(f"CausalHiftGraphs: rows must be >= 1 and windows > {self.hift.conv_pre_look_right + 1} "
-                             f"frames, got rows {sorted(set(rows))}, frames {sorted(set(frames))}")
+                             f"frames, got rows {sorted(set(rows))}, frames {sorted(set(frames))}, final frames "
+                             f"{sorted(set(final_frames))}")
         with capturable_istft(), compiling_at_start_up(self.mix is not None):
-            for r, f in wanted:
-                self._buckets[r, f] = _Bucket(self.hift, r, f, self.dtype, self.device, self.mix, warmup,
-                                              self._pool, self._stream)
+            for r, f, final in wanted:
+                self._buckets[r, f, final] = _Bucket(self.hift, r, f, final, self.dtype, self.device, self.mix,
+                                                     warmup, self._pool, self._stream)
         return len(wanted)
 
     @torch.inference_mode()
     def decode(self, mel: torch.Tensor, source: torch.Tensor, finalize: bool) -> torch.Tensor:
         """mel (B, 80, T) + source (B, 1, T x samples_per_frame) -> waveform (B, samples), as `hift.decode`."""
         n, frames = mel.size(0), mel.size(2)
-        if finalize or mel.dtype != self.dtype or not any(f == frames for _, f in self._buckets):
+        rows = [r for r, f, final in self._buckets if f == frames and final == finalize]
+        if mel.dtype != self.dtype or not rows:
             self.eager_calls += 1
+            if self.eager_calls <= 10 or self.eager_calls % 100 == 0:  # hundreds of launches instead of one: say so
+                log.warning("hift_decode_eager", rows=n, frames=frames, final=finalize, eager_calls=self.eager_calls)
             return self.hift.decode(mel, source, finalize)
-        top = max(r for r, f in self._buckets if f == frames)
+        top = max(rows)
         if n > top:
-            return torch.cat([self.decode(mel[i:i + top], source[i:i + top], False) for i in range(0, n, top)])
-        bucket = min(r for r, f in self._buckets if f == frames and r >= n)
-        return self._buckets[bucket, frames].decode(mel, source)
+            return torch.cat([self.decode(mel[i:i + top], source[i:i + top], finalize) for i in range(0, n, top)])
+        return self._buckets[min(r for r in rows if r >= n), frames, finalize].decode(mel, source)

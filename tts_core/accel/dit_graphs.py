@@ -131,6 +131,8 @@ class DiTSolveGraphs:
         key = smallest_solve_bucket(graphs, b, c, n)
         if key is None:
             self.eager_calls += 1
+            if self.eager_calls <= 10 or self.eager_calls % 100 == 0:  # a bucket miss costs ~10x a replay: say so
+                log.warning("dit_solve_eager", rows=b, context=c, new=n, eager_calls=self.eager_calls)
             return self.pool.solve(rows, mu, cond, spks)
         table = self.pool.table(rows, *key)
         out = graphs[key].replay(table, mu, cond, spks)

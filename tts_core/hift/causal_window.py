@@ -79,6 +79,14 @@ def decode_windows(hift: CausalHiftGenerator, ends: Iterable[int]) -> list[int]:
     return sorted(windows)
 
 
+def final_window(hift: CausalHiftGenerator, previous_end: int, end: int) -> int:
+    """The decoder window (mel frames) of a stream's final call whose mel ends at `end`, after non-final calls
+    the last of which ended at `previous_end` (0: none, the final call is the first): all frames not yet
+    emitted, from `left_context_frames` before the first of them."""
+    emitted_frames = max(0, previous_end - hift.look_ahead_frames - 1)
+    return end - max(0, emitted_frames - left_context_frames(hift))
+
+
 WindowCall = tuple[int, torch.Tensor, int, bool]  # (slot, its mel so far (1, 80, T), samples emitted, finalize)
 
 

@@ -37,7 +37,7 @@ from tts_core.flow.dit_flow import DiTFlowModel
 from tts_core.flow.dit_pool import DiTContextPool, DiTRow, frame_bytes, shared_prompt_frames
 from tts_core.flow.model import FlowConditioning
 from tts_core.hift.causal import CausalHiftGenerator
-from tts_core.hift.causal_window import HiftWindows, WindowDecoder, decode_windows
+from tts_core.hift.causal_window import HiftWindows, WindowDecoder, decode_windows, final_window
 from tts_core.accel.graph_swap import GraphSwap
 from tts_core.runtime.chunk_render import FlowPoolSettings, RenderLane
 from tts_core.streaming.chunk_schedule import ChunkPlanner, ChunkSchedule, ChunkTask
@@ -222,10 +222,13 @@ class DiTChunkRenderer:
         windows = self.vocoder_windows(schedule, voices)
         for name in self.lanes:
             self.vocoder_graphs[name] = CausalHiftGraphs(self.hift, self._device)
-            self.vocoder_graphs[name].capture(rows=rows[name], frames=windows)
+            self.vocoder_graphs[name].capture(rows=rows[name], frames=windows.chunks,
+                                              final_frames=windows.later_finals if name == "later" else
+                                              windows.first_finals)
         report.update({"hift_capture_s": time.perf_counter() - t0,
                        "flow_graphs": sum(len(lane.graphs.solve_graphs) for lane in self.lanes.values()),
-                       "flow_buckets": buckets, "hift_windows": windows})
+                       "flow_buckets": buckets, "hift_windows": windows.chunks,
+                       "hift_final_windows": {"first": windows.first_finals, "later": windows.later_finals}})
         return report
 
     def solve_buckets(self, schedule: ChunkSchedule) -> dict[str, tuple[list[int], list[int]]]:
@@ -279,20 +282,34 @@ class DiTChunkRenderer:
     def capture_deferred(self, stop=lambda: False) -> None:
         """Nothing is deferred: `prepare` captures every bucket."""
 
-    def vocoder_windows(self, schedule: ChunkSchedule, voices: Sequence[Voice]) -> list[int]:
-        """The decoder windows (mel frames, ascending) of every non-final chunk the schedule makes for these
-        voices: what each lane's `CausalHiftGraphs.capture(frames=...)` needs. A voice's prompt sets its
-        first hop; past the first chunk a window is the chunk's new frames + a fixed reach
-        (`decode_windows`), the same for every voice once the hop stops growing."""
+    def vocoder_windows(self, schedule: ChunkSchedule, voices: Sequence[Voice]) -> VocoderWindows:
+        """The decoder windows (mel frames, ascending) the schedule makes for these voices: what each lane's
+        `CausalHiftGraphs.capture` needs. Non-final: a voice's prompt sets its first hop; past the first chunk
+        a window is the chunk's new frames + a fixed reach (`decode_windows`), the same for every voice once
+        the hop stops growing. Final (`final_window`): after k non-final chunks, every tail the LM may end
+        with (at least the lookahead's tokens past the last hop, fewer than the next hop's and its lookahead;
+        any count when the first chunk is the final one); the first lanes render k = 0, the later lane the rest;
+        none shorter than a capturable window."""
         ratio, look = self.flow.cfg.token_mel_ratio, schedule.lookahead_tokens
         growths = 0 if schedule.hop_scale == 1 else math.ceil(math.log(schedule.max_hop_tokens / schedule.hop_tokens,
                                                                         schedule.hop_scale))
-        windows: set[int] = set()
+        chunks: set[int] = set()
+        finals: dict[str, set[int]] = {"first": set(), "later": set()}
         for prompt_tokens in {len(voice.flow_prompt_speech_token) for voice in voices}:
             planner = ChunkPlanner(schedule, prompt_tokens)
             tasks = [planner.next_chunk(sys.maxsize, lm_finished=False) for _ in range(growths + 3)]
-            windows.update(decode_windows(self.hift, [ratio * (task.token_end - look) for task in tasks]))
-        return sorted(windows)
+            ends = [ratio * (task.token_end - look) for task in tasks]
+            chunks.update(decode_windows(self.hift, ends))
+            for k, task in enumerate(tasks):  # the final chunk after k non-final ones (k = len(tasks): as the last)
+                offset = task.token_offset
+                tails = range(1, task.token_end - offset) if k == 0 else range(look, task.token_end - offset)
+                finals["first" if k == 0 else "later"].update(
+                    final_window(self.hift, ends[k - 1] if k else 0, ratio * (offset + tail)) for tail in tails)
+        # A window must be longer than the decoder's look-ahead to be captured: the shortest final tails (an
+        # utterance of a token or two) stay eager.
+        shortest = self.hift.conv_pre_look_right + 2
+        first, later = ([w for w in sorted(finals[kind]) if w >= shortest] for kind in ("first", "later"))
+        return VocoderWindows(sorted(chunks), first, later)
 
     @torch.inference_mode()
     def render(self, items: Sequence[tuple[DiTChunkStream, Sequence[int], ChunkTask]],
@@ -415,6 +432,15 @@ class DiTChunkRenderer:
         news = [mel[i:i + 1, :, c.prompt_frames + ratio * task.token_offset - r.start:r.end - r.start]
                 for i, (r, c, (_, _, task)) in enumerate(zip(rows, conditions, items))]
         return news, rows
+
+
+@dataclass(frozen=True)
+class VocoderWindows:
+    """Decoder window lengths (mel frames, ascending) a schedule makes (`DiTChunkRenderer.vocoder_windows`)."""
+
+    chunks: list[int]  # non-final chunks' (every lane)
+    first_finals: list[int]  # final chunks that are a segment's first (the first lanes)
+    later_finals: list[int]  # final chunks after a first (the later lane)
 
 
 def _round8(frames: int) -> int:
