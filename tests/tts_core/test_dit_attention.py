@@ -55,7 +55,8 @@ def _case(dtype: torch.dtype, chunk: int, n: int, ctx_lens: list[int], lengths: 
     return qkv, pool, index, write, trash
 
 
-@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-5), (torch.bfloat16, 3e-2)], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-5), (torch.bfloat16, 3e-2), (torch.float16, 4e-3)],
+                         ids=["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("n,chunk", [(70, 50), (104, 50), (230, 50), (16, 8)])
 def test_the_kernel_attends_and_keeps_as_the_generic_path(dtype: torch.dtype, tol: float, n: int, chunk: int) -> None:
     """Rows with a long context (not a multiple of the kernel's key block), none, and a padding row; new frames
