@@ -25,6 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import gpu_trace  # noqa: E402
 from bench.full_model import DEFAULT_DIR, full_model_dir  # noqa: E402
 from bench.gpu_timing import replay_ms, wall_ms  # noqa: E402
 from tts_core.accel.flow_pool_graphs import PooledFlowGraphs, compiled_estimator  # noqa: E402
@@ -76,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", default="1,4,16,32,64")
     parser.add_argument("--compile", action="store_true",
                         help="captured solves call the torch.compile'd estimator step (compile_flow)")
+    parser.add_argument("--profile", action="store_true",
+                        help="the kernels of one solve replay at the largest batch and context, by summed time")
     args = parser.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -142,7 +145,17 @@ def main(argv: list[str] | None = None) -> int:
             plan = pooled.plan(streams[0], tok, False)
             fits = [k for k in graphs.solve_graphs if k[0] >= b and k[1] >= plan.ctx_frames and k[2] >= plan.new_frames]
             key = min(fits, key=lambda k: (k[0] * (k[1] + k[2]), k[0])) if fits else None
-            solve = replay_ms(graphs.solve_graphs[key].graph.replay, iters=20, rounds=3) if key else float("nan")
+            def replay_solve(key=key) -> None:  # the bucket's solve: its graphs in order (one part unless split)
+                for graph in graphs.solve_graphs[key].graphs:
+                    graph.replay()
+
+            solve = replay_ms(replay_solve, iters=20, rounds=3) if key else float("nan")
+            if args.profile and key and b == max(batches) and own == CTX_OWN[-1]:
+                found, _ = gpu_trace.kernels(gpu_trace.record(replay_solve))
+                busiest = max(gpu_trace.summarize(found, top=20)["streams"].values(), key=lambda s: s["kernel_ms"])
+                result["profile"] = {"batch": b, "bucket": list(key), **busiest}
+                for k in busiest["top"]:
+                    print(f"{k['total_ms']:8.2f} ms {k['count']:5d} x {k['mean_us']:8.1f} us  {k['name'][:100]}")
             for s in streams:
                 pooled.close_stream(s)
             row = {"own_frames": own, "batch": b, "context_frames": plan.ctx_frames, "new_frames": plan.new_frames,
