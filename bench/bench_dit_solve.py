@@ -28,15 +28,15 @@ from bench.gpu_timing import replay_ms  # noqa: E402
 from bench.report_file import write_report  # noqa: E402
 from tts_core.accel.dit_graphs import DiTSolveGraphs, graph_regions  # noqa: E402
 from tts_core.flow.dit_flow import load_dit_flow  # noqa: E402
-from tts_core.flow.dit_pool import LEFT, DiTContextPool, DiTRegions, DiTRow, DiTTables  # noqa: E402
+from tts_core.flow.dit_pool import DiTContextPool, DiTRegions, DiTTables  # noqa: E402
 
 
 def _inputs(pool: DiTContextPool, rows: int, ctx: int, new: int) -> tuple:
-    """Index tables of `rows` streams each seeing `ctx` context frames (their own slots' frames; the
-    contents do not matter for the time) and rendering `new` frames, with random mu, cond, spks."""
+    """Index tables of `rows` streams each seeing `ctx` context frames (their own kept frames, as `main`
+    set them up; the contents do not matter for the time) and rendering `new` frames without keeping them,
+    with random mu, cond, spks."""
     cfg = pool.est.cfg
-    per = [DiTRow(ctx, ctx + new, [pool._own_frame(r, j % pool.stream_frames) for j in range(ctx)],
-                  [pool.trash] * new, [pool._own_frame(r, j) for j in range(LEFT)]) for r in range(rows)]
+    per = [pool.row(slot, ctx + new, keep=False) for slot in range(rows)]
     table = pool.table(per, rows, ctx, new).to(pool.device)
     gen = torch.Generator(device=pool.device).manual_seed(0)
     mu = torch.randn(rows, cfg.mu_dim, new, device=pool.device, generator=gen).to(pool.dtype)
@@ -60,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     chunk = flow.cfg.estimator.static_chunk_size
     slots = max(args.rows)
     pool = DiTContextPool(flow.decoder, slots, -(-args.ctx // chunk) * chunk, 0, dev, dtype)
+    pool.add_voice("bench", 0, *(torch.empty(0),) * 3)  # no shared prompt frames: a row's context is its own
+    for slot in range(slots):
+        pool.start_stream(slot, "bench")
+        pool.own[slot] = args.ctx  # as if `ctx` frames were spoken and kept
     keys = [(r, args.ctx, n) for r in args.rows for n in args.new]
     compiled = graph_regions(compiled=True)
     variants = {"sdpa": DiTRegions(), "fused": graph_regions(compiled=False),
