@@ -54,6 +54,7 @@ class CallIndex:
     ctx_frames: torch.Tensor  # (2, B, C) pool frame of each context key, + g * frames (trash for padding)
     key_pos: torch.Tensor  # (B, C+N) absolute frame position of each key, -1 for padding
     new_pos: torch.Tensor  # (B, N) absolute frame position of each new frame, -1 for padding
+    ctx_count: torch.Tensor  # (B,) real context keys of each row: its first ctx_count of the C (the rest padding)
     write_frames: torch.Tensor  # (2, B, N) pool frame each new frame is kept in (trash if not kept), + g * frames
     left_src: torch.Tensor  # (2, B) conv-state slot read before the new frames, + g * slots
     left_dst: torch.Tensor  # (2, B) conv-state slot written with the state at the commit point, + g * slots
@@ -67,7 +68,7 @@ class CallIndex:
         frames, slots = step * (2 * pool.frames), step * (2 * pool.slots)
         return StepIndex(ctx_rows=(self.ctx_frames + frames).flatten(), write_rows=(self.write_frames + frames).flatten(),
                          left_src=(self.left_src + slots).flatten(), left_dst=(self.left_dst + slots).flatten(),
-                         conv_at=self.conv_at)
+                         conv_at=self.conv_at, key_pos=self.key_pos, new_pos=self.new_pos, ctx_count=self.ctx_count)
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,11 @@ class StepIndex:
     write_rows: torch.Tensor  # (2*B*N,)
     left_src: torch.Tensor  # (2B,)
     left_dst: torch.Tensor  # (2B,)
+    # The call's, the same every step (CallIndex): what an attention kernel needs to apply the
+    # chunk-causal rule itself (accel/flow_attention.py) instead of reading the additive mask.
+    key_pos: torch.Tensor  # (B, C+N)
+    new_pos: torch.Tensor  # (B, N)
+    ctx_count: torch.Tensor  # (B,)
     conv_at: dict[int, torch.Tensor] = field(compare=False)
 
     @property

@@ -109,8 +109,9 @@ def call_index(pool: FlowContextPool, table: torch.Tensor, ctx_cap: int, new_cap
     commit = torch.cat([commit, commit])
     halves = torch.arange(2, device=dev)
     frame_half, slot_half = (halves * pool.frames).view(2, 1, 1), (halves * pool.slots).view(2, 1)
+    ctx_count = (col["prefix"] + col["ctx_len"]).clamp(max=ctx_cap).flatten()
     return CallIndex(ctx_frames=ctx_frames + frame_half, key_pos=torch.cat([ctx_pos, new_pos], 1),
-                     new_pos=new_pos, write_frames=write + frame_half,
+                     new_pos=new_pos, ctx_count=ctx_count, write_frames=write + frame_half,
                      left_src=table[:, COL["left_src"]] + slot_half, left_dst=table[:, COL["left_dst"]] + slot_half,
                      conv_at={n: commit + torch.arange(n, device=dev) for n in pool.conv_widths})
 
