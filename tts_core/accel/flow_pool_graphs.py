@@ -27,6 +27,7 @@ import structlog
 import torch
 from torch import nn
 
+from tts_core.accel import flow_attention
 from tts_core.accel.buckets import smallest_solve_bucket, solve_keys_largest_first
 from tts_core.accel.graph_capture import (
     WARMUP_RUNS,
@@ -40,6 +41,7 @@ from tts_core.flow.encoder_window import encode_grouped, encode_new_frames
 from tts_core.flow.estimator import FlowEstimator, NhwcConv1d, Regions, SelfAttention
 from tts_core.flow.model import FlowModel
 from tts_core.flow.pooled import PooledFlow, PooledPlan, PooledStream, SolveParts
+from tts_core.flow.pooled_block import SplitBlock, after_attention, before_attention, pooled_sdpa, whole_block
 
 log = structlog.get_logger(__name__)
 
@@ -71,10 +73,6 @@ def device_position_tables(tables: dict) -> Iterator[None]:
 PARTS_AHEAD = 2
 
 
-def _run_block(block: nn.Module, h: torch.Tensor, attn_mask: torch.Tensor | None, context) -> torch.Tensor:
-    return block(h, attn_mask, context)
-
-
 def _run_resnet(resnet: nn.Module, h: torch.Tensor, time_bias: torch.Tensor, first, second) -> torch.Tensor:
     return resnet(h, None, time_bias, first, second)
 
@@ -96,17 +94,34 @@ def compiled_estimator(estimator: FlowEstimator) -> Callable:
     """The estimator step with its resnets and transformer blocks fused by torch.compile (inductor):
     ~1000 small kernels a step eagerly (bench/count_flow_ops.py), most of them elementwise work
     around the matmuls. Compiled per module, not per step: each module gets only its own layers'
-    share of the pool as inputs (`estimator.Regions`), so all 56 blocks share one compiled graph and
-    the 14 resnets one per input width, and start-up compiles small graphs a few times (once per
-    size specialization: one row, more rows) instead of the whole ~1000-op step 5-7 times (that did
-    not finish capturing in 9.5 minutes on the H100). Sizes are symbolic from the start. All of it
-    happens in a capture's warm-up (`PooledFlowGraphs.capture_set`, beside serving), none on a
-    request; the compiled code only ever runs inside graph capture. `prepare_estimator` first."""
+    share of the pool as inputs (`estimator.Regions`), so all 56 blocks share one compiled graph on
+    each side of their attention and the 14 resnets one per input width, and start-up compiles small
+    graphs a few times (once per size specialization: one row, more rows) instead of the whole
+    ~1000-op step 5-7 times (that did not finish capturing in 9.5 minutes on the H100). Sizes are
+    symbolic from the start. A block's attention runs between its two compiled halves
+    (`pooled_block.SplitBlock`; one stream's calls keep the block whole): one Triton kernel where Triton
+    is (accel/flow_attention.py), else SDPA with the call's mask. All of it happens in a capture's warm-up (`PooledFlowGraphs.capture_set`,
+    beside serving), none on a request; the compiled code only ever runs inside graph capture.
+    `prepare_estimator` first."""
     prepare_estimator(estimator)
+    cfg = estimator.cfg
+    attention = pooled_sdpa
+    if flow_attention.available() and next(estimator.parameters()).is_cuda:
+        attention = functools.partial(_kernel_attention, chunk=cfg.static_chunk_size,
+                                      left_chunks=cfg.num_decoding_left_chunks)
     # fullgraph: a graph break fails the capture loudly.
-    regions = Regions(block=torch.compile(_run_block, fullgraph=True, dynamic=True),
-                      resnet=torch.compile(_run_resnet, fullgraph=True, dynamic=True))
+    before, after, whole = (torch.compile(f, fullgraph=True, dynamic=True)
+                            for f in (before_attention, after_attention, whole_block))
+    block = SplitBlock(before=before, attention=attention, after=after, whole=whole)
+    regions = Regions(block=block, resnet=torch.compile(_run_resnet, fullgraph=True, dynamic=True))
     return functools.partial(estimator, regions=regions)
+
+
+def _kernel_attention(qkv: torch.Tensor, ctx_kv: torch.Tensor, attn_mask: torch.Tensor, index, heads: int,
+                      chunk: int, left_chunks: int) -> torch.Tensor:
+    """`pooled_sdpa` as one kernel: the chunk-causal rule from the call's positions, not its mask."""
+    return flow_attention.pooled_flow_attention(qkv, ctx_kv, index.key_pos, index.new_pos, index.ctx_count, heads,
+                                                chunk, left_chunks)
 
 
 class _SolveGraph:

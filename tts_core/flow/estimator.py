@@ -145,9 +145,9 @@ class SelfAttention(nn.Module):
         """Make every stacked weight now. torch.compile guards on this cache's contents: one filled
         while tracing would fail the guard on the next call and recompile."""
         for names in self.PROJECTIONS:
-            self._stacked_weight(names)
+            self.stacked_weight(names)
 
-    def _stacked_weight(self, names: tuple[str, ...]) -> torch.Tensor:
+    def stacked_weight(self, names: tuple[str, ...]) -> torch.Tensor:
         weights = [getattr(self, name).weight for name in names]
         # Restacked when the module moves (`.to` keeps the parameter objects and swaps their data);
         # dtype/device, unlike data pointers, compare under torch.compile without a graph break.
@@ -159,7 +159,7 @@ class SelfAttention(nn.Module):
 
     def _project(self, x: torch.Tensor, names: tuple[str, ...]) -> tuple[torch.Tensor, ...]:
         """x (B, T, dim) -> per named projection (B, heads, T, head_dim), one matrix product."""
-        weight = self._stacked_weight(names)
+        weight = self.stacked_weight(names)
         b, t, _ = x.shape
         out = F.linear(x, weight).view(b, t, len(names), self.heads, -1)
         return tuple(part.transpose(1, 2) for part in out.unbind(2))
