@@ -70,7 +70,8 @@ class CausalHiftGraphs:
             raise RuntimeError(f"CausalHiftGraphs needs a CUDA device, got {self.device}")
         self.hift, self.mix = hift, mix
         self.dtype = hift.stft_window.dtype  # the decoder's (the F0 predictor alone runs in float64)
-        self._buckets: dict[tuple[int, int, bool], _Bucket] = {}  # (rows, window frames, final)
+        # (window frames, final) -> rows -> graph: a decode looks its window up once (the later lane holds ~150)
+        self._buckets: dict[tuple[int, bool], dict[int, _Bucket]] = {}
         self.eager_calls = 0
         self._pool = None
         self._stream: torch.cuda.Stream | None = None
@@ -78,12 +79,12 @@ class CausalHiftGraphs:
     @property
     def frames(self) -> list[int]:
         """The captured non-final window lengths (mel frames), ascending."""
-        return sorted({frames for _, frames, final in self._buckets if not final})
+        return sorted(frames for frames, final in self._buckets if not final)
 
     @property
     def final_frames(self) -> list[int]:
         """The captured final window lengths (mel frames), ascending."""
-        return sorted({frames for _, frames, final in self._buckets if final})
+        return sorted(frames for frames, final in self._buckets if final)
 
     @torch.inference_mode()
     def capture(self, rows: Iterable[int] = DEFAULT_ROWS, frames: Iterable[int] = (), final_frames: Iterable[int] = (),
@@ -96,22 +97,23 @@ class CausalHiftGraphs:
             self._stream = torch.cuda.Stream(self.device)
         keys = {(r, f, False) for r in set(rows) for f in set(frames)} | {(1, f, True) for f in set(final_frames)}
         # Largest first: the later captures reuse its blocks of the instance's memory pool.
-        wanted = sorted((k for k in keys if k not in self._buckets), key=lambda k: (k[0] * k[1], k), reverse=True)
+        wanted = sorted((k for k in keys if k[0] not in self._buckets.get(k[1:], {})),
+                        key=lambda k: (k[0] * k[1], k), reverse=True)
         if any(r < 1 for r, _, _ in wanted) or any(f <= self.hift.conv_pre_look_right + 1 for _, f, _ in wanted):
             raise ValueError(f"CausalHiftGraphs: rows must be >= 1 and windows > {self.hift.conv_pre_look_right + 1} "
                              f"frames, got rows {sorted(set(rows))}, frames {sorted(set(frames))}, final frames "
                              f"{sorted(set(final_frames))}")
         with capturable_istft(), compiling_at_start_up(self.mix is not None):
             for r, f, final in wanted:
-                self._buckets[r, f, final] = _Bucket(self.hift, r, f, final, self.dtype, self.device, self.mix,
-                                                     warmup, self._pool, self._stream)
+                self._buckets.setdefault((f, final), {})[r] = _Bucket(self.hift, r, f, final, self.dtype, self.device,
+                                                                      self.mix, warmup, self._pool, self._stream)
         return len(wanted)
 
     @torch.inference_mode()
     def decode(self, mel: torch.Tensor, source: torch.Tensor, finalize: bool) -> torch.Tensor:
         """mel (B, 80, T) + source (B, 1, T x samples_per_frame) -> waveform (B, samples), as `hift.decode`."""
         n, frames = mel.size(0), mel.size(2)
-        rows = [r for r, f, final in self._buckets if f == frames and final == finalize]
+        rows = self._buckets.get((frames, finalize))
         if mel.dtype != self.dtype or not rows:
             self.eager_calls += 1
             if self.eager_calls <= 10 or self.eager_calls % 100 == 0:  # hundreds of launches instead of one: say so
@@ -120,4 +122,4 @@ class CausalHiftGraphs:
         top = max(rows)
         if n > top:
             return torch.cat([self.decode(mel[i:i + top], source[i:i + top], finalize) for i in range(0, n, top)])
-        return self._buckets[min(r for r in rows if r >= n), frames, finalize].decode(mel, source)
+        return rows[min(r for r in rows if r >= n)].decode(mel, source)
