@@ -118,7 +118,8 @@ def test_flow_mel_and_vocoder_are_finite_and_not_silent(tiny_model_dir: Path, go
 
 def test_pooled_compiled_graphs_stream_the_golden_mel(tiny_model_dir: Path, flow, flow_case: dict, speaker: dict,
                                                       dtype: str) -> None:
-    """The serving path: the pooled flow's CUDA graphs over the torch.compile'd estimator."""
+    """The serving path: the pooled flow's CUDA graphs over the torch.compile'd estimator, for one stream (the
+    uncut blocks) and two in one call (each block cut around its attention, the attention one Triton kernel)."""
     from tts_core.accel.flow_pool_graphs import PooledFlowGraphs, compiled_estimator
     from tts_core.flow.context_pool import PoolShape
     from tts_core.flow.pooled import PooledFlow
@@ -129,16 +130,20 @@ def test_pooled_compiled_graphs_stream_the_golden_mel(tiny_model_dir: Path, flow
                                   speaker["prompt_speech_feat"].cuda().to(DTYPES[dtype]),
                                   speaker["flow_embedding"].cuda().to(DTYPES[dtype]))
     graphs = PooledFlowGraphs(pooled, compiled_estimator(flow.decoder.estimator))
-    graphs.capture(rows=(1,), ctx_caps=(50, 150, 250), new_caps=(112,), parts=2)
-    stream = pooled.open_stream(voice)
+    graphs.capture(rows=(1, 2), ctx_caps=(50, 150, 250), new_caps=(112,), parts=2)
     first = flow_case["first_hop"] + flow_case["pre_lookahead_len"]
-    done, worst = 0, 0.0
-    for key, n in (("mel_stream_first", first), ("mel_stream_second", first + flow_case["hop"])):
-        out = graphs.render([stream], [flow_case["tokens"][:, :n].cuda()], [False])[0]
-        want = flow_case[key][:, :, done:]
-        assert out.shape == want.shape and torch.isfinite(out).all()
-        worst = max(worst, (out.float().cpu() - want).abs().max().item())
-        done = flow_case[key].size(2)
+    worst = 0.0
+    for together in (1, 2):
+        streams = [pooled.open_stream(voice) for _ in range(together)]
+        done = 0
+        for key, n in (("mel_stream_first", first), ("mel_stream_second", first + flow_case["hop"])):
+            want = flow_case[key][:, :, done:]
+            for out in graphs.render(streams, [flow_case["tokens"][:, :n].cuda()] * together, [False] * together):
+                assert out.shape == want.shape and torch.isfinite(out).all()
+                worst = max(worst, (out.float().cpu() - want).abs().max().item())
+            done = flow_case[key].size(2)
+        for stream in streams:
+            pooled.close_stream(stream)
     assert graphs.eager_calls == 0
     _record("flow_mel_stream_pooled_graphs", dtype, worst)
     assert worst <= TOLERANCE["flow_mel_stream_pooled_graphs"][dtype]
