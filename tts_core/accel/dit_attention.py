@@ -23,9 +23,9 @@ CUDA only: without Triton (the CPU build of torch) `available()` says so; the CP
 
 from __future__ import annotations
 
-import math
-
 import torch
+
+from tts_core.accel.online_softmax import scale_for
 
 try:
     import triton
@@ -42,17 +42,7 @@ def available() -> bool:
 
 
 if triton is not None:
-
-    @triton.jit
-    def _softmax_step(q, keys, values, seen, best, total, acc, scale, PRECISION: tl.constexpr):
-        scores = tl.dot(q, tl.trans(keys), input_precision=PRECISION) * scale
-        scores = tl.where(seen, scores, float("-inf"))
-        new_best = tl.maximum(best, tl.max(scores, 1))
-        weights = tl.exp(scores - new_best[:, None])
-        rescale = tl.exp(best - new_best)
-        total = total * rescale + tl.sum(weights, 1)
-        acc = acc * rescale[:, None] + tl.dot(weights.to(values.dtype), values, input_precision=PRECISION)
-        return new_best, total, acc
+    from tts_core.accel.online_softmax import softmax_step
 
     @triton.jit
     def _rotary_kernel(qkv_ptr, cos_ptr, sin_ptr, stride_r, stride_n, stride_part, stride_cr, stride_cn, n_new,
@@ -104,7 +94,7 @@ if triton is not None:
             frames = tl.load(ctx_ptr + b * ctx_cap + cols, mask=ok, other=0)
             keys = tl.load(k_pool + frames[:, None] * stride_pf + d[None, :], mask=ok[:, None], other=0.0)
             values = tl.load(v_pool + frames[:, None] * stride_pf + d[None, :], mask=ok[:, None], other=0.0)
-            best, total, acc = _softmax_step(q, keys, values, ok[None, :], best, total, acc, scale, PRECISION)
+            best, total, acc = softmax_step(q, keys, values, ok[None, :], best, total, acc, scale, PRECISION)
         length = tl.load(len_ptr + b)
         q_chunk = m // CHUNK
         for start in range(0, n_new, BLOCK_K):
@@ -121,7 +111,7 @@ if triton is not None:
                          mask=inside[:, None])
             real = (j < length) & inside
             seen = (real[None, :] & ((j // CHUNK)[None, :] <= q_chunk[:, None])) | (j[None, :] == m[:, None])
-            best, total, acc = _softmax_step(q, keys, values, seen, best, total, acc, scale, PRECISION)
+            best, total, acc = softmax_step(q, keys, values, seen, best, total, acc, scale, PRECISION)
         out = acc / total[:, None]
         tl.store(out_ptr + r * stride_or + m[:, None] * stride_on + h * HEAD_DIM + d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=live[:, None])
@@ -155,6 +145,6 @@ def pooled_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, po
     _pooled_attention_kernel[(triton.cdiv(n, BLOCK_M), two_b * heads)](
         qkv, pool_kv, ctx, ctx_len, write, lengths, out, qkv.stride(0), qkv.stride(1), qkv.stride(2),
         pool_kv.stride(0), pool_kv.stride(1), pool_kv.stride(2), out.stride(0), out.stride(1),
-        two_b // 2, n, ctx.size(1), 1.0 / math.sqrt(head_dim), HEADS=heads, HEAD_DIM=head_dim, CHUNK=chunk,
+        two_b // 2, n, ctx.size(1), scale_for(head_dim), HEADS=heads, HEAD_DIM=head_dim, CHUNK=chunk,
         BLOCK_Q=BLOCK_M, BLOCK_K=BLOCK_N, PRECISION=precision)
     return out

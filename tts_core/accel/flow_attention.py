@@ -24,9 +24,9 @@ CUDA only: without Triton (the CPU build of torch) `available()` says so; the CP
 
 from __future__ import annotations
 
-import math
-
 import torch
+
+from tts_core.accel.online_softmax import scale_for
 
 try:
     import triton
@@ -52,6 +52,7 @@ def available() -> bool:
 
 
 if triton is not None:
+    from tts_core.accel.online_softmax import softmax_step
 
     @triton.jit
     def _visible(q_pos, k_pos, CHUNK: tl.constexpr, LEFT: tl.constexpr):
@@ -62,17 +63,6 @@ if triton is not None:
         if LEFT >= 0:
             seen = seen & (k_chunk[None, :] >= q_chunk[:, None] - LEFT)
         return seen
-
-    @triton.jit
-    def _softmax_step(q, keys, values, seen, best, total, acc, scale, PRECISION: tl.constexpr):
-        scores = tl.dot(q, tl.trans(keys), input_precision=PRECISION) * scale
-        scores = tl.where(seen, scores, float("-inf"))
-        new_best = tl.maximum(best, tl.max(scores, 1))
-        weights = tl.exp2(scores - new_best[:, None])
-        rescale = tl.exp2(best - new_best)
-        total = total * rescale + tl.sum(weights, 1)
-        acc = acc * rescale[:, None] + tl.dot(weights.to(values.dtype), values, input_precision=PRECISION)
-        return new_best, total, acc
 
     @triton.jit
     def _pooled_flow_attention_kernel(qkv_ptr, ctx_ptr, key_pos_ptr, new_pos_ptr, ctx_count_ptr, out_ptr,
@@ -108,7 +98,7 @@ if triton is not None:
                 seen = _visible(q_pos, tl.load(key_row + cols, mask=ok, other=-1).to(tl.int32), CHUNK, LEFT)
             else:  # every context frame precedes the call's first new frame: seen by every real query
                 seen = (q_pos >= 0)[:, None] & ok[None, :]
-            best, total, acc = _softmax_step(q, keys, values, seen, best, total, acc, scale, PRECISION)
+            best, total, acc = softmax_step(q, keys, values, seen, best, total, acc, scale, PRECISION)
         for start in range(0, n_new, BLOCK_K):
             j = start + tl.arange(0, BLOCK_K)
             inside = j < n_new
@@ -117,7 +107,7 @@ if triton is not None:
             keys = tl.load(k_base + d[None, :], mask=inside[:, None], other=0.0)
             values = tl.load(k_base + stride_part + d[None, :], mask=inside[:, None], other=0.0)
             seen = _visible(q_pos, k_pos, CHUNK, LEFT) | ((q_pos < 0)[:, None] & (j[None, :] == m[:, None]))
-            best, total, acc = _softmax_step(q, keys, values, seen, best, total, acc, scale, PRECISION)
+            best, total, acc = softmax_step(q, keys, values, seen, best, total, acc, scale, PRECISION)
         out = acc / total[:, None]
         tl.store(out_ptr + r * stride_or + m[:, None] * stride_on + h * HEAD_DIM + d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=live[:, None])
@@ -147,7 +137,7 @@ def pooled_flow_attention(qkv: torch.Tensor, ctx_kv: torch.Tensor, key_pos: torc
     _pooled_flow_attention_kernel[(triton.cdiv(n, block_q), two_b * heads)](
         qkv, ctx_kv, key_pos, new_pos, ctx_count, out, qkv.stride(0), qkv.stride(1), qkv.stride(2),
         ctx_kv.stride(0), ctx_kv.stride(1), ctx_kv.stride(2), out.stride(0), out.stride(1),
-        two_b // 2, n, ctx_kv.size(1), math.log2(math.e) / math.sqrt(head_dim), HEADS=heads, HEAD_DIM=head_dim,
+        two_b // 2, n, ctx_kv.size(1), scale_for(head_dim), HEADS=heads, HEAD_DIM=head_dim,
         CHUNK=chunk, LEFT=left_chunks, BLOCK_Q=block_q, BLOCK_K=block_k, PRECISION=precision, num_warps=warps,
         num_stages=stages)
     return out
