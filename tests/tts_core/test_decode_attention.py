@@ -2,27 +2,23 @@
 attention by slot in one launch) against the generic path (rotary, `StaticKVCache.write`, gather
 the rows' cache columns, SDPA with the length mask).
 
-Needs Triton: on a CUDA host it runs for real; on CPU only under Triton's interpreter
-(TRITON_INTERPRET=1 set before Triton is imported, with the `triton` package installed), which CI's
-CPU torch does not have, so CI skips these. The graphed decode test in test_accel_cuda.py covers the
-kernel inside captured, compiled decode steps on the GPU."""
+Where it runs: `tests/tts_core/kernel_host.py` (a CUDA host; a CPU under Triton's interpreter; CI skips it). The graphed
+decode test in test_accel_cuda.py covers the kernel inside captured, compiled decode steps on the GPU."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 import torch
 
-triton = pytest.importorskip("triton")
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("Triton kernels run on CPU only under TRITON_INTERPRET=1", allow_module_level=True)
+from tests.tts_core.kernel_host import DEVICE, skip_unless_kernels_run
 
-from tts_core.accel.decode_attention import decode_attention
-from tts_core.llm.kv_cache import StaticKVCache
-from tts_core.llm.rotary import RotaryEmbedding
+skip_unless_kernels_run()
+
+from tts_core.accel.decode_attention import decode_attention  # noqa: E402
+from tts_core.llm.kv_cache import StaticKVCache  # noqa: E402
+from tts_core.llm.rotary import RotaryEmbedding  # noqa: E402
 
 
 def _filled_cache(layers: int, max_batch: int, kv_heads: int, max_len: int, head_dim: int, dtype: torch.dtype,

@@ -3,17 +3,21 @@ read from the pool by index, the new keys and values written into it, one launch
 replaces (`dit_pool.pooled_sdpa`: rotate, gather, concatenate, scatter, SDPA with the additive chunk-causal
 mask).
 
-Needs Triton on a CUDA device (CI's CPU torch has neither: skipped there; the GPU run is in the closing
-note of the change). The captured-solve tests in test_dit_pool.py run the kernel inside whole solves."""
+Where it runs: `tests/tts_core/kernel_host.py` (a CUDA host; a CPU under Triton's interpreter, fp32 only; CI skips it). The
+captured-solve tests in test_dit_pool.py run the kernel inside whole solves."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tts_core.flow.dit_pool import SolveIndex, pooled_sdpa
+from tests.tts_core.kernel_host import DEVICE, precisions, skip_unless_kernels_run
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (and Triton)")
+skip_unless_kernels_run()
+
+from tts_core.flow.dit_pool import SolveIndex, pooled_sdpa  # noqa: E402
+
+DTYPES = precisions(fp32=2e-5, bf16=3e-2, fp16=4e-3)
 
 HEADS, HEAD_DIM = 4, 64
 
@@ -26,7 +30,7 @@ def _case(dtype: torch.dtype, chunk: int, n: int, ctx_lens: list[int], lengths: 
     b, inner = len(ctx_lens), HEADS * HEAD_DIM
     frames = 40 + sum(ctx_lens) + b * n + 2
     zero, trash = frames - 2, frames - 1
-    pool = torch.randn(2, 2, frames, inner, generator=gen).to("cuda", dtype)
+    pool = torch.randn(2, 2, frames, inner, generator=gen).to(DEVICE, dtype)
     cap = max(ctx_lens) + 13  # padded context columns, as a bucket pads them
     ctx = torch.full((b, cap), zero, dtype=torch.long)
     write = torch.full((b, n), trash, dtype=torch.long)
@@ -37,26 +41,25 @@ def _case(dtype: torch.dtype, chunk: int, n: int, ctx_lens: list[int], lengths: 
         write[i, :kept] = torch.tensor([free.pop() for _ in range(kept)], dtype=torch.long)
     ctx_ok = torch.arange(cap)[None] < torch.tensor(ctx_lens)[:, None]
     lengths_t = torch.tensor(lengths)
-    qkv = torch.randn(2 * b, n, 3, inner, generator=gen).to("cuda", dtype)
+    qkv = torch.randn(2 * b, n, 3, inner, generator=gen).to(DEVICE, dtype)
     starts = torch.randint(0, 500, (b,), generator=gen)
     inv_freq = 1.0 / 10_000 ** (torch.arange(0, HEAD_DIM, 2).float() / HEAD_DIM)
     angles = ((starts[:, None] + torch.arange(n)[None]).float()[..., None] * inv_freq).repeat_interleave(2, -1)
     angles = angles.repeat(2, 1, 1)  # (2B, N, dh): both guidance rows
     sign = torch.tensor([-1.0, 1.0]).repeat(HEAD_DIM // 2)
-    cos, sin = angles.cos().to(dtype)[:, :, None].cuda(), (angles.sin() * sign).to(dtype)[:, :, None].cuda()
-    swap = torch.arange(HEAD_DIM).view(-1, 2).flip(-1).reshape(-1).cuda()
+    cos, sin = angles.cos().to(dtype)[:, :, None].to(DEVICE), (angles.sin() * sign).to(dtype)[:, :, None].to(DEVICE)
+    swap = torch.arange(HEAD_DIM).view(-1, 2).flip(-1).reshape(-1).to(DEVICE)
     valid = torch.arange(n)[None] < lengths_t[:, None]
     rel = torch.arange(n) // chunk
     see_new = (valid[:, None, :] & (rel[None, None, :] <= rel[None, :, None])) | torch.eye(n, dtype=torch.bool)[None]
     visible = torch.cat([ctx_ok[:, None, :].expand(-1, n, -1), see_new], dim=2)[:, None]
     bias = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, float("-inf")).repeat(2, 1, 1, 1)
-    index = SolveIndex(ctx.cuda(), ctx_ok.sum(1).cuda(), write.cuda(), lengths_t.cuda(), chunk, cos, sin, swap,
-                       bias.cuda())
+    index = SolveIndex(ctx.to(DEVICE), ctx_ok.sum(1).to(DEVICE), write.to(DEVICE), lengths_t.to(DEVICE), chunk, cos, sin, swap,
+                       bias.to(DEVICE))
     return qkv, pool, index, write, trash
 
 
-@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-5), (torch.bfloat16, 3e-2), (torch.float16, 4e-3)],
-                         ids=["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("dtype,tol", DTYPES)
 @pytest.mark.parametrize("n,chunk", [(70, 50), (104, 50), (230, 50), (16, 8)])
 def test_the_kernel_attends_and_keeps_as_the_generic_path(dtype: torch.dtype, tol: float, n: int, chunk: int) -> None:
     """Rows with a long context (not a multiple of the kernel's key block), none, and a padding row; new frames
@@ -72,7 +75,7 @@ def test_the_kernel_attends_and_keeps_as_the_generic_path(dtype: torch.dtype, to
     assert torch.isfinite(got).all()
     scale = expected.float().abs().max().item()
     assert (got.float() - expected.float()).abs().max().item() <= tol * max(1.0, scale)
-    kept = write[write != trash].cuda()
+    kept = write[write != trash].to(DEVICE)
     assert kept.numel() > 0
     keys_fused, keys_expected = fused_pool[:, 0, kept], expected_pool[:, 0, kept]
     assert torch.equal(keys_fused[..., HEAD_DIM:], keys_expected[..., HEAD_DIM:])
@@ -81,4 +84,4 @@ def test_the_kernel_attends_and_keeps_as_the_generic_path(dtype: torch.dtype, to
     untouched = torch.ones(pool.size(2), dtype=torch.bool)
     untouched[kept.cpu()] = False
     untouched[trash] = False
-    assert torch.equal(fused_pool[:, :, untouched.cuda()], pool[:, :, untouched.cuda()])
+    assert torch.equal(fused_pool[:, :, untouched.to(DEVICE)], pool[:, :, untouched.to(DEVICE)])

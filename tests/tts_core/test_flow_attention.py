@@ -3,9 +3,9 @@ positions, the context's and the new frames' keys read where they lie, one launc
 replaces (`pooled_block.pooled_sdpa`: concatenate, SDPA with the call's additive mask made by
 `pooled.attention_mask`).
 
-Needs Triton on a CUDA device (CI's CPU torch has neither: skipped there; the GPU run is in the closing note
-of the change). The captured-solve tests in test_accel_cuda.py run the kernel inside whole compiled solves
-against the golden streaming mels."""
+Where it runs: `tests/tts_core/kernel_host.py` (a CUDA host; a CPU under Triton's interpreter, fp32 only; CI skips it). The
+captured-solve tests in test_accel_cuda.py and test_golden_dtypes_cuda.py run the kernel inside whole compiled
+solves against the golden streaming mels."""
 
 from __future__ import annotations
 
@@ -14,12 +14,17 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tts_core.flow.pooled import additive_mask, attention_mask
-from tts_core.flow.pooled_block import pooled_sdpa
+from tests.tts_core.kernel_host import DEVICE, precisions, skip_unless_kernels_run
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (and Triton)")
+skip_unless_kernels_run()
+
+from tts_core.flow.pooled import additive_mask, attention_mask  # noqa: E402
+from tts_core.flow.pooled_block import pooled_sdpa  # noqa: E402
+
+DTYPES = precisions(fp32=2e-5, bf16=3e-2, fp16=4e-3)
 
 HEADS, HEAD_DIM = 4, 64
+HALF = torch.bfloat16 if DEVICE == "cuda" else torch.float32
 
 
 def _positions(prefixes: list[int], owns: list[int], lengths: list[int], n: int, chunk: int, gen: torch.Generator):
@@ -39,8 +44,7 @@ def _positions(prefixes: list[int], owns: list[int], lengths: list[int], n: int,
     return key_pos, new_pos, counts, cap
 
 
-@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-5), (torch.bfloat16, 3e-2), (torch.float16, 4e-3)],
-                         ids=["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("dtype,tol", DTYPES)
 @pytest.mark.parametrize("n,chunk,left", [(112, 50, -1), (56, 50, -1), (160, 50, 1), (16, 8, 0)])
 def test_the_kernel_attends_as_sdpa_with_the_calls_mask(dtype: torch.dtype, tol: float, n: int, chunk: int,
                                                        left: int) -> None:
@@ -54,9 +58,9 @@ def test_the_kernel_attends_as_sdpa_with_the_calls_mask(dtype: torch.dtype, tol:
     prefixes, owns, lengths = [100, 100, 0, 0], [77, 0, 0, 0], [n, n - 3, n // 2, 0]
     key_pos, new_pos, counts, cap = _positions(prefixes, owns, lengths, n, chunk, gen)
     b, inner = len(prefixes), HEADS * HEAD_DIM
-    qkv = torch.randn(2 * b, n, 3, inner, generator=gen).to("cuda", dtype)
-    ctx_kv = torch.randn(2 * b, cap, 2, inner, generator=gen).to("cuda", dtype)
-    index = SimpleNamespace(key_pos=key_pos.cuda(), new_pos=new_pos.cuda(), ctx_count=counts.cuda())
+    qkv = torch.randn(2 * b, n, 3, inner, generator=gen).to(DEVICE, dtype)
+    ctx_kv = torch.randn(2 * b, cap, 2, inner, generator=gen).to(DEVICE, dtype)
+    index = SimpleNamespace(key_pos=key_pos.to(DEVICE), new_pos=new_pos.to(DEVICE), ctx_count=counts.to(DEVICE))
     mask = additive_mask(attention_mask(index, chunk, left), dtype)
     expected = pooled_sdpa(qkv, ctx_kv, mask, index, HEADS)
     got = pooled_flow_attention(qkv, ctx_kv, index.key_pos, index.new_pos, index.ctx_count, HEADS, chunk, left)
@@ -72,9 +76,9 @@ def test_padding_context_columns_are_never_read() -> None:
 
     gen = torch.Generator().manual_seed(3)
     key_pos, new_pos, counts, cap = _positions([100, 50], [50, 0], [112, 112], 112, 50, gen)
-    qkv = torch.randn(4, 112, 3, HEADS * HEAD_DIM, generator=gen).to("cuda", torch.bfloat16)
-    ctx_kv = torch.randn(4, cap, 2, HEADS * HEAD_DIM, generator=gen).to("cuda", torch.bfloat16)
-    args = (key_pos.cuda(), new_pos.cuda(), counts.cuda(), HEADS, 50, -1)
+    qkv = torch.randn(4, 112, 3, HEADS * HEAD_DIM, generator=gen).to(DEVICE, HALF)
+    ctx_kv = torch.randn(4, cap, 2, HEADS * HEAD_DIM, generator=gen).to(DEVICE, HALF)
+    args = (key_pos.to(DEVICE), new_pos.to(DEVICE), counts.to(DEVICE), HEADS, 50, -1)
     clean = pooled_flow_attention(qkv, ctx_kv, *args)
     for row, count in enumerate(counts.tolist() * 2):
         ctx_kv[row, count:] = float("nan")
