@@ -4,6 +4,7 @@ endpoint for hand-written datagrams, and a runner for the real SIPp binary."""
 from __future__ import annotations
 
 import asyncio
+import random
 import socket
 from pathlib import Path
 
@@ -98,11 +99,25 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
+def _above_ephemeral_ports() -> range:
+    """UDP ports the kernel never hands out for a bind to port 0 (above net.ipv4.ip_local_port_range), where
+    only an explicit bind can take one; empty if that range ends too near 65535."""
+    try:
+        high = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return range(0)
+    return range(high + 1 + (high + 1) % 2, 65535 - 4, 2) if 65535 - high > 200 else range(0)
+
+
 def free_media_port() -> int:
     """A port for SIPp's `-mp`: SIPp binds it and the next three (audio RTP/RTCP, video RTP/RTCP), so all four
-    must be free, or it fails with "Address already in use" when another process took port + 2."""
+    must be free, or it fails with "Address already in use" when another process took port + 2. Taken above
+    the kernel's ephemeral range where there is one: between this probe and SIPp's bind, any socket bound to
+    port 0 (a recorder, a gateway's client socket) could take an ephemeral one (seen in a clean-clone CI run:
+    "Unable to bind video RTP socket ... errno = 98")."""
+    above = _above_ephemeral_ports()
     for _ in range(50):
-        base = _free_port() & ~1
+        base = random.choice(above) if above else _free_port() & ~1
         probes = []
         try:
             for port in range(base, base + 4):
