@@ -70,15 +70,16 @@ def main(argv: list[str] | None = None) -> int:
                 row["kernel_us"][str(config)] = {"error": f"{type(exc).__name__}: {str(exc)[:120]}"}
         timed = {c: r["us"] for c, r in row["kernel_us"].items() if "us" in r}
         row["best_config"] = min(timed, key=timed.get)
+        default = str(flow_attention.launch_config(2 * shape[0], shape[2]))
         print(f"{shape}: sdpa+mask {row['sdpa_mask_us']:.1f} us, pooled_sdpa {row['pooled_sdpa_us']:.1f} us, "
-              f"kernel default {timed[str(flow_attention.launch_config(2 * shape[0], shape[2]))]:.1f} us, best {row['best_config']} "
-              f"{timed[row['best_config']]:.1f} us", flush=True)
+              f"kernel default {timed[default]:.1f} us, best {row['best_config']} {timed[row['best_config']]:.1f} us",
+              flush=True)
         rows.append(row)
     best_overall = min((str(c) for c in CONFIGS),
                        key=lambda c: sum(r["kernel_us"][c].get("us", float("inf")) / r["sdpa_mask_us"] for r in rows))
+    command = "bash scripts/gpu_bench.sh python3 bench/bench_flow_attention.py --out $OUT/flow_attention.json"
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "heads": HEADS,
-              "head_dim": HEAD_DIM, "rows": rows, "best_config_over_shapes": best_overall,
-              "command": "bash scripts/gpu_bench.sh python3 bench/bench_flow_attention.py --out $OUT/flow_attention.json"}
+              "head_dim": HEAD_DIM, "rows": rows, "best_config_over_shapes": best_overall, "command": command}
     for r in rows:
         print(f"  {best_overall} at {(r['rows'], r['context'], r['new'])}: {r['kernel_us'][best_overall]}")
     args.out.parent.mkdir(parents=True, exist_ok=True)

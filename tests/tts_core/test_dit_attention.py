@@ -3,8 +3,8 @@ read from the pool by index, the new keys and values written into it, one launch
 replaces (`dit_pool.pooled_sdpa`: rotate, gather, concatenate, scatter, SDPA with the additive chunk-causal
 mask).
 
-Where it runs: `tests/tts_core/kernel_host.py` (a CUDA host; a CPU under Triton's interpreter, fp32 only; CI skips it). The
-captured-solve tests in test_dit_pool.py run the kernel inside whole solves."""
+Where it runs: `tests/tts_core/kernel_host.py` (a CUDA host; a CPU under Triton's interpreter, fp32 only;
+CI skips it). The captured-solve tests in test_dit_pool.py run the kernel inside whole solves."""
 
 from __future__ import annotations
 
@@ -54,8 +54,8 @@ def _case(dtype: torch.dtype, chunk: int, n: int, ctx_lens: list[int], lengths: 
     see_new = (valid[:, None, :] & (rel[None, None, :] <= rel[None, :, None])) | torch.eye(n, dtype=torch.bool)[None]
     visible = torch.cat([ctx_ok[:, None, :].expand(-1, n, -1), see_new], dim=2)[:, None]
     bias = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, float("-inf")).repeat(2, 1, 1, 1)
-    index = SolveIndex(ctx.to(DEVICE), ctx_ok.sum(1).to(DEVICE), write.to(DEVICE), lengths_t.to(DEVICE), chunk, cos, sin, swap,
-                       bias.to(DEVICE))
+    index = SolveIndex(ctx.to(DEVICE), ctx_ok.sum(1).to(DEVICE), write.to(DEVICE), lengths_t.to(DEVICE), chunk,
+                       cos, sin, swap, bias.to(DEVICE))
     return qkv, pool, index, write, trash
 
 

@@ -3,9 +3,9 @@ positions, the context's and the new frames' keys read where they lie, one launc
 replaces (`pooled_block.pooled_sdpa`: concatenate, SDPA with the call's additive mask made by
 `pooled.attention_mask`).
 
-Where it runs: `tests/tts_core/kernel_host.py` (a CUDA host; a CPU under Triton's interpreter, fp32 only; CI skips it). The
-captured-solve tests in test_accel_cuda.py and test_golden_dtypes_cuda.py run the kernel inside whole compiled
-solves against the golden streaming mels."""
+Where it runs: `tests/tts_core/kernel_host.py` (a CUDA host; a CPU under Triton's interpreter, fp32 only;
+CI skips it). The captured-solve tests in test_accel_cuda.py and test_golden_dtypes_cuda.py run the kernel
+inside whole compiled solves against the golden streaming mels."""
 
 from __future__ import annotations
 

@@ -184,9 +184,10 @@ def test_a_compiled_estimator_step_serves_every_euler_step_and_changes_nothing(f
                                                                               speaker: dict) -> None:
     # What compile_flow does to a captured solve (accel/flow_pool_graphs), on CPU: the same mel and
     # the same kept frames, from one compiled graph per module shape for all ten steps: the
-    # transformer blocks two (before and after their attention), the resnets one per input width (down, middle, up): the first middle
-    # resnet reads a convolution's output, the others a transformer block's, transposed, and both
-    # are channels-last (NhwcConv1d; before, the convolution's was not and took one compile more).
+    # transformer blocks two (before and after their attention), the resnets one per input width
+    # (down, middle, up): the first middle resnet reads a convolution's output, the others a
+    # transformer block's, transposed, and both are channels-last (NhwcConv1d; before, the
+    # convolution's was not and took one compile more).
     # A module or step told apart by anything but its tensors' shapes would compile more.
     from torch._dynamo.utils import counters
     from torch._inductor import config as inductor_config

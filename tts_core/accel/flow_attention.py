@@ -35,7 +35,6 @@ except ImportError:  # pragma: no cover - depends on the host: CPU torch comes w
     triton = None
 
 
-
 def launch_config(two_b: int, n: int) -> tuple[int, int, int, int]:
     """(queries a program, keys a loop iteration, warps, pipeline stages) for 2B guidance rows of n new frames.
     Measured on the H200 (bench/bench_flow_attention.py, 8 heads x 64, bf16; device us, kernel against SDPA with

@@ -100,9 +100,9 @@ def compiled_estimator(estimator: FlowEstimator) -> Callable:
     ~1000-op step 5-7 times (that did not finish capturing in 9.5 minutes on the H100). Sizes are
     symbolic from the start. A block's attention runs between its two compiled halves
     (`pooled_block.SplitBlock`; one stream's calls keep the block whole): one Triton kernel where Triton
-    is (accel/flow_attention.py), else SDPA with the call's mask. All of it happens in a capture's warm-up (`PooledFlowGraphs.capture_set`,
-    beside serving), none on a request; the compiled code only ever runs inside graph capture.
-    `prepare_estimator` first."""
+    is (accel/flow_attention.py), else SDPA with the call's mask. All of it happens in a capture's
+    warm-up (`PooledFlowGraphs.capture_set`, beside serving), none on a request; the compiled code only
+    ever runs inside graph capture. `prepare_estimator` first."""
     prepare_estimator(estimator)
     cfg = estimator.cfg
     attention = pooled_sdpa

@@ -6,8 +6,7 @@ the new frames' q, k, v and the pooled context's k, v (the block inputs kept in 
 attention, then keep the new frames' block inputs in the pool (after the last read of it: a ring slot this
 call overwrites is still read with its old content), the output projection, the residual and the feed-forward.
 
-`SplitBlock` is what `estimator.Regions.block` runs: `before` and `after` are `before_attention` and
-`after_attention` (torch.compile'd or not) and `attention` is `pooled_sdpa` or the kernel.
+`SplitBlock` is what `estimator.Regions.block` runs (made by accel/flow_pool_graphs.compiled_estimator).
 """
 
 from __future__ import annotations
@@ -76,10 +75,10 @@ class SplitBlock:
     kernel does not beat (bench/bench_flow_attention.py). Rows are fixed per captured bucket, so each
     bucket's graph holds one of the two."""
 
-    before: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = before_attention
-    attention: Attention = pooled_sdpa
-    after: Callable[..., torch.Tensor] = after_attention
-    whole: Callable[..., torch.Tensor] = whole_block
+    before: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]  # before_attention, compiled
+    attention: Attention  # pooled_sdpa or the kernel
+    after: Callable[..., torch.Tensor]  # after_attention, compiled
+    whole: Callable[..., torch.Tensor]  # whole_block, compiled
 
     def __call__(self, block: nn.Module, h: torch.Tensor, attn_mask: torch.Tensor,
                  context: AttentionContext) -> torch.Tensor:
