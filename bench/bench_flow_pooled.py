@@ -7,6 +7,8 @@ full-size CosyVoice2 flow (random weights), one process:
   cost (bf16, CUDA graphs; --compile: of the torch.compile'd estimator step): one later chunk (50 tokens = 100 new frames) for B streams at once, at
             several context lengths (own frames already spoken); first calls; device time of the
             graphed solve and encoder, host wall per call, pool memory, capture time
+  --int8: the context pool keeps int8 codes (PoolShape.int8, `flow_context_int8`): the accuracy also of
+          fp32 with int8 against the official, and the bf16 part (accuracy and cost) with int8
 
     python bench/bench_flow_pooled.py --golden .golden --out $OUT/flow_pooled.json
 
@@ -79,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="captured solves call the torch.compile'd estimator step (compile_flow)")
     parser.add_argument("--profile", action="store_true",
                         help="the kernels of one solve replay at the largest batch and context, by summed time")
+    parser.add_argument("--int8", action="store_true", help="the pool keeps int8 codes (flow_context_int8)")
     args = parser.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -99,6 +102,14 @@ def main(argv: list[str] | None = None) -> int:
     mels = stream_calls(pooled32.render, pooled32, v32, tokens)
     result["fp32_pooled_vs_official"] = [diff(m, o) for m, o in zip(mels, official)]
     print("fp32 pooled vs official per call:", result["fp32_pooled_vs_official"], flush=True)
+    result["int8"] = args.int8
+    if args.int8:
+        pooled32 = PooledFlow(flow32, PoolShape(stream_slots=2, stream_frames=700, voice_slots=1, voice_frames=300,
+                                                prompt_frames=300, int8=True))
+        v32 = pooled32.register_voice(*voice_args(voice_raw))
+        mels = stream_calls(pooled32.render, pooled32, v32, tokens)
+        result["fp32_int8_pooled_vs_official"] = [diff(m, o) for m, o in zip(mels, official)]
+        print("fp32 int8 pooled vs official per call:", result["fp32_int8_pooled_vs_official"], flush=True)
     del pooled32, flow32
     torch.cuda.empty_cache()
 
@@ -106,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = True
     flow = load_flow(args.model_dir, "cuda", torch.bfloat16)
     slots = max(batches) + 1
-    shape = PoolShape(stream_slots=slots, stream_frames=700, voice_slots=1, voice_frames=300, prompt_frames=300)
+    shape = PoolShape(stream_slots=slots, stream_frames=700, voice_slots=1, voice_frames=300, prompt_frames=300,
+                      int8=args.int8)
     pooled = PooledFlow(flow, shape)
     voice = pooled.register_voice(*voice_args(voice_raw))
     result["pool_gb"] = pooled.pool.nbytes() / 2**30

@@ -95,6 +95,9 @@ class CosyVoice2Engine(SpeechEngine):
             family = ModelDir.open(s.model_dir).family.version
         except ValueError as exc:  # ModelDirError, ModelFamilyError
             raise EngineSettingsError("engine.cosyvoice2.model_dir", str(s.model_dir), f"is not usable: {exc}") from None
+        if family == 3 and s.flow_context_int8:  # its DiT pool keeps keys and values, in the model's dtype
+            raise EngineSettingsError("engine.cosyvoice2.flow_context_int8", True,
+                                      "applies to CosyVoice2 models only; this is a CosyVoice3 model directory")
         device, dtype = s.resolve()
         graphs, encoder_tokens = s.fast_path(device)
         started = time.perf_counter()
@@ -104,14 +107,15 @@ class CosyVoice2Engine(SpeechEngine):
                 schedule=ChunkSchedule(hop_tokens=s.hop_tokens, max_hop_tokens=s.max_hop_for(family),
                                        first_hop_tokens=s.first_hop_tokens),
                 fast=SchedulerSettings(graphs=graphs, flow_encoder_tokens=encoder_tokens,
-                                       flow_context_frames=s.flow_context_frames, compile_flow=s.compile_flow,
+                                       flow_context_frames=s.flow_context_frames,
+                                       flow_context_int8=s.flow_context_int8, compile_flow=s.compile_flow,
                                        compile_hift=s.compile_hift, slot_attention=s.slot_attention,
                                        first_chunk_lanes=s.first_chunk_lanes),
                 llm_fp8=s.llm_fp8)
         except DeviceMemoryShort as exc:  # refused before the pool's allocation: one line naming the keys, exit 2
             raise EngineSettingsError("engine.cosyvoice2.max_batch", s.max_batch,
                                       f"with flow_context_s {s.flow_context_s}: {exc}; lower max_batch or "
-                                      "flow_context_s") from None
+                                      "flow_context_s, or set flow_context_int8 (half the pool)") from None
         try:
             if not pipeline.voices.names():
                 raise ValueError(f"engine.cosyvoice2: no voices in {s.model_dir} (add one with `voice add`)")
@@ -135,7 +139,7 @@ class CosyVoice2Engine(SpeechEngine):
                  # (compiled_graphs_complete): until then first chunks are slower.
                  eager_graphs_until_compiled=graphs,
                  flow_encoder_tokens=encoder_tokens,
-                 flow_context_s=s.flow_context_s, load_s=round(load_s, 3),
+                 flow_context_s=s.flow_context_s, flow_context_int8=s.flow_context_int8, load_s=round(load_s, 3),
                  warmup_s=self.warmup_s and round(self.warmup_s, 3), voices=len(pipeline.voices))
         return pipeline
 

@@ -46,9 +46,12 @@ class CosyVoice2Settings:
     # auto: on for CUDA. The flow computes every mel frame once, batched across streams, from a
     # context pool on the device (tts_core.flow.pooled): exact for the first `flow_context_s` seconds
     # of each text segment (memory: ~28 MB per second per stream slot in bf16), then it keeps the
-    # latest seconds. `flow_encoder_tokens`: None = auto (50 with graphs, every token without).
+    # latest seconds. `flow_context_int8` (CosyVoice2): that context as int8 codes + a scale a frame,
+    # ~14.5 MB per second per slot, so twice the slots fit, for a small mel movement (docs/PERF_NOTES.md,
+    # "The flow context in int8"). `flow_encoder_tokens`: None = auto (50 with graphs, every token without).
     graphs: bool | None = None
     flow_context_s: float = 14.0
+    flow_context_int8: bool = False
     flow_encoder_tokens: int | None = None
     # With graphs, what each trades is in tts_core/runtime/settings.py (figures: docs/PERF_NOTES.md):
     compile_flow: bool = True  # compiled flow (after ready, while serving): faster first chunks
@@ -83,7 +86,7 @@ class CosyVoice2Settings:
             raise ValueError("engine.cosyvoice2.flow_encoder_tokens: must be >= 0 (0 = every token, exact)")
         if "flow_context_s" in values and not 1.0 <= float(values["flow_context_s"]) <= 300.0:
             raise ValueError("engine.cosyvoice2.flow_context_s: must be between 1 and 300 seconds")
-        for key in ("llm_fp8", "compile_flow", "compile_hift", "slot_attention"):
+        for key in ("llm_fp8", "compile_flow", "compile_hift", "slot_attention", "flow_context_int8"):
             if key in values and not isinstance(values[key], bool):
                 raise ValueError(f"engine.cosyvoice2.{key}: {values[key]!r}; use true or false")
         if "first_chunk_lanes" in values and (isinstance(values["first_chunk_lanes"], bool)

@@ -269,6 +269,9 @@ def test_fast_path_is_on_for_cuda_and_off_for_cpu_by_default(tmp_path):
         CosyVoice2Settings.from_config({"model_dir": str(tmp_path), "compile_hift": 1})
     with pytest.raises(ValueError, match="engine.cosyvoice2.slot_attention"):
         CosyVoice2Settings.from_config({"model_dir": str(tmp_path), "slot_attention": "on"})
+    assert CosyVoice2Settings.from_config({"model_dir": str(tmp_path), "flow_context_int8": True}).flow_context_int8
+    with pytest.raises(ValueError, match="engine.cosyvoice2.flow_context_int8"):
+        CosyVoice2Settings.from_config({"model_dir": str(tmp_path), "flow_context_int8": "yes"})
     for bad in (-1, 9, 2.5, "3", True):
         with pytest.raises(ValueError, match="engine.cosyvoice2.first_chunk_lanes"):
             CosyVoice2Settings.from_config({"model_dir": str(tmp_path), "first_chunk_lanes": bad})

@@ -93,6 +93,15 @@ def test_a_directory_that_is_not_a_usable_model_is_refused_in_one_line(tiny3_mod
     assert refused.value.key == "engine.cosyvoice2.model_dir" and "\n" not in str(refused.value)
 
 
+def test_an_int8_flow_context_is_refused_for_cosyvoice3_in_one_line(tiny3_model_dir: Path) -> None:
+    # CosyVoice3's DiT pool keeps keys and values in the model's dtype; the setting is CosyVoice2's pool's.
+    engine = CosyVoice2Engine(model_dir=str(tiny3_model_dir), device="cpu", max_batch=1, flow_context_int8=True,
+                              warmup=False)
+    with pytest.raises(EngineSettingsError, match="CosyVoice2 models only") as refused:
+        asyncio.run(engine.start())
+    assert refused.value.key == "engine.cosyvoice2.flow_context_int8" and "\n" not in str(refused.value)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA only: host memory is not checked")
 def test_slots_and_context_too_large_for_the_gpu_are_refused_in_one_line_naming_the_keys(tiny3_model_dir: Path) -> None:
     # 1,000 slots x 300 s of kept frames: the tiny model's DiT pool alone ~225 GB, past any GPU (its LM's KV

@@ -10,6 +10,8 @@ come from the voice's slot rather than being recomputed.
 from __future__ import annotations
 
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -20,20 +22,22 @@ from tts_core.flow.pooled import PooledFlow
 TOL = 1e-4
 
 
-def _pooled(flow: FlowModel, speaker: dict, stream_frames: int = 400, encoder_tokens: int | None = None):
+def _pooled(flow: FlowModel, speaker: dict, stream_frames: int = 400, encoder_tokens: int | None = None,
+            int8: bool = False):
     pooled = PooledFlow(flow, PoolShape(stream_slots=3, stream_frames=stream_frames, voice_slots=2,
-                                        voice_frames=100, prompt_frames=200), encoder_tokens)
-    voice = pooled.register_voice(speaker["flow_prompt_speech_token"], speaker["prompt_speech_feat"],
-                                  speaker["flow_embedding"])
+                                        voice_frames=100, prompt_frames=200, int8=int8), encoder_tokens)
+    dtype = pooled.dtype
+    voice = pooled.register_voice(speaker["flow_prompt_speech_token"], speaker["prompt_speech_feat"].to(dtype),
+                                  speaker["flow_embedding"].to(dtype))
     return pooled, voice
 
 
-def _two_streams_one_chunk_apart(flow: FlowModel, speaker: dict, tokens: torch.Tensor):
+def _two_streams_one_chunk_apart(flow: FlowModel, speaker: dict, tokens: torch.Tensor, int8: bool = False):
     """A fresh pool with streams a (its first chunk rendered) and b (none), and the plans and
     encoder outputs of one call that renders a's second chunk and b's first."""
     from tts_core.flow.encoder_window import encode_grouped
 
-    pooled, voice = _pooled(flow, speaker)
+    pooled, voice = _pooled(flow, speaker, int8=int8)
     a, b = pooled.open_stream(voice), pooled.open_stream(voice)
     pooled.render([a], [tokens[:, :28]], [False])
     plans = [pooled.plan(a, tokens[:, :53], False), pooled.plan(b, tokens[:, :28], False)]
@@ -180,15 +184,17 @@ def test_a_solve_cut_into_parts_gives_what_the_whole_solve_gives(flow: FlowModel
         SolveParts(flow, pooled.pool, pooled.table([0]), mus[0], 0, pooled.steps, None, 11)
 
 
+@pytest.mark.parametrize("int8", [False, True])
 def test_a_compiled_estimator_step_serves_every_euler_step_and_changes_nothing(flow: FlowModel, flow_case: dict,
-                                                                              speaker: dict) -> None:
+                                                                              speaker: dict, int8: bool) -> None:
     # What compile_flow does to a captured solve (accel/flow_pool_graphs), on CPU: the same mel and
     # the same kept frames, from one compiled graph per module shape for all ten steps: the
     # transformer blocks two (before and after their attention), the resnets one per input width
     # (down, middle, up): the first middle resnet reads a convolution's output, the others a
     # transformer block's, transposed, and both are channels-last (NhwcConv1d; before, the
     # convolution's was not and took one compile more).
-    # A module or step told apart by anything but its tensors' shapes would compile more.
+    # A module or step told apart by anything but its tensors' shapes would compile more. The same with
+    # an int8 pool (its codes quantised and read back inside the compiled halves).
     from torch._dynamo.utils import counters
     from torch._inductor import config as inductor_config
 
@@ -203,7 +209,7 @@ def test_a_compiled_estimator_step_serves_every_euler_step_and_changes_nothing(f
     graphs: list[torch.fx.Graph] = []
     results = []
     for estimator in (None, compiled):
-        pooled, a, b, plans, mus = _two_streams_one_chunk_apart(flow, speaker, tokens)
+        pooled, a, b, plans, mus = _two_streams_one_chunk_apart(flow, speaker, tokens, int8)
         new = max(p.new_frames for p in plans)
         compiles = counters["stats"]["unique_graphs"]
         with torch.inference_mode(), inductor_config.patch(post_grad_custom_post_pass=graphs.append):
@@ -232,8 +238,67 @@ def test_a_compiled_estimator_step_serves_every_euler_step_and_changes_nothing(f
                     f"{pool} is read after it is written in\n{graph}"
 
 
-def test_the_pool_asks_the_device_for_exactly_what_it_allocates(flow: FlowModel, speaker: dict) -> None:
+@pytest.mark.parametrize("int8", [False, True])
+def test_the_pool_asks_the_device_for_exactly_what_it_allocates(flow: FlowModel, speaker: dict, int8: bool) -> None:
     """The start-up check (tts_core/accel/device_memory.py) is made of the pool's own plan: a GPU refuses a
     pool too large for it before torch fails the allocation with sizes that name neither slots nor context."""
-    pooled, _ = _pooled(flow, speaker)
+    pooled, _ = _pooled(flow, speaker, int8=int8)
     assert pooled.pool.planned_bytes == pooled.pool.nbytes()
+
+
+def _golden_stream(pooled: PooledFlow, voice, flow_case: dict) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """One stream's calls on the golden schedule: (our new frames, the official's) per call."""
+    stream = pooled.open_stream(voice)
+    first = flow_case["first_hop"] + flow_case["pre_lookahead_len"]
+    calls = [("mel_stream_first", first, False), ("mel_stream_second", first + flow_case["hop"], False),
+             ("mel_stream_final", flow_case["tokens"].size(1), True)]
+    pairs, done = [], 0
+    with torch.inference_mode():
+        for key, n_tokens, finalize in calls:
+            mel = pooled.render([stream], [flow_case["tokens"][:, :n_tokens]], [finalize])[0].float()
+            pairs.append((mel, flow_case[key][:, :, done:]))
+            done = flow_case[key].size(2)
+    return pairs
+
+
+def test_an_int8_context_keeps_each_frame_within_half_a_code(flow: FlowModel, speaker: dict) -> None:
+    # Symmetric codes with a scale a frame: every kept value comes back within half a code (its frame's
+    # largest magnitude / 254), an all-zero frame as zeros, whatever the frame's range.
+    from tts_core.flow.context_pool import PooledStepContext
+
+    pooled, _ = _pooled(flow, speaker, int8=True)
+    pool = pooled.pool
+    layer = next(iter(pool.hidden))
+    width = pool.hidden[layer].size(1)
+    frames = torch.randn(6, width, generator=torch.Generator().manual_seed(3)) * torch.tensor(
+        [[1e-3], [1.0], [40.0], [0.0], [1.0], [7.0]])
+    frames[4, 5] = 300.0  # one large value: the rest of its frame is coarser, never wrong by more than the bound
+    rows = torch.arange(6) + 2 * pool.frames  # step 1's conditioned rows of stream frames 0-5
+    index = SimpleNamespace(write_rows=rows, ctx_rows=rows)
+    context = PooledStepContext(pool, index).attention(layer)
+    context.keep(frames)
+    back = context.context_inputs(torch.float32)
+    bound = frames.abs().amax(-1, keepdim=True) / 254
+    assert ((back - frames).abs() <= bound * (1 + 1e-5)).all()
+    assert (back[3] == 0).all()
+    assert pool.hidden[layer].dtype == torch.int8
+
+
+def test_an_int8_context_moves_the_golden_streams_less_than_bfloat16_does(flow: FlowModel, flow_case: dict,
+                                                                          speaker: dict, tiny_model_dir) -> None:
+    # What the halved pool costs, against what the GPU's dtype already costs: the same golden stream with
+    # an exact bf16 pool moves further from the official than fp32 with int8 codes (measured on the shared
+    # set: 0.002-0.004 % against 1.1-1.2 % of the mean |mel|, docs/PERF_NOTES.md "The flow context in int8").
+    from tts_core.flow import load_flow
+
+    exact, exact_voice = _pooled(flow, speaker)
+    int8, int8_voice = _pooled(flow, speaker, int8=True)
+    bf16_flow = load_flow(tiny_model_dir, "cpu", torch.bfloat16)
+    bf16, bf16_voice = _pooled(bf16_flow, speaker)
+    assert int8.pool.nbytes() < exact.pool.nbytes() / 2  # codes + a scale a frame, against fp32 values
+    for (ours, official), (ref, _), (half, _) in zip(_golden_stream(int8, int8_voice, flow_case),
+                                                    _golden_stream(exact, exact_voice, flow_case),
+                                                    _golden_stream(bf16, bf16_voice, flow_case)):
+        assert (ref - official).abs().max().item() <= TOL  # the exact pool is the official's
+        moved = (ours - official).abs().mean().item()
+        assert 0 < moved < (half - official).abs().mean().item()

@@ -6,7 +6,10 @@ frame of a finished chunk comes out the same in every later streaming call (see 
 A later call therefore needs, per Euler step and guidance row, only two things from earlier frames:
 - for each transformer block, the keys/values of every earlier frame. The pool keeps the block's
   *input* (the normalised hidden state, `channels` values a frame) instead and re-projects it per
-  call: 4x less memory than keys + values (8 heads x 64 x 2), for one extra GEMM over the context;
+  call: 4x less memory than keys + values (8 heads x 64 x 2), for one extra GEMM over the context.
+  With `PoolShape.int8` each kept input is int8 codes and one fp32 scale a frame (its absolute
+  maximum / 127): half the bytes again, so twice the stream slots fit a device; the keys and values
+  re-projected from them move by what docs/PERF_NOTES.md measures ("The flow context in int8");
 - for each causal convolution, its last `kernel - 1` input frames before the call.
 
 Frames live in a flat frame axis: a region per stream slot (a ring of `stream_frames`), a region
@@ -44,6 +47,7 @@ class PoolShape:
     voice_slots: int
     voice_frames: int  # shared prompt frames a voice can hold (a multiple of the estimator chunk)
     prompt_frames: int  # prompt mel frames a voice can hold (the `cond` table)
+    int8: bool = False  # kept block inputs as int8 codes + a scale a frame (half the memory; not exact)
 
 
 @dataclass(frozen=True)
@@ -113,14 +117,22 @@ class FlowContextPool:
         self.conv_widths = sorted({m.kernel_size[0] - 1 for m in convs})
         # Per SelfAttention: block inputs, rows (step, g, frame); per CausalConv1d: input states,
         # rows (step, g, slot). Step k's rows start at k * 2 * frames (slots): CallIndex.at_step.
-        hidden = {m: (steps * 2 * self.frames, m.to_q.in_features) for m in attention}
+        rows = steps * 2 * self.frames
+        hidden = {m: (rows, m.to_q.in_features) for m in attention}
         left = {m: (steps * 2 * slots, m.in_channels, m.kernel_size[0] - 1) for m in convs}
         # Per voice: prompt mel rows (the last row stays zero: frames past the prompt) and speaker.
         cond, spks = (shape.voice_slots * shape.prompt_frames + 1, mel_bins), (shape.voice_slots, mel_bins)
         element = torch.empty(0, dtype=dtype).element_size()
-        self.planned_bytes = element * sum(math.prod(size) for size in (*hidden.values(), *left.values(), cond, spks))
+        kept_bytes = sum(math.prod(size) for size in hidden.values())
+        kept_bytes = kept_bytes + len(hidden) * rows * 4 if shape.int8 else kept_bytes * element
+        self.planned_bytes = kept_bytes + element * sum(math.prod(size) for size in (*left.values(), cond, spks))
         check_device_fits("the CosyVoice2 flow context pool", self.planned_bytes, device)
-        self.hidden = {m: torch.zeros(size, **z) for m, size in hidden.items()}
+        kept_dtype = torch.int8 if shape.int8 else dtype
+        self.hidden = {m: torch.zeros(size, device=device, dtype=kept_dtype) for m, size in hidden.items()}
+        # Per SelfAttention with int8: each kept row's scale (rows, 1), fp32 (a bf16 scale would move a
+        # whole frame by up to 0.4 %).
+        self.scales = ({m: torch.zeros(rows, 1, device=device, dtype=torch.float32) for m in attention}
+                       if shape.int8 else {})
         self.left = {m: torch.zeros(size, **z) for m, size in left.items()}
         self.cond = torch.zeros(cond, **z)
         self.spks = torch.zeros(spks, **z)
@@ -128,7 +140,7 @@ class FlowContextPool:
         self._free_voices = list(range(shape.voice_slots))
 
     def nbytes(self) -> int:
-        tensors = [*self.hidden.values(), *self.left.values(), self.cond, self.spks]
+        tensors = [*self.hidden.values(), *self.scales.values(), *self.left.values(), self.cond, self.spks]
         return sum(t.numel() * t.element_size() for t in tensors)
 
     # ---- slots (host side) -------------------------------------------------------------------
@@ -187,7 +199,7 @@ class PooledStepContext:
         return ConvContext(self.pool.left[layer], self.index)
 
     def attention(self, layer: nn.Module) -> AttentionContext:
-        return AttentionContext(self.pool.hidden[layer], self.index)
+        return AttentionContext(self.pool.hidden[layer], self.pool.scales.get(layer), self.index)
 
 
 @dataclass(frozen=True)
@@ -208,20 +220,41 @@ class ConvContext:
 
 @dataclass(frozen=True)
 class AttentionContext:
-    """One attention layer's share of a `PooledStepContext`: its block inputs (steps*2*frames, D)."""
+    """One attention layer's share of a `PooledStepContext`: its block inputs (steps*2*frames, D), as
+    values of the model's dtype, or as int8 codes with a scale a row (`scales`, (steps*2*frames, 1))."""
 
     hidden: torch.Tensor
+    scales: torch.Tensor | None
     index: StepIndex
+
+    def context_inputs(self, dtype: torch.dtype) -> torch.Tensor:
+        """The call's context rows of block inputs (2*B*C, D) in `dtype`."""
+        kept = self.hidden.index_select(0, self.index.ctx_rows)
+        if self.scales is None:
+            return kept
+        return (kept.float() * self.scales.index_select(0, self.index.ctx_rows)).to(dtype)
+
+    def keep(self, y: torch.Tensor) -> None:
+        """Keep the new frames' block inputs y (2*B*N, D) at the call's write rows."""
+        rows = self.index.write_rows
+        if self.scales is None:
+            self.hidden.index_copy_(0, rows, y)
+            return
+        # Symmetric, a scale a frame: the largest magnitude maps to 127, an all-zero frame to codes 0.
+        y = y.float()
+        scale = y.abs().amax(-1, keepdim=True).clamp_min(1e-30) / 127
+        self.hidden.index_copy_(0, rows, torch.round(y / scale).to(torch.int8))
+        self.scales.index_copy_(0, rows, scale)
 
     def attention_keys_values(self, layer: nn.Module, x: torch.Tensor,
                               project: KeysValues) -> tuple[torch.Tensor, torch.Tensor]:
         b, n, d = self.index.rows, x.size(1), x.size(2)
-        context = self.hidden.index_select(0, self.index.ctx_rows).view(2 * b, -1, d)
+        context = self.context_inputs(x.dtype).view(2 * b, -1, d)
         keys_values = project(torch.cat([context, x], dim=1))
         # Written only after the last use of what was read. Compiled (compile_flow), a write placed
         # between the read and its use made inductor read the old frames after the write, which
         # it can only do from a copy of this layer's whole pool: 56 copies per Euler step, 102 ms
         # of flow solve on the H100 where the eager step takes 43
         # (docs/PERF_NOTES.md, "The per-module compiled flow").
-        self.hidden.index_copy_(0, self.index.write_rows, x.reshape(2 * b * n, d))
+        self.keep(x.reshape(2 * b * n, d))
         return keys_values

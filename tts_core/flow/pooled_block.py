@@ -35,14 +35,14 @@ def before_attention(block: nn.Module, h: torch.Tensor,
     y = block.norm1(h)
     b2, n, d = y.shape
     qkv = F.linear(y, attn.stacked_weight(QKV)).view(b2, n, 3, -1)
-    ctx = context.hidden.index_select(0, context.index.ctx_rows).view(b2, -1, d)
+    ctx = context.context_inputs(y.dtype).view(b2, -1, d)
     return y, qkv, F.linear(ctx, attn.stacked_weight(KV)).view(b2, ctx.size(1), 2, -1)
 
 
 def after_attention(block: nn.Module, h: torch.Tensor, y: torch.Tensor, out: torch.Tensor,
                     context: AttentionContext) -> torch.Tensor:
     """The new frames' block inputs kept, then the rest of the block: -> h (2B, N, D)."""
-    context.hidden.index_copy_(0, context.index.write_rows, y.reshape(-1, y.size(-1)))
+    context.keep(y.reshape(-1, y.size(-1)))
     x = h + block.attn1.to_out[0](out)
     return block.ff(block.norm3(x), residual=x)
 

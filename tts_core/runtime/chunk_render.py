@@ -44,6 +44,7 @@ class FlowPoolSettings:
     stream_slots: int  # streams rendering at once (one per job)
     context_frames: int = 700  # own mel frames a segment keeps exactly (14 s); beyond, its latest
     encoder_tokens: int | None = 50  # tokens the encoder re-reads before a chunk; None: all (exact)
+    context_int8: bool = False  # kept block inputs as int8 + a scale a frame (PoolShape.int8): half the memory
     voice_frames: int = 500  # shared prompt frames a voice can hold (10 s prompts)
     voice_slots: int = 8  # voices the pool can hold (each voice_frames x ~0.57 MB in bf16)
     batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32)  # graph row buckets; also the largest call
@@ -108,7 +109,7 @@ class ChunkRenderer:
         frames = -(-settings.context_frames // chunk) * chunk
         voice_frames = -(-settings.voice_frames // chunk) * chunk
         shape = PoolShape(settings.stream_slots, frames, voice_slots=settings.voice_slots, voice_frames=voice_frames,
-                          prompt_frames=voice_frames + 2 * chunk)
+                          prompt_frames=voice_frames + 2 * chunk, int8=settings.context_int8)
         self.pooled = PooledFlow(flow, shape, settings.encoder_tokens)
         self.lanes = {name: RenderLane(name, max_batch=max(settings.first_batches)) for name in self.first_lanes}
         self.lanes["later"] = RenderLane("later", max_batch=max(settings.batches))
@@ -120,7 +121,7 @@ class ChunkRenderer:
         # launch time and its time on the lane's stream (RenderedChunk.hift_gpu_s).
         self.time_gpu = False
         log.info("flow_pool_allocated", gb=round(self.pooled.pool.nbytes() / 2**30, 2), stream_slots=shape.stream_slots,
-                 context_frames=frames, encoder_tokens=settings.encoder_tokens)
+                 context_frames=frames, encoder_tokens=settings.encoder_tokens, context_int8=shape.int8)
 
     @property
     def first_lanes(self) -> list[str]:

@@ -90,6 +90,7 @@ class SynthesisScheduler:
         self.cache = lm.setup_cache(settings.max_batch + (1 if settings.graphs else 0), settings.max_len)
         self.renderer = family.renderer(flow, hift, FlowPoolSettings(
             stream_slots=settings.max_batch, context_frames=settings.flow_context_frames,
+            context_int8=settings.flow_context_int8,
             encoder_tokens=settings.flow_encoder_tokens, batches=settings.flow_batches,
             voice_slots=settings.flow_voice_slots, first_batches=settings.flow_first_batches,
             first_lanes=settings.first_chunk_lanes, compile=settings.compile_flow, compile_hift=settings.compile_hift,

@@ -21,6 +21,9 @@ class SchedulerSettings:
     schedule: ChunkSchedule = ChunkSchedule()
     # The pooled flow is exact up to this many of a segment's own frames, then keeps the latest.
     flow_context_frames: int = 700
+    # Its kept block inputs as int8 codes + a scale a frame: half the pool, so twice the slots fit a
+    # device, for the mel movement docs/PERF_NOTES.md measures ("The flow context in int8"). CosyVoice2.
+    flow_context_int8: bool = False
     flow_encoder_tokens: int | None = None  # None: the encoder reads every token (exact); N: a window
     flow_voice_slots: int = 8  # voices whose shared prompt frames the flow pool holds
     graphs: bool = False  # CUDA only: captured decode (+ on-device sampling), prefill, flow and HiFT
