@@ -234,17 +234,26 @@ class AttentionContext:
             return kept
         return (kept.float() * self.scales.index_select(0, self.index.ctx_rows)).to(dtype)
 
-    def keep(self, y: torch.Tensor) -> None:
-        """Keep the new frames' block inputs y (2*B*N, D) at the call's write rows."""
-        rows = self.index.write_rows
+    def to_kept(self, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """What `write` keeps of new frames' block inputs y (2*B*N, D): (y,), or (codes, scales) with int8.
+        Symmetric, a scale a frame: its largest magnitude maps to 127, an all-zero frame to codes 0.
+        Made where y is (compiled, one kernel with the normalisation that makes y), written later."""
         if self.scales is None:
-            self.hidden.index_copy_(0, rows, y)
-            return
-        # Symmetric, a scale a frame: the largest magnitude maps to 127, an all-zero frame to codes 0.
+            return (y,)
         y = y.float()
         scale = y.abs().amax(-1, keepdim=True).clamp_min(1e-30) / 127
-        self.hidden.index_copy_(0, rows, torch.round(y / scale).to(torch.int8))
-        self.scales.index_copy_(0, rows, scale)
+        return torch.round(y / scale).to(torch.int8), scale
+
+    def write(self, kept: tuple[torch.Tensor, ...]) -> None:
+        """Keep `to_kept`'s tensors at the call's write rows."""
+        rows = self.index.write_rows
+        self.hidden.index_copy_(0, rows, kept[0])
+        if self.scales is not None:
+            self.scales.index_copy_(0, rows, kept[1])
+
+    def keep(self, y: torch.Tensor) -> None:
+        """Keep the new frames' block inputs y (2*B*N, D) at the call's write rows."""
+        self.write(self.to_kept(y))
 
     def attention_keys_values(self, layer: nn.Module, x: torch.Tensor,
                               project: KeysValues) -> tuple[torch.Tensor, torch.Tensor]:

@@ -28,21 +28,22 @@ Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, StepIndex, int],
 
 
 def before_attention(block: nn.Module, h: torch.Tensor,
-                     context: AttentionContext) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """h (2B, N, D) -> (the block input y = norm1(h), the new frames' qkv (2B, N, 3, inner), the context's
-    keys and values (2B, C, 2, inner))."""
+                     context: AttentionContext) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor]:
+    """h (2B, N, D) -> (what the pool keeps of the block input y = norm1(h): `AttentionContext.to_kept`,
+    the new frames' qkv (2B, N, 3, inner), the context's keys and values (2B, C, 2, inner))."""
     attn = block.attn1
     y = block.norm1(h)
     b2, n, d = y.shape
     qkv = F.linear(y, attn.stacked_weight(QKV)).view(b2, n, 3, -1)
     ctx = context.context_inputs(y.dtype).view(b2, -1, d)
-    return y, qkv, F.linear(ctx, attn.stacked_weight(KV)).view(b2, ctx.size(1), 2, -1)
+    kept = context.to_kept(y.reshape(-1, d))
+    return kept, qkv, F.linear(ctx, attn.stacked_weight(KV)).view(b2, ctx.size(1), 2, -1)
 
 
-def after_attention(block: nn.Module, h: torch.Tensor, y: torch.Tensor, out: torch.Tensor,
+def after_attention(block: nn.Module, h: torch.Tensor, kept: tuple[torch.Tensor, ...], out: torch.Tensor,
                     context: AttentionContext) -> torch.Tensor:
     """The new frames' block inputs kept, then the rest of the block: -> h (2B, N, D)."""
-    context.keep(y.reshape(-1, y.size(-1)))
+    context.write(kept)
     x = h + block.attn1.to_out[0](out)
     return block.ff(block.norm3(x), residual=x)
 
@@ -75,7 +76,7 @@ class SplitBlock:
     kernel does not beat (bench/bench_flow_attention.py). Rows are fixed per captured bucket, so each
     bucket's graph holds one of the two."""
 
-    before: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]  # before_attention, compiled
+    before: Callable[..., tuple[tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor]]  # before_attention, compiled
     attention: Attention  # pooled_sdpa or the kernel
     after: Callable[..., torch.Tensor]  # after_attention, compiled
     whole: Callable[..., torch.Tensor]  # whole_block, compiled
@@ -84,6 +85,6 @@ class SplitBlock:
                  context: AttentionContext) -> torch.Tensor:
         if h.size(0) <= 2:
             return self.whole(block, h, attn_mask, context)
-        y, qkv, ctx_kv = self.before(block, h, context)
+        kept, qkv, ctx_kv = self.before(block, h, context)
         out = self.attention(qkv, ctx_kv, attn_mask, context.index, block.attn1.heads)
-        return self.after(block, h, y, out, context)
+        return self.after(block, h, kept, out, context)
