@@ -7,6 +7,9 @@ full-size CosyVoice2 flow (random weights), one process:
   cost (bf16, CUDA graphs; --compile: of the torch.compile'd estimator step): one later chunk (50 tokens = 100 new frames) for B streams at once, at
             several context lengths (own frames already spoken); first calls; device time of the
             graphed solve and encoder, host wall per call, pool memory, capture time
+  --hops 50,100: the later chunk's cost also at other hops (tokens a chunk; CosyVoice2's default 50), after the
+          same spoken context, per second of speech as well: a larger hop re-projects the context less often
+  --cost-only: no accuracy runs (shorter, for a lease's last minutes)
   --int8: the context pool keeps int8 codes (PoolShape.int8, `flow_context_int8`): the accuracy also of
           fp32 with int8 against the official, and the bf16 part (accuracy and cost) with int8
 
@@ -82,42 +85,49 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true",
                         help="the kernels of one solve replay at the largest batch and context, by summed time")
     parser.add_argument("--int8", action="store_true", help="the pool keeps int8 codes (flow_context_int8)")
+    parser.add_argument("--hops", default=str(HOP), help="later-chunk hops to time, tokens, comma-separated")
+    parser.add_argument("--cost-only", action="store_true", help="skip the accuracy runs")
     args = parser.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
+    hops = [int(h) for h in args.hops.split(",")]
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     full_model_dir(args.model_dir, args.golden)
     voice_raw = next(iter(torch.load(args.model_dir / "spk2info.pt", weights_only=False).values()))
-    tokens = torch.randint(0, 6561, (1, TOTAL), generator=torch.Generator().manual_seed(7))
+    # Past TOTAL only for hops longer than HOP (the accuracy calls end at TOTAL).
+    tokens = torch.randint(0, 6561, (1, TOTAL + max(hops)), generator=torch.Generator().manual_seed(7))
     result: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                     "schedule": {"prompt_tokens": int(voice_raw["flow_prompt_speech_token"].size(1)), "first": FIRST,
                                  "hop": HOP, "total": TOTAL}}
 
     # Accuracy, fp32: the pooled path against the official full re-run.
-    flow32 = load_flow(args.model_dir, "cuda", torch.float32)
-    official = official_calls(flow32, voice_raw, tokens)
-    pooled32 = PooledFlow(flow32, PoolShape(stream_slots=2, stream_frames=700, voice_slots=1, voice_frames=300,
-                                            prompt_frames=300))
-    v32 = pooled32.register_voice(*voice_args(voice_raw))
-    mels = stream_calls(pooled32.render, pooled32, v32, tokens)
-    result["fp32_pooled_vs_official"] = [diff(m, o) for m, o in zip(mels, official)]
-    print("fp32 pooled vs official per call:", result["fp32_pooled_vs_official"], flush=True)
     result["int8"] = args.int8
-    if args.int8:
+    if not args.cost_only:
+        flow32 = load_flow(args.model_dir, "cuda", torch.float32)
+        official = official_calls(flow32, voice_raw, tokens)
         pooled32 = PooledFlow(flow32, PoolShape(stream_slots=2, stream_frames=700, voice_slots=1, voice_frames=300,
-                                                prompt_frames=300, int8=True))
+                                                prompt_frames=300))
         v32 = pooled32.register_voice(*voice_args(voice_raw))
         mels = stream_calls(pooled32.render, pooled32, v32, tokens)
-        result["fp32_int8_pooled_vs_official"] = [diff(m, o) for m, o in zip(mels, official)]
-        print("fp32 int8 pooled vs official per call:", result["fp32_int8_pooled_vs_official"], flush=True)
-    del pooled32, flow32
-    torch.cuda.empty_cache()
+        result["fp32_pooled_vs_official"] = [diff(m, o) for m, o in zip(mels, official)]
+        print("fp32 pooled vs official per call:", result["fp32_pooled_vs_official"], flush=True)
+        if args.int8:
+            pooled32 = PooledFlow(flow32, PoolShape(stream_slots=2, stream_frames=700, voice_slots=1, voice_frames=300,
+                                                    prompt_frames=300, int8=True))
+            v32 = pooled32.register_voice(*voice_args(voice_raw))
+            mels = stream_calls(pooled32.render, pooled32, v32, tokens)
+            result["fp32_int8_pooled_vs_official"] = [diff(m, o) for m, o in zip(mels, official)]
+            print("fp32 int8 pooled vs official per call:", result["fp32_int8_pooled_vs_official"], flush=True)
+        del pooled32, flow32
+        torch.cuda.empty_cache()
 
     # bf16 with graphs.
     torch.backends.cuda.matmul.allow_tf32 = True
     flow = load_flow(args.model_dir, "cuda", torch.bfloat16)
     slots = max(batches) + 1
-    shape = PoolShape(stream_slots=slots, stream_frames=700, voice_slots=1, voice_frames=300, prompt_frames=300,
+    # 700 own frames (the runtime's 14 s) hold the default hop's calls unslid; a longer hop's last call needs more.
+    own_frames = 700 + -(-2 * (max(hops) - HOP) // 50) * 50
+    shape = PoolShape(stream_slots=slots, stream_frames=own_frames, voice_slots=1, voice_frames=300, prompt_frames=300,
                       int8=args.int8)
     pooled = PooledFlow(flow, shape)
     voice = pooled.register_voice(*voice_args(voice_raw))
@@ -127,22 +137,26 @@ def main(argv: list[str] | None = None) -> int:
     result["compiled"] = args.compile
     # Context = the voice's shared frames + the prompt's last chunk (50) + what was spoken.
     ctx_caps = [voice.prefix_frames] + [voice.prefix_frames + 50 + c for c in CTX_OWN]
-    result["capture_s"] = graphs.capture(batches, ctx_caps, [112, 160])
-    t0 = time.perf_counter()
-    result["bf16_eager_vs_official_fp32"] = [diff(m, o) for m, o in
-                                             zip(stream_calls(pooled.render, pooled, voice, tokens), official)]
-    result["bf16_graphs_vs_official_fp32"] = [diff(m, o) for m, o in
-                                              zip(stream_calls(graphs.render, pooled, voice, tokens), official)]
-    print("bf16 graphs vs official fp32:", result["bf16_graphs_vs_official_fp32"], flush=True)
-    result["accuracy_bf16_s"] = time.perf_counter() - t0
+    # New frames of a later call: 2 x hop + the lookahead's, in a bucket of 8 more; 160 for first calls.
+    result["capture_s"] = graphs.capture(batches, ctx_caps, sorted({2 * h + 12 for h in hops} | {160}))
+    if not args.cost_only:
+        t0 = time.perf_counter()
+        result["bf16_eager_vs_official_fp32"] = [diff(m, o) for m, o in
+                                                 zip(stream_calls(pooled.render, pooled, voice, tokens), official)]
+        result["bf16_graphs_vs_official_fp32"] = [diff(m, o) for m, o in
+                                                  zip(stream_calls(graphs.render, pooled, voice, tokens), official)]
+        print("bf16 graphs vs official fp32:", result["bf16_graphs_vs_official_fp32"], flush=True)
+        result["accuracy_bf16_s"] = time.perf_counter() - t0
 
     rows = []
-    for own in (0, *CTX_OWN):
-        # Streams that have spoken `own` frames after the prompt: time their next chunk.
-        first_tokens = FIRST if own == 0 else FIRST + own // 2
+    for hop, own in [(HOP, 0)] + [(h, own) for h in hops for own in CTX_OWN]:
+        # Streams that have spoken `own` frames after the prompt (on the default hop's grid): time their next
+        # chunk of `hop` tokens (own 0: the first call).
+        spoken = FIRST + own // 2 - HOP
+        first_tokens = FIRST if own == 0 else spoken + hop
         for b in batches:
             streams = [pooled.open_stream(voice) for _ in range(b)]
-            for n in range(FIRST, first_tokens, HOP):  # bring the streams to `own` spoken frames
+            for n in range(FIRST, spoken + 1, HOP) if own else ():  # bring the streams to `own` spoken frames
                 graphs.render(streams, [tokens[:, :n].cuda()] * b, [False] * b)
             saved = [(s.committed, s.emitted) for s in streams]
             tok = tokens[:, :first_tokens].cuda()
@@ -162,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
                     graph.replay()
 
             solve = replay_ms(replay_solve, iters=20, rounds=3) if key else float("nan")
-            if args.profile and key and b == max(batches) and own == CTX_OWN[-1]:
+            if args.profile and key and b == max(batches) and own == CTX_OWN[-1] and hop == HOP:
                 found, _ = gpu_trace.kernels(gpu_trace.record(replay_solve))
                 busiest = max(gpu_trace.summarize(found, top=20)["streams"].values(), key=lambda s: s["kernel_ms"])
                 result["profile"] = {"batch": b, "bucket": list(key), **busiest}
@@ -170,10 +184,12 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{k['total_ms']:8.2f} ms {k['count']:5d} x {k['mean_us']:8.1f} us  {k['name'][:100]}")
             for s in streams:
                 pooled.close_stream(s)
-            row = {"own_frames": own, "batch": b, "context_frames": plan.ctx_frames, "new_frames": plan.new_frames,
-                   "bucket": list(key) if key else None, "wall_ms_per_call": wall, "wall_ms_per_stream_chunk": wall / b,
-                   "solve_graph_ms": solve, "solve_ms_per_stream_chunk": solve / b,
-                   "eager_calls": graphs.eager_calls}
+            # Speech the call adds: the first call's tokens less the lookahead, else the hop.
+            speech_s = ((FIRST - flow.cfg.pre_lookahead_len) if own == 0 else hop) * flow.cfg.token_mel_ratio / 50
+            row = {"hop": hop, "own_frames": own, "batch": b, "context_frames": plan.ctx_frames,
+                   "new_frames": plan.new_frames, "bucket": list(key) if key else None, "wall_ms_per_call": wall,
+                   "wall_ms_per_stream_chunk": wall / b, "solve_graph_ms": solve, "solve_ms_per_stream_chunk": solve / b,
+                   "solve_ms_per_stream_speech_s": solve / b / speech_s, "eager_calls": graphs.eager_calls}
             rows.append(row)
             print(json.dumps(row), flush=True)
     result["rows"] = rows
@@ -182,11 +198,12 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps(result, indent=1))
     print(f"pool {result['pool_gb']:.2f} GB ({result['pool_mb_per_stream_slot']:.0f} MB/slot), "
           f"capture {result['capture_s']:.1f} s")
-    print(f"{'own':>4} {'B':>3} {'ctx':>4} {'new':>4} {'wall':>7} {'/stream':>8} {'solve':>7} {'/stream':>8}")
+    print(f"{'hop':>4} {'own':>4} {'B':>3} {'ctx':>4} {'new':>4} {'wall':>7} {'/stream':>8} {'solve':>7} {'/stream':>8}"
+          f" {'/speech s':>9}")
     for r in rows:
-        print(f"{r['own_frames']:>4} {r['batch']:>3} {r['context_frames']:>4} {r['new_frames']:>4} "
+        print(f"{r['hop']:>4} {r['own_frames']:>4} {r['batch']:>3} {r['context_frames']:>4} {r['new_frames']:>4} "
               f"{r['wall_ms_per_call']:7.1f} {r['wall_ms_per_stream_chunk']:8.2f} {r['solve_graph_ms']:7.1f} "
-              f"{r['solve_ms_per_stream_chunk']:8.2f}")
+              f"{r['solve_ms_per_stream_chunk']:8.2f} {r['solve_ms_per_stream_speech_s']:9.2f}")
     return 0
 
 

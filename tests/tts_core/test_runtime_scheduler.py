@@ -435,6 +435,25 @@ def _far_stream_recorded(pipeline: CosyVoice2Pipeline,
     return (launches, *_far_stream(pipeline))
 
 
+@pytest.mark.parametrize("max_hop", [50, 100, 200])
+def test_a_stream_that_yields_already_holds_its_next_chunks_tokens_whatever_the_hop(pipeline: CosyVoice2Pipeline,
+                                                                                      max_hop: int) -> None:
+    """The yield bound against the schedule (`step_rows.yield_bound_s`): a stream left out of the steps has
+    more than the bound of speech ahead; when its next chunk falls due (`defer_slack_s` of audio left) the rest
+    is decoded tokens, which must cover the longest hop and the lookahead, or that chunk waits on tokens the
+    stream was told not to decode. CosyVoice3's default hop is 100, where the 4-s setting alone fell short."""
+    from tts_core.runtime.step_rows import yield_bound_s
+    from tts_core.streaming.chunk_schedule import ChunkSchedule
+
+    settings = SchedulerSettings(schedule=ChunkSchedule(max_hop_tokens=max_hop))
+    token_s = pipeline.scheduler._token_s  # seconds of speech a token reaches (40 ms)
+    bound = yield_bound_s(settings.yield_lead_s, settings.defer_slack_s, settings.schedule, token_s)
+    tokens_when_due = (bound - settings.defer_slack_s) / token_s
+    assert tokens_when_due >= max_hop + settings.schedule.lookahead_tokens - 1e-9
+    assert bound >= settings.yield_lead_s  # never below the setting (CosyVoice2's 50: the measured 4 s itself)
+    assert yield_bound_s(0.0, settings.defer_slack_s, settings.schedule, token_s) == 0.0  # off stays off
+
+
 def test_streams_far_ahead_yield_decode_steps_to_a_first_chunk(pipeline: CosyVoice2Pipeline, monkeypatch) -> None:
     """Deadline-aware decoding (yield_lead_s): while a new call waits for its first chunk, a stream
     whose speech runs more than yield_lead_s ahead of its listener is left out of the decode steps,

@@ -53,7 +53,7 @@ from tts_core.runtime.lm_runner import LMRunner
 from tts_core.runtime.render_loop import SAMPLE_RATE, RenderLoop, RenderTiming, device_stream
 from tts_core.runtime.request import SynthesisError, SynthesisJob
 from tts_core.runtime.settings import SchedulerSettings
-from tts_core.runtime.step_rows import step_rows
+from tts_core.runtime.step_rows import step_rows, yield_bound_s
 from tts_core.voices import Voice
 
 log = structlog.get_logger(__name__)
@@ -257,7 +257,8 @@ class SynthesisScheduler:
         (`step_rows`: streams far ahead yield to first chunks; a lone first chunk's render is not
         stepped beside)."""
         s = self.settings
-        return step_rows(self._active, time.perf_counter(), s.first_chunk_hold_s, s.yield_lead_s, self._token_s)
+        bound = yield_bound_s(s.yield_lead_s, s.defer_slack_s, s.schedule, self._token_s)
+        return step_rows(self._active, time.perf_counter(), s.first_chunk_hold_s, bound, self._token_s)
 
     def _jobs(self) -> list[SynthesisJob]:
         """A snapshot of the active jobs: the render thread may release one while we iterate."""

@@ -61,8 +61,9 @@ class SchedulerSettings:
     first_chunk_hold_s: float = 0.3
     # While a live (paced) call waits for its first chunk, a stream more than this many seconds of
     # speech ahead of its listener skips decode steps (0: never), so that call's steps and render have
-    # the GPU (runtime/step_rows.py). It must exceed `defer_slack_s` + a hop + lookahead (2.9 s by default),
-    # or a stream's next chunk could find its tokens missing.
+    # the GPU (runtime/step_rows.py). It must exceed `defer_slack_s` + the longest hop + lookahead (2.9 s at
+    # CosyVoice2's 50-token hop), or a stream's next chunk could find its tokens missing: the scheduler raises
+    # it to that for longer hops (`step_rows.yield_bound_s`; CosyVoice3's 100: 4.9 s).
     yield_lead_s: float = 4.0
     # Decode steps launched and not yet read when an iteration ends (0: each read at once); a row
     # steps up to this many times past its stop token (thrown away). 1 and 2 measured alike.

@@ -25,6 +25,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tts_core.runtime.request import SynthesisJob
+from tts_core.streaming.chunk_schedule import ChunkSchedule
+
+
+def yield_bound_s(yield_lead_s: float, defer_slack_s: float, schedule: ChunkSchedule, token_s: float) -> float:
+    """The lead past which a stream yields (`step_rows`'s `yield_lead_s`): the setting, raised where the
+    schedule's longest hop needs more. A stream that yielded must already hold its next chunk's tokens (a hop
+    and the lookahead) when that chunk falls due, `defer_slack_s` before its audio runs out; at CosyVoice2's
+    50-token hop that is 2.9 s (the measured 4 s stands), at CosyVoice3's 100 it is 4.9 s. 0 stays off."""
+    if yield_lead_s <= 0:
+        return 0.0
+    return max(yield_lead_s, defer_slack_s + (schedule.max_hop_tokens + schedule.lookahead_tokens) * token_s)
 
 
 def step_rows(jobs: Sequence[SynthesisJob], now: float, hold_s: float, yield_lead_s: float,
