@@ -5,7 +5,7 @@
 
 # The engine.cosyvoice2 block (YAML, indented under engine:) for the model directory $1. DTYPE (bf16), MAX_BATCH
 # (slots, 128) and FLOW_CONTEXT_S (13) change it; other values compile other graphs, so the carried cache misses.
-# FLOW_CONTEXT_INT8=true keeps that context as int8 codes (half the pool: ~300 slots of 13 s in 57 GiB).
+# FLOW_CONTEXT_INT8=true keeps that context as int8 codes (half the pool: 336 slots of 13 s in 59.9 GiB).
 cosyvoice2_settings() {
     cat <<YAML
   cosyvoice2:

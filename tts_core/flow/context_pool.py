@@ -237,7 +237,8 @@ class AttentionContext:
     def to_kept(self, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """What `write` keeps of new frames' block inputs y (2*B*N, D): (y,), or (codes, scales) with int8.
         Symmetric, a scale a frame: its largest magnitude maps to 127, an all-zero frame to codes 0.
-        Made where y is (compiled, one kernel with the normalisation that makes y), written later."""
+        Made where y is made (the compiled half that normalises it: no pass of its own), written after the
+        attention."""
         if self.scales is None:
             return (y,)
         y = y.float()
