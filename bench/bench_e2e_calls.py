@@ -175,10 +175,11 @@ def by_worker(answered: list, jobs: list[dict], pids: dict[int, str], killed: st
             **{group: _rtp_figures(calls, longest) for group, calls in groups.items()}}
 
 
-def first_chunk_stages(jobs: list[dict]) -> dict[str, dict[str, float]]:
-    """Mean and p95 (ms) of each first-chunk stage the jobs logged (tts_core's JobTimings.first_chunk_stages)."""
-    names = [key for key in (jobs[0] if jobs else {}) if key.startswith("first_chunk_") and key.endswith("_ms")]
-    return {name.removeprefix("first_chunk_").removesuffix("_ms"): {
+def first_chunk_stages(jobs: list[dict], prefix: str = "first_chunk_") -> dict[str, dict[str, float]]:
+    """Mean and p95 (ms) of each first-chunk stage the jobs logged (tts_core's JobTimings.first_chunk_stages);
+    with prefix "first_render_", of the parts of its render stage (flow, hift, handoff: SynthesisJob.figures)."""
+    names = [key for key in (jobs[0] if jobs else {}) if key.startswith(prefix) and key.endswith("_ms")]
+    return {name.removeprefix(prefix).removesuffix("_ms"): {
         "mean": round(float(np.mean([job[name] for job in jobs])), 1), "p95": _pct([job[name] for job in jobs], 95)}
         for name in names if all(name in job for job in jobs)}
 
@@ -208,6 +209,7 @@ def call_figures(results: list, jobs: list[dict]) -> dict:
             "first_packet_p50_ms": _pct(first_packet, 50), "first_packet_p95_ms": _pct(first_packet, 95),
             "engine_first_chunk_p50_ms": _pct(engine_first, 50), "engine_first_chunk_p95_ms": _pct(engine_first, 95),
             "engine_first_chunk_stages_ms": first_chunk_stages(jobs),
+            "engine_first_render_split_ms": first_chunk_stages(jobs, "first_render_"),
             "rtp_interval_p50_ms": _pct(intervals, 50), "rtp_interval_p99_ms": _pct(intervals, 99),
             "rtp_interval_max_ms": _pct(intervals, 100),
             "calls_with_gap_over_60ms": sum(1 for g in gaps_ms if g.max() > GAP_MS),

@@ -116,6 +116,10 @@ def test_a_call_s_job_names_its_process_when_queued_and_when_done(pipeline: Cosy
             time.sleep(0.05)
     ours = [(e["event"], e["pid"]) for e in logs if e.get("call_id") == "call-7"]
     assert ours == [("tts_job_queued", os.getpid()), ("tts_job_done", os.getpid())]
+    # The done line also says where the first chunk's render stage went (the benches read it from serve's log).
+    done = next(e for e in logs if e.get("call_id") == "call-7" and e["event"] == "tts_job_done")
+    assert done["first_render_flow_ms"] > 0 and done["first_render_hift_ms"] > 0 and done["first_render_handoff_ms"] >= 0
+    assert done["first_render_flow_ms"] + done["first_render_hift_ms"] <= done["first_chunk_render_ms"] + 0.2  # rounding
 
 
 def test_punctuation_only_text_is_refused_at_submit(pipeline: CosyVoice2Pipeline) -> None:

@@ -221,9 +221,13 @@ class SynthesisJob:
         """What the job's last log line says: its audio, and where its first chunk's time went (ms per stage)."""
         t = self.timings
         stages = t.first_chunk_stages() or {}
+        # Where the first chunk's render stage went: its batched flow call and its vocoder call (the rest is the
+        # render thread's own work and waits); and its hand-off to the sink, which follows the stage.
+        render = {f"first_render_{name}_ms": round(getattr(t.chunks[0], f"{name}_s") * 1e3, 1)
+                  for name in ("flow", "hift", "handoff")} if t.chunks else {}
         return {"call_id": self.call_id, "audio_s": round(self.audio_s, 3), "chunks": len(t.chunks),
                 "first_chunk_s": t.since_submit(t.first_chunk), "frontend_ms": round(t.frontend_s * 1e3, 1),
-                **{f"first_chunk_{name}_ms": round(seconds * 1e3, 1) for name, seconds in stages.items()}}
+                **{f"first_chunk_{name}_ms": round(seconds * 1e3, 1) for name, seconds in stages.items()}, **render}
 
     def lm_prompt(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(prompt text tokens, LM prompt speech tokens) of the prefill: the voice's, or an instruct's."""
