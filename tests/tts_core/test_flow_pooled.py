@@ -9,7 +9,6 @@ come from the voice's slot rather than being recomputed.
 
 from __future__ import annotations
 
-
 from types import SimpleNamespace
 
 import pytest
