@@ -276,7 +276,8 @@ class _Link:
         elif (status := worker.status()).state != "ready":
             refusal = ("unavailable", f"engine {status.state}")
         elif status.slots_free <= 0:
-            refusal = ("no_capacity", f"all {worker.settings.slots} slots are taken")
+            # The engine's own reason where it has one (a runtime behind real time sheds: CosyVoice2's shed_late_s).
+            refusal = ("no_capacity", engine.health().reason or f"all {worker.settings.slots} slots are taken")
         if refusal is not None:
             self._refuse(frame.stream, *refusal)
             return

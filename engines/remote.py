@@ -152,8 +152,8 @@ class RemoteEngine(SpeechEngine):
         if not eligible:
             reason = (f"{FIRST_AUDIO_REASON} {min(link.first_audio_ms for link in usable):.0f} ms is over the "
                       f"bound {self._bound_ms:.0f} ms on every worker")
-        elif free == 0:
-            reason = "every worker slot is taken"
+        elif free == 0:  # a worker behind real time reports no free slot either (CosyVoice2's shed_late_s)
+            reason = "no worker slot is free (taken, or its streams behind real time)"
         return EngineHealth("ready", slots_total=sum(link.status.slots_total for link in usable), slots_free=free,
                             queue_depth=sum(link.status.queue_depth for link in usable), reason=reason)
 
@@ -171,7 +171,7 @@ class RemoteEngine(SpeechEngine):
             if not any(self._within_bound(link) for link in self._links.values() if link.usable):
                 raise FirstAudioTooLate(f"expected first audio is over the bound of {self._bound_ms:.0f} ms "
                                         f"on every worker")
-            raise NoCapacity("every engine worker slot is taken")
+            raise NoCapacity("no engine worker slot is free (taken, or its streams behind real time)")
         channel = RemoteChannel(request)
         link.open(channel, self._format)
         return channel

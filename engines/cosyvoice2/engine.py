@@ -38,6 +38,7 @@ log = structlog.get_logger(__name__)
 
 REQUEST_OPTIONS = ("seed", "min_tokens", "max_tokens", *INSTRUCT_OPTIONS)  # per-request knobs a caller may set
 SEGMENT_ROOM = 256  # KV positions a text segment and its first speech need beyond the prompt
+LATE_REASON = "behind real time"  # health's reason while `shed_late_s` sheds
 
 
 class _ChannelSink:
@@ -168,9 +169,14 @@ class CosyVoice2Engine(SpeechEngine):
 
     def health(self) -> EngineHealth:
         """Ready once started; `graphs` says whether the compiled graphs are in yet (the tts-compile thread's
-        progress, a plain attribute of the scheduler): until then first chunks are slower."""
+        progress, a plain attribute of the scheduler): until then first chunks are slower. With `shed_late_s`, no
+        free slot while a live stream is that late (the worker then refuses opens, an in-process gateway calls)."""
         pipeline = self.pipeline
         graphs = pipeline.scheduler.graphs_state if pipeline is not None else "compiled"
+        late_s = self.settings.shed_late_s
+        if pipeline is not None and late_s is not None and (late := pipeline.scheduler.late_streams(late_s)):
+            return EngineHealth("ready", slots_free=0, reason=f"{LATE_REASON}: {late} live stream(s) over {late_s:g} s "
+                                                             "behind their listeners", graphs=graphs)
         return EngineHealth("ready", graphs=graphs)
 
     def voices(self) -> Sequence[str]:

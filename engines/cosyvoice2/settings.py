@@ -61,6 +61,11 @@ class CosyVoice2Settings:
     # The LM's decoder-layer weights in FP8 (e4m3; CPU, or CUDA 8.9+): slower than bf16 on the H100 and
     # it moves the token distribution (docs/PERF_NOTES.md); try it on your own weights and listen first.
     llm_fp8: bool = False
+    # Shedding: while a live stream's listener has been out of audio for more than this many seconds (the runtime
+    # behind real time), the engine takes no new stream (a call gets 503 before it is answered) until it has caught
+    # up: overload turns into refused calls rather than silence in every call. None: off (docs/PERF_NOTES.md, "Shed
+    # calls, not speech").
+    shed_late_s: float | None = None
 
     @classmethod
     def from_config(cls, raw: Mapping[str, Any]) -> CosyVoice2Settings:
@@ -94,6 +99,9 @@ class CosyVoice2Settings:
                                               or not 0 <= values["first_chunk_lanes"] <= 8):
             raise ValueError(f"engine.cosyvoice2.first_chunk_lanes: {values['first_chunk_lanes']!r}; "
                              "a whole number from 0 (one lane renders everything) to 8")
+        shed = values.get("shed_late_s")
+        if shed is not None and (isinstance(shed, bool) or not isinstance(shed, (int, float)) or shed <= 0):
+            raise ValueError(f"engine.cosyvoice2.shed_late_s: {shed!r}; seconds > 0, or null (off)")
         for key in ("max_batch", "max_len", "hop_tokens", "max_hop_tokens", "first_hop_tokens"):
             if values.get(key) is not None and int(values[key]) <= 0:
                 raise ValueError(f"engine.cosyvoice2.{key}: must be positive")

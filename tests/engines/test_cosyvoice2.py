@@ -270,11 +270,59 @@ def test_fast_path_is_on_for_cuda_and_off_for_cpu_by_default(tmp_path):
     with pytest.raises(ValueError, match="engine.cosyvoice2.slot_attention"):
         CosyVoice2Settings.from_config({"model_dir": str(tmp_path), "slot_attention": "on"})
     assert CosyVoice2Settings.from_config({"model_dir": str(tmp_path), "flow_context_int8": True}).flow_context_int8
+    assert CosyVoice2Settings.from_config({"model_dir": str(tmp_path)}).shed_late_s is None  # off unless set
+    assert CosyVoice2Settings.from_config({"model_dir": str(tmp_path), "shed_late_s": 1}).shed_late_s == 1
+    for bad in (0, -1.0, "1", True):
+        with pytest.raises(ValueError, match="engine.cosyvoice2.shed_late_s"):
+            CosyVoice2Settings.from_config({"model_dir": str(tmp_path), "shed_late_s": bad})
     with pytest.raises(ValueError, match="engine.cosyvoice2.flow_context_int8"):
         CosyVoice2Settings.from_config({"model_dir": str(tmp_path), "flow_context_int8": "yes"})
     for bad in (-1, 9, 2.5, "3", True):
         with pytest.raises(ValueError, match="engine.cosyvoice2.first_chunk_lanes"):
             CosyVoice2Settings.from_config({"model_dir": str(tmp_path), "first_chunk_lanes": bad})
+
+
+async def test_a_runtime_behind_real_time_sheds_new_streams_until_it_catches_up(tiny_model_dir: Path) -> None:
+    """shed_late_s: while a live stream's listener has been out of audio for longer than that, the engine has no
+    free slot: the in-process gateway's watchdog and a worker's status (so a gateway over the wire) refuse new
+    calls before they are answered, rather than stretch every call's speech with silence. Once no stream is that
+    late, new streams are taken again. The stream is made late by its playout clock: its first chunk is dated
+    10 s earlier, as if the listener had been playing since then (the tiny model on CPU has no overload to give)."""
+    from engines.base import NoCapacity
+    from gateway.engine_watchdog import EngineWatchdog, WatchdogSettings
+
+    engine = CosyVoice2Engine(model_dir=str(tiny_model_dir), device="cpu", max_batch=2, max_len=1024, seed=1,
+                              warmup=False, shed_late_s=0.5)
+    await engine.start()
+    try:
+        long = engine.open_stream(_request(600))
+        await asyncio.wait_for(anext(long), 60)
+        assert engine.health().accepting  # on time: a stream is taken
+        (job,) = engine.pipeline.scheduler._active
+        job.timings.first_chunk -= 10.0
+        health = engine.health()
+        assert not health.accepting and health.slots_free == 0 and "behind real time" in health.reason
+        assert EngineWatchdog(engine, WatchdogSettings()).refusal().startswith("no_capacity: behind real time")
+        async with serving(engine, WorkerSettings(token=TOKEN, slots=2, status_interval_s=0.05)) as base:
+            gateway = RemoteEngine(urls=[base.replace("http", "ws") + protocol.STREAM_PATH], token=TOKEN,
+                                   engine_name="cosyvoice2")
+            await gateway.start()
+            try:
+                await gateway.wait_ready(10)
+                assert gateway.health().slots_free == 0  # the worker says so in its status
+                with pytest.raises(NoCapacity):
+                    gateway.open_stream(_request(30))
+            finally:
+                await gateway.close()
+        long.cancel()  # the late stream ends: nothing is behind any more
+        deadline = asyncio.get_running_loop().time() + 10
+        while not engine.health().accepting and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        assert engine.health().accepting
+        chunks = await asyncio.wait_for(_collect(engine.open_stream(_request(30))), 60)
+        assert sum(map(len, chunks)) == 30 * SAMPLES_PER_TOKEN
+    finally:
+        await engine.close()
 
 
 async def test_fp8_lm_weights_stream_the_same_schedule(tiny_model_dir: Path) -> None:

@@ -218,6 +218,16 @@ class SynthesisScheduler:
         with self._cond:
             return len(self._free_slots)
 
+    def late_streams(self, late_s: float) -> int:
+        """Live streams whose listener has been out of audio for more than `late_s` (playout assumed to start at the
+        first chunk, `SynthesisJob.slack`) while they still have audio to render: the runtime is behind real time,
+        and one more stream would only stretch every stream's speech with more silence (an engine sheds on it)."""
+        now = time.perf_counter()
+        with self._cond:
+            return sum(1 for job in self._active
+                       if job.options.paced and not job.cancelled and not job.segment_rendered
+                       and job.timings.first_chunk is not None and job.slack(now) < -late_s)
+
     def _wake_render(self) -> None:
         self.render_lanes[0].wake()  # one condition for all lanes: wakes them all
 
