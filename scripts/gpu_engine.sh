@@ -6,7 +6,8 @@
 # The engine.cosyvoice2 block (YAML, indented under engine:) for the model directory $1. DTYPE (bf16), MAX_BATCH
 # (slots, 128) and FLOW_CONTEXT_S (13) change it; other values compile other graphs, so the carried cache misses.
 # FLOW_CONTEXT_INT8=true keeps that context as int8 codes (half the pool: 336 slots of 13 s in 59.9 GiB);
-# MAX_HOP_TOKENS sets engine.cosyvoice2.max_hop_tokens (unset: the family's default, CosyVoice2's 50).
+# MAX_HOP_TOKENS sets engine.cosyvoice2.max_hop_tokens (unset: the family's default, CosyVoice2's 50); SHED_LATE_S
+# sets shed_late_s (unset: off).
 cosyvoice2_settings() {
     cat <<YAML
   cosyvoice2:
@@ -19,5 +20,6 @@ cosyvoice2_settings() {
     flow_context_s: ${FLOW_CONTEXT_S:-13.0}
     flow_context_int8: ${FLOW_CONTEXT_INT8:-false}
 ${MAX_HOP_TOKENS:+    max_hop_tokens: $MAX_HOP_TOKENS}
+${SHED_LATE_S:+    shed_late_s: $SHED_LATE_S}
 YAML
 }
