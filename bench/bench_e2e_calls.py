@@ -364,8 +364,11 @@ def stop_serve(serve: subprocess.Popen) -> None:
 
 def compiled_graph_sets(config: dict) -> int:
     """How many compiled_graphs_complete lines a serve of `config` logs once at full speed: one per cosyvoice2
-    engine (a worker is ready on graphs of the eager modules and swaps the compiled ones in while serving)."""
-    if config.get("engine", {}).get("name") != "cosyvoice2":
+    engine (a worker is ready on graphs of the eager modules and swaps the compiled ones in while serving); none
+    for one on the CPU, which has no graphs to compile (it is at full speed once ready)."""
+    engine = config.get("engine", {})
+    settings = engine.get("cosyvoice2") or {}
+    if engine.get("name") != "cosyvoice2" or settings.get("device") == "cpu" or settings.get("graphs") is False:
         return 0
     return max(1, len(worker_names(config)))
 
