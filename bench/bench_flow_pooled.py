@@ -105,19 +105,14 @@ def main(argv: list[str] | None = None) -> int:
     if not args.cost_only:
         flow32 = load_flow(args.model_dir, "cuda", torch.float32)
         official = official_calls(flow32, voice_raw, tokens)
-        pooled32 = PooledFlow(flow32, PoolShape(stream_slots=2, stream_frames=700, voice_slots=1, voice_frames=300,
-                                                prompt_frames=300))
-        v32 = pooled32.register_voice(*voice_args(voice_raw))
-        mels = stream_calls(pooled32.render, pooled32, v32, tokens)
-        result["fp32_pooled_vs_official"] = [diff(m, o) for m, o in zip(mels, official)]
-        print("fp32 pooled vs official per call:", result["fp32_pooled_vs_official"], flush=True)
-        if args.int8:
+        for int8 in (False, True) if args.int8 else (False,):
             pooled32 = PooledFlow(flow32, PoolShape(stream_slots=2, stream_frames=700, voice_slots=1, voice_frames=300,
-                                                    prompt_frames=300, int8=True))
+                                                    prompt_frames=300, int8=int8))
             v32 = pooled32.register_voice(*voice_args(voice_raw))
             mels = stream_calls(pooled32.render, pooled32, v32, tokens)
-            result["fp32_int8_pooled_vs_official"] = [diff(m, o) for m, o in zip(mels, official)]
-            print("fp32 int8 pooled vs official per call:", result["fp32_int8_pooled_vs_official"], flush=True)
+            key = "fp32_int8_pooled_vs_official" if int8 else "fp32_pooled_vs_official"
+            result[key] = [diff(m, o) for m, o in zip(mels, official)]
+            print(f"{key} per call:", result[key], flush=True)
         del pooled32, flow32
         torch.cuda.empty_cache()
 
