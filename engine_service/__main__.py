@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import ipaddress
 import json
 import os
@@ -220,7 +221,8 @@ async def _serve(args: argparse.Namespace, name: str, settings: dict[str, Any], 
 
         from connection_caps.listener import runner_options
         from engine_service.protocol import STREAM_PATH
-        from engine_service.server import WorkerSettings, make_app, start_listener
+        from engine_service.server import WORKER, WorkerSettings, make_app, start_listener
+        from engine_service.stall_watch import StallWatch
         from engines.base import EngineSettingsError
         from engines.registry import create_engine
     except ImportError as exc:  # a broken install: restarting cannot fix it, so refused (exit 2), in one line
@@ -278,10 +280,18 @@ async def _serve(args: argparse.Namespace, name: str, settings: dict[str, Any], 
     if not token:
         log.warning("engine_worker_link_without_token", url=url,
                     why="any local process can open streams; start with --token-file PATH")
+    # The model, engine and prepared prompts live as long as the process: out of the cyclic GC's view, so a full
+    # collection while serving walks only what came after (a long walk stops every thread: "worker_stalled").
+    gc.collect()
+    gc.freeze()
+    stalls = StallWatch()
+    stalls.start()
+    app[WORKER].metrics.watch_stalls(stalls)
     if args.supervised:
         _stop_when_stdin_closes(loop, stop)
     await stop.wait()
     log.info("engine_worker_stopping", engine=name)
+    stalls.stop()
     await runner.cleanup()
     await engine.close()
     return 0

@@ -103,6 +103,11 @@ class WorkerMetrics:
         collector.cache = cache
         self.registry.register(collector)
 
+    def watch_stalls(self, watch: StallView) -> None:
+        """The worker's stalls (engine_service.stall_watch), as tts_worker_stalls_total and
+        tts_worker_stalled_seconds_total; read at scrape time."""
+        self.registry.register(_StallCollector(watch))
+
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -182,6 +187,28 @@ class _ApiCollector(Collector):
                                   "its audio within tts_api.slow_client_timeout_s", value=buffers.slow_clients)
         yield GaugeMetricFamily("tts_api_stream_buffered_bytes", "Speech API audio made and not yet taken by its "
                                 "clients, over all streams", value=buffers.buffered_bytes)
+
+
+class StallView(Protocol):
+    """What the scrape reads of the stall watch (engine_service.stall_watch.StallWatch)."""
+
+    stalls: int
+    stalled_s: float
+
+
+class _StallCollector(Collector):
+    def __init__(self, watch: StallView) -> None:
+        self._watch = watch
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily("tts_worker_stalls", "Times this worker's Python stopped running for longer than "
+                                  "the stall watch's report_after_s (0.25 s; a gateway calls a worker dead after ~1 s)",
+                                  value=self._watch.stalls)
+        yield CounterMetricFamily("tts_worker_stalled_seconds", "Seconds lost in those stalls",
+                                  value=self._watch.stalled_s)
 
 
 class _StatusCollector(Collector):

@@ -127,8 +127,8 @@ async def test_a_stranger_on_the_links_reserve_is_closed_without_the_token(worke
     try:
         await asyncio.sleep(0.2)
         stranger = socket.create_connection(("127.0.0.1", port))  # past the cap: on probation
-        stranger.sendall(f"GET /v1/engine/stream?version=1 HTTP/1.1\r\nHost: x\r\n"
-                         f"Authorization: Bearer wrong-token\r\n\r\n".encode())
+        stranger.sendall("GET /v1/engine/stream?version=1 HTTP/1.1\r\nHost: x\r\n"
+                         "Authorization: Bearer wrong-token\r\n\r\n".encode())
         assert closed_by_peer(stranger, 5)
         stranger.close()
     finally:
