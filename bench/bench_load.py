@@ -467,10 +467,6 @@ def main(argv: list[str] | None = None) -> int:
     pipeline.scheduler.wait_compiled()  # ready on eager-module graphs; time the compiled ones
     load_s = time.perf_counter() - t0
     pipeline.scheduler.on_step = STEPS.append
-    for lane in pipeline.scheduler.renderer.lanes.values():
-        if lane.graphs is not None:
-            lane.graphs.time_gpu = True  # CUDA events around each flow call's encoder and solve
-    pipeline.scheduler.renderer.time_gpu = True  # and around each vocoder call
     waits = HostWaits() if args.host_waits else None
     if waits is not None:
         waits.install()

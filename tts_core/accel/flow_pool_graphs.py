@@ -190,8 +190,8 @@ class PooledFlowGraphs:
         self._stream = stream  # the capture stream of all these graphs (see graph_capture)
         self.eager_calls = 0  # solves that found no bucket (counted: each costs ~10x a replay)
         self.eager_encodes = 0  # encoder calls that found no graph
-        # Diagnostics (benchmarks): with `time_gpu`, each render records CUDA events around its
-        # encoder and solve work; `gpu_split()` reads them once the caller has synchronized.
+        # With `time_gpu` (the runtime's ChunkRenderer sets it on CUDA), each render records CUDA events around
+        # its encoder and solve work; `gpu_split()` reads them once the caller has synchronized.
         self.time_gpu = False
         self._timing_events: tuple[torch.cuda.Event, ...] | None = None
         # A solve's parts launched ahead of the GPU (see `capture`); read at each render.

@@ -117,9 +117,11 @@ class ChunkRenderer:
         self._slots = threading.Lock()  # streams open/close on the decode thread, finish on the render thread
         self._hift_dtype = next(hift.parameters()).dtype
         self._device = self.pooled.device
-        # Diagnostics (benchmarks): with `time_gpu` on CUDA, each vocoder call also reports its host
-        # launch time and its time on the lane's stream (RenderedChunk.hift_gpu_s).
-        self.time_gpu = False
+        # On CUDA each flow call reports its encoder's and solve's time on the lane's stream and each vocoder
+        # call its host launch and stream time (RenderedChunk.flow_gpu_s, hift_gpu_s; a job's log line has its
+        # first chunk's): CUDA events made once per lane and recorded again each call, a few microseconds. A
+        # first chunk's render wall far above its stream time is the host's, not the GPU's.
+        self.time_gpu = self._device.type == "cuda"
         log.info("flow_pool_allocated", gb=round(self.pooled.pool.nbytes() / 2**30, 2), stream_slots=shape.stream_slots,
                  context_frames=frames, encoder_tokens=settings.encoder_tokens, context_int8=shape.int8)
 
@@ -327,6 +329,8 @@ class ChunkRenderer:
         started = time.perf_counter()
         replays = self.lanes[lane]
         replays.adopt()
+        if replays.graphs is not None:  # also the compiled graphs swapped in after start
+            replays.graphs.time_gpu = self.time_gpu
         streams = [s.flow for s, _, _ in items]
         tokens = [torch.tensor([list(t[:task.token_end])], dtype=torch.long) for _, t, task in items]
         finalize = [task.finalize for _, _, task in items]

@@ -225,6 +225,11 @@ class SynthesisJob:
         # render thread's own work and waits); and its hand-off to the sink, which follows the stage.
         render = {f"first_render_{name}_ms": round(getattr(t.chunks[0], f"{name}_s") * 1e3, 1)
                   for name in ("flow", "hift", "handoff")} if t.chunks else {}
+        if t.chunks and (flow_gpu := t.chunks[0].flow_gpu_s) is not None:  # stream time, where timed (CUDA)
+            render.update(first_render_flow_encoder_gpu_ms=round(flow_gpu[0] * 1e3, 1),
+                          first_render_flow_solve_gpu_ms=round(flow_gpu[1] * 1e3, 1))
+        if t.chunks and (hift_gpu := t.chunks[0].hift_gpu_s) is not None:
+            render["first_render_hift_gpu_ms"] = round(hift_gpu[1] * 1e3, 1)
         return {"call_id": self.call_id, "audio_s": round(self.audio_s, 3), "chunks": len(t.chunks),
                 "first_chunk_s": t.since_submit(t.first_chunk), "frontend_ms": round(t.frontend_s * 1e3, 1),
                 **{f"first_chunk_{name}_ms": round(seconds * 1e3, 1) for name, seconds in stages.items()}, **render}
