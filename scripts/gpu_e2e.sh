@@ -9,6 +9,7 @@
 #   RATES="10 10 20 10" GPU1_STEPS=3 KILL_WORKER_AT=15 KILL_STEPS=4 \
 #       bash scripts/gpu_bench.sh bash scripts/gpu_e2e.sh workers2 "$OUT" 1 200 400 200
 #   WINDOW=60 SEEDS="1 2" MODES=sip bash scripts/gpu_bench.sh bash scripts/gpu_e2e.sh openloop "$OUT" 10 20
+#   MAX_LEN=1024 bash scripts/gpu_bench.sh bash scripts/gpu_e2e.sh lone "$OUT" 8
 #
 # workers: the engine in a worker process the gateway supervises (the product's shape); its worker also
 # serves the speech API, which bench/bench_tts_api.py measures after the calls (1, 10 and 50 clients, jambonz
@@ -29,6 +30,9 @@
 # carried compiler cache serves both; MAX_BATCH (slots, default 128) and FLOW_CONTEXT_S (default 13) change them
 # for every arrangement (300 calls of 30 s need ~300 slots: docs/PERF_NOTES.md "What a slot costs"; another
 # context length compiles other flow graphs, so the carried cache misses).
+# lone: the workers arrangement, one call at a time, N times (a short prompt, LONE_PROMPT_S, default 5 s): each lone
+# call's first speech and where its first chunk went (the render's flow call on the host and on its stream), the
+# first use of each render lane's compiled graphs after start included ($OUT/e2e_lone.json).
 # Prompts last as long as the random model speaks them (bench/spoken_prompt.py): a 30-s prompt is a text of 52-59
 # characters (38-39 tokens) that it speaks for 30.4-31.2 s, and the benches raise max_len from 768 to 1024 to hold
 # it (other decode graphs: the carried compiler cache misses them). PROMPT_LENGTH=chars sizes texts at 60 ms a
@@ -69,11 +73,11 @@ case "$arrangement" in
         then=(--then "python3 bench/bench_tts_api.py --url http://127.0.0.1:8090 --key $key --voice bench_voice \
 --clients 1 10 50 --jambonz-clients 10 --samples 20 --engine-log $out/serve_workers$tag.log --out $out/tts_api$tag.json") ;;
     in_process) workers_line="  workers: 0" ;;
-    workers2|openloop) workers_line="  worker: {port: 8090}" ;;
+    workers2|openloop|lone) workers_line="  worker: {port: 8090}" ;;
     instant)
         exec python3 bench/bench_e2e_calls.py --engine instant --calls "$@" --prompt-seconds 20 \
             --prompt-length "$prompt_length" --out "$out/e2e_instant.json" ;;
-    *) echo "unknown arrangement $arrangement (workers, in_process, instant, workers2, openloop)" >&2; exit 2 ;;
+    *) echo "unknown arrangement $arrangement (workers, in_process, instant, workers2, openloop, lone)" >&2; exit 2 ;;
 esac
 cat > "$config" <<YAML
 engine:
@@ -90,6 +94,12 @@ if [ "$arrangement" = openloop ]; then
         --modes ${MODES:-sip api} --window "${WINDOW:-300}" --prompt-seconds 30 --api-prompt-seconds 3 10 30 \
         --prompt-length "$prompt_length" \
         --out "$out/open_loop_cosyvoice2.json" --serve-log "$out/serve_openloop.log"
+fi
+if [ "$arrangement" = lone ]; then
+    steps=()
+    for _ in $(seq "${1:-8}"); do steps+=(1); done
+    exec python3 bench/bench_e2e_calls.py --config "$config" --calls "${steps[@]}" --prompt-seconds "${LONE_PROMPT_S:-5}" \
+        --prompt-length "$prompt_length" --out "$out/e2e_lone$tag.json" --serve-log "$out/serve_lone$tag.log"
 fi
 if [ "$arrangement" = workers2 ]; then
     # RATES: new calls/s for each step (default RATE, 10, for all); GPU1_STEPS: how many of the steps the one-GPU

@@ -7,7 +7,8 @@
 # (slots, 128) and FLOW_CONTEXT_S (13) change it; other values compile other graphs, so the carried cache misses.
 # FLOW_CONTEXT_INT8=true keeps that context as int8 codes (half the pool: 336 slots of 13 s in 59.9 GiB);
 # MAX_HOP_TOKENS sets engine.cosyvoice2.max_hop_tokens (unset: the family's default, CosyVoice2's 50); SHED_LATE_S
-# sets shed_late_s (unset: off).
+# sets shed_late_s (unset: off). MAX_LEN (768): the 30-s prompts' benches raise it to 1024, so a run of short
+# prompts that should find their compiled decode graphs in the same cache sets MAX_LEN=1024.
 cosyvoice2_settings() {
     cat <<YAML
   cosyvoice2:
@@ -16,7 +17,7 @@ cosyvoice2_settings() {
     dtype: ${DTYPE:-bf16}
     default_voice: bench_voice
     max_batch: ${MAX_BATCH:-128}
-    max_len: 768
+    max_len: ${MAX_LEN:-768}
     flow_context_s: ${FLOW_CONTEXT_S:-13.0}
     flow_context_int8: ${FLOW_CONTEXT_INT8:-false}
 ${MAX_HOP_TOKENS:+    max_hop_tokens: $MAX_HOP_TOKENS}
