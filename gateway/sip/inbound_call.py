@@ -400,6 +400,11 @@ class InboundCall:
         self._stop_provisionals()
         if self._session_refresh is not None:
             self._session_refresh.stop()
+        # The session timer's callbacks and the call layer's offer handler (which holds its media) point back
+        # at this call: let them go, so the ended call is freed by reference counting, not by a full cyclic
+        # GC that would also walk every live call (gateway/gc_pauses.py).
+        self._session_refresh = None
+        self.offer_handler = None
         self.end_reason = reason  # logged by the call layer's call_ended, with the session's outcome
         self.events.put_nowait(Ended(reason))
         self._services.forget(self)

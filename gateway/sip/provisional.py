@@ -31,10 +31,10 @@ class Provisionals:
         self.reliable = wants_100rel(invite)
         self._invite_cseq = invite.cseq[0]
         self._transaction = transaction
-        self._build = build
+        self._build: BuildResponse | None = build
         self._timers = timers
         self._reliable_transport = reliable_transport
-        self._on_prack_timeout = on_prack_timeout
+        self._on_prack_timeout: Callable[[], None] | None = on_prack_timeout
         self._rseq = secrets.randbelow(2**31 - 2)  # RFC 3262 §3: the first RSeq is anywhere in 1 .. 2**31 - 1
         self._unacked: ReliableProvisional | None = None
         self._unacked_has_sdp = False
@@ -52,6 +52,7 @@ class Provisionals:
                 return  # §3: no second reliable provisional before the first is acknowledged
             self._rseq += 1
             headers = (("Require", "100rel"), ("RSeq", str(self._rseq)))
+        assert self._build is not None, "a provisional after the final response"
         self._transaction.respond(self._build(status, reason, headers, sdp))
         if self.reliable:
             self._unacked = ReliableProvisional(self._rseq, self._transaction.retransmit, self._reliable_transport,
@@ -69,16 +70,20 @@ class Provisionals:
         return True
 
     def stop(self) -> None:
-        """The final response goes: no more provisionals, resent or refreshed."""
+        """The final response goes: no more provisionals, resent or refreshed. The call's callbacks are let
+        go, so the call and this object no longer hold each other: an ended call is freed at once by
+        reference counting instead of waiting, with everything it holds, for a full cyclic GC (gc_pauses.py)."""
         if self._unacked is not None:
             self._unacked.stop()
             self._unacked = None
         if self._refresh is not None:
             self._refresh.cancel()
             self._refresh = None
+        self._build = self._on_prack_timeout = None
 
     def _prack_timed_out(self) -> None:
         self._unacked = None
+        assert self._on_prack_timeout is not None  # stop() stopped the unacknowledged response's timers
         self._on_prack_timeout()
 
     def _schedule_refresh(self) -> None:
