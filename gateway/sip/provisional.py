@@ -52,7 +52,6 @@ class Provisionals:
                 return  # §3: no second reliable provisional before the first is acknowledged
             self._rseq += 1
             headers = (("Require", "100rel"), ("RSeq", str(self._rseq)))
-        assert self._build is not None, "a provisional after the final response"
         self._transaction.respond(self._build(status, reason, headers, sdp))
         if self.reliable:
             self._unacked = ReliableProvisional(self._rseq, self._transaction.retransmit, self._reliable_transport,
@@ -83,7 +82,6 @@ class Provisionals:
 
     def _prack_timed_out(self) -> None:
         self._unacked = None
-        assert self._on_prack_timeout is not None  # stop() stopped the unacknowledged response's timers
         self._on_prack_timeout()
 
     def _schedule_refresh(self) -> None:
