@@ -11,6 +11,12 @@ a stream of its own, and reports the scenario's host time and the other thread's
   pageable_copy   replay, then copy its output to pageable host memory (`.cpu()`)
   pinned_copy     replay, then copy its output to pinned memory and wait for an event
   many_nodes      replay a graph of `--nodes` tiny kernels behind the busy graph on the same stream
+--lifecycle instead: what a graph costs its replaying thread the first time, and what dropping a lane's
+set of graphs costs the thread that drops it (a worker swaps its eager-module graphs for compiled ones
+while serving; a lone call's first chunk on each lane paid ~27 ms more on the host than the next one):
+  first / second replay   host ms of a fresh graph's first and second replay (`--nodes` kernels)
+  after upload            the same, uploaded first (accel.graph_capture.upload; the upload's own ms)
+  drop set                host ms to let go of `--set-graphs` such graphs sharing one memory pool
 """
 
 from __future__ import annotations
@@ -94,13 +100,63 @@ def beside(action: Callable[[], None], side: torch.cuda.Stream) -> tuple[float, 
     return 1e3 * took, 1e3 * max(launches)
 
 
+def lifecycle(nodes: int, set_graphs: int) -> dict:
+    """First-replay and drop costs on the host (see the module docstring)."""
+    from tts_core.accel.graph_capture import upload
+
+    stream = torch.cuda.Stream()
+    x = torch.zeros(1024, device="cuda")
+
+    def body() -> torch.Tensor:  # allocates in the graph's pool, as the flow's graphs do
+        y = x
+        for _ in range(nodes):
+            y = y + 1
+        return y
+
+    def timed(call: Callable[[], object]) -> float:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        call()
+        took = time.perf_counter() - t0
+        torch.cuda.synchronize()
+        return round(1e3 * took, 3)
+
+    out: dict = {"nodes": nodes, "set_graphs": set_graphs}
+    for label, uploaded in (("plain", False), ("uploaded", True)):
+        graph, _ = capture(stream, body)
+        if uploaded:
+            out["upload_ms"] = timed(lambda: upload(graph, stream))
+            out["upload_done"] = upload(graph, stream)
+        out[f"{label}_first_replay_ms"] = timed(graph.replay)
+        out[f"{label}_second_replay_ms"] = timed(graph.replay)
+    pool = torch.cuda.graph_pool_handle()
+    graphs = []
+    for _ in range(set_graphs):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool, stream=stream):
+            body()
+        graphs.append(graph)
+    torch.cuda.synchronize()
+    out["drop_set_ms"] = timed(lambda: graphs.clear())
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--work-ms", type=float, default=30.0)
     p.add_argument("--nodes", type=int, default=5000)
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--out", type=Path)
+    p.add_argument("--lifecycle", action="store_true", help="first-replay, upload and drop costs instead")
+    p.add_argument("--set-graphs", type=int, default=40, help="--lifecycle: graphs in the dropped set")
     args = p.parse_args(argv)
+    if args.lifecycle:
+        report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                  "lifecycle": [lifecycle(n, args.set_graphs) for n in (args.nodes // 5, args.nodes)]}
+        print(json.dumps(report, indent=1))
+        if args.out:
+            args.out.write_text(json.dumps(report, indent=1) + "\n")
+        return 0
     stream, side = torch.cuda.Stream(), torch.cuda.Stream()
     busy, busy_out = capture(stream, busy_body(args.work_ms))
     tiny, _ = capture(stream, tiny_body(args.nodes))

@@ -5,6 +5,7 @@ adopts a group only at its swap point, whole, and lets the old one go only after
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 from tts_core.accel.flow_pool_graphs import PooledFlowGraphs
@@ -68,3 +69,33 @@ def test_a_render_lane_swaps_its_flow_solves_and_hift_graphs_together_at_its_ren
     assert lane.swap.swaps == 1
     lane.adopt()  # nothing new: no swap
     assert lane.swap.swaps == 1 and renderer.lanes["later"].swap is None
+
+
+def test_the_replaced_group_is_let_go_off_the_owner_thread_a_piece_at_a_time() -> None:
+    """A CUDA graph's destructor holds the GIL (~0.6 us a node): the owner that adopts a new group hands the old one
+    to the reaper thread, which drops its pieces one by one, each on its own (not the whole group at once)."""
+    import weakref
+
+    from tts_core.accel.graph_swap import REAPER
+
+    class Graphs:  # stands for a captured graph set: what its finalizer sees is the thread that dropped it
+        pass
+
+    dropped: list[tuple[str, float]] = []
+    solves = {key: Graphs() for key in range(3)}
+    hift = [Graphs(), Graphs()]
+    for piece in (*solves.values(), *hift):
+        weakref.finalize(piece, lambda: dropped.append((threading.current_thread().name, time.perf_counter())))
+    swap = GraphSwap((solves, hift), "first-0")
+    del solves, hift, piece
+    swap.publish(({}, []))
+    before = REAPER.reaped
+    swap.take()
+    assert not any(name == threading.current_thread().name for name, _ in dropped)
+    deadline = time.monotonic() + 5
+    while len(dropped) < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(dropped) == 5 and {name for name, _ in dropped} == {"graph-reaper"}
+    assert REAPER.reaped - before >= 5
+    times = sorted(at for _, at in dropped)
+    assert all(b - a >= REAPER.PAUSE_S * 0.5 for a, b in zip(times, times[1:])), "pieces dropped at once"

@@ -9,16 +9,23 @@ of its graphs is half-launched: the decode thread at the start of a step's launc
 the start of a render call. So no thread ever replays a graph that is being replaced, and a group
 changes whole (a lane never mixes compiled solves with eager HiFT of another generation).
 
-`settle` (given to `take`) runs on the owner thread before the old group is dropped: the decoder
+`settle` (given to `take`) runs on the owner thread before the old group is let go: the decoder
 waits there for its steps in flight, so the old graphs' memory is not released while they run.
+The owner then hands the old group to the reaper thread, which lets go of it a piece at a time: a
+CUDA graph's destructor runs with the GIL held, ~0.6 us a node (an H200 took 133 ms to drop 40
+graphs of 5,000 nodes: `bench/bench_graph_launch.py --lifecycle`), and in the owner it landed on the
+call being served: a lone call's first chunk paid ~27 ms more on each render lane's first call after
+the compiled graphs came in, and the first call's decode ~25 ms (docs/PERF_NOTES.md).
 Pure bookkeeping, no CUDA: the CPU tests exercise it.
 """
 
 from __future__ import annotations
 
+import queue
 import threading
+import time
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -54,4 +61,43 @@ class GraphSwap(Generic[T]):
         self.swaps += 1
         if settle is not None:
             settle(old)
+        REAPER.retire(old)
         return group
+
+
+class Reaper:
+    """Lets go of retired groups on a daemon thread of its own, one piece at a time: containers (dict,
+    list, tuple) are opened and their items dropped one by one with a pause between them, so no thread
+    waits behind the GIL for a whole group's destructors at once."""
+
+    PAUSE_S = 0.002  # between pieces: the serving threads get the GIL back
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self.reaped = 0  # pieces let go (tests)
+
+    def retire(self, group: Any) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="graph-reaper", daemon=True)
+                self._thread.start()
+        self._queue.put(group)
+
+    def _run(self) -> None:
+        while True:
+            pieces = [self._queue.get()]
+            while pieces:
+                piece = pieces.pop()
+                if isinstance(piece, dict):
+                    pieces.extend(piece.values())
+                elif isinstance(piece, (list, tuple)):
+                    pieces.extend(piece)
+                else:
+                    self.reaped += 1
+                del piece  # the last reference, unless the container or another owner still holds it
+                time.sleep(self.PAUSE_S)
+
+
+REAPER = Reaper()

@@ -41,7 +41,7 @@ from tts_core.accel import decode_attention
 from tts_core.accel.batched_sampler import BatchedRasSampler
 from tts_core.accel.buckets import power_of_two_buckets, select_bucket
 from tts_core.accel.carried_decode import PendingTokens, SlotTokens, draw_first
-from tts_core.accel.graph_capture import charge
+from tts_core.accel.graph_capture import charge, upload
 from tts_core.accel.graph_swap import GraphSwap
 from tts_core.llm.speech_lm import SpeechTokenLM
 
@@ -188,7 +188,9 @@ class GraphedDecoder:
                 # Thread-local: the serving threads' syncs must not break a capture beside them.
                 with torch.cuda.graph(graph, pool=pool, stream=side, capture_error_mode="thread_local"):
                     out = step(batch, attend)
+                upload(graph, side)
                 graphs[(batch, attend)] = (graph, out)
+        side.synchronize()  # the uploads are done before the decode stream replays the graphs
         charge(started, recording, len(graphs))
         if restore:
             self.cache.lengths.copy_(saved)
@@ -307,7 +309,9 @@ class GraphedPrefill:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool, stream=side):
                 out = self._prefill(length)
+            upload(graph, side)
             self._graphs[length] = (graph, out)
+        side.synchronize()
         charge(started, recording, len(self._graphs))
         self.cache.lengths.copy_(saved)
 
