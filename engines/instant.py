@@ -27,7 +27,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from engines.base import SAMPLE_RATE, EngineHealth, SpeechEngine, SynthesisFailed, SynthesisRequest
+from engines.base import GRAPHS_STATES, SAMPLE_RATE, EngineHealth, SpeechEngine, SynthesisFailed, SynthesisRequest
 from engines.channel import ChunkChannel
 from engines.segmented import speak_segments
 
@@ -74,7 +74,8 @@ class InstantEngine(SpeechEngine):
 
     def __init__(self, voices: Sequence[str] = ("en", "zh"), default_voice: str = "en",
                  ms_per_char: float = 60.0, min_duration_s: float = 0.5, max_duration_s: float = 30.0,
-                 chunk_ms: int = 200, first_chunk_delay_ms: float = 0.0, realtime: bool = False) -> None:
+                 chunk_ms: int = 200, first_chunk_delay_ms: float = 0.0, realtime: bool = False,
+                 graphs: str = "compiled") -> None:
         if default_voice not in voices:
             raise ValueError(f"engine.instant.default_voice: {default_voice!r} is not one of the voices")
         if chunk_ms <= 0:
@@ -89,6 +90,11 @@ class InstantEngine(SpeechEngine):
         # Like a streaming model: chunks no earlier than REALTIME_LEAD_S ahead of real time, so a stream lasts
         # (and holds its engine slot) about as long as its audio, instead of being done in milliseconds.
         self._realtime = realtime
+        # What its health says of compiled graphs (engines.base.GraphsState): it compiles nothing, but it stands in
+        # for a GPU engine in tests and benches, e.g. one whose worker compiles after ready.
+        if graphs not in GRAPHS_STATES:
+            raise ValueError(f"engine.instant.graphs: {graphs!r}; one of {', '.join(GRAPHS_STATES)}")
+        self._graphs = graphs
         self._inbox: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._worker: threading.Thread | None = None
 
@@ -108,7 +114,7 @@ class InstantEngine(SpeechEngine):
             return EngineHealth("down", reason="not started")
         if not self._worker.is_alive():
             return EngineHealth("down", reason="synthesis thread died")
-        return EngineHealth("ready", queue_depth=self._inbox.qsize())
+        return EngineHealth("ready", queue_depth=self._inbox.qsize(), graphs=self._graphs)  # type: ignore[arg-type]
 
     async def restart(self) -> None:
         if self._worker is not None and self._worker.is_alive():

@@ -1,10 +1,11 @@
 """WorkerLink: the gateway's connection to one engine worker (engine_service) and the streams it runs there.
 
 Each worker is one `WorkerLink`: one WebSocket, reconnected with backoff, read by one task. Workers push status
-every ~250 ms; `dead_after_s` (1 s) of silence, or the socket closing (a worker killed), ends every stream on
-that link at once: admitted ones fail (the call gets its BYE), waiting ones are placed again or refused (503).
-Streams on other links are not touched. Everything here runs on the gateway's event loop and never blocks it:
-audio frames are decoded with numpy and put on the stream's channel.
+every ~250 ms; `dead_after_s` (1 s) of silence (5 s while the worker says its graphs are compiling:
+COMPILING_DEAD_AFTER_S), or the socket closing (a worker killed), ends every stream on that link at once:
+admitted ones fail (the call gets its BYE), waiting ones are placed again or refused (503). Streams on other
+links are not touched. Everything here runs on the gateway's event loop and never blocks it: audio frames are
+decoded with numpy and put on the stream's channel.
 
 Free slots are exact for this gateway's own streams: a worker's last status less the opens sent on the link that
 the worker had not handled when it built that status (the status says how many it had: `opens_seen`). An open
@@ -39,6 +40,12 @@ log = structlog.get_logger(__name__)
 
 _MAX_RECONNECT_S = 5.0
 LATE_FACTOR = 1.5  # a worker's status this many of its usual intervals old is late: place around it
+# While a worker says its graphs are compiling (after ready, on a GPU), a full walk of the cyclic GC over the
+# compiler's objects stops its Python, heartbeat included: 0.27 s in a warm start-up, over 1 s in cold ones on an
+# H200 (engine_service/stall_watch.py). Such a worker is called dead only after this much silence, so the calls on
+# it live through a stall (they are behind by as long; the playout holds ~1 s), while a worker killed is still
+# seen at once (its socket closes).
+COMPILING_DEAD_AFTER_S = 5.0
 
 
 class RemoteChannel(ChunkChannel):
@@ -119,6 +126,14 @@ class WorkerLink:
     def late_after_s(self) -> float:
         # before two statuses, the heartbeat workers are built with: ~4 per dead_after_s (0.25 s of 1 s)
         return LATE_FACTOR * (self._status_gap_s if self._status_gap_s is not None else self._dead_after_s / 4)
+
+    @property
+    def silence_allowed_s(self) -> float:
+        """How long the worker may be silent before it is called dead: `dead_after_s`, longer while its last status
+        said its graphs are compiling (COMPILING_DEAD_AFTER_S)."""
+        if self.status is not None and self.status.graphs == "compiling":
+            return max(self._dead_after_s, COMPILING_DEAD_AFTER_S)
+        return self._dead_after_s
 
     @property
     def late(self) -> bool:
@@ -212,10 +227,12 @@ class WorkerLink:
 
     async def _read(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         while True:
+            silence_s = self.silence_allowed_s
             try:
-                message = await ws.receive(timeout=self._dead_after_s)
+                message = await ws.receive(timeout=silence_s)
             except asyncio.TimeoutError:
-                self._log.error("engine_worker_silent", silent_s=self._dead_after_s, streams=len(self._streams))
+                self._log.error("engine_worker_silent", silent_s=silence_s, streams=len(self._streams),
+                                graphs=self.status.graphs if self.status is not None else None)
                 return
             if message.type == aiohttp.WSMsgType.BINARY:
                 self._on_audio(message.data)

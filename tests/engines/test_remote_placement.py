@@ -237,11 +237,12 @@ async def test_an_open_one_worker_refuses_for_room_is_placed_on_the_other_and_on
 
 
 @asynccontextmanager
-async def worker_process(slots: int) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
-    """`python -m engine_service` with an instant engine whose streams stay open; yields (process, link URL)."""
+async def worker_process(slots: int, graphs: str = "compiled") -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
+    """`python -m engine_service` with an instant engine whose streams stay open (and whose health says its graphs
+    are `graphs`); yields (process, link URL)."""
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "engine_service", "--engine", "instant", "--slots", str(slots),
-        "--settings", json.dumps({"first_chunk_delay_ms": 30_000}), "--log-level", "warning",
+        "--settings", json.dumps({"first_chunk_delay_ms": 30_000, "graphs": graphs}), "--log-level", "warning",
         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.DEVNULL)
     try:
@@ -299,3 +300,34 @@ async def test_a_stream_collected_whole_reaches_the_worker_s_engine_unpaced_and_
     finally:
         await client.close()
         await worker.stop()
+
+
+@pytest.mark.parametrize(("graphs", "survives"), [("compiling", True), ("compiled", False)])
+async def test_a_worker_that_stalls_while_compiling_keeps_its_calls_and_one_compiled_is_called_dead(graphs, survives):
+    """A worker's Python stops for seconds in a full GC walk over the compiler's objects after ready (H200: 0.27 s
+    warm, over 1 s cold): while its status says its graphs are compiling, 2 s of silence does not end its calls
+    (COMPILING_DEAD_AFTER_S); at full speed the same silence is a dead worker (dead_after_s 1 s)."""
+    async with worker_process(4, graphs) as (worker, url):
+        client = RemoteEngine(urls=[url], engine_name="instant", dead_after_s=1.0)
+        await client.start()
+        try:
+            await client.wait_ready(30)
+            link = client.links[0]
+            await asyncio.wait_for(_until(lambda: link.status is not None and link.status.graphs == graphs), 10)
+            stream = client.open_stream(SynthesisRequest(text="a call through the stall", voice="en", call_id="s1"))
+            await asyncio.wait_for(stream.admitted(), 10)
+            os.kill(worker.pid, signal.SIGSTOP)
+            await asyncio.sleep(2.0)
+            os.kill(worker.pid, signal.SIGCONT)
+            await asyncio.sleep(0.5)  # a status or two after it wakes
+            try:  # its first chunk is 30 s away: a live stream has nothing to read yet, a lost one its failure
+                await asyncio.wait_for(stream.__anext__(), 0.5)
+                lost = False
+            except asyncio.TimeoutError:
+                lost = False
+            except Exception:  # noqa: BLE001 - the link's loss, as the call sees it
+                lost = True
+            assert lost is not survives
+            assert (link.slots_free == 3) is survives  # a live stream still holds its slot on the worker
+        finally:
+            await client.close()
