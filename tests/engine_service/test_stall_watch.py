@@ -66,26 +66,33 @@ def test_a_thread_that_keeps_the_gil_is_reported_with_where_it_was(watch: StallW
     assert watch.stalls == len(stalls) and watch.stalled_s >= longest["stalled_s"]
 
 
-def test_a_long_walk_of_the_cyclic_gc_is_named_in_the_report(watch: StallWatch) -> None:
-    # Live objects the collector must walk: grow them until one full collection takes 3x the threshold here.
+def test_a_long_walk_of_the_cyclic_gc_is_named_in_the_report() -> None:
+    # A finer watch than the worker's (its 0.25 s would need ~30 M live objects here, 2 GB): live objects the
+    # collector must walk, grown until one full collection takes 3x this watch's threshold (~3 M, 200 MB).
+    watch = StallWatch(period_s=0.005, report_after_s=0.03)
     heap: list[list] = []
     took = 0.0
     gc.disable()  # no automatic collections (stalls of their own) while it grows
     try:
-        while took < 3 * REPORT_AFTER_S and len(heap) < 20_000_000:
+        while took < 3 * watch.report_after_s and len(heap) < 8_000_000:
             heap.extend([[] for _ in range(max(1_000_000, len(heap)))])
             started = time.perf_counter()
             gc.collect()
             took = time.perf_counter() - started
     finally:
         gc.enable()
-    if took < 2 * REPORT_AFTER_S:
+    if took < 2 * watch.report_after_s:
         pytest.skip(f"a full collection of {len(heap)} objects took only {took:.3f} s here")
-    with capture_logs() as logs:
-        gc.collect()
-        time.sleep(0.1)  # the watch reports once it runs again
+    watch.start()
+    try:
+        with capture_logs() as logs:
+            time.sleep(0.05)
+            gc.collect()
+            time.sleep(0.05)  # the watch reports once it runs again
+    finally:
+        watch.stop()
     reported = [c for e in _stalls(logs) for c in e["gc_collections"]]
-    assert any(c["generation"] == 2 and c["seconds"] >= REPORT_AFTER_S for c in reported), _stalls(logs)
+    assert any(c["generation"] == 2 and c["seconds"] >= watch.report_after_s for c in reported), _stalls(logs)
     del heap
 
 
