@@ -63,7 +63,8 @@ def test_a_thread_that_keeps_the_gil_is_reported_with_where_it_was(watch: StallW
     longest = max(stalls, key=lambda e: e["stalled_s"])
     assert longest["stalled_s"] >= REPORT_AFTER_S
     assert "_hold_the_gil" in longest["threads"]["gil-holder"][0]
-    assert watch.stalls == len(stalls) and watch.stalled_s >= longest["stalled_s"]
+    # (the calibration before may have stalled the watch too, on a busy machine)
+    assert watch.stalls >= len(stalls) and watch.stalled_s >= longest["stalled_s"] - 0.001  # the log rounds to ms
 
 
 def test_a_long_walk_of_the_cyclic_gc_is_named_in_the_report() -> None:
