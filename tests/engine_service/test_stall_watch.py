@@ -62,7 +62,7 @@ def test_a_thread_that_keeps_the_gil_is_reported_with_where_it_was(watch: StallW
     assert stalls, "a 0.6-s hold of the GIL went unreported"
     longest = max(stalls, key=lambda e: e["stalled_s"])
     assert longest["stalled_s"] >= REPORT_AFTER_S
-    assert "_hold_the_gil" in longest["threads"]["gil-holder"][0]
+    assert any("_hold_the_gil" in frame for frame in longest["threads"]["gil-holder"])  # it, or the wait it went on to
     # (the calibration before may have stalled the watch too, on a busy machine)
     assert watch.stalls >= len(stalls) and watch.stalled_s >= longest["stalled_s"] - 0.001  # the log rounds to ms
 
