@@ -10,7 +10,6 @@ full-size CosyVoice2 flow (random weights), one process:
   --hops 50,100: the later chunk's cost also at other hops (tokens a chunk; CosyVoice2's default 50), after the
           same spoken context, per second of speech as well: a larger hop re-projects the context less often
   --cost-only: no accuracy runs (shorter, for a lease's last minutes)
-  --slots N: a pool of N stream slots (a served pool's size; default the largest batch + 1)
   --int8: the context pool keeps int8 codes (PoolShape.int8, `flow_context_int8`): the accuracy also of
           fp32 with int8 against the official, and the bf16 part (accuracy and cost) with int8
 
@@ -88,9 +87,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--int8", action="store_true", help="the pool keeps int8 codes (flow_context_int8)")
     parser.add_argument("--hops", default=str(HOP), help="later-chunk hops to time, tokens, comma-separated")
     parser.add_argument("--cost-only", action="store_true", help="skip the accuracy runs")
-    parser.add_argument("--slots", type=int, default=None,
-                        help="stream slots of the bf16 pool (default: the largest batch + 1); e.g. a served "
-                             "pool's 336, to see whether a pool's size moves a solve's time")
     args = parser.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
     hops = [int(h) for h in args.hops.split(",")]
@@ -123,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     # bf16 with graphs.
     torch.backends.cuda.matmul.allow_tf32 = True
     flow = load_flow(args.model_dir, "cuda", torch.bfloat16)
-    slots = max(args.slots or 0, max(batches) + 1)
+    slots = max(batches) + 1
     # 700 own frames (the runtime's 14 s) hold the default hop's calls unslid; a longer hop's last call needs more.
     own_frames = 700 + -(-2 * (max(hops) - HOP) // 50) * 50
     shape = PoolShape(stream_slots=slots, stream_frames=own_frames, voice_slots=1, voice_frames=300, prompt_frames=300,
