@@ -172,10 +172,10 @@ class _EncodeGraph:
 
 class PooledFlowGraphs:
     def __init__(self, pooled: PooledFlow, estimator: Callable | None = None,
-                 stream: torch.cuda.Stream | None = None) -> None:
+                 stream: torch.cuda.Stream | None = None, time_gpu: bool = False) -> None:
         """`estimator`: what the captured solves call per Euler step (default the model's own; or
         `compiled_estimator(...)`, which lanes may share). `stream`: the capture stream (default a
-        new one)."""
+        new one). `time_gpu`: see below."""
         self.pooled = pooled
         self.estimator = estimator
         # (rows, ctx_cap, new_cap) -> graphs, replayed by the lane's thread. Replaced whole, never
@@ -190,9 +190,10 @@ class PooledFlowGraphs:
         self._stream = stream  # the capture stream of all these graphs (see graph_capture)
         self.eager_calls = 0  # solves that found no bucket (counted: each costs ~10x a replay)
         self.eager_encodes = 0  # encoder calls that found no graph
-        # With `time_gpu` (the runtime's ChunkRenderer sets it on CUDA), each render records CUDA events around
-        # its encoder and solve work; `gpu_split()` reads them once the caller has synchronized.
-        self.time_gpu = False
+        # With `time_gpu` (the runtime's lanes on CUDA: ChunkRenderer.time_gpu), each render records CUDA events
+        # around its encoder and solve work; `gpu_split()` reads them once the caller has synchronized. A lane
+        # keeps this object when its compiled solves are swapped in (RenderLane.adopt), so it is set once here.
+        self.time_gpu = time_gpu
         self._timing_events: tuple[torch.cuda.Event, ...] | None = None
         # A solve's parts launched ahead of the GPU (see `capture`); read at each render.
         self.parts_ahead = PARTS_AHEAD

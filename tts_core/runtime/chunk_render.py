@@ -201,14 +201,14 @@ class ChunkRenderer:
         # compiled form now, before any graph reads its weights.
         if s.compile:
             prepare_estimator(self.flow.decoder.estimator)
-        later.graphs = PooledFlowGraphs(self.pooled)
+        later.graphs = PooledFlowGraphs(self.pooled, time_gpu=self.time_gpu)
         later.graphs.capture(s.batches, ctx_caps, new_caps, s.solve_parts, defer=s.defer_later)
         report["flow_later_s"] = time.perf_counter() - t0
         # First lanes: first calls only, whose context is exactly their voice's shared prefix. Like
         # the later lane, each only its largest bucket before ready (a first chunk padded to it
         # meanwhile); the rest come with the compiled set.
         for first in first_lanes:
-            first.graphs = PooledFlowGraphs(self.pooled)
+            first.graphs = PooledFlowGraphs(self.pooled, time_gpu=self.time_gpu)
             first.graphs.capture(s.first_batches, sorted({p.prefix_frames for _, p in self._voices.values()}),
                                  first_news, s.solve_parts, defer=s.defer_later)
         report["flow_first_s"] = time.perf_counter() - t0 - report["flow_later_s"]
@@ -329,8 +329,6 @@ class ChunkRenderer:
         started = time.perf_counter()
         replays = self.lanes[lane]
         replays.adopt()
-        if replays.graphs is not None:  # also the compiled graphs swapped in after start
-            replays.graphs.time_gpu = self.time_gpu
         streams = [s.flow for s, _, _ in items]
         tokens = [torch.tensor([list(t[:task.token_end])], dtype=torch.long) for _, t, task in items]
         finalize = [task.finalize for _, _, task in items]
