@@ -12,6 +12,7 @@ with the graphs they have.
 
 from __future__ import annotations
 
+import gc
 import sys
 import threading
 import time
@@ -76,7 +77,9 @@ class GraphCompile:
             with torch.cuda.device(self._device):
                 if not self._is_stopping():
                     report["decode"] = self._runner.capture_compiled()
+                    _freeze_what_the_compile_made()
                 report.update(self._renderer.capture_compiled(self._is_stopping))
+                _freeze_what_the_compile_made()
         except Exception:  # noqa: BLE001 - serving goes on from the graphs it has; say so
             self.state = "failed"
             log.exception("compiled_graphs_failed", seconds=round(time.perf_counter() - started, 2))
@@ -87,3 +90,11 @@ class GraphCompile:
             self.state = "compiled"
         log.info("compiled_graphs_complete" if not self._is_stopping() else "compiled_graphs_stopped",
                  seconds=round(time.perf_counter() - started, 2), parts=report)
+
+
+def _freeze_what_the_compile_made() -> None:
+    """Dynamo and inductor leave millions of long-lived objects (graphs, guards, generated code) that every later
+    full collection would walk with the GIL held: a 0.27-s walk during the compile stopped every serving thread on
+    the H200 (`worker_stalled`, PERF_NOTES session 9). Freezing moves them out of the walk. No collection first
+    (that would be the same walk): what is garbage in a cycle at this moment stays allocated, once per part."""
+    gc.freeze()
