@@ -16,6 +16,8 @@ set of graphs costs the thread that drops it (a worker swaps its eager-module gr
 while serving; a lone call's first chunk on each lane paid ~27 ms more on the host than the next one):
   first / second replay   host ms of a fresh graph's first and second replay (`--nodes` kernels)
   after upload            the same, uploaded first (accel.graph_capture.upload; the upload's own ms)
+  ..._gpu_ms              a fresh graph's first and second replay on the GPU (events on the replaying stream):
+                          not uploaded, uploaded to the replaying stream, uploaded to another stream
   drop set                host ms to let go of `--set-graphs` such graphs sharing one memory pool
 """
 
@@ -121,6 +123,17 @@ def lifecycle(nodes: int, set_graphs: int) -> dict:
         torch.cuda.synchronize()
         return round(1e3 * took, 3)
 
+    def on_gpu(graph: torch.cuda.CUDAGraph, where: torch.cuda.Stream) -> float:
+        """The replay's time on `where`, between events recorded there around it."""
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        with torch.cuda.stream(where):
+            start.record()
+            graph.replay()
+            end.record()
+        end.synchronize()
+        return round(start.elapsed_time(end), 3)
+
     out: dict = {"nodes": nodes, "set_graphs": set_graphs}
     for label, uploaded in (("plain", False), ("uploaded", True)):
         graph, _ = capture(stream, body)
@@ -129,6 +142,17 @@ def lifecycle(nodes: int, set_graphs: int) -> dict:
             out["upload_done"] = upload(graph, stream)
         out[f"{label}_first_replay_ms"] = timed(graph.replay)
         out[f"{label}_second_replay_ms"] = timed(graph.replay)
+    # The GPU's side (a lone call's first chunk on a fresh lane took 11-19 ms more of stream time after uploads
+    # moved off the replaying thread): a fresh graph's first and second replay timed on the replaying stream,
+    # not uploaded, uploaded to that stream, uploaded to another (the capture stream, as the runtime does).
+    replaying = torch.cuda.Stream()
+    for label, upload_to in (("plain", None), ("uploaded_same_stream", replaying), ("uploaded_other_stream", stream)):
+        graph, _ = capture(stream, body)
+        if upload_to is not None:
+            upload(graph, upload_to)
+            torch.cuda.synchronize()
+        out[f"{label}_first_replay_gpu_ms"] = on_gpu(graph, replaying)
+        out[f"{label}_second_replay_gpu_ms"] = on_gpu(graph, replaying)
     pool = torch.cuda.graph_pool_handle()
     graphs = []
     for _ in range(set_graphs):

@@ -15,7 +15,11 @@ The owner then hands the old group to the reaper thread, which lets go of it a p
 CUDA graph's destructor runs with the GIL held, ~0.6 us a node (an H200 took 133 ms to drop 40
 graphs of 5,000 nodes: `bench/bench_graph_launch.py --lifecycle`), and in the owner it landed on the
 call being served: a lone call's first chunk paid ~27 ms more on each render lane's first call after
-the compiled graphs came in, and the first call's decode ~25 ms (docs/PERF_NOTES.md).
+the compiled graphs came in, and the first call's decode ~25 ms (docs/PERF_NOTES.md). Dropped beside
+that call instead, a piece at a time, it still cost it 11-19 ms of solve and 26 ms of decode (the
+threads that launch a solve's parts and the decode's steps wait for the GIL between launches), so the
+reaper also waits until synthesis is quiet (`hold_while`: the schedulers say whether jobs are
+running), at most `MAX_HOLD_S` for a group, so a host never idle still lets its old graphs go.
 Pure bookkeeping, no CUDA: the CPU tests exercise it.
 """
 
@@ -68,15 +72,36 @@ class GraphSwap(Generic[T]):
 class Reaper:
     """Lets go of retired groups on a daemon thread of its own, one piece at a time: containers (dict,
     list, tuple) are opened and their items dropped one by one with a pause between them, so no thread
-    waits behind the GIL for a whole group's destructors at once."""
+    waits behind the GIL for a whole group's destructors at once; and only while no registered `busy`
+    check says synthesis is running, or once a group has waited `MAX_HOLD_S`."""
 
     PAUSE_S = 0.002  # between pieces: the serving threads get the GIL back
+    QUIET_POLL_S = 0.05  # how often a held group looks again for a quiet moment
+    MAX_HOLD_S = 30.0  # a group waits at most this long for one; then it goes, paced, beside the calls
 
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._busy: list[Callable[[], bool]] = []
         self.reaped = 0  # pieces let go (tests)
+
+    def hold_while(self, busy: Callable[[], bool]) -> Callable[[], None]:
+        """Hold retired groups while `busy()` (called on the reaper's thread: a cheap read, no lock held long);
+        returns the call that takes `busy` back (a stopping scheduler)."""
+        with self._lock:
+            self._busy.append(busy)
+
+        def release() -> None:
+            with self._lock:
+                if busy in self._busy:
+                    self._busy.remove(busy)
+        return release
+
+    def _quiet(self) -> bool:
+        with self._lock:
+            checks = list(self._busy)
+        return not any(check() for check in checks)
 
     def retire(self, group: Any) -> None:
         with self._lock:
@@ -88,7 +113,10 @@ class Reaper:
     def _run(self) -> None:
         while True:
             pieces = [self._queue.get()]
+            deadline = time.monotonic() + self.MAX_HOLD_S
             while pieces:
+                while time.monotonic() < deadline and not self._quiet():
+                    time.sleep(self.QUIET_POLL_S)
                 piece = pieces.pop()
                 if isinstance(piece, dict):
                     pieces.extend(piece.values())

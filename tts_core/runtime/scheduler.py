@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import structlog
 import torch
 
+from tts_core.accel.graph_swap import REAPER
 from tts_core.flow import FlowModel
 from tts_core.hift import HiftGenerator
 from tts_core.llm.sampling import RasSampler
@@ -112,6 +113,7 @@ class SynthesisScheduler:
         self._free_slots = list(range(settings.max_batch))
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self._release_reaper: Callable[[], None] | None = None
         renders: deque[RenderTiming] = deque(maxlen=10_000)
         wake = threading.Condition(self._lock)
         lanes = [("first", name, high // 2) for name in self.renderer.first_lanes]
@@ -157,6 +159,8 @@ class SynthesisScheduler:
             log.info("tts_gil_switch_interval_set", seconds=GIL_SWITCH_INTERVAL_S)
         for lane in self.render_lanes:
             lane.start()
+        # Graph groups replaced while serving are let go between calls, not beside one (accel/graph_swap.py).
+        self._release_reaper = REAPER.hold_while(lambda: bool(self._active or self._waiting))
         self._thread = threading.Thread(target=self._run, name="tts-decode", daemon=True)
         self._thread.start()
         if self.settings.graphs:
@@ -201,6 +205,9 @@ class SynthesisScheduler:
             self._thread.join(timeout)
             self._thread = None
         self.graph_compile.stop(timeout)
+        if self._release_reaper is not None:
+            self._release_reaper()
+            self._release_reaper = None
         with self._cond:
             left = list(self._waiting) + self._active
             self._waiting.clear()
