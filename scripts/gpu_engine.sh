@@ -7,10 +7,10 @@
 # (slots, 128) and FLOW_CONTEXT_S (13) change it; other values compile other graphs, so the carried cache misses.
 # FLOW_CONTEXT_INT8=true keeps that context as int8 codes (half the pool: 336 slots of 13 s in 59.9 GiB);
 # MAX_HOP_TOKENS sets engine.cosyvoice2.max_hop_tokens (unset: the family's default, CosyVoice2's 50); SHED_LATE_S
-# sets shed_late_s (unset: off); FIRST_HOP sets first_hop_tokens (unset: the official first hop; another value
-# captures other first-chunk graphs, so the carried cache misses them). MAX_LEN (768): the 30-s prompts' benches
-# raise it to 1024, so a run of short prompts that should find their compiled decode graphs in the same cache sets
-# MAX_LEN=1024.
+# sets shed_late_s (unset: the engine's default, 0.5; null: off); FIRST_HOP sets first_hop_tokens (unset: the
+# official first hop; another value captures other first-chunk graphs, so the carried cache misses them). MAX_LEN
+# (768): the 30-s prompts' benches raise it to 1024, so a run of short prompts that should find their compiled
+# decode graphs in the same cache sets MAX_LEN=1024.
 cosyvoice2_settings() {
     cat <<YAML
   cosyvoice2:

@@ -270,7 +270,8 @@ def test_fast_path_is_on_for_cuda_and_off_for_cpu_by_default(tmp_path):
     with pytest.raises(ValueError, match="engine.cosyvoice2.slot_attention"):
         CosyVoice2Settings.from_config({"model_dir": str(tmp_path), "slot_attention": "on"})
     assert CosyVoice2Settings.from_config({"model_dir": str(tmp_path), "flow_context_int8": True}).flow_context_int8
-    assert CosyVoice2Settings.from_config({"model_dir": str(tmp_path)}).shed_late_s is None  # off unless set
+    assert CosyVoice2Settings.from_config({"model_dir": str(tmp_path)}).shed_late_s == 0.5  # sheds unless told not to
+    assert CosyVoice2Settings.from_config({"model_dir": str(tmp_path), "shed_late_s": None}).shed_late_s is None
     assert CosyVoice2Settings.from_config({"model_dir": str(tmp_path), "shed_late_s": 1}).shed_late_s == 1
     for bad in (0, -1.0, "1", True):
         with pytest.raises(ValueError, match="engine.cosyvoice2.shed_late_s"):
