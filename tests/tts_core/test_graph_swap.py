@@ -162,3 +162,24 @@ def test_a_host_never_quiet_still_lets_its_old_graphs_go() -> None:
     while not dropped and time.monotonic() < deadline:
         time.sleep(0.01)
     assert dropped and dropped[0] - retired_at < 0.25
+
+
+def test_an_object_nothing_else_holds_is_let_go_attribute_by_attribute() -> None:
+    """A solve bucket holds its ten part graphs: dropped whole, its destructors would hold the GIL for all ten at
+    once. The reaper opens an object that only it still holds, and lets go of what it holds one by one."""
+    from tts_core.accel.graph_swap import Reaper
+
+    class Bucket:  # stands for a solve bucket: its part graphs
+        def __init__(self, graphs: list) -> None:
+            self.graphs = graphs
+
+    graphs, dropped = _finalized(3)
+    reaper = Reaper()
+    reaper.retire({"bucket": Bucket(graphs)})
+    del graphs
+    deadline = time.monotonic() + 5
+    while len(dropped) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(dropped) == 3
+    times = sorted(dropped)
+    assert all(b - a >= Reaper.PAUSE_S * 0.5 for a, b in zip(times, times[1:])), "the bucket's graphs went at once"

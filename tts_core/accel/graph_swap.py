@@ -26,6 +26,7 @@ Pure bookkeeping, no CUDA: the CPU tests exercise it.
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -69,15 +70,29 @@ class GraphSwap(Generic[T]):
         return group
 
 
+def _contents(piece: Any) -> list:
+    """What a piece holds, to let go of one by one: a container's items, an object's attributes (a solve
+    bucket holds its ten part graphs). Called only for a piece nothing else holds, so a shared model
+    referenced from a graph set is never walked into."""
+    if isinstance(piece, dict):
+        return list(piece.values())
+    if isinstance(piece, (list, tuple)):
+        return list(piece)
+    attrs = getattr(piece, "__dict__", None)
+    return list(attrs.values()) if isinstance(attrs, dict) else []
+
+
 class Reaper:
     """Lets go of retired groups on a daemon thread of its own, one piece at a time: containers (dict,
-    list, tuple) are opened and their items dropped one by one with a pause between them, so no thread
+    list, tuple) and objects nothing else holds are opened and what they hold dropped one by one with a
+    pause between them, so no thread
     waits behind the GIL for a whole group's destructors at once; and only while no registered `busy`
     check says synthesis is running, or once a group has waited `MAX_HOLD_S`."""
 
     PAUSE_S = 0.002  # between pieces: the serving threads get the GIL back
     QUIET_POLL_S = 0.05  # how often a held group looks again for a quiet moment
     MAX_HOLD_S = 30.0  # a group waits at most this long for one; then it goes, paced, beside the calls
+    OWNER_GRACE_S = 1.0  # how long a retired group may still be held by its owner before it is opened anyway
 
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -112,19 +127,25 @@ class Reaper:
 
     def _run(self) -> None:
         while True:
-            pieces = [self._queue.get()]
+            group = self._queue.get()
             deadline = time.monotonic() + self.MAX_HOLD_S
+            # The owner's frame that retired it may hold it a moment longer: open it only once this thread holds
+            # the last reference, or its pieces would go in the owner's thread when that frame ends.
+            let_go_by = time.monotonic() + self.OWNER_GRACE_S
+            while sys.getrefcount(group) > 2 and time.monotonic() < let_go_by:
+                time.sleep(self.PAUSE_S)
+            pieces = [group]
+            del group
             while pieces:
                 while time.monotonic() < deadline and not self._quiet():
                     time.sleep(self.QUIET_POLL_S)
                 piece = pieces.pop()
-                if isinstance(piece, dict):
-                    pieces.extend(piece.values())
-                elif isinstance(piece, (list, tuple)):
-                    pieces.extend(piece)
+                inside = _contents(piece) if sys.getrefcount(piece) <= 2 else ()  # 2: `piece` and the argument
+                if inside:
+                    pieces.extend(inside)
                 else:
                     self.reaped += 1
-                del piece  # the last reference, unless the container or another owner still holds it
+                del piece, inside  # the last reference, unless another owner still holds it
                 time.sleep(self.PAUSE_S)
 
 
