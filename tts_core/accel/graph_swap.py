@@ -85,9 +85,9 @@ def _contents(piece: Any) -> list:
 class Reaper:
     """Lets go of retired groups on a daemon thread of its own, one piece at a time: containers (dict,
     list, tuple) and objects nothing else holds are opened and what they hold dropped one by one with a
-    pause between them, so no thread
-    waits behind the GIL for a whole group's destructors at once; and only while no registered `busy`
-    check says synthesis is running, or once a group has waited `MAX_HOLD_S`."""
+    pause between them, so no thread waits behind the GIL for a whole group's destructors at once; and
+    only while no registered `busy` check says synthesis is running, or once a group has waited
+    `MAX_HOLD_S`."""
 
     PAUSE_S = 0.002  # between pieces: the serving threads get the GIL back
     QUIET_POLL_S = 0.05  # how often a held group looks again for a quiet moment
