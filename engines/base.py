@@ -16,7 +16,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from engines.channel import ChunkChannel
 from engines.ssml.segments import Segment
@@ -101,7 +101,7 @@ EngineState = Literal["ready", "warming", "down"]
 # compiled: at full speed (also an engine with nothing to compile); compiling: serving, first chunks slower until
 # the compiled graphs are in; failed: compiling them failed, serving on the slower graphs for good.
 GraphsState = Literal["compiled", "compiling", "failed"]
-GRAPHS_STATES = ("compiled", "compiling", "failed")
+GRAPHS_STATES: tuple[str, ...] = get_args(GraphsState)
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,11 @@ engines/registry.py) and turns them into `WorkerPlan`s, the worker processes the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
+from engines.base import GraphsState
 from gateway.config_errors import FieldProblem
 from gateway.config_types import HttpCapsSection, Section
 
@@ -44,7 +45,7 @@ class InstantSettings(_EngineWithVoices):
     first_chunk_delay_ms: float = Field(0.0, ge=0)
     realtime: bool = False  # deliver audio at the pace of a streaming model (a stream holds its slot as long)
     # what its health says of compiled graphs: it compiles nothing, but stands in for a GPU engine in tests
-    graphs: Literal["compiled", "compiling", "failed"] = "compiled"
+    graphs: GraphsState = "compiled"
 
 
 class EngineWorkerSection(HttpCapsSection):
