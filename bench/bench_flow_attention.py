@@ -5,6 +5,9 @@ the compiled block ran before the kernel: cuDNN's flash kernel on the H100) and 
 
     bash scripts/gpu_bench.sh python3 bench/bench_flow_attention.py --out $OUT/flow_attention.json
 
+--one-stream: only one stream's shapes (a guidance pair of rows, as a lone call's solve has), with smaller query
+blocks and fewer warps as well: with 128-query programs such a call gives the GPU 16-48 programs.
+
 Needs CUDA and Triton.
 """
 
@@ -30,6 +33,10 @@ HEADS, HEAD_DIM, CHUNK = 8, 64, 50
 # (rows, context frames, new frames): the later lane's largest buckets, a mid one, first chunks
 SHAPES = ((32, 800, 112), (16, 400, 112), (32, 250, 160), (1, 800, 112), (1, 250, 160))
 CONFIGS = [c for c in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3, 4))]
+# One stream: the first lanes' calls (a voice's shared prefix as context, a first hop's frames in a bucket of 16)
+# and a later call of one stream.
+ONE_STREAM_SHAPES = ((1, 250, 64), (1, 250, 112), (1, 250, 160), (1, 800, 112))
+ONE_STREAM_CONFIGS = [c for c in itertools.product((16, 32, 64, 128), (32, 64), (1, 2, 4, 8), (2, 3))]
 
 
 def case(rows: int, ctx: int, new: int, dtype: torch.dtype):
@@ -46,9 +53,11 @@ def case(rows: int, ctx: int, new: int, dtype: torch.dtype):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--one-stream", action="store_true", help="one stream's shapes, smaller programs as well")
     args = parser.parse_args(argv)
+    shapes, configs = (ONE_STREAM_SHAPES, ONE_STREAM_CONFIGS) if args.one_stream else (SHAPES, CONFIGS)
     rows = []
-    for shape in SHAPES:
+    for shape in shapes:
         qkv, ctx_kv, index, mask = case(*shape, torch.bfloat16)
         q, k, v = qkv.unbind(2)
         k, v = torch.cat([ctx_kv[:, :, 0], k], 1), torch.cat([ctx_kv[:, :, 1], v], 1)
@@ -59,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
                    *split, attn_mask=mask)),
                "pooled_sdpa_us": 1e3 * replay_ms(lambda: pooled_sdpa(qkv, ctx_kv, mask, index, HEADS)),
                "kernel_us": {}}
-        for config in CONFIGS:
+        for config in configs:
             def run(config=config):
                 return flow_attention.pooled_flow_attention(qkv, ctx_kv, index.key_pos, index.new_pos,
                                                             index.ctx_count, HEADS, CHUNK, -1, config)
@@ -72,12 +81,13 @@ def main(argv: list[str] | None = None) -> int:
         row["best_config"] = min(timed, key=timed.get)
         default = str(flow_attention.launch_config(2 * shape[0], shape[2]))
         print(f"{shape}: sdpa+mask {row['sdpa_mask_us']:.1f} us, pooled_sdpa {row['pooled_sdpa_us']:.1f} us, "
-              f"kernel default {timed[default]:.1f} us, best {row['best_config']} {timed[row['best_config']]:.1f} us",
+              f"kernel default {timed.get(default, float('nan')):.1f} us, best {row['best_config']} {timed[row['best_config']]:.1f} us",
               flush=True)
         rows.append(row)
-    best_overall = min((str(c) for c in CONFIGS),
+    best_overall = min((str(c) for c in configs),
                        key=lambda c: sum(r["kernel_us"][c].get("us", float("inf")) / r["sdpa_mask_us"] for r in rows))
-    command = "bash scripts/gpu_bench.sh python3 bench/bench_flow_attention.py --out $OUT/flow_attention.json"
+    command = ("bash scripts/gpu_bench.sh python3 bench/bench_flow_attention.py --out $OUT/flow_attention.json"
+               + (" --one-stream" if args.one_stream else ""))
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "heads": HEADS,
               "head_dim": HEAD_DIM, "rows": rows, "best_config_over_shapes": best_overall, "command": command}
     for r in rows:

@@ -83,7 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compile", action="store_true",
                         help="captured solves call the torch.compile'd estimator step (compile_flow)")
     parser.add_argument("--profile", action="store_true",
-                        help="the kernels of one solve replay at the largest batch and context, by summed time")
+                        help="the kernels of one solve replay at the largest batch, by summed time")
+    parser.add_argument("--profile-own", type=int, default=CTX_OWN[-1], choices=(0, *CTX_OWN),
+                        help="own frames spoken before the profiled call (0: a first call); default the most")
     parser.add_argument("--int8", action="store_true", help="the pool keeps int8 codes (flow_context_int8)")
     parser.add_argument("--hops", default=str(HOP), help="later-chunk hops to time, tokens, comma-separated")
     parser.add_argument("--cost-only", action="store_true", help="skip the accuracy runs")
@@ -171,10 +173,10 @@ def main(argv: list[str] | None = None) -> int:
                     graph.replay()
 
             solve = replay_ms(replay_solve, iters=20, rounds=3) if key else float("nan")
-            if args.profile and key and b == max(batches) and own == CTX_OWN[-1] and hop == HOP:
+            if args.profile and key and b == max(batches) and own == args.profile_own and hop == HOP:
                 found, _ = gpu_trace.kernels(gpu_trace.record(replay_solve))
                 busiest = max(gpu_trace.summarize(found, top=20)["streams"].values(), key=lambda s: s["kernel_ms"])
-                result["profile"] = {"batch": b, "bucket": list(key), **busiest}
+                result["profile"] = {"batch": b, "own_frames": own, "bucket": list(key), **busiest}
                 for k in busiest["top"]:
                     print(f"{k['total_ms']:8.2f} ms {k['count']:5d} x {k['mean_us']:8.1f} us  {k['name'][:100]}")
             for s in streams:

@@ -301,3 +301,20 @@ def test_an_int8_context_moves_the_golden_streams_less_than_bfloat16_does(flow: 
         assert (ref - official).abs().max().item() <= TOL  # the exact pool is the official's
         moved = (ours - official).abs().mean().item()
         assert 0 < moved < (half - official).abs().mean().item()
+
+
+@pytest.mark.parametrize("window_chunks", [None, 0, 1])
+def test_a_first_calls_shape_is_known_before_the_call(flow: FlowModel, flow_case: dict, speaker: dict,
+                                                      window_chunks: int | None) -> None:
+    # The engine captures each voice's first-call encoder graph from `first_call_shape` at start-up; a shape that
+    # differs from what `plan` gives that call would run the encoder uncaptured on every call's first chunk.
+    # Windows: every token; none before the call's chunk (the window starts past the prompt's first chunk);
+    # one chunk before it.
+    chunk = flow.cfg.encoder.static_chunk_size
+    pooled, voice = _pooled(flow, speaker, encoder_tokens=None if window_chunks is None else window_chunks * chunk)
+    lookahead = flow_case["pre_lookahead_len"]
+    for first_hop in range(1, flow_case["tokens"].size(1) - lookahead + 1):
+        stream = pooled.open_stream(voice)
+        plan = pooled.plan(stream, flow_case["tokens"][:, :first_hop + lookahead], False)
+        assert pooled.first_call_shape(voice, first_hop) == (plan.enc_tokens.size(1), plan.new_frames), first_hop
+        pooled.close_stream(stream)

@@ -311,6 +311,19 @@ class PooledFlow:
             stream.slot = -1
 
     # ---- one call ------------------------------------------------------------------------------
+    def window_start(self, start: int) -> int:
+        """The first token (of prompt + stream) the encoder reads for a call that renders from frame `start`."""
+        if self.encoder_tokens is None:
+            return 0
+        return max(0, (start // self.ratio - self.encoder_tokens) // self.token_chunk * self.token_chunk)
+
+    def first_call_shape(self, voice: VoicePrefix, first_hop: int) -> tuple[int, int]:
+        """(tokens the encoder reads, frames rendered) of a stream's first call, `first_hop` tokens + the
+        lookahead: the shape `plan` gives that call, for capturing its encoder graph ahead."""
+        end_tok = voice.prompt_token.size(1) + first_hop
+        tokens = end_tok + self.lookahead - self.window_start(voice.prefix_frames)
+        return tokens, end_tok * self.ratio - voice.prefix_frames
+
     def plan(self, stream: PooledStream, tokens: torch.Tensor, finalize: bool) -> PooledPlan:
         """tokens (1, N): every speech token of the stream so far (as the official streaming call
         gets them); a non-final call's last `pre_lookahead_len` tokens are lookahead only."""
@@ -324,10 +337,7 @@ class PooledFlow:
             raise ValueError(f"pooled flow: {tokens.size(1)} tokens is fewer than already rendered")
         # A final call keeps nothing (the stream ends); others keep whole chunks only.
         commit = start if finalize else end_tok // self.token_chunk * self.token_chunk * self.ratio
-        enc_start = 0
-        if self.encoder_tokens is not None:
-            start_tok = start // self.ratio
-            enc_start = max(0, (start_tok - self.encoder_tokens) // self.token_chunk * self.token_chunk)
+        enc_start = self.window_start(start)
         own = start - voice.prefix_frames
         ring = pool.shape.stream_frames
         ctx_len = min(own, ring)

@@ -212,6 +212,13 @@ class ChunkRenderer:
             first.graphs.capture(s.first_batches, sorted({p.prefix_frames for _, p in self._voices.values()}),
                                  first_news, s.solve_parts, defer=s.defer_later)
         report["flow_first_s"] = time.perf_counter() - t0 - report["flow_later_s"]
+        # Each voice's first call, whatever its first hop: a first hop off the official one (or a prompt
+        # whose tail spans another chunk) reads a window no later call reads.
+        first_shapes = {self.pooled.first_call_shape(p, ChunkPlanner(schedule, p.prompt_token.size(1)).next_hop)
+                        for _, p in self._voices.values()}
+        for first in first_lanes:
+            for tokens, frames in sorted(first_shapes):
+                first.graphs.capture_encoder(s.first_batches, tokens, frames, False)
         if window is not None:
             later.graphs.capture_encoder(s.batches, window, hop, False)
             for first in first_lanes:
