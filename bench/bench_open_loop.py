@@ -233,7 +233,7 @@ async def main_async(args) -> dict:
                 prompts = args.prompt_seconds if mode == "sip" else args.api_prompt_seconds
                 warmup = max(prompts) if args.warmup is None else args.warmup
                 rows = []
-                for rate in args.rates:
+                for rate in args.api_rates if mode == "api" and args.api_rates else args.rates:
                     for seed in args.seeds:
                         await wait_calls_idle(http_port, max(args.prompt_seconds) + 60)
                         tail_s = max(prompts) + TAIL_SLACK_S
@@ -258,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--modes", nargs="+", choices=["sip", "api"], default=["sip", "api"])
     parser.add_argument("--rates", type=float, nargs="+", default=[2.0, 5.0, 10.0], help="new requests per second")
+    parser.add_argument("--api-rates", type=float, nargs="+", default=None,
+                        help="the speech API's rates, where they differ from --rates (one start-up for both modes)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--warmup", type=float, default=None,
                         help="seconds of arrivals before the window (default: the longest prompt, so the window "

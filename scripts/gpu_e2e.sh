@@ -25,7 +25,8 @@
 # openloop: the workers arrangement under bench/bench_open_loop.py at the rates given (new requests/s, Poisson):
 # SIP calls with the 30-s prompts, then the worker's speech API with a 3/10/30-s mix, each run a 30-s
 # warm-up, a WINDOW-second window (default 300, as tts-bench) and a 35-s tail, for each of SEEDS (default
-# "1 2 3"), MODES "sip api" by default ($OUT/open_loop_cosyvoice2.json). One run lasts WINDOW + 65 s: split
+# "1 2 3"), MODES "sip api" by default ($OUT/open_loop_cosyvoice2.json); API_RATES="15 20" gives the speech API other
+# rates than SIP's in the same start-up. One run lasts WINDOW + 65 s: split
 # rates, seeds or modes over calls to fit a command's time limit. The engine settings match bench_load's, so the
 # carried compiler cache serves both; MAX_BATCH (slots, default 128) and FLOW_CONTEXT_S (default 13) change them
 # for every arrangement (300 calls of 30 s need ~300 slots: docs/PERF_NOTES.md "What a slot costs"; another
@@ -90,7 +91,8 @@ $api_lines
 YAML
 if [ "$arrangement" = openloop ]; then
     # shellcheck disable=SC2086  # SEEDS and MODES are word lists
-    exec python3 bench/bench_open_loop.py --config "$config" --rates "$@" --seeds ${SEEDS:-1 2 3} \
+    exec python3 bench/bench_open_loop.py --config "$config" --rates "$@" ${API_RATES:+--api-rates $API_RATES} \
+        --seeds ${SEEDS:-1 2 3} \
         --modes ${MODES:-sip api} --window "${WINDOW:-300}" --prompt-seconds 30 --api-prompt-seconds 3 10 30 \
         --prompt-length "$prompt_length" \
         --out "$out/open_loop_cosyvoice2.json" --serve-log "$out/serve_openloop.log"
