@@ -13,7 +13,8 @@ sweep, two ways in:
 
   sip  raw-SIP calls from spawned callers (e2e_caller.py, RTP timed by the kernel): first audible audio (INVITE
        -> first RTP payload at or over -40 dBFS once G.711-decoded, audible.py), RTP intervals, gaps over 60 ms,
-       the gateway's playout underruns per measured call (its media_closed log line) and over the window
+       the gateway's playout underruns per measured call (its media_closed log line: silent slots, the times
+       playout ran dry, how much a call had heard when it first did) and over the window
        (gateway_playout_underruns_total, sampled every 0.5 s), refusals (503 and any other non-200).
   api  POST /v1/tts on the supervised workers' speech API (pcm_s16le; api_stream.py): first audible audio,
        received audio x real time, and underruns of a client playback buffer that starts at the first audible
@@ -151,6 +152,14 @@ def api_outcome(result: ApiResult) -> Outcome:
                    x_real_time=audio_s / (last_at - result.sent_s), underruns=underruns)
 
 
+def dry_spells(closed: list[dict]) -> dict:
+    """How the measured calls' playout ran dry (the gateway's media_closed lines): the times it did, and how much
+    of its prompt a call had heard when it first did (p10 / p50 / p90 over the calls that did)."""
+    firsts = [e["first_underrun_s"] for e in closed if e.get("first_underrun_s") is not None]
+    spread = ({f"p{q}": round(float(np.percentile(firsts, q)), 2) for q in (10, 50, 90)} if firsts else None)
+    return {"underrun_events": sum(e.get("underrun_events") or 0 for e in closed), "first_underrun_s": spread}
+
+
 async def run_sip(args, arrivals: list[Arrival], phases: tuple[float, float], sip: tuple[str, int],
                   http_port: int, log_path: Path) -> dict:
     warmup, end_s = phases
@@ -167,11 +176,12 @@ async def run_sip(args, arrivals: list[Arrival], phases: tuple[float, float], si
     body1 = await asyncio.to_thread(scrape, http_port)
     stop.set()
     await sampling
-    closed = {e.get("call_id"): e.get("underruns") for e in serve_events(log_path, ("media_closed",), offset)}
+    closed = {e.get("call_id"): e for e in serve_events(log_path, ("media_closed",), offset)}
     measured = [r for r, a in zip(results, arrivals, strict=True) if a.phase == WINDOW]
     window = sampler.delta(started + warmup, started + warmup + args.window)
-    figures = run_figures([sip_outcome(c, closed.get(c.call_id)) for c in measured], window,
+    figures = run_figures([sip_outcome(c, closed.get(c.call_id, {}).get("underruns")) for c in measured], window,
                           args.max_first_audio_p95_ms)
+    figures.update(dry_spells([closed[c.call_id] for c in measured if c.call_id in closed]))
     # Where the measured calls' first chunks went, from the engine's own job lines (cosyvoice2 workers).
     ids = {c.call_id for c in measured}
     jobs = [e for e in job_events(log_path, offset)[0] if e["event"] == "tts_job_done" and e.get("call_id") in ids]

@@ -303,5 +303,6 @@ class CallMedia:
             self._done.set_result(None)
         await self._engine._release(self, self._session)
         self._log.info("media_closed", packets_sent=self.packets_sent, underruns=self.underruns,
+                       underrun_events=self._buffer.underrun_events, first_underrun_s=self._buffer.first_underrun_s,
                        foreign_packets_dropped=self._session.foreign_packets_dropped,
                        dtmf_dropped=self._session.dtmf_dropped, send_failures=self._session.send_failures)

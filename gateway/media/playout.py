@@ -14,8 +14,10 @@ A stream that has ended starts at once, whatever is buffered.
 
 Once playing, each tick takes one frame. An empty buffer mid-prompt is an underrun: that slot is
 silence (zeros, never stale audio), it is counted, and the buffer goes back to buffering with its floor
-raised by `underrun_step_ms`, so a jittery engine pays for one glitch, not one per chunk. No clocks:
-the caller passes arrival times in.
+raised by `underrun_step_ms`, so a jittery engine pays for one glitch, not one per chunk. Each silent slot
+counts in `underruns`; `underrun_events` counts the times playback ran dry, and `first_underrun_s` says how
+much of its prompt had played when that first happened (a first chunk too short for the next to follow shows
+as a first underrun at its length). No clocks: the caller passes arrival times in.
 """
 
 from __future__ import annotations
@@ -50,7 +52,9 @@ class PlayoutBuffer:
         self.settings = settings
         self.sample_rate = sample_rate
         self.frame_samples = sample_rate * FRAME_MS // 1000
-        self.underruns = 0
+        self.underruns = 0  # silent slots, every prompt of the call
+        self.underrun_events = 0  # times playback ran dry
+        self.first_underrun_s: float | None = None  # seconds of its prompt played before the first ran dry
         self.state = PlayoutState.IDLE
         self._floor = self._samples(settings.initial_delay_ms)
         self._max_drain = 0  # samples; learnt across prompts: the engine's jitter outlives one prompt
@@ -60,6 +64,7 @@ class PlayoutBuffer:
         self._started = False  # played at least one frame of this prompt
         self._drain_origin: float | None = None  # min over arrivals of (arrival time - audio before it)
         self._received = 0  # samples of this prompt received so far
+        self._played = 0  # samples of this prompt handed out so far
 
     def _samples(self, ms: float) -> int:
         return int(ms * self.sample_rate / 1000)
@@ -126,6 +131,7 @@ class PlayoutBuffer:
             if self._ended and self.buffered == 0:
                 self.state = PlayoutState.IDLE
             self._started = True
+            self._played += min(size, available)
             return frame
         if self.state is PlayoutState.BUFFERING and self._started:
             return self._underrun()  # still refilling after an underrun: keep the slot, send silence
@@ -139,12 +145,16 @@ class PlayoutBuffer:
         self._started = False
         self._drain_origin = None
         self._received = 0
+        self._played = 0
         self.state = PlayoutState.IDLE
 
     def _underrun(self) -> np.ndarray:
         self.underruns += 1
         metrics.playout_underruns_total.inc()
         if self.state is PlayoutState.PLAYING:
+            self.underrun_events += 1
+            if self.first_underrun_s is None:
+                self.first_underrun_s = self._played / self.sample_rate
             self.state = PlayoutState.BUFFERING
             self._floor = min(self._samples(self.settings.max_delay_ms),
                               self.start_threshold + self._samples(self.settings.underrun_step_ms))

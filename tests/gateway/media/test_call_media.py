@@ -389,3 +389,25 @@ async def test_the_callers_rtcp_bye_is_logged_once_however_often_it_comes(engine
         await asyncio.sleep(0.3)
     assert [(e["event"], e["reason"]) for e in logs if e["event"] == "rtcp_bye"] == [("rtcp_bye", "hangup")]
     await media.close()
+
+
+async def test_a_late_second_chunk_is_logged_as_one_dry_spell_after_the_first_chunks_audio(engine: MediaEngine) -> None:
+    # A first chunk of 0.2 s, the next 0.5 s later: the caller hears 0.2 s, then silence until the second chunk is
+    # buffered. media_closed says so: one dry spell, after 0.2 s, of several silent 20-ms slots.
+    phone = await open_phone()
+    media = await engine.open_call("c-late", offer(phone.port))
+
+    chunks = [c async for c in tone(0.4, chunk_s=0.2)]  # the first a little short of 0.2 s: the resampler's delay
+
+    async def late_second_chunk() -> AsyncIterator[np.ndarray]:
+        yield chunks[0]
+        await asyncio.sleep(0.5)
+        for chunk in chunks[1:]:
+            yield chunk
+
+    with capture_logs() as logs:
+        await media.play(late_second_chunk())
+        await media.close()
+    (closed,) = [e for e in logs if e["event"] == "media_closed"]
+    assert closed["underrun_events"] == 1 and closed["underruns"] >= 5  # 0.3 s late: most of it silent slots
+    assert closed["first_underrun_s"] == chunks[0].size // 160 * 160 / 8000  # its whole frames: the rest waited

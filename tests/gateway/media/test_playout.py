@@ -66,6 +66,37 @@ def test_underrun_is_counted_filled_with_zeros_and_raises_the_threshold() -> Non
     assert np.array_equal(buffer.pop_frame(), ramp(160, 1000))
 
 
+def test_running_dry_is_one_event_and_the_first_says_how_much_had_played() -> None:
+    # A first chunk of 5 frames, then the next too late: one event of several silent slots, the first at 0.1 s
+    # of the prompt; a second event later leaves the first where it was.
+    buffer = PlayoutBuffer(PlayoutSettings(initial_delay_ms=20, underrun_step_ms=40))
+    frame = buffer.frame_samples
+
+    def play_until_dry(events: int) -> None:
+        for _ in range(1000):
+            if buffer.underrun_events == events:
+                return
+            buffer.pop_frame()
+        raise AssertionError("the buffer never ran dry")
+
+    buffer.push(ramp(5 * frame), now=0.0)
+    play_until_dry(1)
+    for _ in range(3):  # still dry: more silent slots, no new event
+        buffer.pop_frame()
+    assert (buffer.underruns, buffer.underrun_events) == (4, 1)
+    assert buffer.first_underrun_s == 5 * frame / buffer.sample_rate
+    # More than the most any start can ask for (this arrival also teaches the buffer a longer drain).
+    buffer.push(ramp(buffer.sample_rate * buffer.settings.max_delay_ms // 1000 + 2 * frame), now=0.5)
+    play_until_dry(2)
+    assert buffer.first_underrun_s == 5 * frame / buffer.sample_rate
+    # A new prompt that plays out whole adds nothing; the call's first event stays the call's.
+    buffer.begin_prompt()
+    buffer.push(ramp(2 * buffer.start_threshold), now=1.0)
+    buffer.end_of_stream()
+    drain(buffer)
+    assert buffer.underrun_events == 2 and buffer.first_underrun_s == 5 * frame / buffer.sample_rate
+
+
 def test_start_threshold_learns_the_engines_chunk_gaps() -> None:
     buffer = PlayoutBuffer(PlayoutSettings(initial_delay_ms=20, max_delay_ms=400))
     # 200 ms chunks, real time on average, but one 450 ms gap after a chunk that carried 200 ms:
