@@ -164,15 +164,15 @@ class ChunkRenderer:
                         "flow_pool_gb": self.pooled.pool.nbytes() / 2**30}
         s, ratio, chunk = self.settings, self.flow.cfg.token_mel_ratio, self.pooled.chunk
         prefix = max((p.prefix_frames for _, p in self._voices.values()), default=0)
-        # Per voice: its prompt's unshared tail and its first hop, padded as its ChunkPlanner pads it
-        # so that prompt + hop end on a chunk.
-        firsts = [(p.prompt_frames - p.prefix_frames, ChunkPlanner(schedule, p.prompt_token.size(1)).next_hop * ratio)
-                  for _, p in self._voices.values()]
-        first_hops = {first_hop for _, first_hop in firsts}
-        # New frames per call: a voice's unshared tail + its first hop, or a hop + lookahead (a final
-        # call); a first hop off the chunk grid re-renders up to one chunk more next call.
+        # Per voice: its first hop, padded as its ChunkPlanner pads it so that prompt + hop end on a chunk,
+        # and its first call's shape (encoder tokens; new frames: the prompt's unshared tail + that hop).
+        voice_hops = [(p, ChunkPlanner(schedule, p.prompt_token.size(1)).next_hop) for _, p in self._voices.values()]
+        first_hops = {first_hop * ratio for _, first_hop in voice_hops}
+        first_shapes = {self.pooled.first_call_shape(p, first_hop) for p, first_hop in voice_hops}
+        # New frames per call: a voice's first call's, or a hop + lookahead (a final call); a first hop off
+        # the chunk grid re-renders up to one chunk more next call.
         extra = chunk if schedule.first_hop_tokens else 0
-        first_news = sorted({-(-(tail + first_hop + extra) // 16) * 16 for tail, first_hop in firsts})
+        first_news = sorted({-(-(frames + extra) // 16) * 16 for _, frames in first_shapes})
         first_lanes = [self.lanes[name] for name in self.first_lanes]
         if not graphs:
             return report
@@ -214,8 +214,6 @@ class ChunkRenderer:
         report["flow_first_s"] = time.perf_counter() - t0 - report["flow_later_s"]
         # Each voice's first call, whatever its first hop: a first hop off the official one (or a prompt
         # whose tail spans another chunk) reads a window no later call reads.
-        first_shapes = {self.pooled.first_call_shape(p, ChunkPlanner(schedule, p.prompt_token.size(1)).next_hop)
-                        for _, p in self._voices.values()}
         for first in first_lanes:
             for tokens, frames in sorted(first_shapes):
                 first.graphs.capture_encoder(s.first_batches, tokens, frames, False)
