@@ -81,8 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         row["best_config"] = min(timed, key=timed.get)
         default = str(flow_attention.launch_config(2 * shape[0], shape[2]))
         print(f"{shape}: sdpa+mask {row['sdpa_mask_us']:.1f} us, pooled_sdpa {row['pooled_sdpa_us']:.1f} us, "
-              f"kernel default {timed.get(default, float('nan')):.1f} us, best {row['best_config']} {timed[row['best_config']]:.1f} us",
-              flush=True)
+              f"kernel default {timed.get(default, float('nan')):.1f} us, "
+              f"best {row['best_config']} {timed[row['best_config']]:.1f} us", flush=True)
         rows.append(row)
     best_overall = min((str(c) for c in configs),
                        key=lambda c: sum(r["kernel_us"][c].get("us", float("inf")) / r["sdpa_mask_us"] for r in rows))
