@@ -15,8 +15,8 @@ Latency/quality trade-off of the knobs (all per-request):
   needs fewer LLM decode steps (N + lookahead instead of 28), so it arrives sooner; but the first chunk
   then ends inside one of the flow's 25-token attention chunks, and its frames are rendered from that
   partial chunk (tiny golden model: mean |log-mel| difference ~0.06 over the first chunk against the
-  official schedule's, bench/bench_first_hop.py, docs/PERF_NOTES.md). The second hop is cut so that it
-  ends on the chunk grid again, so every later frame is the official schedule's.
+  official schedule's, bench/bench_first_hop.py, docs/PERF_NOTES.md). The second hop ends on the chunk
+  grid again (the first grid point at least a first hop on), so every later frame is the official schedule's.
 - `hop_tokens`/`max_hop_tokens`: after the first chunk the playout buffer already holds >= 1 s, so the
   default grows the hop for quality and efficiency.
 """
@@ -72,13 +72,17 @@ class ChunkPlanner:
     def next_hop(self) -> int:
         if self.chunks_emitted == 0:
             return self._first_hop
-        if self.chunks_emitted == 1:
-            # After a first hop off the chunk grid (`first_hop_tokens`), end the second chunk on it again
-            # (at most the usual hop), so that no later call ends inside a chunk: the frames after the
-            # first chunk are then the official schedule's. On the grid already, this is the usual hop.
-            grid = self.schedule.hop_tokens
-            end = (self._prompt_tokens + self.token_offset + self._hop) // grid * grid - self._prompt_tokens
-            return end - self.token_offset
+        grid = self.schedule.hop_tokens
+        if self.chunks_emitted == 1 and (self._prompt_tokens + self.token_offset) % grid:
+            # After a first hop off the chunk grid (`first_hop_tokens`), end the second chunk on it again, so
+            # that no later call ends inside a chunk: the frames after the first chunk are then the official
+            # schedule's. It ends at the first grid point at least as far on as the first hop (at most one
+            # chunk): the short first chunk's audio must last until the second is rendered, so the second
+            # waits for as few decode steps as that allows and holds at least as much speech. (Cutting back
+            # to the grid point below the usual hop instead made it 40 tokens after a first hop of 10, and
+            # every call ran dry at 8 calls/s on the H200: docs/PERF_NOTES.md, session 11.)
+            reach = self._prompt_tokens + self.token_offset + min(self._first_hop, grid)
+            return -(-reach // grid) * grid - self._prompt_tokens - self.token_offset
         return self._hop
 
     def tokens_needed(self) -> int:
