@@ -17,6 +17,7 @@ import torch
 from tts_core.flow import FlowModel
 from tts_core.flow.context_pool import PoolShape
 from tts_core.flow.pooled import PooledFlow
+from tts_core.streaming.chunk_schedule import ChunkPlanner, ChunkSchedule
 
 TOL = 1e-4
 
@@ -304,17 +305,27 @@ def test_an_int8_context_moves_the_golden_streams_less_than_bfloat16_does(flow: 
 
 
 @pytest.mark.parametrize("window_chunks", [None, 0, 1])
-def test_a_first_calls_shape_is_known_before_the_call(flow: FlowModel, flow_case: dict, speaker: dict,
-                                                      window_chunks: int | None) -> None:
-    # The engine captures each voice's first-call encoder graph from `first_call_shape` at start-up; a shape that
-    # differs from what `plan` gives that call would run the encoder uncaptured on every call's first chunk.
-    # Windows: every token; none before the call's chunk (the window starts past the prompt's first chunk);
-    # one chunk before it.
+def test_a_streams_call_shapes_are_known_before_the_calls(flow: FlowModel, flow_case: dict, speaker: dict,
+                                                          window_chunks: int | None) -> None:
+    # The engine captures the encoder graphs of each voice's first calls from `call_shape` at start-up; a shape
+    # that differs from what `plan` gives that call would run the encoder uncaptured on every call's chunk.
+    # Every first hop the tokens allow, each followed by the hops its ChunkPlanner gives (off the chunk grid,
+    # a second hop back to it). Windows: every token; none before the call's chunk (the window starts past the
+    # prompt's first chunk); one chunk before it.
     chunk = flow.cfg.encoder.static_chunk_size
     pooled, voice = _pooled(flow, speaker, encoder_tokens=None if window_chunks is None else window_chunks * chunk)
-    lookahead = flow_case["pre_lookahead_len"]
-    for first_hop in range(1, flow_case["tokens"].size(1) - lookahead + 1):
+    lookahead, tokens = flow_case["pre_lookahead_len"], flow_case["tokens"]
+    calls = 0
+    for first_hop in range(1, tokens.size(1) - lookahead + 1):
+        planner = ChunkPlanner(ChunkSchedule(hop_tokens=chunk, max_hop_tokens=2 * chunk, first_hop_tokens=first_hop),
+                               voice.prompt_token.size(1))
         stream = pooled.open_stream(voice)
-        plan = pooled.plan(stream, flow_case["tokens"][:, :first_hop + lookahead], False)
-        assert pooled.first_call_shape(voice, first_hop) == (plan.enc_tokens.size(1), plan.new_frames), first_hop
+        hops: list[int] = []
+        while (task := planner.next_chunk(tokens.size(1), lm_finished=False)) is not None:
+            hops.append(task.token_end - lookahead - task.token_offset)
+            plan = pooled.plan(stream, tokens[:, :task.token_end], False)
+            assert pooled.call_shape(voice, hops) == (plan.enc_tokens.size(1), plan.new_frames), hops
+            pooled.finish(stream, plan, torch.zeros(1, flow.cfg.output_size, plan.new_frames))  # bookkeeping only
+            calls += 1
         pooled.close_stream(stream)
+    assert calls > tokens.size(1) - lookahead  # second calls too, not only first ones

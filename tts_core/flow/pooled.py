@@ -317,12 +317,18 @@ class PooledFlow:
             return 0
         return max(0, (start // self.ratio - self.encoder_tokens) // self.token_chunk * self.token_chunk)
 
-    def first_call_shape(self, voice: VoicePrefix, first_hop: int) -> tuple[int, int]:
-        """(tokens the encoder reads, frames rendered) of a stream's first call, `first_hop` tokens + the
-        lookahead: the shape `plan` gives that call, for capturing its encoder graph ahead."""
-        end_tok = voice.prompt_token.size(1) + first_hop
-        tokens = end_tok + self.lookahead - self.window_start(voice.prefix_frames)
-        return tokens, end_tok * self.ratio - voice.prefix_frames
+    def call_shape(self, voice: VoicePrefix, hops: Sequence[int]) -> tuple[int, int]:
+        """(tokens the encoder reads, frames rendered) of a stream's non-final call number len(hops), each
+        call rendering its hop of tokens + the lookahead: the shape `plan` gives that call, for capturing its
+        encoder graph ahead (a first hop off the chunk grid gives the first two calls windows of their own)."""
+        prompt = voice.prompt_token.size(1)
+        start, end_tok = voice.prefix_frames, prompt
+        for hop in hops[:-1]:
+            end_tok += hop
+            start = end_tok // self.token_chunk * self.token_chunk * self.ratio  # what plan commits
+        end_tok += hops[-1]
+        tokens = end_tok + self.lookahead - self.window_start(start)
+        return tokens, end_tok * self.ratio - start
 
     def plan(self, stream: PooledStream, tokens: torch.Tensor, finalize: bool) -> PooledPlan:
         """tokens (1, N): every speech token of the stream so far (as the official streaming call

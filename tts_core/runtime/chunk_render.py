@@ -164,11 +164,16 @@ class ChunkRenderer:
                         "flow_pool_gb": self.pooled.pool.nbytes() / 2**30}
         s, ratio, chunk = self.settings, self.flow.cfg.token_mel_ratio, self.pooled.chunk
         prefix = max((p.prefix_frames for _, p in self._voices.values()), default=0)
-        # Per voice: its first hop, padded as its ChunkPlanner pads it so that prompt + hop end on a chunk,
-        # and its first call's shape (encoder tokens; new frames: the prompt's unshared tail + that hop).
-        voice_hops = [(p, ChunkPlanner(schedule, p.prompt_token.size(1)).next_hop) for _, p in self._voices.values()]
-        first_hops = {first_hop * ratio for _, first_hop in voice_hops}
-        first_shapes = {self.pooled.first_call_shape(p, first_hop) for p, first_hop in voice_hops}
+        # Per voice: its first two hops, the first padded as its ChunkPlanner pads it so that prompt + hop end on
+        # a chunk, and its first call's shape (encoder tokens; new frames: the prompt's unshared tail + that hop).
+        # A first hop off the chunk grid (`first_hop_tokens`) gives the second call a shape of its own too: its
+        # window, frames and vocoder chunk are no later call's (a steady call renders the longest hop).
+        voice_hops = [(p, _opening_hops(schedule, p.prompt_token.size(1))) for _, p in self._voices.values()]
+        first_hops = {hops[0] * ratio for _, hops in voice_hops}
+        first_shapes = {self.pooled.call_shape(p, hops[:1]) for p, hops in voice_hops}
+        off_grid = schedule.first_hop_tokens is not None
+        second_hops = sorted({hops[1] * ratio for _, hops in voice_hops}) if off_grid else []
+        second_shapes = {self.pooled.call_shape(p, hops) for p, hops in voice_hops} if off_grid else set()
         # New frames per call: a voice's first call's, or a hop + lookahead (a final call); a first hop off
         # the chunk grid re-renders up to one chunk more next call.
         extra = chunk if schedule.first_hop_tokens else 0
@@ -217,6 +222,9 @@ class ChunkRenderer:
         for first in first_lanes:
             for tokens, frames in sorted(first_shapes):
                 first.graphs.capture_encoder(s.first_batches, tokens, frames, False)
+        # Second calls render on the later lane, a few streams at a time: the first lanes' row buckets.
+        for tokens, frames in sorted(second_shapes):
+            later.graphs.capture_encoder(s.first_batches, tokens, frames, False)
         if window is not None:
             later.graphs.capture_encoder(s.batches, window, hop, False)
             for first in first_lanes:
@@ -233,10 +241,10 @@ class ChunkRenderer:
                                  "deferred": sum(len(lane.graphs.deferred) for lane in self.lanes.values())}
         t0 = time.perf_counter()
         clock = CaptureClock.now()
-        self._hift_shapes = self._hift_lane_shapes(first_lanes, sorted(first_hops), hop, final_tokens)
+        self._hift_shapes = self._hift_lane_shapes(first_lanes, sorted(first_hops), second_hops, hop, final_tokens)
         # Before ready, without the later lane's final-chunk shapes (52 of its 74 graphs by default):
         # a final chunk runs its vocoder eagerly until the compiled set, which has them, is in.
-        no_finals = set(self._hift_lane_shapes(first_lanes, sorted(first_hops), hop, range(0))["later"])
+        no_finals = set(self._hift_lane_shapes(first_lanes, sorted(first_hops), second_hops, hop, range(0))["later"])
         for lane in self.lanes.values():
             shapes = self._hift_shapes[lane.name]
             if s.defer_later and lane.name == "later":
@@ -287,20 +295,22 @@ class ChunkRenderer:
                     report[part][key] = report[part].get(key, 0) + value
         return {part: {k: round(v, 2) for k, v in figures.items()} for part, figures in report.items()}
 
-    def _hift_lane_shapes(self, first_lanes: list[RenderLane], first_hops: list[int], hop: int,
-                          final_tokens: range) -> dict[str, list[tuple[int, int, int]]]:
+    def _hift_lane_shapes(self, first_lanes: list[RenderLane], first_hops: list[int], second_hops: list[int],
+                          hop: int, final_tokens: range) -> dict[str, list[tuple[int, int, int]]]:
         """HiFT graph shapes (rows, frames incl. cache, cached samples) per lane: first chunks (no
-        caches; "later" renders a later segment's first chunk); on "later", later chunks (8 cached
-        frames + a full hop) in every row bucket and final chunks (8 cached frames + a final call's
-        frames) one row each, so no chunk of a steady schedule runs eagerly (a first chunk that is
-        also the last, a short utterance, does)."""
+        caches; "later" renders a later segment's first chunk); on "later", second chunks of their own
+        length (after a first hop off the chunk grid) in the first lanes' row buckets, later chunks (8
+        cached frames + a full hop) in every row bucket and final chunks (8 cached frames + a final
+        call's frames) one row each, so no chunk of a steady schedule runs eagerly (a first chunk that
+        is also the last, a short utterance, does)."""
         s, ratio = self.settings, self.flow.cfg.token_mel_ratio
         cached = 8 * 480
         finals = [(1, 8 + n * ratio, cached) for n in final_tokens]
         firsts_hift = [(rows, first_hop, 0) for first_hop in first_hops for rows in s.first_batches]
+        seconds = [(rows, 8 + second, cached) for second in second_hops for rows in s.first_batches]
         steady = [(rows, 8 + hop, cached) for rows in s.batches]
         shapes = {lane.name: firsts_hift for lane in first_lanes}
-        shapes["later"] = firsts_hift + steady + finals
+        shapes["later"] = firsts_hift + seconds + steady + finals
         return shapes
 
     def _hift_graphs(self, shapes: list[tuple[int, int, int]], mix) -> HiftGraphs:
@@ -382,6 +392,15 @@ class ChunkRenderer:
                                      flow_s=f, hift_s=hift_s, flow_gpu_s=flow_gpu, hift_gpu_s=hift_gpu))
             at += a.numel()
         return out
+
+
+def _opening_hops(schedule: ChunkSchedule, prompt_tokens: int) -> tuple[int, int]:
+    """A stream's first two hops (tokens) under `schedule` for a prompt of `prompt_tokens`, as its planner
+    takes them."""
+    planner = ChunkPlanner(schedule, prompt_tokens)
+    first = planner.next_hop
+    planner.next_chunk(planner.tokens_needed(), lm_finished=False)
+    return first, planner.next_hop
 
 
 def _synchronized(device: torch.device) -> float:
