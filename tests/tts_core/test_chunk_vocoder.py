@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from structlog.testing import capture_logs
 
 from tts_core.hift import HiftGenerator, HiftStream, load_hift
 from tts_core.runtime.chunk_vocoder import ChunkVocoder, push_chunks
@@ -67,14 +68,19 @@ def test_bucketed_chunks_equal_each_streams_own_vocoder(vocoder: HiftGenerator) 
               (4, 20, cache): RowwiseHift(vocoder, 4, 20, cache), (1, 14, cache): RowwiseHift(vocoder, 1, 14, cache)}
     streams = [ChunkVocoder(vocoder, torch.Generator().manual_seed(0)) for _ in plans]
     got: list[list[torch.Tensor]] = [[] for _ in plans]
-    for step in range(4):
-        last = step == 3
-        # The eager fallback (no graph of the shape) must draw the same noise as the reference.
-        for s in streams:
-            s.generator.manual_seed(0)
-        wavs = push_chunks(streams, [p[step] for p in plans], [last] * len(plans), graphs)
-        for g, w in zip(got, wavs):
-            g.append(w)
+    with capture_logs() as logs:
+        for step in range(4):
+            last = step == 3
+            # The eager fallback (no graph of the shape) must draw the same noise as the reference.
+            for s in streams:
+                s.generator.manual_seed(0)
+            wavs = push_chunks(streams, [p[step] for p in plans], [last] * len(plans), graphs)
+            for g, w in zip(got, wavs):
+                g.append(w)
+    # Each chunk that found no graph of its shape is logged with that shape (an operator's sign of a schedule
+    # the captured set does not cover): the lone later chunk, and the finals of 4, 9 and 12 frames.
+    eager = {(e["frames"], e["cached"]) for e in logs if e["event"] == "hift_chunk_eager"}
+    assert eager == {(8 + 12, cache), (8 + 4, cache), (8 + 9, cache)}
     for plan, fin_frames, mine in zip(plans, finals, got):
         want = _reference(vocoder, plan, [False, False, False, True])
         for a, b in zip(mine, want):

@@ -14,14 +14,22 @@ chunks are not reproducible by seed (the eager path is).
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 
+import structlog
 import torch
 
 from tts_core.hift import HiftStream
 
+log = structlog.get_logger(__name__)
+
 HiftGraphs = dict[tuple[int, int, int], object]  # (rows, frames incl. cache, cached samples) -> GraphedHift
+
+# Chunks that found no graph of their shape while a lane had graphs, by shape (frames incl. cache, cached
+# samples): each runs the vocoder's few hundred kernels eagerly on the render thread. A process-wide tally, for
+# the log only.
+_eager_by_shape: Counter = Counter()
 
 
 class ChunkVocoder(HiftStream):
@@ -84,5 +92,10 @@ def push_chunks(vocoders: Sequence[ChunkVocoder], mel_chunks: Sequence[torch.Ten
             if (1, *shape) in graphs:
                 replay([i], (1, *shape))
             else:
+                if graphs:
+                    _eager_by_shape[shape] += 1
+                    count = _eager_by_shape[shape]
+                    if count <= 3 or count % 100 == 0:
+                        log.warning("hift_chunk_eager", frames=shape[0], cached=shape[1], eager_chunks=count)
                 out[i] = vocoders[i].push(mel_chunks[i], finalize[i])
     return out  # type: ignore[return-value]
