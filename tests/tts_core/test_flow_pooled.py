@@ -307,8 +307,8 @@ def test_an_int8_context_moves_the_golden_streams_less_than_bfloat16_does(flow: 
 @pytest.mark.parametrize("window_chunks", [None, 0, 1])
 def test_a_streams_call_shapes_are_known_before_the_calls(flow: FlowModel, flow_case: dict, speaker: dict,
                                                           window_chunks: int | None) -> None:
-    # The engine captures the graphs of each voice's first calls from `call_shape` at start-up; a shape that
-    # differs from what `plan` gives that call would run uncaptured (or in too small a bucket) on every call.
+    # The engine captures the encoder graphs of each voice's first calls from `call_shape` at start-up; a shape
+    # that differs from what `plan` gives that call would run the encoder uncaptured on every call's chunk.
     # Every first hop the tokens allow, each followed by the hops its ChunkPlanner gives (off the chunk grid,
     # a second hop back to it). Windows: every token; none before the call's chunk (the window starts past the
     # prompt's first chunk); one chunk before it.
@@ -324,7 +324,7 @@ def test_a_streams_call_shapes_are_known_before_the_calls(flow: FlowModel, flow_
         while (task := planner.next_chunk(tokens.size(1), lm_finished=False)) is not None:
             hops.append(task.token_end - lookahead - task.token_offset)
             plan = pooled.plan(stream, tokens[:, :task.token_end], False)
-            assert pooled.call_shape(voice, hops) == (plan.enc_tokens.size(1), plan.new_frames, plan.ctx_frames), hops
+            assert pooled.call_shape(voice, hops) == (plan.enc_tokens.size(1), plan.new_frames), hops
             pooled.finish(stream, plan, torch.zeros(1, flow.cfg.output_size, plan.new_frames))  # bookkeeping only
             calls += 1
         pooled.close_stream(stream)

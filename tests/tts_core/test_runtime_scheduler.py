@@ -287,30 +287,6 @@ def test_a_first_chunk_renders_while_a_later_chunk_call_is_held(pipeline: CosyVo
     assert len(b_first) == 1
 
 
-def test_after_a_first_hop_off_the_grid_the_second_chunk_renders_on_a_first_lane(
-        pipeline: CosyVoice2Pipeline, monkeypatch) -> None:
-    """A first hop of 10 tokens plays for a fraction of a second: the stream's second chunk, which reads
-    little more context than its first, goes out on a first lane too, not behind the later lane's calls;
-    the official schedule's second chunk stays on "later". Every token is rendered once either way."""
-    from tts_core.streaming.chunk_schedule import ChunkSchedule
-
-    renders = _HeldRenders(pipeline, monkeypatch, lambda lane: False)
-    voice = pipeline.voices.get(VOICE)
-    short_first, official = CollectingSink(), CollectingSink()
-    a = pipeline.make_job("A short first hop.", voice, short_first,
-                          dataclasses.replace(_forced(200), schedule=ChunkSchedule(first_hop_tokens=10)))
-    b = pipeline.make_job("The official one.", voice, official, _forced(200))
-    for job, sink in ((a, short_first), (b, official)):
-        pipeline.scheduler.submit(job)
-        assert sum(map(len, sink.wait(60))) == 200 * SAMPLES_PER_TOKEN
-    lanes = {(id(stream), index): lane.split("-")[0] for lane, call in renders.calls for stream, index in call}
-    for job, openings in ((a, {0, 1}), (b, {0})):
-        mine = {index: lane for (stream, index), lane in lanes.items() if stream == id(job.token2wav)}
-        assert len(mine) == len(job.timings.chunks) > 2
-        assert {i for i, lane in mine.items() if lane == "first"} == openings
-    assert a.timings.chunks[0].tokens == 10
-
-
 def test_first_chunks_of_a_burst_render_side_by_side(pipeline: CosyVoice2Pipeline, monkeypatch) -> None:
     """While one first-chunk lane is busy (held here) with a call's first chunk, the next call's
     first chunk goes out on another first lane; every chunk is rendered exactly once."""

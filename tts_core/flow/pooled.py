@@ -30,7 +30,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import structlog
 import torch
@@ -68,14 +67,6 @@ class PooledStream:
     emitted: int  # absolute frames returned so far (the prompt counts as returned)
     finished: bool = False
     slid: bool = False  # own frames outgrew the pool's ring once (logged)
-
-
-class CallShape(NamedTuple):
-    """What a call of one stream reads and renders (`PooledFlow.call_shape`; `PooledPlan` after the fact)."""
-
-    tokens: int  # the encoder reads (its window)
-    frames: int  # new frames rendered
-    context: int  # context frames: the voice's shared ones + the stream's own kept ones
 
 
 @dataclass(frozen=True)
@@ -326,19 +317,18 @@ class PooledFlow:
             return 0
         return max(0, (start // self.ratio - self.encoder_tokens) // self.token_chunk * self.token_chunk)
 
-    def call_shape(self, voice: VoicePrefix, hops: Sequence[int]) -> CallShape:
-        """The shape `plan` gives a stream's non-final call number len(hops), each call rendering its hop of
-        tokens + the lookahead: for capturing its graphs ahead (a first hop off the chunk grid gives the first
-        two calls windows, frames and contexts of their own)."""
+    def call_shape(self, voice: VoicePrefix, hops: Sequence[int]) -> tuple[int, int]:
+        """(tokens the encoder reads, frames rendered) of a stream's non-final call number len(hops), each
+        call rendering its hop of tokens + the lookahead: the shape `plan` gives that call, for capturing its
+        encoder graph ahead (a first hop off the chunk grid gives the first two calls windows of their own)."""
         prompt = voice.prompt_token.size(1)
         start, end_tok = voice.prefix_frames, prompt
         for hop in hops[:-1]:
             end_tok += hop
             start = end_tok // self.token_chunk * self.token_chunk * self.ratio  # what plan commits
         end_tok += hops[-1]
-        own = min(start - voice.prefix_frames, self.pool.shape.stream_frames)
-        return CallShape(tokens=end_tok + self.lookahead - self.window_start(start),
-                         frames=end_tok * self.ratio - start, context=voice.prefix_frames + own)
+        tokens = end_tok + self.lookahead - self.window_start(start)
+        return tokens, end_tok * self.ratio - start
 
     def plan(self, stream: PooledStream, tokens: torch.Tensor, finalize: bool) -> PooledPlan:
         """tokens (1, N): every speech token of the stream so far (as the official streaming call

@@ -100,11 +100,6 @@ class PooledChunkStream:
         """Give the flow slot back (idempotent; any thread)."""
         self.renderer.close(self)
 
-    def second_chunk_opens(self) -> bool:
-        """Whether its second chunk is an opening one, for a first lane (`SynthesisJob.opening_chunk`): after a
-        first hop off the chunk grid, whose second call `ChunkRenderer.prepare` captures on the first lanes."""
-        return self.schedule.first_hop_tokens is not None
-
 
 class ChunkRenderer:
     def __init__(self, flow: FlowModel, hift: HiftGenerator, settings: FlowPoolSettings) -> None:
@@ -170,21 +165,19 @@ class ChunkRenderer:
         s, ratio, chunk = self.settings, self.flow.cfg.token_mel_ratio, self.pooled.chunk
         prefix = max((p.prefix_frames for _, p in self._voices.values()), default=0)
         # Per voice: its first two hops, the first padded as its ChunkPlanner pads it so that prompt + hop end on
-        # a chunk, and its first call's shape (encoder tokens; new frames: the prompt's unshared tail + that hop;
-        # context: the voice's shared frames). A first hop off the chunk grid (`first_hop_tokens`) makes the
-        # second call an opening one too (`PooledChunkStream.second_chunk_opens`), rendered on the first lanes:
-        # its window, frames, context (the first call's one kept chunk) and vocoder chunk are no later call's.
+        # a chunk, and its first call's shape (encoder tokens; new frames: the prompt's unshared tail + that hop).
+        # A first hop off the chunk grid (`first_hop_tokens`) gives the second call a shape of its own too: its
+        # window, frames and vocoder chunk are no later call's (a steady call renders the longest hop).
         voice_hops = [(p, _opening_hops(schedule, p.prompt_token.size(1))) for _, p in self._voices.values()]
         first_hops = {hops[0] * ratio for _, hops in voice_hops}
-        opening = [self.pooled.call_shape(p, hops[:1]) for p, hops in voice_hops]
-        second_hops: list[int] = []
-        if schedule.first_hop_tokens is not None:
-            second_hops = sorted({hops[1] * ratio for _, hops in voice_hops})
-            opening += [self.pooled.call_shape(p, hops) for p, hops in voice_hops]
-        # New frames per call: an opening call's, or a hop + lookahead (a final call); after a first hop off
-        # the chunk grid a later call re-renders up to one chunk more.
+        first_shapes = {self.pooled.call_shape(p, hops[:1]) for p, hops in voice_hops}
+        off_grid = schedule.first_hop_tokens is not None
+        second_hops = sorted({hops[1] * ratio for _, hops in voice_hops}) if off_grid else []
+        second_shapes = {self.pooled.call_shape(p, hops) for p, hops in voice_hops} if off_grid else set()
+        # New frames per call: a voice's first call's, or a hop + lookahead (a final call); a first hop off
+        # the chunk grid re-renders up to one chunk more next call.
         extra = chunk if schedule.first_hop_tokens else 0
-        first_news = sorted({-(-shape.frames // 16) * 16 for shape in opening})
+        first_news = sorted({-(-(frames + extra) // 16) * 16 for _, frames in first_shapes})
         first_lanes = [self.lanes[name] for name in self.first_lanes]
         if not graphs:
             return report
@@ -216,19 +209,22 @@ class ChunkRenderer:
         later.graphs = PooledFlowGraphs(self.pooled, time_gpu=self.time_gpu)
         later.graphs.capture(s.batches, ctx_caps, new_caps, s.solve_parts, defer=s.defer_later)
         report["flow_later_s"] = time.perf_counter() - t0
-        # First lanes: opening calls only, whose context is their voice's shared prefix (and, after a first hop
-        # off the grid, one chunk of the stream's own). Like the later lane, each only its largest bucket
-        # before ready (an opening chunk padded to it meanwhile); the rest come with the compiled set.
+        # First lanes: first calls only, whose context is exactly their voice's shared prefix. Like
+        # the later lane, each only its largest bucket before ready (a first chunk padded to it
+        # meanwhile); the rest come with the compiled set.
         for first in first_lanes:
             first.graphs = PooledFlowGraphs(self.pooled, time_gpu=self.time_gpu)
-            first.graphs.capture(s.first_batches, sorted({shape.context for shape in opening}),
+            first.graphs.capture(s.first_batches, sorted({p.prefix_frames for _, p in self._voices.values()}),
                                  first_news, s.solve_parts, defer=s.defer_later)
         report["flow_first_s"] = time.perf_counter() - t0 - report["flow_later_s"]
-        # Each voice's opening calls, whatever its first hop: a first hop off the official one (or a prompt
-        # whose tail spans another chunk) reads windows no later call reads.
+        # Each voice's first call, whatever its first hop: a first hop off the official one (or a prompt
+        # whose tail spans another chunk) reads a window no later call reads.
         for first in first_lanes:
-            for tokens, frames, _ in sorted(set(opening)):
+            for tokens, frames in sorted(first_shapes):
                 first.graphs.capture_encoder(s.first_batches, tokens, frames, False)
+        # Second calls render on the later lane, a few streams at a time: the first lanes' row buckets.
+        for tokens, frames in sorted(second_shapes):
+            later.graphs.capture_encoder(s.first_batches, tokens, frames, False)
         if window is not None:
             later.graphs.capture_encoder(s.batches, window, hop, False)
             for first in first_lanes:
@@ -302,19 +298,19 @@ class ChunkRenderer:
     def _hift_lane_shapes(self, first_lanes: list[RenderLane], first_hops: list[int], second_hops: list[int],
                           hop: int, final_tokens: range) -> dict[str, list[tuple[int, int, int]]]:
         """HiFT graph shapes (rows, frames incl. cache, cached samples) per lane: first chunks (no
-        caches; "later" renders a later segment's first chunk) in the first lanes' row buckets; on the
-        first lanes, second chunks of their own length (after a first hop off the chunk grid); on
-        "later", later chunks (8 cached frames + a full hop) in every row bucket and final chunks (8
-        cached frames + a final call's frames) one row each, so no chunk of a steady schedule runs
-        eagerly (a first chunk that is also the last, a short utterance, does)."""
+        caches; "later" renders a later segment's first chunk); on "later", second chunks of their own
+        length (after a first hop off the chunk grid) in the first lanes' row buckets, later chunks (8
+        cached frames + a full hop) in every row bucket and final chunks (8 cached frames + a final
+        call's frames) one row each, so no chunk of a steady schedule runs eagerly (a first chunk that
+        is also the last, a short utterance, does)."""
         s, ratio = self.settings, self.flow.cfg.token_mel_ratio
         cached = 8 * 480
         finals = [(1, 8 + n * ratio, cached) for n in final_tokens]
         firsts_hift = [(rows, first_hop, 0) for first_hop in first_hops for rows in s.first_batches]
         seconds = [(rows, 8 + second, cached) for second in second_hops for rows in s.first_batches]
         steady = [(rows, 8 + hop, cached) for rows in s.batches]
-        shapes = {lane.name: firsts_hift + seconds for lane in first_lanes}
-        shapes["later"] = firsts_hift + steady + finals
+        shapes = {lane.name: firsts_hift for lane in first_lanes}
+        shapes["later"] = firsts_hift + seconds + steady + finals
         return shapes
 
     def _hift_graphs(self, shapes: list[tuple[int, int, int]], mix) -> HiftGraphs:

@@ -107,11 +107,6 @@ class DiTChunkStream:
         perhaps while a lane renders its chunk; the slot is then given back when that render ends)."""
         self.renderer.close(self)
 
-    def second_chunk_opens(self) -> bool:
-        """Never (`SynthesisJob.opening_chunk`): the DiT's first lanes capture first calls only, so a second
-        call renders on the later lane, whatever the first hop."""
-        return False
-
 
 class DiTChunkRenderer:
     def __init__(self, flow: DiTFlowModel, hift: CausalHiftGenerator, settings: FlowPoolSettings) -> None:

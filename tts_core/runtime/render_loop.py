@@ -76,10 +76,9 @@ def _render_started(due: list[_Due], at: float) -> None:
             d.job.timings.first_render_started = at
 
 
-def _is_opening(d: _Due) -> bool:
-    """The job's first audio (what the caller waits for in silence), or a second chunk as short of context
-    (`SynthesisJob.opening_chunk`)."""
-    return d.job.opening_chunk()
+def _is_first(d: _Due) -> bool:
+    """The job's first audio: what the caller waits for in silence."""
+    return d.job.timings.first_chunk is None
 
 
 def device_stream(device: torch.device, priority: int, separate: bool) -> AbstractContextManager:
@@ -200,7 +199,7 @@ class RenderLoop:
                 job.plan_wake()
             if cancelled:
                 self._decode_wake.notify()
-            if due and (self.lane == "later" or not any(_is_opening(d) for d in due)):
+            if due and (self.lane == "later" or not any(_is_first(d) for d in due)):
                 # A call is being made anyway: fill it with the deferred chunks closest to running
                 # dry. One call of B streams costs far less than B calls (its fixed launch cost is
                 # most of a small call), and a full call keeps the streams' chunks in step. Not
@@ -230,7 +229,7 @@ class RenderLoop:
         claimed by another lane)."""
         if job.render_lane is not None and job.render_lane is not self:
             return False
-        return self.lane == "all" or (self.lane == "first") == job.opening_chunk()
+        return self.lane == "all" or (self.lane == "first") == (job.timings.first_chunk is None)
 
     def _start_rendering(self, job: SynthesisJob) -> None:
         """The segment's planner and token -> waveform stream, made here so that the stream's device
@@ -254,12 +253,12 @@ class RenderLoop:
         """Render the most urgent chunks, up to the largest flow batch; the rest wait for the next
         round, re-sorted with whatever became due."""
         due = _still_wanted(due)
-        # Opening chunks go in a call of their own: a call costs about its widest row's context times
+        # First chunks go in a call of their own: a call costs about its widest row's context times
         # its rows, so a first chunk (prompt context only) riding with 31 later chunks (long
         # contexts) would arrive several times later than alone. The later chunks go next call.
         # (A "first" or "later" lane only holds one kind.)
-        openings = [d for d in due if _is_opening(d)]
-        now = self._take(due, (openings or due)[:self._batch])
+        firsts = [d for d in due if _is_first(d)]
+        now = self._take(due, (firsts or due)[:self._batch])
         if now:
             self._render_batch(now)
 

@@ -263,18 +263,6 @@ class SynthesisJob:
         self.planner = planner
         self.token2wav = token2wav
 
-    def opening_chunk(self) -> bool:
-        """Whether the job's next chunk is an opening one, for a first lane: its first audio; or, after a first
-        hop off the chunk grid, a segment's second chunk (`second_chunk_opens`). That call reads little
-        context, as a first call does, and is due before the short first chunk's audio runs out (a first hop
-        of 10 tokens plays 0.18 s): waiting behind a later lane's call of many long contexts, every call ran
-        dry at 8 calls/s (docs/PERF_NOTES.md, session 12)."""
-        if self.timings.first_chunk is None:
-            return True
-        last = self.timings.chunks[-1] if self.timings.chunks else None
-        return (last is not None and last.segment == self.segment and last.index == 0
-                and self.token2wav is not None and self.token2wav.second_chunk_opens())
-
     @property
     def has_next_segment(self) -> bool:
         return self.segment + 1 < len(self.segments)
