@@ -78,9 +78,9 @@ class ChunkPlanner:
             # that no later call ends inside a chunk: the frames after the first chunk are then the official
             # schedule's. It ends at the first grid point at least as far on as the first hop (at most one
             # chunk): the short first chunk's audio must last until the second is rendered, so the second
-            # waits for as few decode steps as that allows and holds at least as much speech. (Cutting back
-            # to the grid point below the usual hop instead made it 40 tokens after a first hop of 10, and
-            # every call ran dry at 8 calls/s on the H200: docs/PERF_NOTES.md, session 11.)
+            # waits for as few decode steps as that allows and holds at least as much speech. (The grid point
+            # below the usual hop made it 40 tokens after a first hop of 10. Neither keeps a loaded GPU from
+            # running dry: docs/PERF_NOTES.md, session 12.)
             reach = self._prompt_tokens + self.token_offset + min(self._first_hop, grid)
             return -(-reach // grid) * grid - self._prompt_tokens - self.token_offset
         return self._hop
