@@ -177,7 +177,8 @@ def by_worker(answered: list, jobs: list[dict], pids: dict[int, str], killed: st
 
 def first_chunk_stages(jobs: list[dict], prefix: str = "first_chunk_") -> dict[str, dict[str, float]]:
     """Mean and p95 (ms) of each first-chunk stage the jobs logged (tts_core's JobTimings.first_chunk_stages);
-    with prefix "first_render_", of the parts of its render stage (flow, hift, handoff: SynthesisJob.figures)."""
+    with prefix "first_render_", of the parts of its render stage (flow, hift, handoff: SynthesisJob.figures);
+    with "second_chunk_", of the second chunk's figures (after the first, margin, decode, render)."""
     names = [key for key in (jobs[0] if jobs else {}) if key.startswith(prefix) and key.endswith("_ms")]
     return {name.removeprefix(prefix).removesuffix("_ms"): {
         "mean": round(float(np.mean([job[name] for job in jobs])), 1), "p95": _pct([job[name] for job in jobs], 95)}

@@ -191,7 +191,11 @@ async def run_sip(args, arrivals: list[Arrival], phases: tuple[float, float], si
         engine = {"engine_first_chunk_ms": {"p50": round(float(np.percentile(first, 50)), 1),
                                             "p95": round(float(np.percentile(first, 95)), 1), "jobs": len(jobs)},
                   "engine_first_chunk_stages_ms": first_chunk_stages(jobs),
-                  "engine_first_render_split_ms": first_chunk_stages(jobs, "first_render_")}
+                  "engine_first_render_split_ms": first_chunk_stages(jobs, "first_render_"),
+                  # How soon the second chunk followed the first, against that one's audio (its margin; below 0
+                  # the call ran dry there): what a shorter first hop must beat under load.
+                  "engine_second_chunk_ms": first_chunk_stages(
+                      [e for e in jobs if "second_chunk_after_ms" in e], "second_chunk_")}
     # The gateway's own view over the whole run (warm-up to tail): a gap at the caller with the packet clock on
     # time is the network's or the caller's; with the clock late or a long GC, the gateway's.
     return {**figures, "caller_processes": processes, **engine, "gateway": clock_figures(body0, body1),

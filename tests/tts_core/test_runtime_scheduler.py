@@ -98,6 +98,13 @@ def test_timings_cover_the_first_chunk(pipeline: CosyVoice2Pipeline) -> None:
     assert first.tokens == 25 and first.flow_s > 0 and first.hift_s > 0 and first.lm_s > 0
     assert t.frontend_s + t.prefill_s + first.lm_s + first.flow_s + first.hift_s <= t.since_submit(t.first_chunk)
     assert sum(c.tokens for c in t.chunks) == 60
+    # The job's last log line says whether the second chunk came before the first one's audio ran out.
+    second = t.chunks[1]
+    figures = job.figures()
+    after = figures["second_chunk_after_ms"]
+    assert after == pytest.approx((second.at_s - first.at_s) * 1e3, abs=0.1)
+    assert figures["second_chunk_margin_ms"] == pytest.approx(first.audio_s * 1e3 - after, abs=0.2)
+    assert 0 < figures["second_chunk_render_ms"] <= after
 
 
 def test_a_call_s_job_names_its_process_when_queued_and_when_done(pipeline: CosyVoice2Pipeline) -> None:

@@ -230,9 +230,21 @@ class SynthesisJob:
                           first_render_flow_solve_gpu_ms=round(flow_gpu[1] * 1e3, 1))
         if t.chunks and (hift_gpu := t.chunks[0].hift_gpu_s) is not None:
             render["first_render_hift_gpu_ms"] = round(hift_gpu[1] * 1e3, 1)
+        # Whether the second chunk came before the first one's audio ran out (its margin: what was left of that
+        # audio when it was handed over; below 0 the listener ran dry, the gateway's own buffer aside), and where
+        # its time went: the decode steps it waited for and its render call.
+        second = {}
+        if len(t.chunks) > 1 and t.chunks[1].segment == t.chunks[0].segment:
+            first, then = t.chunks[0], t.chunks[1]
+            after = then.at_s - first.at_s
+            second = {"second_chunk_after_ms": round(after * 1e3, 1),
+                      "second_chunk_margin_ms": round((first.audio_s - after) * 1e3, 1),
+                      "second_chunk_decode_ms": round(then.lm_s * 1e3, 1),
+                      "second_chunk_render_ms": round((then.flow_s + then.hift_s) * 1e3, 1)}
         return {"call_id": self.call_id, "audio_s": round(self.audio_s, 3), "chunks": len(t.chunks),
                 "first_chunk_s": t.since_submit(t.first_chunk), "frontend_ms": round(t.frontend_s * 1e3, 1),
-                **{f"first_chunk_{name}_ms": round(seconds * 1e3, 1) for name, seconds in stages.items()}, **render}
+                **{f"first_chunk_{name}_ms": round(seconds * 1e3, 1) for name, seconds in stages.items()}, **render,
+                **second}
 
     def lm_prompt(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(prompt text tokens, LM prompt speech tokens) of the prefill: the voice's, or an instruct's."""
