@@ -171,9 +171,9 @@ class ChunkRenderer:
         voice_hops = [(p, _opening_hops(schedule, p.prompt_token.size(1))) for _, p in self._voices.values()]
         first_hops = {hops[0] * ratio for _, hops in voice_hops}
         first_shapes = {self.pooled.call_shape(p, hops[:1]) for p, hops in voice_hops}
-        off_grid = schedule.first_hop_tokens is not None
-        second_hops = sorted({hops[1] * ratio for _, hops in voice_hops}) if off_grid else []
-        second_shapes = {self.pooled.call_shape(p, hops) for p, hops in voice_hops} if off_grid else set()
+        own_first_hop = schedule.first_hop_tokens is not None
+        second_hops = sorted({hops[1] * ratio for _, hops in voice_hops}) if own_first_hop else []
+        second_shapes = {self.pooled.call_shape(p, hops) for p, hops in voice_hops} if own_first_hop else set()
         # New frames per call: a voice's first call's, or a hop + lookahead (a final call); a first hop off
         # the chunk grid re-renders up to one chunk more next call.
         extra = chunk if schedule.first_hop_tokens else 0
