@@ -29,7 +29,7 @@ from collections.abc import Iterable
 import structlog
 import torch
 
-from tts_core.accel.graph_capture import WARMUP_RUNS, capture_graph, compiling_at_start_up
+from tts_core.accel.graph_capture import WARMUP_RUNS, capture_graph, compiling_at_start_up, miss_worth_logging
 from tts_core.accel.hift_graphs import capturable_istft
 from tts_core.hift.causal import CausalHiftGenerator
 from tts_core.hift.generator import Mix
@@ -116,7 +116,7 @@ class CausalHiftGraphs:
         rows = self._buckets.get((frames, finalize))
         if mel.dtype != self.dtype or not rows:
             self.eager_calls += 1
-            if self.eager_calls <= 10 or self.eager_calls % 100 == 0:  # hundreds of launches instead of one: say so
+            if miss_worth_logging(self.eager_calls):  # hundreds of launches instead of one: say so
                 log.warning("hift_decode_eager", rows=n, frames=frames, final=finalize, eager_calls=self.eager_calls)
             return self.hift.decode(mel, source, finalize)
         top = max(rows)

@@ -29,7 +29,7 @@ import structlog
 import torch
 
 from tts_core.accel.buckets import SolveKey, smallest_solve_bucket, solve_keys_largest_first
-from tts_core.accel.graph_capture import WARMUP_RUNS, capture_graph, record_set
+from tts_core.accel.graph_capture import WARMUP_RUNS, capture_graph, miss_worth_logging, record_set
 from tts_core.accel import dit_attention
 from tts_core.flow.dit_pool import (DiTContextPool, DiTRegions, DiTRow, DiTTables, SolveIndex, post_attention,
                                     pre_attention, pooled_sdpa)
@@ -131,7 +131,7 @@ class DiTSolveGraphs:
         key = smallest_solve_bucket(graphs, b, c, n)
         if key is None:
             self.eager_calls += 1
-            if self.eager_calls <= 10 or self.eager_calls % 100 == 0:  # a bucket miss costs ~10x a replay: say so
+            if miss_worth_logging(self.eager_calls):  # a bucket miss costs ~10x a replay: say so
                 log.warning("dit_solve_eager", rows=b, context=c, new=n, eager_calls=self.eager_calls)
             return self.pool.solve(rows, mu, cond, spks)
         table = self.pool.table(rows, *key)

@@ -34,6 +34,7 @@ from tts_core.accel.graph_capture import (
     capture_chain,
     capture_graph,
     compiling_at_start_up,
+    miss_worth_logging,
     record_set,
 )
 from tts_core.flow import token_encoder
@@ -306,7 +307,7 @@ class PooledFlowGraphs:
         sizes = sorted(k[0] for k in self.encode_graphs if k[1:] == (n, new_frames, fin))
         if not sizes:
             self.eager_encodes += 1
-            if self.eager_encodes <= 10 or self.eager_encodes % 100 == 0:  # ~10x a replay: say which shape
+            if miss_worth_logging(self.eager_encodes):  # ~10x a replay: say which shape
                 log.warning("flow_encode_eager", rows=rows, tokens=n, frames=new_frames, final=fin,
                             eager_encodes=self.eager_encodes)
             return encode_new_frames(model, enc_tokens, fin, new_frames)
@@ -329,7 +330,7 @@ class PooledFlowGraphs:
         key = smallest_solve_bucket(graphs, rows, ctx, new)
         if key is None:
             self.eager_calls += 1
-            if self.eager_calls <= 10 or self.eager_calls % 100 == 0:
+            if miss_worth_logging(self.eager_calls):
                 log.warning("flow_solve_eager", rows=rows, context=ctx, new=new, eager_calls=self.eager_calls)
             return pooled.solve(plans, mus)
         table = pooled.table([p.row for p in plans] + [pooled.padding_row()] * (key[0] - rows))

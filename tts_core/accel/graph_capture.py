@@ -80,6 +80,13 @@ class CaptureClock:
 CLOCK = CaptureClock()  # warm-up/record totals; compiler figures are read from torch in `now`
 
 
+def miss_worth_logging(misses: int, first: int = 10) -> bool:
+    """Whether the `misses`-th call that found no captured graph of its shape (and ran eagerly, at several
+    replays' cost) gets a log line: the first few, then every hundredth, so a steady miss shows without
+    flooding the log."""
+    return misses <= first or misses % 100 == 0
+
+
 def charge(started: float, recording: float, graphs: int) -> None:
     """Add one capture to CLOCK: warm-up from `started` to `recording` (perf_counter; the warm-up's
     stream synchronized by then), recording from then to now."""

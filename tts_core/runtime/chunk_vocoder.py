@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import structlog
 import torch
 
+from tts_core.accel.graph_capture import miss_worth_logging
 from tts_core.hift import HiftStream
 
 log = structlog.get_logger(__name__)
@@ -95,7 +96,7 @@ def push_chunks(vocoders: Sequence[ChunkVocoder], mel_chunks: Sequence[torch.Ten
                 if graphs:
                     _eager_by_shape[shape] += 1
                     count = _eager_by_shape[shape]
-                    if count <= 3 or count % 100 == 0:
+                    if miss_worth_logging(count, first=3):
                         log.warning("hift_chunk_eager", frames=shape[0], cached=shape[1], eager_chunks=count)
                 out[i] = vocoders[i].push(mel_chunks[i], finalize[i])
     return out  # type: ignore[return-value]
